@@ -1,0 +1,126 @@
+//! Command-line arguments.
+
+use clap::{Args, Parser, Subcommand};
+use std::borrow::Cow;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "exitless", version, about = "A KVM VMM whose guest I/O avoids heavyweight exits")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Boot a guest (the built-in demo unless told otherwise) and print its serial output.
+    Run(RunArgs),
+    /// List the built-in guest payloads.
+    Payloads,
+    /// Run a lab benchmark.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Args, Clone)]
+pub struct RunArgs {
+    /// A built-in payload (see `exitless payloads`).
+    #[arg(long, conflicts_with = "kernel")]
+    pub payload: Option<String>,
+    /// An ELF image with a PVH entry note, or a 64-bit entry point.
+    #[arg(long)]
+    pub kernel: Option<PathBuf>,
+    /// Guest memory size, e.g. 128M or 1G.
+    #[arg(long, default_value = "128M", value_parser = parse_size)]
+    pub mem: u64,
+    /// Write the exit profile as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Stop the guest after this many seconds (an error).
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub timeout: Option<f64>,
+    /// Parameters for the payload, comma-separated integers (payload-specific).
+    #[arg(long, value_delimiter = ',', value_parser = parse_u64)]
+    pub params: Vec<u64>,
+}
+
+impl RunArgs {
+    pub fn image(&self) -> Result<Cow<'static, [u8]>, String> {
+        if let Some(path) = &self.kernel {
+            return std::fs::read(path).map(Cow::Owned).map_err(|e| format!("cannot read kernel {}: {e}", path.display()));
+        }
+        let name = self.payload.as_deref().unwrap_or(exitless_payloads::DEFAULT_PAYLOAD);
+        exitless_payloads::find(name).map(|p| Cow::Borrowed(p.elf)).ok_or_else(|| {
+            let known: Vec<_> = exitless_payloads::PAYLOADS.iter().map(|p| p.name).collect();
+            format!("no built-in payload '{name}' (have: {})", known.join(", "))
+        })
+    }
+}
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Process start to the guest's first serial byte, and VMM memory beyond guest RAM.
+    Boot(BootArgs),
+}
+
+#[derive(Args)]
+pub struct BootArgs {
+    /// How many runs (the median is reported).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub runs: u32,
+    /// Guest memory size.
+    #[arg(long, default_value = "128M", value_parser = parse_size)]
+    pub mem: u64,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+impl BootArgs {
+    pub fn to_options(&self) -> exitless_lab::boot::Options {
+        exitless_lab::boot::Options { runs: self.runs, mem: self.mem, json: self.json.clone() }
+    }
+}
+
+/// `128M`, `1G`, `4096K`, or plain bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, shift) = match s.trim().to_ascii_uppercase() {
+        t if t.ends_with('K') => (t[..t.len() - 1].to_string(), 10),
+        t if t.ends_with('M') => (t[..t.len() - 1].to_string(), 20),
+        t if t.ends_with('G') => (t[..t.len() - 1].to_string(), 30),
+        t => (t, 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("'{s}' is not a size like 128M or 1G"))?;
+    n.checked_mul(1 << shift).ok_or_else(|| format!("size '{s}' is too large"))
+}
+
+fn parse_u64(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let parsed = match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    parsed.map_err(|_| format!("'{s}' is not a number"))
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("'{s}' is not a positive number of seconds")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("128M"), Ok(128 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999999G").is_err());
+    }
+}

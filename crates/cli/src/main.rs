@@ -1,0 +1,84 @@
+//! `exitless`: run a guest, list the built-in payloads, run the labs.
+
+mod args;
+mod report;
+
+use args::{BenchCommand, Cli, Command, RunArgs};
+use clap::Parser;
+use exitless_vmm::{Machine, MachineConfig};
+use std::io::Write;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line, not clap's usage block: the first line says what was wrong.
+            let msg = e.to_string();
+            eprintln!("exitless: {}", msg.lines().next().unwrap_or("bad arguments").trim_start_matches("error: "));
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("EXITLESS_LOG").unwrap_or_else(|_| "warn".into()))
+        .init();
+    let result = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Payloads => {
+            for p in exitless_payloads::PAYLOADS {
+                println!("{:<10} {}", p.name, p.about);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(bench) => run_bench(bench),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("exitless: {e}");
+        ExitCode::FAILURE
+    })
+}
+
+/// Serial output straight to stdout, flushed byte by byte so the console is live.
+struct LiveStdout;
+
+impl Write for LiveStdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut out = std::io::stdout().lock();
+        out.write_all(buf)?;
+        out.flush()?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stdout().flush()
+    }
+}
+
+fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let image = args.image()?;
+    let machine = Machine::new(MachineConfig {
+        image,
+        mem_size: args.mem,
+        params: args.params.clone(),
+        serial_out: Box::new(LiveStdout),
+    })?;
+    let report = machine.run(args.timeout.map(std::time::Duration::from_secs_f64))?;
+    eprint!("{}", report::profile(&report));
+    if let Some(path) = &args.json {
+        std::fs::write(path, report::json(&report).to_string() + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(ExitCode::from(u8::try_from(report.exit_status).unwrap_or(u8::MAX)))
+}
+
+fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    match bench {
+        BenchCommand::Boot(a) => exitless_lab::boot::run(&a.to_options())?,
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,61 @@
+//! The exit profile printed after a run, and its JSON form.
+
+use exitless_vmm::stats::{DeviceCounts, ExitKind};
+use exitless_vmm::RunReport;
+use serde_json::{json, Map, Value};
+use std::fmt::Write;
+
+fn devices(report: &RunReport) -> Vec<(String, DeviceCounts)> {
+    let mut rows: Vec<_> = report.devices.iter().cloned().zip(report.stats.devices.iter().copied()).collect();
+    rows.push(("unclaimed-pio".into(), report.stats.unclaimed_pio));
+    rows.push(("unclaimed-mmio".into(), report.stats.unclaimed_mmio));
+    rows
+}
+
+fn median_ns(report: &RunReport, kind: ExitKind) -> Option<f64> {
+    report.stats.median_cycles(&[kind]).map(|c| c * 1e9 / report.tsc_hz)
+}
+
+/// A short human table: exits by reason with the VMM's median time, then devices.
+pub fn profile(report: &RunReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "\nexitless: guest exited with status {} after {:.1} ms", report.exit_status, report.elapsed.as_secs_f64() * 1e3);
+    let _ = writeln!(s, "  {:<16} {:>10} {:>16}", "exit", "count", "vmm ns (median)");
+    for kind in ExitKind::ALL {
+        let count = report.stats.exits(kind);
+        if count > 0 {
+            let ns = median_ns(report, kind).map_or("-".into(), |n| format!("{n:.0}"));
+            let _ = writeln!(s, "  {:<16} {:>10} {:>16}", kind.name(), count, ns);
+        }
+    }
+    let _ = writeln!(s, "  {:<16} {:>10} {:>16}", "device", "reads", "writes");
+    for (name, c) in devices(report) {
+        let _ = writeln!(s, "  {:<16} {:>10} {:>16}", name, c.reads, c.writes);
+    }
+    if let Some(kib) = report.vmm_rss_kib {
+        let _ = writeln!(s, "  vmm resident memory beyond guest RAM: {kib} KiB");
+    }
+    s
+}
+
+pub fn json(report: &RunReport) -> Value {
+    let mut exits = Map::new();
+    let mut vmm_ns = Map::new();
+    for kind in ExitKind::ALL {
+        let count = report.stats.exits(kind);
+        if count > 0 {
+            exits.insert(kind.name().into(), json!(count));
+            vmm_ns.insert(kind.name().into(), json!(median_ns(report, kind)));
+        }
+    }
+    let devices: Map<String, Value> =
+        devices(report).into_iter().map(|(n, c)| (n, json!({"reads": c.reads, "writes": c.writes}))).collect();
+    json!({
+        "exit_status": report.exit_status,
+        "exits": exits,
+        "devices": devices,
+        "vmm_ns_per_exit_median": vmm_ns,
+        "elapsed_ms": report.elapsed.as_secs_f64() * 1e3,
+        "vmm_rss_kib": report.vmm_rss_kib,
+    })
+}

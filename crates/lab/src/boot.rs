@@ -1,0 +1,75 @@
+//! Boot lab: process start to the guest's first serial byte, and the VMM's resident
+//! memory beyond guest RAM, over repeated runs of `exitless run`.
+
+use crate::stats::median;
+use serde_json::json;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+pub struct Options {
+    pub runs: u32,
+    pub mem: u64,
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootBenchError {
+    #[error("cannot start `exitless run`: {0}")]
+    Spawn(std::io::Error),
+    #[error("`exitless run` failed: {0}")]
+    Run(String),
+    #[error("cannot write {0}: {1}")]
+    Write(PathBuf, std::io::Error),
+}
+
+/// One run: ms to the first stdout byte, and the run's own report of VMM memory.
+fn one_run(exe: &std::path::Path, mem: u64, report: &std::path::Path) -> Result<(f64, Option<f64>), BootBenchError> {
+    let start = Instant::now();
+    let mut child = Command::new(exe)
+        .args(["run", "--mem", &mem.to_string(), "--json"])
+        .arg(report)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(BootBenchError::Spawn)?;
+    let mut stdout = child.stdout.take().ok_or_else(|| BootBenchError::Run("no stdout".into()))?;
+    let mut first = [0u8; 1];
+    let got = stdout.read(&mut first).map_err(|e| BootBenchError::Run(e.to_string()))?;
+    let first_byte_ms = start.elapsed().as_secs_f64() * 1e3;
+    if got == 0 {
+        return Err(BootBenchError::Run("the guest printed nothing".into()));
+    }
+    std::io::copy(&mut stdout, &mut std::io::sink()).map_err(|e| BootBenchError::Run(e.to_string()))?;
+    let status = child.wait().map_err(|e| BootBenchError::Run(e.to_string()))?;
+    if !status.success() {
+        return Err(BootBenchError::Run(format!("exit status {status}")));
+    }
+    let text = std::fs::read_to_string(report).map_err(|e| BootBenchError::Run(e.to_string()))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| BootBenchError::Run(e.to_string()))?;
+    Ok((first_byte_ms, value["vmm_rss_kib"].as_f64()))
+}
+
+pub fn run(opts: &Options) -> Result<(), BootBenchError> {
+    let exe = std::env::current_exe().map_err(BootBenchError::Spawn)?;
+    let report = std::env::temp_dir().join(format!("exitless-boot-{}.json", std::process::id()));
+    let (mut first, mut rss) = (Vec::new(), Vec::new());
+    for _ in 0..opts.runs {
+        let (ms, kib) = one_run(&exe, opts.mem, &report)?;
+        first.push(ms);
+        rss.extend(kib);
+    }
+    let _ = std::fs::remove_file(&report);
+    let (first_ms, rss_kib) = (median(&first), median(&rss));
+    println!("boot lab: {} runs, {} MiB guest, medians", opts.runs, opts.mem >> 20);
+    println!("  {:<40} {:>10}", "metric", "value");
+    println!("  {:<40} {:>10.1}", "process start to first serial byte (ms)", first_ms);
+    println!("  {:<40} {:>10.0}", "VMM resident memory beyond guest RAM (KiB)", rss_kib);
+    if let Some(path) = &opts.json {
+        let value = json!({"bench": "boot", "runs": opts.runs, "mem_mib": opts.mem >> 20,
+            "first_byte_ms": first_ms, "vmm_rss_kib": rss_kib, "first_byte_ms_all": first});
+        std::fs::write(path, value.to_string() + "\n").map_err(|e| BootBenchError::Write(path.clone(), e))?;
+    }
+    Ok(())
+}

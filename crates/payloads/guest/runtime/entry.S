@@ -1,0 +1,86 @@
+/*
+ * PVH entry: the VMM (or QEMU) starts us in 32-bit protected mode, paging off,
+ * %ebx = hvm_start_info. We switch to long mode with identity-mapped page tables that
+ * are static data in the image (no loop at CPL0, where every instruction is emulated
+ * on a nested host), then call runtime_start(start_info) in C.
+ */
+	.section .note.Xen, "a", @note
+	.p2align 2
+	.long 4, 8, 18          /* namesz, descsz, XEN_ELFNOTE_PHYS32_ENTRY */
+	.asciz "Xen"
+	.p2align 2
+	.quad pvh_start
+
+	.section .text.entry, "ax"
+	.code32
+	.globl pvh_start
+pvh_start:
+	cli
+	lgdt gdt_ptr
+	movl %cr4, %eax
+	orl $0x20, %eax                 /* PAE */
+	movl %eax, %cr4
+	movl $pml4, %eax
+	movl %eax, %cr3
+	movl $0xc0000080, %ecx          /* EFER */
+	rdmsr
+	orl $0x100, %eax                /* LME */
+	wrmsr
+	movl %cr0, %eax
+	orl $0x80000001, %eax           /* PG | PE */
+	movl %eax, %cr0
+	ljmp $0x08, $long_mode
+
+	.code64
+long_mode:
+	movw $0x10, %ax
+	movw %ax, %ds
+	movw %ax, %es
+	movw %ax, %ss
+	xorw %ax, %ax
+	movw %ax, %fs
+	movw %ax, %gs
+	movq $stack_top, %rsp
+	movl %ebx, %edi
+	call runtime_start
+1:	hlt
+	jmp 1b
+
+	.section .rodata
+	.p2align 3
+gdt:
+	.quad 0                         /* 0x00 null */
+	.quad 0x00af9a000000ffff        /* 0x08 64-bit code, DPL0 */
+	.quad 0x00cf92000000ffff        /* 0x10 data, DPL0 */
+	.quad 0x00cffa000000ffff        /* 0x18 32-bit code, DPL3 (unused, keeps sysret layout) */
+	.quad 0x00cff2000000ffff        /* 0x20 data, DPL3 -> selector 0x23 */
+	.quad 0x00affa000000ffff        /* 0x28 64-bit code, DPL3 -> selector 0x2b */
+gdt_end:
+gdt_ptr:
+	.word gdt_end - gdt - 1
+	.long gdt
+
+/* Identity map of the low 4 GiB with 2 MiB pages, all user-accessible so CPL3 loops
+ * can reach RAM, the shared page and MMIO without a switch back to CPL0. */
+	.section .data.pagetables, "aw"
+	.p2align 12
+pml4:
+	.quad pdpt + 0x7
+	.fill 511, 8, 0
+pdpt:
+	.quad pd + 0x0000 + 0x7
+	.quad pd + 0x1000 + 0x7
+	.quad pd + 0x2000 + 0x7
+	.quad pd + 0x3000 + 0x7
+	.fill 508, 8, 0
+pd:
+	.set page, 0
+	.rept 2048
+	.quad (page << 21) | 0x87       /* present, writable, user, 2 MiB */
+	.set page, page + 1
+	.endr
+
+	.section .bss.stack, "aw", @nobits
+	.p2align 12
+	.space 65536
+stack_top:

@@ -1,0 +1,32 @@
+//! The contract between the VMM and the built-in guest payloads.
+//!
+//! build.rs turns every `pub const` line below into a `#define` in `abi.h`, so the
+//! guest C code and the VMM read the same numbers from this one file.
+
+/// isa-debug-exit style port: a write ends the run with the written value as status.
+pub const DEBUG_EXIT_PORT: u64 = 0xf4;
+/// COM1, the 8250 UART the payloads print on.
+pub const SERIAL_PORT: u64 = 0x3f8;
+
+/// Guest-physical page where the VMM leaves parameters and the guest leaves results.
+pub const SHARED_PAGE_GPA: u64 = 0x8000;
+/// Written by the VMM into slot 0 of the shared page; a guest that does not find it
+/// (for instance under QEMU) falls back to its defaults.
+pub const SHARED_MAGIC: u64 = 0x7373_656c_7469_7865;
+/// Slot (u64 index) of the first parameter the VMM passes.
+pub const SHARED_PARAM_SLOT: u64 = 8;
+/// Slot of the first result the guest reports.
+pub const SHARED_RESULT_SLOT: u64 = 64;
+/// Slot where the guest reports the guest-physical end of RAM it may touch (set by the VMM).
+pub const SHARED_MEM_END_SLOT: u64 = 1;
+
+/// Lab control port: the guest tells the VMM which phase it starts or ends.
+pub const LAB_CONTROL_PORT: u64 = 0x500;
+/// Doorbell device: the port-I/O ring register, and the count register beside it.
+pub const DOORBELL_PIO_PORT: u64 = 0x510;
+pub const DOORBELL_PIO_COUNT: u64 = 0x518;
+/// Doorbell device: the MMIO ring register (count at +8).
+pub const DOORBELL_MMIO_GPA: u64 = 0xd000_0000;
+
+/// Start of the guest-physical range that is never RAM (MMIO only), up to 4 GiB.
+pub const MMIO_HOLE_START: u64 = 0xc000_0000;

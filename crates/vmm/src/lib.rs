@@ -1,0 +1,15 @@
+//! exitless: a KVM virtual machine monitor whose guest I/O avoids heavyweight exits.
+//!
+//! How an exit travels: [`vcpu::Vcpu::step`] (the only match on exit reasons) ->
+//! [`bus::Bus::lookup`] -> [`bus::BusDevice`]. See docs/architecture.md.
+
+pub mod boot;
+pub mod bus;
+pub mod control;
+pub mod devices;
+pub mod kvm;
+pub mod machine;
+pub mod stats;
+pub mod vcpu;
+
+pub use machine::{Machine, MachineConfig, MachineError, RunReport};

@@ -1,0 +1,277 @@
+//! A machine: KVM VM, guest memory, buses with their devices, and vCPUs.
+
+use crate::boot::{self, regs, EntryPoint};
+use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
+use crate::control::RunControl;
+use crate::devices::{debug_exit, serial, DebugExit, Serial};
+use crate::kvm;
+use crate::stats::ExitStats;
+use crate::vcpu::{cycles, Vcpu, VcpuError};
+use exitless_payloads::abi;
+use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
+use kvm_ioctls::{Kvm, VmFd};
+use std::io::Write;
+use std::os::unix::thread::JoinHandleExt;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+/// Guest RAM starts at 0 and must end below the MMIO hole.
+pub const MIN_MEM: u64 = 4 << 20;
+pub const MAX_MEM: u64 = abi::MMIO_HOLE_START;
+/// Where KVM's real-mode TSS pages go (Intel needs them before an irqchip), just below the BIOS area.
+const TSS_ADDRESS: usize = 0xfffb_d000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    #[error(transparent)]
+    Kvm(#[from] kvm::KvmError),
+    #[error("{what} failed: {source}")]
+    Ioctl { what: &'static str, source: kvm_ioctls::Error },
+    #[error("guest memory size {0} bytes is out of range: give between 4M and 3G")]
+    MemSize(u64),
+    #[error("cannot allocate guest memory: {0}")]
+    Memory(String),
+    #[error(transparent)]
+    Load(#[from] boot::LoadError),
+    #[error(transparent)]
+    Regs(#[from] regs::RegsError),
+    #[error("cannot place device {name}: {source}")]
+    Bus { name: String, source: BusError },
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    #[error("the guest did not finish within {0:?}")]
+    Timeout(Duration),
+    #[error("the vCPU thread died: {0}")]
+    VcpuThread(String),
+}
+
+fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> MachineError {
+    move |source| MachineError::Ioctl { what, source }
+}
+
+/// What to boot and how.
+pub struct MachineConfig {
+    /// An ELF image with a PVH note, or a 64-bit entry point.
+    pub image: std::borrow::Cow<'static, [u8]>,
+    pub mem_size: u64,
+    /// Parameters for the payload, in the shared page's parameter slots.
+    pub params: Vec<u64>,
+    /// Where the serial console's output goes.
+    pub serial_out: Box<dyn Write + Send>,
+}
+
+/// The result of a run.
+pub struct RunReport {
+    pub exit_status: u32,
+    pub stats: ExitStats,
+    /// Device names, indexed by [`DeviceId`].
+    pub devices: Vec<String>,
+    pub elapsed: Duration,
+    /// Host TSC ticks per second, measured over the run (to turn cycles into time).
+    pub tsc_hz: f64,
+    /// Resident memory of the VMM process beyond guest RAM, in KiB.
+    pub vmm_rss_kib: Option<u64>,
+}
+
+pub struct Machine {
+    kvm: Kvm,
+    pub vm: Arc<VmFd>,
+    pub memory: GuestMemoryMmap,
+    pub control: Arc<RunControl>,
+    pub buses: Arc<SharedBuses>,
+    devices: Vec<String>,
+    entry: EntryPoint,
+    started: (Instant, u64),
+}
+
+impl Machine {
+    /// Creates the VM, loads the image and plugs in the serial port and debug-exit port.
+    pub fn new(config: MachineConfig) -> Result<Machine, MachineError> {
+        let started = (Instant::now(), cycles());
+        if !(MIN_MEM..=MAX_MEM).contains(&config.mem_size) {
+            return Err(MachineError::MemSize(config.mem_size));
+        }
+        let kvm = kvm::open()?;
+        let vm = kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?;
+        vm.set_tss_address(TSS_ADDRESS).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
+        vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
+
+        let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), config.mem_size as usize)])
+            .map_err(|e| MachineError::Memory(e.to_string()))?;
+        for (slot, region) in memory.iter().enumerate() {
+            let host = memory.get_host_address(region.start_addr()).map_err(|e| MachineError::Memory(e.to_string()))?;
+            let mapping = kvm_userspace_memory_region {
+                slot: slot as u32,
+                flags: 0,
+                guest_phys_addr: region.start_addr().0,
+                memory_size: region.len(),
+                userspace_addr: host as u64,
+            };
+            // SAFETY: the mapping belongs to `memory`, which the Machine keeps alive as long as the VM.
+            unsafe { vm.set_user_memory_region(mapping) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
+        }
+
+        let entry = boot::load_image(&memory, &config.image, config.mem_size)?;
+        write_shared_page(&memory, config.mem_size, &config.params)?;
+
+        let control = Arc::new(RunControl::default());
+        let mut machine = Machine {
+            kvm,
+            vm: Arc::new(vm),
+            memory,
+            control: control.clone(),
+            buses: Arc::new(SharedBuses::new(BusSet::default())),
+            devices: Vec::new(),
+            entry,
+            started,
+        };
+        let serial = Arc::new(Serial::new(config.serial_out));
+        machine.add_pio_device("serial", abi::SERIAL_PORT as u16, serial::SERIAL_LEN, serial)?;
+        let debug_exit = Arc::new(DebugExit::new(control));
+        machine.add_pio_device("debug-exit", abi::DEBUG_EXIT_PORT as u16, debug_exit::DEBUG_EXIT_LEN, debug_exit)?;
+        Ok(machine)
+    }
+
+    /// Names a device for statistics and returns its id.
+    pub fn register_device(&mut self, name: &str) -> DeviceId {
+        self.devices.push(name.to_string());
+        DeviceId(self.devices.len() - 1)
+    }
+
+    pub fn add_pio_device(&mut self, name: &str, port: u16, len: u64, device: Arc<dyn BusDevice>) -> Result<DeviceId, MachineError> {
+        let id = self.register_device(name);
+        self.buses
+            .update(|b| b.pio.insert(PioAddress(port), len, id, device))
+            .map_err(|source| MachineError::Bus { name: name.into(), source })?;
+        Ok(id)
+    }
+
+    pub fn add_mmio_device(&mut self, name: &str, addr: u64, len: u64, device: Arc<dyn BusDevice>) -> Result<DeviceId, MachineError> {
+        let id = self.register_device(name);
+        self.buses
+            .update(|b| b.mmio.insert(MmioAddress(addr), len, id, device))
+            .map_err(|source| MachineError::Bus { name: name.into(), source })?;
+        Ok(id)
+    }
+
+    pub fn kvm(&self) -> &Kvm {
+        &self.kvm
+    }
+
+    pub fn device_names(&self) -> &[String] {
+        &self.devices
+    }
+
+    /// Creates vCPU `id`, with the host's supported CPUID; vCPU 0 is put at the entry point.
+    pub fn create_vcpu(&self, id: u8) -> Result<Vcpu, MachineError> {
+        let fd = self.vm.create_vcpu(u64::from(id)).map_err(ioctl("KVM_CREATE_VCPU"))?;
+        let cpuid = self.kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
+        fd.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
+        if id == 0 {
+            regs::setup(&fd, &self.memory, self.entry)?;
+        }
+        let run_size = self.kvm.get_vcpu_mmap_size().map_err(ioctl("KVM_GET_VCPU_MMAP_SIZE"))?;
+        Ok(Vcpu::new(id, fd, run_size, self.buses.clone(), self.devices.len(), self.control.clone()))
+    }
+
+    /// Boots vCPU 0 on its own thread and waits for the guest to exit (or `timeout`).
+    pub fn run(self, timeout: Option<Duration>) -> Result<RunReport, MachineError> {
+        let mut vcpu = self.create_vcpu(0)?;
+        install_kick_handler();
+        let (done_tx, done_rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("vcpu0".into())
+            .spawn(move || {
+                let result = vcpu.run();
+                let _ = done_tx.send(());
+                (result, vcpu.exits.stats)
+            })
+            .map_err(|e| MachineError::VcpuThread(e.to_string()))?;
+        let mut timed_out = false;
+        if let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(timeout.unwrap_or(Duration::MAX)) {
+            timed_out = true;
+            self.control.request_stop();
+            // Kick until it notices: a signal makes KVM_RUN return EINTR.
+            while let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(Duration::from_millis(10)) {
+                // SAFETY: the thread is alive (it has not signalled done) and has a no-op handler installed.
+                unsafe { libc::pthread_kill(thread.as_pthread_t(), kick_signal()) };
+            }
+        }
+        let (result, stats) = thread.join().map_err(|_| MachineError::VcpuThread("panicked".into()))?;
+        result?;
+        if timed_out {
+            return Err(MachineError::Timeout(timeout.unwrap_or_default()));
+        }
+        Ok(self.report(stats))
+    }
+
+    /// Builds the report after the vCPUs stopped.
+    pub fn report(&self, stats: ExitStats) -> RunReport {
+        let elapsed = self.started.0.elapsed();
+        let tsc_hz = (cycles() - self.started.1) as f64 / elapsed.as_secs_f64();
+        let guest_start = self.memory.get_host_address(GuestAddress(0)).ok().map(|p| p as usize);
+        RunReport {
+            exit_status: self.control.exit_status().unwrap_or(0),
+            stats,
+            devices: self.devices.clone(),
+            elapsed,
+            tsc_hz,
+            vmm_rss_kib: guest_start.and_then(vmm_rss_kib),
+        }
+    }
+}
+
+/// The shared page: magic, the end of RAM, then the payload's parameters.
+fn write_shared_page(memory: &GuestMemoryMmap, mem_size: u64, params: &[u64]) -> Result<(), MachineError> {
+    let slot = |i: u64| GuestAddress(abi::SHARED_PAGE_GPA + 8 * i);
+    let max_params = (abi::SHARED_RESULT_SLOT - abi::SHARED_PARAM_SLOT) as usize;
+    let write = |i, v: u64| memory.write_obj(v, slot(i)).map_err(|e| MachineError::Memory(e.to_string()));
+    write(0, abi::SHARED_MAGIC)?;
+    write(abi::SHARED_MEM_END_SLOT, mem_size)?;
+    for (i, &p) in params.iter().take(max_params).enumerate() {
+        write(abi::SHARED_PARAM_SLOT + i as u64, p)?;
+    }
+    Ok(())
+}
+
+/// Reads a result slot the guest wrote into the shared page.
+pub fn read_result(memory: &GuestMemoryMmap, index: u64) -> u64 {
+    memory.read_obj(GuestAddress(abi::SHARED_PAGE_GPA + 8 * (abi::SHARED_RESULT_SLOT + index))).unwrap_or(0)
+}
+
+fn kick_signal() -> libc::c_int {
+    libc::SIGRTMIN()
+}
+
+extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+/// Installs the no-op handler that lets a signal interrupt `KVM_RUN`.
+pub fn install_kick_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Err(e) = vmm_sys_util::signal::register_signal_handler(kick_signal(), on_kick) {
+            tracing::warn!("cannot install the vCPU kick handler: {e}");
+        }
+    });
+}
+
+/// Process RSS minus the resident part of the guest RAM mapping that starts at `guest_start`.
+fn vmm_rss_kib(guest_start: usize) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let rss: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut in_guest = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ').filter(|(r, _)| r.contains('-') && !r.ends_with(':')) {
+            in_guest = usize::from_str_radix(range.split('-').next()?, 16).ok() == Some(guest_start);
+        } else if in_guest {
+            if let Some(v) = line.strip_prefix("Rss:") {
+                let guest: u64 = v.trim().trim_end_matches("kB").trim().parse().ok()?;
+                return Some(rss.saturating_sub(guest));
+            }
+        }
+    }
+    Some(rss)
+}

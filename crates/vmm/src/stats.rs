@@ -1,0 +1,186 @@
+//! Exit accounting: how many exits of each kind, how long the VMM spent on them, and
+//! which device each one reached. One `ExitStats` per vCPU, filled with no allocation.
+
+use crate::bus::DeviceId;
+
+/// What made `KVM_RUN` return.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitKind {
+    IoIn,
+    IoOut,
+    MmioRead,
+    MmioWrite,
+    Hlt,
+    Intr,
+    Shutdown,
+    SystemEvent,
+    InternalError,
+    FailEntry,
+    Other,
+}
+
+impl ExitKind {
+    pub const ALL: [ExitKind; 11] = [
+        ExitKind::IoIn,
+        ExitKind::IoOut,
+        ExitKind::MmioRead,
+        ExitKind::MmioWrite,
+        ExitKind::Hlt,
+        ExitKind::Intr,
+        ExitKind::Shutdown,
+        ExitKind::SystemEvent,
+        ExitKind::InternalError,
+        ExitKind::FailEntry,
+        ExitKind::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ExitKind::IoIn => "io_in",
+            ExitKind::IoOut => "io_out",
+            ExitKind::MmioRead => "mmio_read",
+            ExitKind::MmioWrite => "mmio_write",
+            ExitKind::Hlt => "hlt",
+            ExitKind::Intr => "intr",
+            ExitKind::Shutdown => "shutdown",
+            ExitKind::SystemEvent => "system_event",
+            ExitKind::InternalError => "internal_error",
+            ExitKind::FailEntry => "fail_entry",
+            ExitKind::Other => "other",
+        }
+    }
+}
+
+/// Histogram resolution for VMM time per exit: buckets of 8 TSC cycles up to 32K cycles.
+const BUCKET_CYCLES: u64 = 8;
+const BUCKETS: usize = 4096;
+
+/// Reads and writes that reached one device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCounts {
+    pub reads: u64,
+    pub writes: u64,
+}
+
+/// Counters for one vCPU.
+#[derive(Clone)]
+pub struct ExitStats {
+    pub count: [u64; ExitKind::ALL.len()],
+    /// TSC cycles spent in the VMM, from `KVM_RUN` returning to the next `KVM_RUN`.
+    pub vmm_cycles: [u64; ExitKind::ALL.len()],
+    histogram: Vec<[u32; BUCKETS + 1]>,
+    /// Indexed by [`DeviceId`]; sized when the vCPU is built.
+    pub devices: Vec<DeviceCounts>,
+    pub unclaimed_pio: DeviceCounts,
+    pub unclaimed_mmio: DeviceCounts,
+}
+
+impl ExitStats {
+    pub fn new(devices: usize) -> Self {
+        ExitStats {
+            count: [0; ExitKind::ALL.len()],
+            vmm_cycles: [0; ExitKind::ALL.len()],
+            histogram: vec![[0; BUCKETS + 1]; ExitKind::ALL.len()],
+            devices: vec![DeviceCounts::default(); devices],
+            unclaimed_pio: DeviceCounts::default(),
+            unclaimed_mmio: DeviceCounts::default(),
+        }
+    }
+
+    /// Books one exit and the cycles the VMM spent on it.
+    #[inline]
+    pub fn record(&mut self, kind: ExitKind, cycles: u64) {
+        let k = kind as usize;
+        self.count[k] += 1;
+        self.vmm_cycles[k] += cycles;
+        let bucket = ((cycles / BUCKET_CYCLES) as usize).min(BUCKETS);
+        self.histogram[k][bucket] += 1;
+    }
+
+    #[inline]
+    pub fn device(&mut self, id: DeviceId, write: bool) {
+        if let Some(c) = self.devices.get_mut(id.0) {
+            if write {
+                c.writes += 1
+            } else {
+                c.reads += 1
+            }
+        }
+    }
+
+    pub fn total_exits(&self) -> u64 {
+        self.count.iter().sum()
+    }
+
+    pub fn exits(&self, kind: ExitKind) -> u64 {
+        self.count[kind as usize]
+    }
+
+    /// Median VMM cycles per exit over `kinds` (bucket midpoint), `None` without exits.
+    pub fn median_cycles(&self, kinds: &[ExitKind]) -> Option<f64> {
+        let total: u64 = kinds.iter().map(|&k| self.count[k as usize]).sum();
+        if total == 0 {
+            return None;
+        }
+        let mut seen = 0u64;
+        for bucket in 0..=BUCKETS {
+            seen += kinds.iter().map(|&k| u64::from(self.histogram[k as usize][bucket])).sum::<u64>();
+            if seen * 2 >= total {
+                return Some((bucket as u64 * BUCKET_CYCLES) as f64 + BUCKET_CYCLES as f64 / 2.0);
+            }
+        }
+        None
+    }
+
+    /// Adds another vCPU's counters into these.
+    pub fn merge(&mut self, other: &ExitStats) {
+        for k in 0..self.count.len() {
+            self.count[k] += other.count[k];
+            self.vmm_cycles[k] += other.vmm_cycles[k];
+            for b in 0..=BUCKETS {
+                self.histogram[k][b] += other.histogram[k][b];
+            }
+        }
+        if self.devices.len() < other.devices.len() {
+            self.devices.resize(other.devices.len(), DeviceCounts::default());
+        }
+        for (mine, theirs) in self.devices.iter_mut().zip(&other.devices) {
+            mine.reads += theirs.reads;
+            mine.writes += theirs.writes;
+        }
+        for (mine, theirs) in [(&mut self.unclaimed_pio, &other.unclaimed_pio), (&mut self.unclaimed_mmio, &other.unclaimed_mmio)] {
+            mine.reads += theirs.reads;
+            mine.writes += theirs.writes;
+        }
+    }
+
+    /// Clears everything (the lab measures one window at a time).
+    pub fn reset(&mut self) {
+        *self = ExitStats::new(self.devices.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_merge() {
+        let mut a = ExitStats::new(2);
+        for c in [100, 200, 300] {
+            a.record(ExitKind::IoOut, c);
+        }
+        a.record(ExitKind::MmioWrite, 10_000_000);
+        let m = a.median_cycles(&[ExitKind::IoOut]).unwrap();
+        assert!((200.0..=208.0).contains(&m), "{m}");
+        assert_eq!(a.median_cycles(&[ExitKind::Hlt]), None);
+        let mut b = ExitStats::new(1);
+        b.device(DeviceId(0), true);
+        b.device(DeviceId(7), true); // unknown ids are ignored, not a panic
+        b.merge(&a);
+        assert_eq!(b.exits(ExitKind::IoOut), 3);
+        assert_eq!(b.devices.len(), 2);
+        assert_eq!(b.devices[0].writes, 1);
+        assert_eq!(b.total_exits(), 4);
+    }
+}

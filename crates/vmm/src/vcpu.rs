@@ -1,0 +1,324 @@
+//! The vCPU run loop: the one place that matches on exit reasons.
+//!
+//! `KVM_RUN` returns -> [`Vcpu::step`] matches the exit -> [`ExitHandler`] looks the address
+//! up on the bus -> `BusDevice::read`/`write`. No allocation and no lock on the way (a
+//! device may lock itself). Each exit is counted and timed from `KVM_RUN` returning to
+//! the next `KVM_RUN`.
+
+use crate::bus::{Bus, BusAddress, BusSet, MmioAddress, PioAddress, SharedBuses};
+use crate::control::RunControl;
+use crate::stats::{DeviceCounts, ExitKind, ExitStats};
+use kvm_bindings::{kvm_run, KVM_EXIT_IO_OUT};
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// How many distinct unclaimed addresses get their own warning before we go quiet.
+const MAX_UNCLAIMED_WARNINGS: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuError {
+    #[error("KVM_RUN failed on vCPU {0}: {1}")]
+    Run(u8, #[source] kvm_ioctls::Error),
+    #[error("guest stopped on vCPU {vcpu}: {what}\n{regs}")]
+    GuestFault { vcpu: u8, what: String, regs: String },
+}
+
+/// What one [`Vcpu::step`] ended with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The exit was handled; call `step` again.
+    Continue,
+    /// The guest asked to exit, or the VMM asked the vCPU to stop.
+    Stopped,
+}
+
+/// One guest access as it reaches a device.
+pub enum Access<'a> {
+    Read(&'a mut [u8]),
+    Write(&'a [u8]),
+}
+
+/// The TSC: the cheapest clock there is, for timing the VMM's share of an exit.
+#[inline]
+pub fn cycles() -> u64 {
+    // SAFETY: rdtsc only reads the time-stamp counter; it has no memory effects.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// Everything an exit needs besides the vCPU fd, kept apart so that exit data (which
+/// borrows the fd's `kvm_run` page) can be handed to it.
+pub struct ExitHandler {
+    shared: Arc<SharedBuses>,
+    buses: Arc<BusSet>,
+    generation: u64,
+    pub stats: ExitStats,
+    warned: HashSet<(bool, u64)>,
+}
+
+impl ExitHandler {
+    fn new(shared: Arc<SharedBuses>, devices: usize) -> Self {
+        let (buses, generation) = shared.snapshot();
+        ExitHandler { shared, buses, generation, stats: ExitStats::new(devices), warned: HashSet::new() }
+    }
+
+    /// Picks up a new bus layout if one was published since the last exit.
+    #[inline]
+    fn refresh(&mut self) {
+        if self.shared.generation() != self.generation {
+            (self.buses, self.generation) = self.shared.snapshot();
+        }
+    }
+
+    #[inline]
+    pub fn pio(&mut self, port: u16, access: Access) {
+        dispatch(&self.buses.pio, &mut self.stats, &mut self.warned, PioAddress(port), access)
+    }
+
+    #[inline]
+    pub fn mmio(&mut self, addr: u64, access: Access) {
+        dispatch(&self.buses.mmio, &mut self.stats, &mut self.warned, MmioAddress(addr), access)
+    }
+}
+
+/// Bus lookup, then the device; an address no device claims goes to [`unclaimed`].
+#[inline]
+fn dispatch<A: BusAddress>(bus: &Bus<A>, stats: &mut ExitStats, warned: &mut HashSet<(bool, u64)>, addr: A, access: Access) {
+    let size = match &access {
+        Access::Read(data) => data.len(),
+        Access::Write(data) => data.len(),
+    };
+    let Some((entry, offset)) = bus.lookup(addr, size) else {
+        return unclaimed(stats, warned, addr, access);
+    };
+    match access {
+        Access::Read(data) => {
+            stats.device(entry.id, false);
+            entry.device.read(offset, data)
+        }
+        Access::Write(data) => {
+            stats.device(entry.id, true);
+            entry.device.write(offset, data)
+        }
+    }
+}
+
+/// No device there: reads see all-ones, writes vanish, each is counted, and the first
+/// accesses to an address get a warning.
+#[cold]
+fn unclaimed<A: BusAddress>(stats: &mut ExitStats, warned: &mut HashSet<(bool, u64)>, addr: A, access: Access) {
+    let is_pio = A::MAX == PioAddress::MAX;
+    let counts: &mut DeviceCounts = if is_pio { &mut stats.unclaimed_pio } else { &mut stats.unclaimed_mmio };
+    let (size, dir) = match access {
+        Access::Read(data) => {
+            counts.reads += 1;
+            data.fill(0xff);
+            (data.len(), "read from")
+        }
+        Access::Write(data) => {
+            counts.writes += 1;
+            (data.len(), "write to")
+        }
+    };
+    if warned.len() < MAX_UNCLAIMED_WARNINGS && warned.insert((is_pio, addr.raw())) {
+        let space = if is_pio { "port" } else { "MMIO address" };
+        tracing::warn!("unclaimed {size}-byte {dir} {space} {:#x}", addr.raw());
+        if warned.len() == MAX_UNCLAIMED_WARNINGS {
+            tracing::warn!("further unclaimed addresses are counted but not reported");
+        }
+    }
+}
+
+/// One virtual CPU and its exit handler.
+pub struct Vcpu {
+    id: u8,
+    fd: VcpuFd,
+    run_size: usize,
+    control: Arc<RunControl>,
+    /// The exit being handled and when `KVM_RUN` returned; booked at the next entry.
+    pending: Option<(ExitKind, u64)>,
+    coalesced_ring: bool,
+    pub exits: ExitHandler,
+}
+
+impl Vcpu {
+    pub fn new(id: u8, fd: VcpuFd, run_size: usize, buses: Arc<SharedBuses>, devices: usize, control: Arc<RunControl>) -> Self {
+        Vcpu { id, fd, run_size, control, pending: None, coalesced_ring: false, exits: ExitHandler::new(buses, devices) }
+    }
+
+    pub fn fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
+    /// Maps KVM's coalesced MMIO/PIO ring; from then on every exit drains it first.
+    pub fn enable_coalesced_ring(&mut self) -> Result<(), kvm_ioctls::Error> {
+        self.fd.map_coalesced_mmio_ring()?;
+        self.coalesced_ring = true;
+        Ok(())
+    }
+
+    /// Runs until the guest exits or the VMM stops it.
+    pub fn run(&mut self) -> Result<(), VcpuError> {
+        while self.step()? == Step::Continue {}
+        Ok(())
+    }
+
+    /// One `KVM_RUN` and the handling of the exit it returns.
+    #[inline]
+    pub fn step(&mut self) -> Result<Step, VcpuError> {
+        self.step_filtered(|_| false)
+    }
+
+    /// Like [`Vcpu::step`], but exits for which `consume` returns true go straight back into
+    /// the guest, with no accounting and no bus: the lab's floor for a userspace exit.
+    #[inline]
+    pub fn step_filtered(&mut self, mut consume: impl FnMut(&VcpuExit) -> bool) -> Result<Step, VcpuError> {
+        if self.control.should_stop() {
+            self.book_pending();
+            return Ok(Step::Stopped);
+        }
+        self.exits.refresh();
+        self.book_pending();
+        let mut exit = self.fd.run();
+        while matches!(&exit, Ok(e) if consume(e)) {
+            exit = self.fd.run();
+        }
+        let returned = cycles();
+        // Writes KVM queued in the coalesced ring happened before this exit: hand them to
+        // the devices first (an MMIO arm only binds the exit's data when there are none).
+        let coalesced = self.coalesced_ring;
+        let kind = match exit {
+            Ok(VcpuExit::IoIn(..)) => {
+                self.drain_coalesced();
+                self.pio();
+                ExitKind::IoIn
+            }
+            Ok(VcpuExit::IoOut(..)) => {
+                self.drain_coalesced();
+                self.pio();
+                ExitKind::IoOut
+            }
+            Ok(VcpuExit::MmioRead(addr, data)) if !coalesced => {
+                self.exits.mmio(addr, Access::Read(data));
+                ExitKind::MmioRead
+            }
+            Ok(VcpuExit::MmioWrite(addr, data)) if !coalesced => {
+                self.exits.mmio(addr, Access::Write(data));
+                ExitKind::MmioWrite
+            }
+            Ok(VcpuExit::MmioRead(..) | VcpuExit::MmioWrite(..)) => {
+                self.drain_coalesced();
+                self.mmio_from_run()
+            }
+            Ok(VcpuExit::Intr) => ExitKind::Intr,
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => ExitKind::Intr,
+            Err(e) => return Err(VcpuError::Run(self.id, e)),
+            Ok(VcpuExit::Hlt) => return Err(self.fault("halted with no way to wake up (HLT exit)")),
+            Ok(VcpuExit::Shutdown) => return Err(self.fault("shutdown: a triple fault, or an exception it could not deliver")),
+            Ok(VcpuExit::FailEntry(reason, cpu)) => {
+                return Err(self.fault(&format!("KVM could not enter the guest (hardware reason {reason:#x}, cpu {cpu})")))
+            }
+            Ok(VcpuExit::InternalError) => {
+                // SAFETY: the exit reason is KVM_EXIT_INTERNAL_ERROR, so `internal` is the live union member.
+                let suberror = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
+                return Err(self.fault(&format!(
+                    "KVM internal error, suberror {suberror} (1: emulation failed, 2: simultaneous exceptions)"
+                )));
+            }
+            Ok(VcpuExit::SystemEvent(event, _)) => {
+                return Err(self.fault(&format!("system event {event} (1 shutdown, 2 reset, 3 crash)")))
+            }
+            Ok(other) => {
+                let what = format!("unexpected exit {other:?}");
+                return Err(self.fault(&what));
+            }
+        };
+        self.pending = Some((kind, returned));
+        if self.control.should_stop() {
+            self.book_pending();
+            return Ok(Step::Stopped);
+        }
+        Ok(Step::Continue)
+    }
+
+    /// Books the previous exit: VMM time ends as we go back into the guest.
+    #[inline]
+    fn book_pending(&mut self) {
+        if let Some((kind, since)) = self.pending.take() {
+            self.exits.stats.record(kind, cycles().saturating_sub(since));
+        }
+    }
+
+    /// Port I/O, read from `kvm_run` directly because kvm-ioctls folds `size * count` into one
+    /// slice: a `rep outs`/`ins` is split here into one bus access per element.
+    #[inline]
+    fn pio(&mut self) {
+        let run: *mut kvm_run = self.fd.get_kvm_run();
+        // SAFETY: the exit reason is KVM_EXIT_IO, so `io` is the live union member.
+        let io = unsafe { (*run).__bindgen_anon_1.io };
+        let (size, count, offset) = (usize::from(io.size), io.count as usize, io.data_offset as usize);
+        let len = size * count;
+        if size == 0 || offset.checked_add(len).is_none_or(|end| end > self.run_size) {
+            tracing::error!("KVM reported port I/O data outside the kvm_run page; ignored");
+            return;
+        }
+        // SAFETY: KVM placed `len` bytes at `data_offset` inside the `run_size`-byte kvm_run
+        // mapping (checked above), which lives as long as `self.fd`; nothing else aliases it now.
+        let data = unsafe { std::slice::from_raw_parts_mut((run as *mut u8).add(offset), len) };
+        let write = u32::from(io.direction) == KVM_EXIT_IO_OUT;
+        for element in data.chunks_exact_mut(size) {
+            let access = if write { Access::Write(&*element) } else { Access::Read(element) };
+            self.exits.pio(io.port, access);
+        }
+    }
+
+    /// An MMIO exit read back from `kvm_run` (after the coalesced ring was drained).
+    fn mmio_from_run(&mut self) -> ExitKind {
+        // SAFETY: the exit reason is KVM_EXIT_MMIO, so `mmio` is the live union member.
+        let mmio = unsafe { &mut self.fd.get_kvm_run().__bindgen_anon_1.mmio };
+        let len = (mmio.len as usize).min(mmio.data.len());
+        if mmio.is_write != 0 {
+            self.exits.mmio(mmio.phys_addr, Access::Write(&mmio.data[..len]));
+            ExitKind::MmioWrite
+        } else {
+            self.exits.mmio(mmio.phys_addr, Access::Read(&mut mmio.data[..len]));
+            ExitKind::MmioRead
+        }
+    }
+
+    /// Hands the writes KVM queued in its coalesced ring to the buses, oldest first.
+    #[inline]
+    fn drain_coalesced(&mut self) {
+        if !self.coalesced_ring {
+            return;
+        }
+        while let Ok(Some(entry)) = self.fd.coalesced_mmio_read() {
+            let data = &entry.data[..(entry.len as usize).min(entry.data.len())];
+            // SAFETY: `pio` shares its union with padding only; every bit pattern is a valid u32.
+            if unsafe { entry.__bindgen_anon_1.pio } != 0 {
+                self.exits.pio(entry.phys_addr as u16, Access::Write(data));
+            } else {
+                self.exits.mmio(entry.phys_addr, Access::Write(data));
+            }
+        }
+    }
+
+    fn fault(&self, what: &str) -> VcpuError {
+        VcpuError::GuestFault { vcpu: self.id, what: what.to_string(), regs: self.dump_registers() }
+    }
+
+    /// The registers, for an error message.
+    pub fn dump_registers(&self) -> String {
+        let (Ok(r), Ok(s)) = (self.fd.get_regs(), self.fd.get_sregs()) else {
+            return "  (registers unavailable)".into();
+        };
+        format!(
+            "  rip={:#018x} rsp={:#018x} rflags={:#010x} cs={:#06x} (cpl {})\n  \
+             rax={:#018x} rbx={:#018x} rcx={:#018x} rdx={:#018x}\n  \
+             rsi={:#018x} rdi={:#018x} rbp={:#018x} r8={:#018x}\n  \
+             cr0={:#010x} cr2={:#018x} cr3={:#010x} cr4={:#010x} efer={:#x}",
+            r.rip, r.rsp, r.rflags, s.cs.selector, s.cs.selector & 3, r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi,
+            r.rbp, r.r8, s.cr0, s.cr2, s.cr3, s.cr4, s.efer
+        )
+    }
+}
