@@ -9,6 +9,7 @@ use std::{env, fs};
 const PAYLOADS: &[(&str, &str)] = &[
     ("demo", "hello from CPL0 and CPL3, then exit 0 (the default guest)"),
     ("hostile", "random port, MMIO and string I/O of every size; garbage to every device register"),
+    ("crash", "fails on purpose: triple fault (default) or spins forever (--params 2)"),
 ];
 
 const RUNTIME: &[&str] = &["entry.S", "runtime.c"];
@@ -19,25 +20,45 @@ fn main() {
     println!("cargo:rerun-if-changed=guest");
     println!("cargo:rerun-if-changed=src/abi.rs");
 
-    fs::write(out.join("abi.h"), abi_header(&fs::read_to_string("src/abi.rs").expect("abi.rs")))
-        .expect("write abi.h");
+    fs::write(out.join("abi.h"), abi_header(&fs::read_to_string("src/abi.rs").expect("abi.rs"))).expect("write abi.h");
 
     let cc = env::var("CC").unwrap_or_else(|_| "cc".into());
     let cflags = [
-        "-m64", "-O2", "-ffreestanding", "-fno-pic", "-fno-pie", "-fno-stack-protector",
-        "-mno-red-zone", "-mno-sse", "-mno-mmx", "-mno-avx", "-mgeneral-regs-only",
-        "-fno-asynchronous-unwind-tables", "-fcf-protection=none", "-nostdlib", "-static",
-        "-no-pie", "-Wall", "-Wextra", "-Werror", "-Wl,--build-id=none", "-Wl,-z,noexecstack",
+        "-m64",
+        "-O2",
+        "-ffreestanding",
+        "-fno-pic",
+        "-fno-pie",
+        "-fno-stack-protector",
+        "-mno-red-zone",
+        "-mno-sse",
+        "-mno-mmx",
+        "-mno-avx",
+        "-mgeneral-regs-only",
+        "-fno-asynchronous-unwind-tables",
+        "-fcf-protection=none",
+        "-nostdlib",
+        "-static",
+        "-no-pie",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-Wl,--build-id=none",
+        "-Wl,-z,noexecstack",
     ];
     let mut table = String::from("pub static PAYLOADS: &[Payload] = &[\n");
     for (name, about) in PAYLOADS {
         let elf = out.join(format!("{name}.elf"));
         let mut cmd = Command::new(&cc);
         cmd.args(cflags)
-            .arg("-I").arg(&out)
-            .arg("-I").arg(guest.join("runtime"))
-            .arg("-T").arg(guest.join("runtime/linker.ld"))
-            .arg("-o").arg(&elf);
+            .arg("-I")
+            .arg(&out)
+            .arg("-I")
+            .arg(guest.join("runtime"))
+            .arg("-T")
+            .arg(guest.join("runtime/linker.ld"))
+            .arg("-o")
+            .arg(&elf);
         for src in RUNTIME {
             cmd.arg(guest.join("runtime").join(src));
         }

@@ -16,7 +16,7 @@ pub enum Command {
     /// Boot a guest (the built-in demo unless told otherwise) and print its serial output.
     Run(RunArgs),
     /// List the built-in guest payloads.
-    Payloads,
+    Payloads(PayloadsArgs),
     /// Run a lab benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -47,7 +47,9 @@ pub struct RunArgs {
 impl RunArgs {
     pub fn image(&self) -> Result<Cow<'static, [u8]>, String> {
         if let Some(path) = &self.kernel {
-            return std::fs::read(path).map(Cow::Owned).map_err(|e| format!("cannot read kernel {}: {e}", path.display()));
+            return std::fs::read(path)
+                .map(Cow::Owned)
+                .map_err(|e| format!("cannot read kernel {}: {e}", path.display()));
         }
         let name = self.payload.as_deref().unwrap_or(exitless_payloads::DEFAULT_PAYLOAD);
         exitless_payloads::find(name).map(|p| Cow::Borrowed(p.elf)).ok_or_else(|| {
@@ -55,6 +57,13 @@ impl RunArgs {
             format!("no built-in payload '{name}' (have: {})", known.join(", "))
         })
     }
+}
+
+#[derive(Args)]
+pub struct PayloadsArgs {
+    /// Also write each payload's ELF image into DIR (to boot it under QEMU, say).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]

@@ -3,7 +3,7 @@
 mod args;
 mod report;
 
-use args::{BenchCommand, Cli, Command, RunArgs};
+use args::{BenchCommand, Cli, Command, PayloadsArgs, RunArgs};
 use clap::Parser;
 use exitless_vmm::{Machine, MachineConfig};
 use std::io::Write;
@@ -26,17 +26,13 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .without_time()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("EXITLESS_LOG").unwrap_or_else(|_| "warn".into()))
         .init();
     let result = match cli.command {
         Command::Run(args) => run(args),
-        Command::Payloads => {
-            for p in exitless_payloads::PAYLOADS {
-                println!("{:<10} {}", p.name, p.about);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Payloads(args) => payloads(args),
         Command::Bench(bench) => run_bench(bench),
     };
     result.unwrap_or_else(|e| {
@@ -71,9 +67,21 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let report = machine.run(args.timeout.map(std::time::Duration::from_secs_f64))?;
     eprint!("{}", report::profile(&report));
     if let Some(path) = &args.json {
-        std::fs::write(path, report::json(&report).to_string() + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        std::fs::write(path, report::json(&report).to_string() + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(ExitCode::from(u8::try_from(report.exit_status).unwrap_or(u8::MAX)))
+}
+
+fn payloads(args: PayloadsArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    for p in exitless_payloads::PAYLOADS {
+        println!("{:<10} {}", p.name, p.about);
+        if let Some(dir) = &args.out {
+            let path = dir.join(format!("{}.elf", p.name));
+            std::fs::write(&path, p.elf).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {

@@ -19,7 +19,12 @@ fn median_ns(report: &RunReport, kind: ExitKind) -> Option<f64> {
 /// A short human table: exits by reason with the VMM's median time, then devices.
 pub fn profile(report: &RunReport) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "\nexitless: guest exited with status {} after {:.1} ms", report.exit_status, report.elapsed.as_secs_f64() * 1e3);
+    let _ = writeln!(
+        s,
+        "\nexitless: exit profile: guest exited with status {} after {:.1} ms",
+        report.exit_status,
+        report.elapsed.as_secs_f64() * 1e3
+    );
     let _ = writeln!(s, "  {:<16} {:>10} {:>16}", "exit", "count", "vmm ns (median)");
     for kind in ExitKind::ALL {
         let count = report.stats.exits(kind);

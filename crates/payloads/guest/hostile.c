@@ -24,7 +24,7 @@ static u8 buffer[512];
 
 int main(void) {
 	u64 seed = param(0, 0x5eed) | 1, rounds = param(1, 2000);
-	u64 mem_end = have_vmm_params() ? param(2, 0x8000000) : 0x8000000;
+	u64 mem_end = guest_mem_end();
 	u64 ports = 0, mmios = 0, strings = 0;
 	enter_user();
 

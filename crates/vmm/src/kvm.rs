@@ -32,7 +32,8 @@ pub fn open() -> Result<Kvm, KvmError> {
     if version != 12 {
         return Err(KvmError::ApiVersion(version));
     }
-    let missing: Vec<_> = REQUIRED_CAPS.iter().filter(|(cap, _)| !kvm.check_extension(*cap)).map(|&(_, name)| name).collect();
+    let missing: Vec<_> =
+        REQUIRED_CAPS.iter().filter(|(cap, _)| !kvm.check_extension(*cap)).map(|&(_, name)| name).collect();
     if !missing.is_empty() {
         return Err(KvmError::MissingCaps(missing));
     }

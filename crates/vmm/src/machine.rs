@@ -140,7 +140,13 @@ impl Machine {
         DeviceId(self.devices.len() - 1)
     }
 
-    pub fn add_pio_device(&mut self, name: &str, port: u16, len: u64, device: Arc<dyn BusDevice>) -> Result<DeviceId, MachineError> {
+    pub fn add_pio_device(
+        &mut self,
+        name: &str,
+        port: u16,
+        len: u64,
+        device: Arc<dyn BusDevice>,
+    ) -> Result<DeviceId, MachineError> {
         let id = self.register_device(name);
         self.buses
             .update(|b| b.pio.insert(PioAddress(port), len, id, device))
@@ -148,7 +154,13 @@ impl Machine {
         Ok(id)
     }
 
-    pub fn add_mmio_device(&mut self, name: &str, addr: u64, len: u64, device: Arc<dyn BusDevice>) -> Result<DeviceId, MachineError> {
+    pub fn add_mmio_device(
+        &mut self,
+        name: &str,
+        addr: u64,
+        len: u64,
+        device: Arc<dyn BusDevice>,
+    ) -> Result<DeviceId, MachineError> {
         let id = self.register_device(name);
         self.buses
             .update(|b| b.mmio.insert(MmioAddress(addr), len, id, device))
@@ -260,7 +272,8 @@ pub fn install_kick_handler() {
 /// Process RSS minus the resident part of the guest RAM mapping that starts at `guest_start`.
 fn vmm_rss_kib(guest_start: usize) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let rss: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let rss: u64 =
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
     let mut in_guest = false;
     for line in smaps.lines() {

@@ -148,7 +148,9 @@ impl ExitStats {
             mine.reads += theirs.reads;
             mine.writes += theirs.writes;
         }
-        for (mine, theirs) in [(&mut self.unclaimed_pio, &other.unclaimed_pio), (&mut self.unclaimed_mmio, &other.unclaimed_mmio)] {
+        for (mine, theirs) in
+            [(&mut self.unclaimed_pio, &other.unclaimed_pio), (&mut self.unclaimed_mmio, &other.unclaimed_mmio)]
+        {
             mine.reads += theirs.reads;
             mine.writes += theirs.writes;
         }

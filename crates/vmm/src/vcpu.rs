@@ -83,7 +83,13 @@ impl ExitHandler {
 
 /// Bus lookup, then the device; an address no device claims goes to [`unclaimed`].
 #[inline]
-fn dispatch<A: BusAddress>(bus: &Bus<A>, stats: &mut ExitStats, warned: &mut HashSet<(bool, u64)>, addr: A, access: Access) {
+fn dispatch<A: BusAddress>(
+    bus: &Bus<A>,
+    stats: &mut ExitStats,
+    warned: &mut HashSet<(bool, u64)>,
+    addr: A,
+    access: Access,
+) {
     let size = match &access {
         Access::Read(data) => data.len(),
         Access::Write(data) => data.len(),
@@ -142,8 +148,23 @@ pub struct Vcpu {
 }
 
 impl Vcpu {
-    pub fn new(id: u8, fd: VcpuFd, run_size: usize, buses: Arc<SharedBuses>, devices: usize, control: Arc<RunControl>) -> Self {
-        Vcpu { id, fd, run_size, control, pending: None, coalesced_ring: false, exits: ExitHandler::new(buses, devices) }
+    pub fn new(
+        id: u8,
+        fd: VcpuFd,
+        run_size: usize,
+        buses: Arc<SharedBuses>,
+        devices: usize,
+        control: Arc<RunControl>,
+    ) -> Self {
+        Vcpu {
+            id,
+            fd,
+            run_size,
+            control,
+            pending: None,
+            coalesced_ring: false,
+            exits: ExitHandler::new(buses, devices),
+        }
     }
 
     pub fn fd(&self) -> &VcpuFd {
@@ -214,9 +235,13 @@ impl Vcpu {
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => ExitKind::Intr,
             Err(e) => return Err(VcpuError::Run(self.id, e)),
             Ok(VcpuExit::Hlt) => return Err(self.fault("halted with no way to wake up (HLT exit)")),
-            Ok(VcpuExit::Shutdown) => return Err(self.fault("shutdown: a triple fault, or an exception it could not deliver")),
+            Ok(VcpuExit::Shutdown) => {
+                return Err(self.fault("shutdown: a triple fault, or an exception it could not deliver"))
+            }
             Ok(VcpuExit::FailEntry(reason, cpu)) => {
-                return Err(self.fault(&format!("KVM could not enter the guest (hardware reason {reason:#x}, cpu {cpu})")))
+                return Err(
+                    self.fault(&format!("KVM could not enter the guest (hardware reason {reason:#x}, cpu {cpu})"))
+                )
             }
             Ok(VcpuExit::InternalError) => {
                 // SAFETY: the exit reason is KVM_EXIT_INTERNAL_ERROR, so `internal` is the live union member.
@@ -317,8 +342,24 @@ impl Vcpu {
              rax={:#018x} rbx={:#018x} rcx={:#018x} rdx={:#018x}\n  \
              rsi={:#018x} rdi={:#018x} rbp={:#018x} r8={:#018x}\n  \
              cr0={:#010x} cr2={:#018x} cr3={:#010x} cr4={:#010x} efer={:#x}",
-            r.rip, r.rsp, r.rflags, s.cs.selector, s.cs.selector & 3, r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi,
-            r.rbp, r.r8, s.cr0, s.cr2, s.cr3, s.cr4, s.efer
+            r.rip,
+            r.rsp,
+            r.rflags,
+            s.cs.selector,
+            s.cs.selector & 3,
+            r.rax,
+            r.rbx,
+            r.rcx,
+            r.rdx,
+            r.rsi,
+            r.rdi,
+            r.rbp,
+            r.r8,
+            s.cr0,
+            s.cr2,
+            s.cr3,
+            s.cr4,
+            s.efer
         )
     }
 }

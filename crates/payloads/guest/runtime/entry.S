@@ -32,7 +32,8 @@ pvh_start:
 	ljmp $0x08, $long_mode
 
 	.code64
-long_mode:
+	.globl long_mode
+long_mode:              /* also the ELF entry, for a VMM that starts us in 64-bit mode */
 	movw $0x10, %ax
 	movw %ax, %ds
 	movw %ax, %es

@@ -34,8 +34,11 @@ void enter_user(void) {
 int have_vmm_params(void) { return shared[0] == SHARED_MAGIC; }
 
 u64 param(u32 index, u64 fallback) {
-	return have_vmm_params() ? shared[SHARED_PARAM_SLOT + index] : fallback;
+	u64 v = have_vmm_params() ? shared[SHARED_PARAM_SLOT + index] : 0;
+	return v ? v : fallback;
 }
+
+u64 guest_mem_end(void) { return have_vmm_params() ? shared[SHARED_MEM_END_SLOT] : 128ULL << 20; }
 
 void set_result(u32 index, u64 value) { shared[SHARED_RESULT_SLOT + index] = value; }
 

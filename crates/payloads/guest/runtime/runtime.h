@@ -41,11 +41,12 @@ __attribute__((noreturn)) void guest_exit(u32 status);
 /* Drop to CPL3 with IOPL 3 (port I/O still allowed), interrupts off; returns at CPL3. */
 void enter_user(void);
 
-/* The shared page: parameters from the VMM (a default when the VMM left none, e.g. under
- * QEMU) and results for it. */
+/* The shared page: parameters from the VMM (the fallback where the VMM left 0 or nothing,
+ * e.g. under QEMU) and results for it. */
 u64 param(u32 index, u64 fallback);
 void set_result(u32 index, u64 value);
 int have_vmm_params(void);
+u64 guest_mem_end(void);
 
 /* Small deterministic PRNG (xorshift64*). */
 u64 rand64(u64 *state);

@@ -49,6 +49,12 @@ pub struct BusEntry {
     pub device: Arc<dyn BusDevice>,
 }
 
+impl std::fmt::Debug for BusEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BusEntry({:#x}+{:#x}, {:?})", self.base, self.len, self.id)
+    }
+}
+
 /// A sorted table of non-overlapping ranges in one address space.
 #[derive(Clone)]
 pub struct Bus<A: BusAddress> {

@@ -1,0 +1,50 @@
+//! Helpers for tests that boot real guests through the `exitless` binary.
+#![allow(dead_code)]
+
+use std::process::{Command, Output};
+
+/// True where /dev/kvm works; otherwise says loudly that the calling test is skipped.
+pub fn kvm_or_skip(test: &str) -> bool {
+    if exitless_vmm::kvm::available() {
+        return true;
+    }
+    eprintln!("SKIPPED {test}: /dev/kvm is not available on this machine; this test did not run");
+    false
+}
+
+pub fn exitless(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_exitless")).args(args).output().expect("run exitless")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs `exitless run ARGS --json FILE` and returns the output and the parsed JSON.
+pub fn run_json(args: &[&str]) -> (Output, serde_json::Value) {
+    let dir = tempdir();
+    let path = dir.join("report.json");
+    let mut all = vec!["run", "--timeout", "60", "--json", path.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let out = exitless(&all);
+    let json =
+        std::fs::read_to_string(&path).map(|t| serde_json::from_str(&t).expect("valid JSON")).unwrap_or_default();
+    (out, json)
+}
+
+/// A fresh directory under the system temp dir.
+pub fn tempdir() -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "exitless-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

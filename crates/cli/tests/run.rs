@@ -1,0 +1,111 @@
+//! `exitless run` on the built-in payloads, in real KVM.
+
+mod common;
+use common::*;
+
+#[test]
+fn demo_boots_prints_and_exits_zero() {
+    if !kvm_or_skip("demo_boots_prints_and_exits_zero") {
+        return;
+    }
+    let (out, json) = run_json(&[]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "status {:?}\n{}", out.status, stderr(&out));
+    assert!(text.contains("hello from CPL0"), "{text}");
+    assert!(text.contains("now at CPL3 with IOPL 3"), "{text}");
+    assert_eq!(json["exit_status"], 0);
+    assert!(json["exits"]["io_out"].as_u64().unwrap() >= text.len() as u64, "one exit per serial byte: {json}");
+    assert_eq!(json["devices"]["debug-exit"]["writes"], 1);
+    assert!(json["devices"]["serial"]["writes"].as_u64().unwrap() >= text.len() as u64);
+    assert!(stderr(&out).contains("exit profile") && stderr(&out).contains("io_out"), "{}", stderr(&out));
+}
+
+#[test]
+fn hostile_guest_leaves_the_vmm_running_and_is_counted() {
+    if !kvm_or_skip("hostile_guest_leaves_the_vmm_running_and_is_counted") {
+        return;
+    }
+    let (out, json) = run_json(&["--payload", "hostile", "--params", "7,3000"]);
+    assert!(out.status.success(), "status {:?}\n{}", out.status, stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("hostile: survived"), "{text}");
+    let pio = &json["devices"]["unclaimed-pio"];
+    let mmio = &json["devices"]["unclaimed-mmio"];
+    assert!(pio["reads"].as_u64().unwrap() > 100 && pio["writes"].as_u64().unwrap() > 100, "{json}");
+    assert!(mmio["reads"].as_u64().unwrap() > 100 && mmio["writes"].as_u64().unwrap() > 100, "{json}");
+    // String I/O is split per element, so there are more unclaimed accesses than exits.
+    let unclaimed_pio = pio["reads"].as_u64().unwrap() + pio["writes"].as_u64().unwrap();
+    let io_exits = json["exits"]["io_in"].as_u64().unwrap() + json["exits"]["io_out"].as_u64().unwrap();
+    assert!(unclaimed_pio > io_exits / 2, "{json}");
+    // Warned once per address, not once per access.
+    let warnings = stderr(&out).matches("unclaimed").count();
+    assert!(warnings < 100, "{warnings} warnings");
+}
+
+#[test]
+fn a_triple_fault_is_reported_with_registers() {
+    if !kvm_or_skip("a_triple_fault_is_reported_with_registers") {
+        return;
+    }
+    let out = exitless(&["run", "--payload", "crash", "--timeout", "60"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("triple fault"), "{err}");
+    assert!(err.contains("rip=") && err.contains("cr2=0x00007fff00000000"), "{err}");
+}
+
+#[test]
+fn a_guest_that_never_exits_is_stopped_by_the_timeout() {
+    if !kvm_or_skip("a_guest_that_never_exits_is_stopped_by_the_timeout") {
+        return;
+    }
+    let start = std::time::Instant::now();
+    let out = exitless(&["run", "--payload", "crash", "--params", "2", "--timeout", "0.5"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("did not finish within"), "{}", stderr(&out));
+    assert!(start.elapsed().as_secs() < 30);
+}
+
+#[test]
+fn an_elf_without_a_pvh_note_boots_at_its_64_bit_entry() {
+    if !kvm_or_skip("an_elf_without_a_pvh_note_boots_at_its_64_bit_entry") {
+        return;
+    }
+    let mut elf = exitless_payloads::find("demo").unwrap().elf.to_vec();
+    let note = [4u8, 0, 0, 0, 8, 0, 0, 0, 18, 0, 0, 0, b'X', b'e', b'n', 0];
+    let at = elf.windows(note.len()).position(|w| w == note).expect("PVH note");
+    elf[at + 8] = 0; // no longer XEN_ELFNOTE_PHYS32_ENTRY
+    let path = tempdir().join("demo64.elf");
+    std::fs::write(&path, &elf).unwrap();
+    let out = exitless(&["run", "--timeout", "60", "--kernel", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("now at CPL3"), "{}", stdout(&out));
+}
+
+#[test]
+fn every_payload_is_listed() {
+    let out = exitless(&["payloads"]);
+    let text = stdout(&out);
+    for p in exitless_payloads::PAYLOADS {
+        assert!(text.lines().any(|l| l.starts_with(p.name) && l.contains(p.about)), "{text}");
+    }
+}
+
+#[test]
+fn bad_command_lines_get_one_line_and_a_nonzero_status() {
+    for args in [
+        &["run", "--payload", "nope"][..],
+        &["run", "--mem", "12X"],
+        &["run", "--mem", "1M"],
+        &["run", "--kernel", "/nonexistent/kernel"],
+        &["run", "--payload", "demo", "--kernel", "/bin/true"],
+        &["run", "--timeout", "-1"],
+        &["frobnicate"],
+    ] {
+        let out = exitless(args);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("exitless: "), "{args:?}: {err}");
+    }
+}
