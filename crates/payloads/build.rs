@@ -9,6 +9,7 @@ use std::{env, fs};
 const PAYLOADS: &[(&str, &str)] = &[
     ("demo", "hello from CPL0 and CPL3, then exit 0 (the default guest)"),
     ("hostile", "random port, MMIO and string I/O of every size; garbage to every device register"),
+    ("doorbell", "the doorbell lab's guest: rings a doorbell N times per path (run by `exitless bench doorbell`)"),
     ("crash", "fails on purpose: triple fault (default) or spins forever (--params 2)"),
 ];
 

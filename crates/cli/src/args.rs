@@ -70,6 +70,70 @@ pub struct PayloadsArgs {
 pub enum BenchCommand {
     /// Process start to the guest's first serial byte, and VMM memory beyond guest RAM.
     Boot(BootArgs),
+    /// A doorbell rung through userspace exits, ioeventfds, KVM's coalesced ring, polling.
+    Doorbell(DoorbellArgs),
+}
+
+#[derive(Args)]
+pub struct DoorbellArgs {
+    /// Rings per path per repeat.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub iters: u64,
+    /// Repeats; paths are interleaved across them and medians reported.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub repeat: u32,
+    /// Privilege level of the guest's ring loop (on a nested host CPL0 code is emulated).
+    #[arg(long, default_value_t = 3, value_parser = parse_cpl)]
+    pub cpl: u8,
+    /// Only these paths, comma-separated (default: the published table's; check-* paths
+    /// test KVM's matching rules).
+    #[arg(long, value_delimiter = ',')]
+    pub paths: Vec<String>,
+    /// Write the table as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write a bar chart of the table to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Give up on a guest that has not finished within this many seconds.
+    #[arg(long, default_value_t = 300.0, value_parser = parse_seconds)]
+    pub timeout: f64,
+}
+
+impl DoorbellArgs {
+    pub fn to_options(&self) -> Result<exitless_lab::doorbell::Options, String> {
+        use exitless_lab::doorbell::{find_path, PATHS};
+        let paths = if self.paths.is_empty() {
+            PATHS.iter().collect()
+        } else {
+            self.paths
+                .iter()
+                .map(|n| find_path(n).ok_or_else(|| format!("no doorbell path '{n}' (have: {})", path_names())))
+                .collect::<Result<_, _>>()?
+        };
+        Ok(exitless_lab::doorbell::Options {
+            iters: self.iters,
+            repeat: self.repeat,
+            cpl: self.cpl,
+            paths,
+            json: self.json.clone(),
+            svg: self.svg.clone(),
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+        })
+    }
+}
+
+fn path_names() -> String {
+    use exitless_lab::doorbell::{CHECK_PATHS, PATHS};
+    PATHS.iter().chain(CHECK_PATHS).map(|p| p.name).collect::<Vec<_>>().join(", ")
+}
+
+fn parse_cpl(s: &str) -> Result<u8, String> {
+    match s {
+        "0" => Ok(0),
+        "3" => Ok(3),
+        _ => Err(format!("'{s}' is not 0 or 3")),
+    }
 }
 
 #[derive(Args)]

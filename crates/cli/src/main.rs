@@ -59,10 +59,10 @@ impl Write for LiveStdout {
 fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let image = args.image()?;
     let machine = Machine::new(MachineConfig {
-        image,
         mem_size: args.mem,
         params: args.params.clone(),
         serial_out: Box::new(LiveStdout),
+        ..MachineConfig::new(image)
     })?;
     let report = machine.run(args.timeout.map(std::time::Duration::from_secs_f64))?;
     eprint!("{}", report::profile(&report));
@@ -87,6 +87,9 @@ fn payloads(args: PayloadsArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
 fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
     match bench {
         BenchCommand::Boot(a) => exitless_lab::boot::run(&a.to_options())?,
+        BenchCommand::Doorbell(a) => {
+            exitless_lab::doorbell::run(&a.to_options()?)?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

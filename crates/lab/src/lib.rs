@@ -1,4 +1,7 @@
 //! The labs: benchmarks that measure each exit-avoiding path against the slow one.
 
 pub mod boot;
+pub mod control;
+pub mod doorbell;
 pub mod stats;
+pub mod svg;

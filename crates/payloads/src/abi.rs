@@ -20,8 +20,22 @@ pub const SHARED_RESULT_SLOT: u64 = 64;
 /// Slot where the guest reports the guest-physical end of RAM it may touch (set by the VMM).
 pub const SHARED_MEM_END_SLOT: u64 = 1;
 
-/// Lab control port: the guest tells the VMM which phase it starts or ends.
+/// Lab control port: the guest writes `(op << 16) | step` to say which step of a lab it
+/// begins or ends; the VMM answers by rewiring devices and filling in the step's spec.
 pub const LAB_CONTROL_PORT: u64 = 0x500;
+pub const LAB_OP_BEGIN: u64 = 1;
+pub const LAB_OP_END: u64 = 2;
+/// Shared-page slots of the current step's spec: kind, access size, address, value.
+pub const LAB_SPEC_SLOT: u64 = 32;
+/// Doorbell kinds of access.
+pub const RING_PIO: u64 = 1;
+pub const RING_MMIO: u64 = 2;
+pub const RING_CPUID: u64 = 3;
+pub const RING_POLL: u64 = 4;
+/// Polled doorbell: the guest writes a sequence number here and waits for it to come
+/// back in the ack slot (each in its own cache line).
+pub const POLL_SEQ_SLOT: u64 = 128;
+pub const POLL_ACK_SLOT: u64 = 136;
 /// Doorbell device: the port-I/O ring register, and the count register beside it.
 pub const DOORBELL_PIO_PORT: u64 = 0x510;
 pub const DOORBELL_PIO_COUNT: u64 = 0x518;

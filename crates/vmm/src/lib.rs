@@ -7,9 +7,11 @@ pub mod boot;
 pub mod bus;
 pub mod control;
 pub mod devices;
+pub mod ioeventfd;
 pub mod kvm;
 pub mod machine;
 pub mod stats;
 pub mod vcpu;
+pub mod watchdog;
 
 pub use machine::{Machine, MachineConfig, MachineError, RunReport};

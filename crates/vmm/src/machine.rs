@@ -4,15 +4,15 @@ use crate::boot::{self, regs, EntryPoint};
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
 use crate::control::RunControl;
 use crate::devices::{debug_exit, serial, DebugExit, Serial};
+use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
 use crate::kvm;
 use crate::stats::ExitStats;
 use crate::vcpu::{cycles, Vcpu, VcpuError};
+use crate::watchdog::Watchdog;
 use exitless_payloads::abi;
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VmFd};
 use std::io::Write;
-use std::os::unix::thread::JoinHandleExt;
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
@@ -60,6 +60,20 @@ pub struct MachineConfig {
     pub params: Vec<u64>,
     /// Where the serial console's output goes.
     pub serial_out: Box<dyn Write + Send>,
+    pub ioeventfd_limits: IoeventfdLimits,
+}
+
+impl MachineConfig {
+    /// `image` with 128 MiB, no parameters, serial output dropped, default limits.
+    pub fn new(image: impl Into<std::borrow::Cow<'static, [u8]>>) -> Self {
+        MachineConfig {
+            image: image.into(),
+            mem_size: 128 << 20,
+            params: Vec::new(),
+            serial_out: Box::new(std::io::sink()),
+            ioeventfd_limits: IoeventfdLimits::default(),
+        }
+    }
 }
 
 /// The result of a run.
@@ -81,6 +95,7 @@ pub struct Machine {
     pub memory: GuestMemoryMmap,
     pub control: Arc<RunControl>,
     pub buses: Arc<SharedBuses>,
+    pub ioeventfds: Arc<IoeventfdRegistry>,
     devices: Vec<String>,
     entry: EntryPoint,
     started: (Instant, u64),
@@ -117,9 +132,11 @@ impl Machine {
         write_shared_page(&memory, config.mem_size, &config.params)?;
 
         let control = Arc::new(RunControl::default());
+        let vm = Arc::new(vm);
         let mut machine = Machine {
             kvm,
-            vm: Arc::new(vm),
+            ioeventfds: Arc::new(IoeventfdRegistry::new(vm.clone(), config.ioeventfd_limits)),
+            vm,
             memory,
             control: control.clone(),
             buses: Arc::new(SharedBuses::new(BusSet::default())),
@@ -191,27 +208,17 @@ impl Machine {
     /// Boots vCPU 0 on its own thread and waits for the guest to exit (or `timeout`).
     pub fn run(self, timeout: Option<Duration>) -> Result<RunReport, MachineError> {
         let mut vcpu = self.create_vcpu(0)?;
-        install_kick_handler();
-        let (done_tx, done_rx) = mpsc::channel();
+        let control = self.control.clone();
         let thread = std::thread::Builder::new()
             .name("vcpu0".into())
             .spawn(move || {
+                let watchdog = timeout.map(|t| Watchdog::arm_for_current_thread(control, t));
                 let result = vcpu.run();
-                let _ = done_tx.send(());
-                (result, vcpu.exits.stats)
+                let fired = watchdog.is_some_and(Watchdog::disarm);
+                (result, fired, vcpu.exits.stats)
             })
             .map_err(|e| MachineError::VcpuThread(e.to_string()))?;
-        let mut timed_out = false;
-        if let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(timeout.unwrap_or(Duration::MAX)) {
-            timed_out = true;
-            self.control.request_stop();
-            // Kick until it notices: a signal makes KVM_RUN return EINTR.
-            while let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(Duration::from_millis(10)) {
-                // SAFETY: the thread is alive (it has not signalled done) and has a no-op handler installed.
-                unsafe { libc::pthread_kill(thread.as_pthread_t(), kick_signal()) };
-            }
-        }
-        let (result, stats) = thread.join().map_err(|_| MachineError::VcpuThread("panicked".into()))?;
+        let (result, timed_out, stats) = thread.join().map_err(|_| MachineError::VcpuThread("panicked".into()))?;
         result?;
         if timed_out {
             return Err(MachineError::Timeout(timeout.unwrap_or_default()));
@@ -251,22 +258,6 @@ fn write_shared_page(memory: &GuestMemoryMmap, mem_size: u64, params: &[u64]) ->
 /// Reads a result slot the guest wrote into the shared page.
 pub fn read_result(memory: &GuestMemoryMmap, index: u64) -> u64 {
     memory.read_obj(GuestAddress(abi::SHARED_PAGE_GPA + 8 * (abi::SHARED_RESULT_SLOT + index))).unwrap_or(0)
-}
-
-fn kick_signal() -> libc::c_int {
-    libc::SIGRTMIN()
-}
-
-extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
-
-/// Installs the no-op handler that lets a signal interrupt `KVM_RUN`.
-pub fn install_kick_handler() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        if let Err(e) = vmm_sys_util::signal::register_signal_handler(kick_signal(), on_kick) {
-            tracing::warn!("cannot install the vCPU kick handler: {e}");
-        }
-    });
 }
 
 /// Process RSS minus the resident part of the guest RAM mapping that starts at `guest_start`.

@@ -171,11 +171,23 @@ impl Vcpu {
         &self.fd
     }
 
-    /// Maps KVM's coalesced MMIO/PIO ring; from then on every exit drains it first.
+    /// Maps KVM's coalesced MMIO/PIO ring (once); from then on every exit drains it first.
     pub fn enable_coalesced_ring(&mut self) -> Result<(), kvm_ioctls::Error> {
         self.fd.map_coalesced_mmio_ring()?;
         self.coalesced_ring = true;
         Ok(())
+    }
+
+    /// Drains the ring one last time and stops looking at it on every exit (once no
+    /// coalesced zone is registered, nothing new arrives there).
+    pub fn disable_coalesced_ring(&mut self) {
+        self.drain_coalesced();
+        self.coalesced_ring = false;
+    }
+
+    /// Forgets the exit being handled, so it is not booked (the lab starts a clean window).
+    pub fn discard_pending(&mut self) {
+        self.pending = None;
     }
 
     /// Runs until the guest exits or the VMM stops it.
@@ -291,6 +303,10 @@ impl Vcpu {
         // mapping (checked above), which lives as long as `self.fd`; nothing else aliases it now.
         let data = unsafe { std::slice::from_raw_parts_mut((run as *mut u8).add(offset), len) };
         let write = u32::from(io.direction) == KVM_EXIT_IO_OUT;
+        if count == 1 {
+            // The common case: one plain in/out, no loop.
+            return self.exits.pio(io.port, if write { Access::Write(data) } else { Access::Read(data) });
+        }
         for element in data.chunks_exact_mut(size) {
             let access = if write { Access::Write(&*element) } else { Access::Read(element) };
             self.exits.pio(io.port, access);

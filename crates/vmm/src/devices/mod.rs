@@ -1,7 +1,9 @@
 //! Devices that sit on the buses.
 
 pub mod debug_exit;
+pub mod doorbell;
 pub mod serial;
 
 pub use debug_exit::DebugExit;
+pub use doorbell::Doorbell;
 pub use serial::Serial;

@@ -1,0 +1,516 @@
+//! Doorbell lab: the same guest write delivered eleven ways, measured side by side.
+//!
+//! One VM per repeat runs every path in turn (the order rotates between repeats); the
+//! guest announces each step on the lab control port, and this loop, which owns the
+//! vCPU, wires the doorbell for that path before the guest starts ringing. Medians over
+//! the repeats are reported.
+
+use crate::control::{LabControl, LabEvent};
+use crate::stats::median;
+use crate::svg;
+use exitless_payloads::abi::*;
+use exitless_vmm::devices::doorbell::{Doorbell, EventfdWorker, DOORBELL_MMIO_LEN, DOORBELL_PIO_LEN};
+use exitless_vmm::ioeventfd::IoeventfdKey;
+use exitless_vmm::stats::ExitKind;
+use exitless_vmm::vcpu::{Step, Vcpu};
+use exitless_vmm::watchdog::Watchdog;
+use exitless_vmm::{Machine, MachineConfig, MachineError};
+use kvm_ioctls::{Cap, IoEventAddress, VcpuExit};
+use serde_json::json;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+/// How a ring reaches the doorbell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wiring {
+    /// A bare `KVM_RUN` loop that only compares the port: the floor for any userspace exit.
+    RawFloor,
+    /// A heavyweight exit, handled by the VMM's bus.
+    Userspace,
+    /// KVM signals an eventfd; the doorbell's device thread reads it.
+    Ioeventfd { len: u8, datamatch: Option<u64> },
+    /// KVM appends the write to its coalesced ring; the VMM drains it on the next exit.
+    Coalesced,
+    /// An exit KVM handles itself (cpuid): the patch's hypercall row.
+    InKernel,
+    /// Shared memory and a host thread spinning on it: no exit at all.
+    Polled,
+}
+
+/// One row of the table.
+#[derive(Clone, Copy, Debug)]
+pub struct DoorbellPath {
+    pub name: &'static str,
+    kind: u64,
+    size: u8,
+    value: u64,
+    pub wiring: Wiring,
+    /// Userspace exits per ring this path must cost (a KVM-rule check), if fixed.
+    pub expect_exits_per_ring: Option<f64>,
+}
+
+const DATAMATCH: u64 = 0x5eed_f00d;
+const DATAMATCH64: u64 = 0xfeed_face_0000_0001;
+
+const fn path(name: &'static str, kind: u64, size: u8, value: u64, wiring: Wiring) -> DoorbellPath {
+    DoorbellPath { name, kind, size, value, wiring, expect_exits_per_ring: None }
+}
+
+const fn check(name: &'static str, kind: u64, size: u8, value: u64, wiring: Wiring, exits: f64) -> DoorbellPath {
+    DoorbellPath { name, kind, size, value, wiring, expect_exits_per_ring: Some(exits) }
+}
+
+/// The published table's paths, in its order.
+pub const PATHS: &[DoorbellPath] = &[
+    path("raw-floor-pio", RING_PIO, 4, 1, Wiring::RawFloor),
+    path("userspace-pio", RING_PIO, 4, 1, Wiring::Userspace),
+    path("userspace-mmio", RING_MMIO, 4, 1, Wiring::Userspace),
+    path("ioeventfd-pio", RING_PIO, 4, 1, Wiring::Ioeventfd { len: 4, datamatch: None }),
+    path("ioeventfd-pio-datamatch", RING_PIO, 4, DATAMATCH, Wiring::Ioeventfd { len: 4, datamatch: Some(DATAMATCH) }),
+    path("ioeventfd-mmio", RING_MMIO, 4, 1, Wiring::Ioeventfd { len: 4, datamatch: None }),
+    path("ioeventfd-mmio-fast", RING_MMIO, 4, 1, Wiring::Ioeventfd { len: 0, datamatch: None }),
+    path("coalesced-pio", RING_PIO, 4, 1, Wiring::Coalesced),
+    path("coalesced-mmio", RING_MMIO, 4, 1, Wiring::Coalesced),
+    path("inkernel-floor", RING_CPUID, 0, 0, Wiring::InKernel),
+    path("polled", RING_POLL, 8, 0, Wiring::Polled),
+];
+
+/// KVM-rule checks, run on request (`--paths`) and by the tests: a write of the wrong size
+/// or value must take the userspace exit; a 64-bit datamatch must not.
+pub const CHECK_PATHS: &[DoorbellPath] = &[
+    check("check-pio-wrong-size", RING_PIO, 1, 1, Wiring::Ioeventfd { len: 4, datamatch: None }, 1.0),
+    check("check-mmio-wrong-size", RING_MMIO, 8, 1, Wiring::Ioeventfd { len: 4, datamatch: None }, 1.0),
+    check(
+        "check-pio-datamatch-miss",
+        RING_PIO,
+        4,
+        DATAMATCH + 1,
+        Wiring::Ioeventfd { len: 4, datamatch: Some(DATAMATCH) },
+        1.0,
+    ),
+    check(
+        "check-mmio-datamatch64",
+        RING_MMIO,
+        8,
+        DATAMATCH64,
+        Wiring::Ioeventfd { len: 8, datamatch: Some(DATAMATCH64) },
+        0.0,
+    ),
+];
+
+pub fn find_path(name: &str) -> Option<&'static DoorbellPath> {
+    PATHS.iter().chain(CHECK_PATHS).find(|p| p.name == name)
+}
+
+pub struct Options {
+    pub iters: u64,
+    pub repeat: u32,
+    pub cpl: u8,
+    pub paths: Vec<&'static DoorbellPath>,
+    pub json: Option<PathBuf>,
+    pub svg: Option<PathBuf>,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DoorbellError {
+    #[error(transparent)]
+    Machine(#[from] MachineError),
+    #[error(transparent)]
+    Ioeventfd(#[from] exitless_vmm::ioeventfd::IoeventfdError),
+    #[error("{what}: {source}")]
+    Kvm { what: &'static str, source: kvm_ioctls::Error },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("the doorbell guest announced step {0}, which the lab did not list")]
+    UnknownStep(usize),
+    #[error("the doorbell guest finished without measuring {0}")]
+    Missing(&'static str),
+    #[error("the doorbell guest did not finish within {0:?}")]
+    Timeout(Duration),
+    #[error("cannot write {0}: {1}")]
+    Write(PathBuf, std::io::Error),
+}
+
+/// One path measured once.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    guest_cycles: u64,
+    exits: u64,
+    vmm_cycles_median: Option<f64>,
+    count: u64,
+}
+
+/// A row of the result: medians over the repeats.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub path: &'static DoorbellPath,
+    pub iops: f64,
+    pub rtt_us: f64,
+    pub exits_per_op: f64,
+    pub vmm_ns_per_exit: Option<f64>,
+    pub rings: u64,
+    pub count_ok: bool,
+    pub speedup: f64,
+}
+
+/// What a path's wiring holds while it is live.
+enum Live {
+    Nothing,
+    Eventfd(IoeventfdKey, Arc<EventFd>),
+    Coalesced(IoEventAddress, u32),
+    Poller(Arc<AtomicBool>, std::thread::JoinHandle<()>),
+}
+
+fn ring_address(path: &DoorbellPath) -> u64 {
+    if path.kind == RING_MMIO {
+        DOORBELL_MMIO_GPA
+    } else {
+        DOORBELL_PIO_PORT
+    }
+}
+
+/// The lab's side of one VM: the doorbell, its device thread and the live wiring.
+struct Bench<'a> {
+    machine: &'a Machine,
+    bell: Arc<Doorbell>,
+    worker: EventfdWorker,
+    live: Live,
+}
+
+impl Bench<'_> {
+    fn slot(i: u64) -> GuestAddress {
+        GuestAddress(SHARED_PAGE_GPA + 8 * i)
+    }
+
+    fn begin(&mut self, path: &DoorbellPath, vcpu: &mut Vcpu) -> Result<(), DoorbellError> {
+        let mem = &self.machine.memory;
+        for (i, v) in [path.kind, u64::from(path.size), ring_address(path), path.value].into_iter().enumerate() {
+            mem.write_obj(v, Self::slot(LAB_SPEC_SLOT + i as u64)).map_err(std::io::Error::other)?;
+        }
+        for s in [POLL_SEQ_SLOT, POLL_ACK_SLOT] {
+            mem.write_obj(0u64, Self::slot(s)).map_err(std::io::Error::other)?;
+        }
+        let addr = ring_address(path);
+        self.live = match path.wiring {
+            Wiring::Ioeventfd { len, datamatch } => {
+                let key = if path.kind == RING_MMIO {
+                    IoeventfdKey::mmio(addr, len, datamatch)
+                } else {
+                    IoeventfdKey::pio(addr as u16, len, datamatch)
+                };
+                let fd = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
+                self.machine.ioeventfds.register(key, &fd)?;
+                self.worker.watch(&fd)?;
+                self.bell.attach(fd.clone());
+                Live::Eventfd(key, fd)
+            }
+            Wiring::Coalesced => {
+                let zone = if path.kind == RING_MMIO { IoEventAddress::Mmio(addr) } else { IoEventAddress::Pio(addr) };
+                let kvm_err = |source| DoorbellError::Kvm { what: "KVM_REGISTER_COALESCED_MMIO", source };
+                self.machine.vm.register_coalesced_mmio(zone, u32::from(path.size)).map_err(kvm_err)?;
+                vcpu.enable_coalesced_ring()
+                    .map_err(|source| DoorbellError::Kvm { what: "mapping the coalesced ring", source })?;
+                Live::Coalesced(zone, u32::from(path.size))
+            }
+            Wiring::Polled => {
+                let stop = Arc::new(AtomicBool::new(false));
+                let thread = spawn_poller(self.machine.memory.clone(), self.bell.clone(), stop.clone())?;
+                Live::Poller(stop, thread)
+            }
+            Wiring::RawFloor | Wiring::Userspace | Wiring::InKernel => Live::Nothing,
+        };
+        self.bell.reset();
+        Ok(())
+    }
+
+    fn end(&mut self, vcpu: &mut Vcpu) -> Result<(), DoorbellError> {
+        match std::mem::replace(&mut self.live, Live::Nothing) {
+            Live::Nothing => {}
+            Live::Eventfd(key, fd) => {
+                self.machine.ioeventfds.unregister(key)?;
+                self.worker.unwatch(&fd)?;
+                self.bell.detach(&fd);
+            }
+            Live::Coalesced(zone, size) => {
+                let kvm_err = |source| DoorbellError::Kvm { what: "KVM_UNREGISTER_COALESCED_MMIO", source };
+                self.machine.vm.unregister_coalesced_mmio(zone, size).map_err(kvm_err)?;
+                vcpu.disable_coalesced_ring();
+            }
+            Live::Poller(stop, thread) => {
+                stop.store(true, Ordering::Release);
+                let _ = thread.join();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The polled wiring's host thread: spins on the guest's sequence number and echoes it.
+fn spawn_poller(
+    mem: GuestMemoryMmap,
+    bell: Arc<Doorbell>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let seq_at = GuestAddress(SHARED_PAGE_GPA + 8 * POLL_SEQ_SLOT);
+    let ack_at = GuestAddress(SHARED_PAGE_GPA + 8 * POLL_ACK_SLOT);
+    std::thread::Builder::new().name("poller".into()).spawn(move || {
+        let mut last = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let seq: u64 = mem.load(seq_at, Ordering::Acquire).unwrap_or(last);
+            if seq != last {
+                bell.ring(seq.wrapping_sub(last));
+                last = seq;
+                let _ = mem.store(seq, ack_at, Ordering::Release);
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    })
+}
+
+/// Boots the doorbell guest once and measures `paths` in that order.
+fn run_vm(paths: &[&'static DoorbellPath], opts: &Options) -> Result<Vec<Sample>, DoorbellError> {
+    let payload = exitless_payloads::find("doorbell").ok_or(DoorbellError::Missing("the doorbell payload"))?;
+    let params = vec![opts.iters, u64::from(opts.cpl) + 1, paths.len() as u64];
+    let mut machine = Machine::new(MachineConfig { params, ..MachineConfig::new(payload.elf) })?;
+    let bell = Arc::new(Doorbell::default());
+    machine.add_pio_device("doorbell-pio", DOORBELL_PIO_PORT as u16, DOORBELL_PIO_LEN, bell.clone())?;
+    machine.add_mmio_device("doorbell-mmio", DOORBELL_MMIO_GPA, DOORBELL_MMIO_LEN, bell.clone())?;
+    let control = Arc::new(LabControl::default());
+    machine.add_pio_device("lab-control", LAB_CONTROL_PORT as u16, 4, control.clone())?;
+    let mut vcpu = machine.create_vcpu(0)?;
+    let worker = EventfdWorker::spawn(bell.clone())?;
+    let mut bench = Bench { machine: &machine, bell, worker, live: Live::Nothing };
+    let watchdog = Watchdog::arm_for_current_thread(machine.control.clone(), opts.timeout);
+    let mut samples: Vec<Option<Sample>> = vec![None; paths.len()];
+    let (mut raw, mut raw_rings) = (false, 0u64);
+    let result = (|| -> Result<(), DoorbellError> {
+        loop {
+            let step = if raw {
+                // The floor: nothing between two KVM_RUNs but a port compare.
+                vcpu.step_filtered(|e| {
+                    let hit = matches!(e, VcpuExit::IoOut(p, _) if u64::from(*p) == DOORBELL_PIO_PORT);
+                    raw_rings += u64::from(hit);
+                    hit
+                })
+            } else {
+                vcpu.step()
+            }
+            .map_err(MachineError::from)?;
+            if step == Step::Stopped {
+                return Ok(());
+            }
+            match control.take() {
+                Some(LabEvent::Begin(i)) => {
+                    let path = paths.get(i).ok_or(DoorbellError::UnknownStep(i))?;
+                    bench.begin(path, &mut vcpu)?;
+                    (raw, raw_rings) = (path.wiring == Wiring::RawFloor, 0);
+                    vcpu.exits.stats.reset();
+                    vcpu.discard_pending();
+                }
+                Some(LabEvent::End(i)) => {
+                    let stats = &vcpu.exits.stats;
+                    let ring_kinds = [ExitKind::IoOut, ExitKind::MmioWrite];
+                    let exits = ring_kinds.iter().map(|&k| stats.exits(k)).sum::<u64>() + raw_rings;
+                    let vmm_cycles_median = stats.median_cycles(&ring_kinds);
+                    bench.end(&mut vcpu)?;
+                    bench.bell.ring(raw_rings);
+                    raw = false;
+                    let guest_cycles =
+                        machine.memory.read_obj(GuestAddress(SHARED_PAGE_GPA + 8 * SHARED_RESULT_SLOT)).unwrap_or(0);
+                    let count = bench.bell.count();
+                    let slot = samples.get_mut(i).ok_or(DoorbellError::UnknownStep(i))?;
+                    *slot = Some(Sample { guest_cycles, exits, vmm_cycles_median, count });
+                }
+                None => {}
+            }
+        }
+    })();
+    if watchdog.disarm() {
+        return Err(DoorbellError::Timeout(opts.timeout));
+    }
+    result?;
+    paths.iter().zip(samples).map(|(p, s)| s.ok_or(DoorbellError::Missing(p.name))).collect()
+}
+
+/// Runs every path `repeat` times, interleaved, and returns the median rows.
+pub fn measure(opts: &Options) -> Result<(Vec<Row>, f64), DoorbellError> {
+    let kvm = exitless_vmm::kvm::open().map_err(MachineError::from)?;
+    let coalesced = kvm.check_extension(Cap::CoalescedMmio);
+    let coalesced_pio = kvm.check_extension(Cap::CoalescedPio);
+    let paths: Vec<&'static DoorbellPath> = opts
+        .paths
+        .iter()
+        .copied()
+        .filter(|p| {
+            let ok = p.wiring != Wiring::Coalesced || if p.kind == RING_PIO { coalesced_pio } else { coalesced };
+            if !ok {
+                eprintln!("doorbell: skipping {}: KVM lacks the coalesced capability", p.name);
+            }
+            ok
+        })
+        .collect();
+    let tsc_khz = f64::from(kvm_tsc_khz()?);
+    let progress = std::io::stderr().is_terminal();
+    let mut all: Vec<Vec<Sample>> = vec![Vec::new(); paths.len()];
+    for r in 0..opts.repeat as usize {
+        if progress {
+            eprint!("\rdoorbell: repeat {}/{} ...", r + 1, opts.repeat);
+        }
+        let order: Vec<usize> = (0..paths.len()).map(|i| (i + r) % paths.len()).collect();
+        let ordered: Vec<_> = order.iter().map(|&i| paths[i]).collect();
+        for (sample, &i) in run_vm(&ordered, opts)?.into_iter().zip(&order) {
+            all[i].push(sample);
+        }
+    }
+    if progress {
+        eprint!("\r\x1b[K");
+    }
+    let mut rows: Vec<Row> = paths
+        .iter()
+        .zip(&all)
+        .map(|(path, samples)| {
+            let secs: Vec<f64> = samples.iter().map(|s| s.guest_cycles as f64 / (tsc_khz * 1e3)).collect();
+            let seconds = median(&secs);
+            let iops = opts.iters as f64 / seconds;
+            let exits: Vec<f64> = samples.iter().map(|s| s.exits as f64 / opts.iters as f64).collect();
+            let vmm: Vec<f64> = samples.iter().filter_map(|s| s.vmm_cycles_median).map(|c| c * 1e6 / tsc_khz).collect();
+            Row {
+                path,
+                iops,
+                rtt_us: 1e6 / iops,
+                exits_per_op: median(&exits),
+                vmm_ns_per_exit: (!vmm.is_empty()).then(|| median(&vmm)),
+                rings: opts.iters,
+                count_ok: samples.iter().all(|s| path.kind == RING_CPUID || s.count == opts.iters),
+                speedup: f64::NAN,
+            }
+        })
+        .collect();
+    let base = rows.iter().find(|r| r.path.name == "userspace-mmio").map(|r| r.iops);
+    for row in &mut rows {
+        row.speedup = base.map_or(f64::NAN, |b| row.iops / b);
+    }
+    Ok((rows, tsc_khz))
+}
+
+/// Guest TSC frequency, to turn the guest's cycle counts into time (also used for the
+/// host's, which KVM does not scale here).
+fn kvm_tsc_khz() -> Result<u32, DoorbellError> {
+    let kvm = exitless_vmm::kvm::open().map_err(MachineError::from)?;
+    let vm = kvm.create_vm().map_err(|source| DoorbellError::Kvm { what: "KVM_CREATE_VM", source })?;
+    let vcpu = vm.create_vcpu(0).map_err(|source| DoorbellError::Kvm { what: "KVM_CREATE_VCPU", source })?;
+    vcpu.get_tsc_khz().map_err(|source| DoorbellError::Kvm { what: "KVM_GET_TSC_KHZ", source })
+}
+
+fn row_named<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
+    rows.iter().find(|r| r.path.name == name)
+}
+
+/// The targets, each as (description, measured, met).
+pub fn targets(rows: &[Row]) -> Vec<(String, String, bool)> {
+    let mut out = Vec::new();
+    let (us, raw, ioe, polled) = (
+        row_named(rows, "userspace-pio"),
+        row_named(rows, "raw-floor-pio"),
+        row_named(rows, "ioeventfd-pio"),
+        row_named(rows, "polled"),
+    );
+    if let (Some(us), Some(ioe)) = (us, ioe) {
+        let x = ioe.iops / us.iops;
+        out.push(("ioeventfd-pio iops >= 3x userspace-pio".into(), format!("{x:.2}x"), x >= 3.0));
+    }
+    if let (Some(us), Some(raw)) = (us, raw) {
+        let x = us.rtt_us / raw.rtt_us;
+        out.push(("userspace-pio rtt <= 1.03x raw-floor-pio".into(), format!("{x:.3}x"), x <= 1.03));
+    }
+    if let Some(ns) = us.and_then(|u| u.vmm_ns_per_exit) {
+        out.push(("VMM time per userspace-pio exit < 150 ns".into(), format!("{ns:.0} ns"), ns < 150.0));
+    }
+    if let (Some(us), Some(p)) = (us, polled) {
+        let x = p.iops / us.iops;
+        out.push(("polled iops >= 100x userspace-pio".into(), format!("{x:.0}x"), x >= 100.0));
+    }
+    let bad: Vec<_> = rows.iter().filter(|r| !r.count_ok).map(|r| r.path.name).collect();
+    out.push(("every row count_ok".into(), if bad.is_empty() { "all".into() } else { bad.join(",") }, bad.is_empty()));
+    for r in rows {
+        if let Some(want) = r.path.expect_exits_per_ring {
+            let ok = (r.exits_per_op - want).abs() < 0.01;
+            out.push((format!("{} exits per ring = {want}", r.path.name), format!("{:.3}", r.exits_per_op), ok));
+        }
+    }
+    out
+}
+
+pub fn table(rows: &[Row], opts: &Options, tsc_khz: f64) -> String {
+    let mut s = format!(
+        "doorbell lab: {} rings per path, {} repeats interleaved (medians), guest loop at CPL{}, TSC {:.2} GHz\n",
+        opts.iters,
+        opts.repeat,
+        opts.cpl,
+        tsc_khz / 1e6
+    );
+    s += &format!(
+        "{:<26} {:>12} {:>10} {:>12} {:>13} {:>16} {:>6}\n",
+        "path", "iops", "rtt (us)", "exits/ring", "vmm ns/exit", "vs userspace-mmio", "count"
+    );
+    for r in rows {
+        let vmm = r.vmm_ns_per_exit.map_or("-".to_string(), |v| format!("{v:.0}"));
+        let speedup = if r.speedup.is_finite() { format!("{:.2}x", r.speedup) } else { "-".into() };
+        s += &format!(
+            "{:<26} {:>12.0} {:>10.3} {:>12.3} {:>13} {:>16} {:>6}\n",
+            r.path.name,
+            r.iops,
+            r.rtt_us,
+            r.exits_per_op,
+            vmm,
+            speedup,
+            if r.count_ok { "ok" } else { "LOST" }
+        );
+    }
+    s += "targets:\n";
+    for (what, got, ok) in targets(rows) {
+        s += &format!("  {:<48} {:>12}  {}\n", what, got, if ok { "met" } else { "NOT met" });
+    }
+    s
+}
+
+pub fn json(rows_in: &[Row], opts: &Options, tsc_khz: f64) -> serde_json::Value {
+    let rows: Vec<_> = rows_in
+        .iter()
+        .map(|r| {
+            json!({"path": r.path.name, "iops": r.iops, "rtt_us": r.rtt_us, "exits_per_op": r.exits_per_op,
+                   "vmm_ns_per_exit": r.vmm_ns_per_exit, "rings": r.rings, "count_ok": r.count_ok,
+                   "speedup_vs_userspace_mmio": if r.speedup.is_finite() { json!(r.speedup) } else { json!(null) }})
+        })
+        .collect();
+    let targets: Vec<_> = targets(rows_in)
+        .into_iter()
+        .map(|(what, got, met)| json!({"target": what, "measured": got, "met": met}))
+        .collect();
+    json!({"bench": "doorbell", "iters": opts.iters, "repeat": opts.repeat, "cpl": opts.cpl,
+           "tsc_khz": tsc_khz, "rows": rows, "targets": targets})
+}
+
+/// Measures, prints the table, and writes the JSON and SVG files asked for.
+pub fn run(opts: &Options) -> Result<Vec<Row>, DoorbellError> {
+    let (rows, tsc_khz) = measure(opts)?;
+    print!("{}", table(&rows, opts, tsc_khz));
+    if let Some(path) = &opts.json {
+        std::fs::write(path, json(&rows, opts, tsc_khz).to_string() + "\n")
+            .map_err(|e| DoorbellError::Write(path.clone(), e))?;
+    }
+    if let Some(path) = &opts.svg {
+        let bars: Vec<_> = rows.iter().map(|r| (r.path.name.to_string(), r.iops)).collect();
+        let title = format!("doorbell: rings per second, CPL{} guest loop", opts.cpl);
+        std::fs::write(path, svg::bar_chart(&title, "iops", &bars, true))
+            .map_err(|e| DoorbellError::Write(path.clone(), e))?;
+    }
+    Ok(rows)
+}
