@@ -10,6 +10,8 @@ const PAYLOADS: &[(&str, &str)] = &[
     ("demo", "hello from CPL0 and CPL3, then exit 0 (the default guest)"),
     ("hostile", "random port, MMIO and string I/O of every size; garbage to every device register"),
     ("doorbell", "the doorbell lab's guest: rings a doorbell N times per path (run by `exitless bench doorbell`)"),
+    ("pciscan", "enumerates bus 0 by port I/O and ECAM, checks they agree, sizes BARs, times config reads"),
+    ("pcihostile", "random config writes of every size at every offset, by port I/O and ECAM; identity must hold"),
     ("crash", "fails on purpose: triple fault (default) or spins forever (--params 2)"),
 ];
 

@@ -39,6 +39,10 @@ pub struct RunArgs {
     /// Stop the guest after this many seconds (an error).
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub timeout: Option<f64>,
+    /// How the PCI ECAM window is served: `trap` (every access exits) or `mapped` (reads
+    /// come from read-only memory, writes exit).
+    #[arg(long, default_value = "mapped", value_parser = parse_ecam)]
+    pub ecam: exitless_vmm::pci::EcamMode,
     /// Parameters for the payload, comma-separated integers (payload-specific).
     #[arg(long, value_delimiter = ',', value_parser = parse_u64)]
     pub params: Vec<u64>,
@@ -72,6 +76,35 @@ pub enum BenchCommand {
     Boot(BootArgs),
     /// A doorbell rung through userspace exits, ioeventfds, KVM's coalesced ring, polling.
     Doorbell(DoorbellArgs),
+    /// PCI config reads by 0xCF8/0xCFC, by trapped ECAM and by read-only-mapped ECAM.
+    Pci(PciArgs),
+}
+
+#[derive(Args)]
+pub struct PciArgs {
+    /// Timed dword config reads per method.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub reads: u64,
+    /// Write the table as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write a bar chart of the table to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Give up on a guest that has not finished within this many seconds.
+    #[arg(long, default_value_t = 600.0, value_parser = parse_seconds)]
+    pub timeout: f64,
+}
+
+impl PciArgs {
+    pub fn to_options(&self) -> exitless_lab::pci::Options {
+        exitless_lab::pci::Options {
+            reads: self.reads,
+            json: self.json.clone(),
+            svg: self.svg.clone(),
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+        }
+    }
 }
 
 #[derive(Args)]
@@ -165,6 +198,14 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     };
     let n: u64 = digits.parse().map_err(|_| format!("'{s}' is not a size like 128M or 1G"))?;
     n.checked_mul(1 << shift).ok_or_else(|| format!("size '{s}' is too large"))
+}
+
+fn parse_ecam(s: &str) -> Result<exitless_vmm::pci::EcamMode, String> {
+    match s {
+        "trap" => Ok(exitless_vmm::pci::EcamMode::Trapped),
+        "mapped" => Ok(exitless_vmm::pci::EcamMode::Mapped),
+        _ => Err(format!("'{s}' is not trap or mapped")),
+    }
 }
 
 fn parse_u64(s: &str) -> Result<u64, String> {

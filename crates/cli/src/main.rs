@@ -62,6 +62,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         mem_size: args.mem,
         params: args.params.clone(),
         serial_out: Box::new(LiveStdout),
+        ecam: args.ecam,
         ..MachineConfig::new(image)
     })?;
     let report = machine.run(args.timeout.map(std::time::Duration::from_secs_f64))?;
@@ -87,6 +88,9 @@ fn payloads(args: PayloadsArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
 fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
     match bench {
         BenchCommand::Boot(a) => exitless_lab::boot::run(&a.to_options())?,
+        BenchCommand::Pci(a) => {
+            exitless_lab::pci::run(&a.to_options())?;
+        }
         BenchCommand::Doorbell(a) => {
             exitless_lab::doorbell::run(&a.to_options()?)?;
         }

@@ -1,13 +1,21 @@
 //! The lab control port: the guest announces the step it begins or ends, and the lab
 //! loop, which owns the vCPU, acts on it between two `KVM_RUN`s.
 
+use exitless_payloads::abi::LAB_CONTROL_PORT;
 use exitless_vmm::bus::BusDevice;
+use exitless_vmm::vcpu::{Step, Vcpu, VcpuError};
+use exitless_vmm::watchdog::Watchdog;
+use exitless_vmm::{Machine, MachineConfig, MachineError};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// What the guest announced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LabEvent {
     Begin(usize),
+    /// The measured part of the step starts here.
+    Mark(usize),
     End(usize),
 }
 
@@ -36,6 +44,7 @@ impl LabControl {
         match v >> 16 {
             op if op == exitless_payloads::abi::LAB_OP_BEGIN => Some(LabEvent::Begin(step)),
             op if op == exitless_payloads::abi::LAB_OP_END => Some(LabEvent::End(step)),
+            op if op == exitless_payloads::abi::LAB_OP_MARK => Some(LabEvent::Mark(step)),
             _ => None,
         }
     }
@@ -54,6 +63,58 @@ impl BusDevice for LabControl {
     }
 }
 
+/// A lab's side of a guest run: how to step the vCPU, and what to do on each event.
+pub trait LabSteps {
+    type Error: From<MachineError>;
+
+    /// One vCPU step (a lab may filter exits, see the doorbell's raw floor).
+    fn step(&mut self, vcpu: &mut Vcpu) -> Result<Step, VcpuError> {
+        vcpu.step()
+    }
+
+    /// Called between two `KVM_RUN`s, before the guest goes on past its announcement.
+    fn on_event(&mut self, machine: &Machine, vcpu: &mut Vcpu, event: LabEvent) -> Result<(), Self::Error>;
+}
+
+/// Boots `payload` with `params` and the lab control port, ready for [`drive`].
+pub fn lab_machine(
+    payload: &str,
+    params: Vec<u64>,
+    config: impl FnOnce(&mut MachineConfig),
+) -> Result<(Machine, Arc<LabControl>), MachineError> {
+    let elf = exitless_payloads::find(payload).map(|p| p.elf).unwrap_or_default();
+    let mut machine_config = MachineConfig { params, ..MachineConfig::new(elf) };
+    config(&mut machine_config);
+    let mut machine = Machine::new(machine_config)?;
+    let control = Arc::new(LabControl::default());
+    machine.add_pio_device("lab-control", LAB_CONTROL_PORT as u16, 4, control.clone())?;
+    Ok((machine, control))
+}
+
+/// Runs vCPU 0 on this thread until the guest exits, handing each announcement to `lab`.
+/// A guest that overruns `timeout` is stopped and reported.
+pub fn drive<L: LabSteps>(
+    machine: &Machine,
+    control: &LabControl,
+    timeout: Duration,
+    lab: &mut L,
+) -> Result<(), L::Error> {
+    let mut vcpu = machine.create_vcpu(0)?;
+    let watchdog = Watchdog::arm_for_current_thread(machine.control.clone(), timeout);
+    let result = (|| loop {
+        if lab.step(&mut vcpu).map_err(MachineError::from)? == Step::Stopped {
+            return Ok(());
+        }
+        if let Some(event) = control.take() {
+            lab.on_event(machine, &mut vcpu, event)?;
+        }
+    })();
+    if watchdog.disarm() {
+        return Err(MachineError::Timeout(timeout).into());
+    }
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,6 +128,8 @@ mod tests {
         assert_eq!(c.take(), None);
         c.write(0, &[0, 1, 2, 0]);
         assert_eq!(c.take(), Some(LabEvent::End(256)));
+        c.write(0, &[2, 0, 3, 0]);
+        assert_eq!(c.take(), Some(LabEvent::Mark(2)));
         c.write(0, &[1, 0, 9, 0]);
         assert_eq!(c.take(), None, "unknown op");
         c.write(0, &[1, 0]);

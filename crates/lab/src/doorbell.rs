@@ -5,16 +5,15 @@
 //! vCPU, wires the doorbell for that path before the guest starts ringing. Medians over
 //! the repeats are reported.
 
-use crate::control::{LabControl, LabEvent};
+use crate::control::{drive, lab_machine, LabEvent, LabSteps};
 use crate::stats::median;
 use crate::svg;
 use exitless_payloads::abi::*;
-use exitless_vmm::devices::doorbell::{Doorbell, EventfdWorker, DOORBELL_MMIO_LEN, DOORBELL_PIO_LEN};
+use exitless_vmm::devices::doorbell::{Doorbell, EventfdWorker};
 use exitless_vmm::ioeventfd::IoeventfdKey;
 use exitless_vmm::stats::ExitKind;
-use exitless_vmm::vcpu::{Step, Vcpu};
-use exitless_vmm::watchdog::Watchdog;
-use exitless_vmm::{Machine, MachineConfig, MachineError};
+use exitless_vmm::vcpu::{Step, Vcpu, VcpuError};
+use exitless_vmm::{Machine, MachineError};
 use kvm_ioctls::{Cap, IoEventAddress, VcpuExit};
 use serde_json::json;
 use std::io::IsTerminal;
@@ -131,8 +130,6 @@ pub enum DoorbellError {
     UnknownStep(usize),
     #[error("the doorbell guest finished without measuring {0}")]
     Missing(&'static str),
-    #[error("the doorbell guest did not finish within {0:?}")]
-    Timeout(Duration),
     #[error("cannot write {0}: {1}")]
     Write(PathBuf, std::io::Error),
 }
@@ -175,21 +172,20 @@ fn ring_address(path: &DoorbellPath) -> u64 {
     }
 }
 
-/// The lab's side of one VM: the doorbell, its device thread and the live wiring.
-struct Bench<'a> {
-    machine: &'a Machine,
+/// The doorbell, its device thread and the live wiring.
+struct Bench {
     bell: Arc<Doorbell>,
     worker: EventfdWorker,
     live: Live,
 }
 
-impl Bench<'_> {
+impl Bench {
     fn slot(i: u64) -> GuestAddress {
         GuestAddress(SHARED_PAGE_GPA + 8 * i)
     }
 
-    fn begin(&mut self, path: &DoorbellPath, vcpu: &mut Vcpu) -> Result<(), DoorbellError> {
-        let mem = &self.machine.memory;
+    fn begin(&mut self, machine: &Machine, path: &DoorbellPath, vcpu: &mut Vcpu) -> Result<(), DoorbellError> {
+        let mem = &machine.memory;
         for (i, v) in [path.kind, u64::from(path.size), ring_address(path), path.value].into_iter().enumerate() {
             mem.write_obj(v, Self::slot(LAB_SPEC_SLOT + i as u64)).map_err(std::io::Error::other)?;
         }
@@ -205,7 +201,7 @@ impl Bench<'_> {
                     IoeventfdKey::pio(addr as u16, len, datamatch)
                 };
                 let fd = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
-                self.machine.ioeventfds.register(key, &fd)?;
+                machine.ioeventfds.register(key, &fd)?;
                 self.worker.watch(&fd)?;
                 self.bell.attach(fd.clone());
                 Live::Eventfd(key, fd)
@@ -213,14 +209,14 @@ impl Bench<'_> {
             Wiring::Coalesced => {
                 let zone = if path.kind == RING_MMIO { IoEventAddress::Mmio(addr) } else { IoEventAddress::Pio(addr) };
                 let kvm_err = |source| DoorbellError::Kvm { what: "KVM_REGISTER_COALESCED_MMIO", source };
-                self.machine.vm.register_coalesced_mmio(zone, u32::from(path.size)).map_err(kvm_err)?;
+                machine.vm.register_coalesced_mmio(zone, u32::from(path.size)).map_err(kvm_err)?;
                 vcpu.enable_coalesced_ring()
                     .map_err(|source| DoorbellError::Kvm { what: "mapping the coalesced ring", source })?;
                 Live::Coalesced(zone, u32::from(path.size))
             }
             Wiring::Polled => {
                 let stop = Arc::new(AtomicBool::new(false));
-                let thread = spawn_poller(self.machine.memory.clone(), self.bell.clone(), stop.clone())?;
+                let thread = spawn_poller(machine.memory.clone(), self.bell.clone(), stop.clone())?;
                 Live::Poller(stop, thread)
             }
             Wiring::RawFloor | Wiring::Userspace | Wiring::InKernel => Live::Nothing,
@@ -229,17 +225,17 @@ impl Bench<'_> {
         Ok(())
     }
 
-    fn end(&mut self, vcpu: &mut Vcpu) -> Result<(), DoorbellError> {
+    fn end(&mut self, machine: &Machine, vcpu: &mut Vcpu) -> Result<(), DoorbellError> {
         match std::mem::replace(&mut self.live, Live::Nothing) {
             Live::Nothing => {}
             Live::Eventfd(key, fd) => {
-                self.machine.ioeventfds.unregister(key)?;
+                machine.ioeventfds.unregister(key)?;
                 self.worker.unwatch(&fd)?;
                 self.bell.detach(&fd);
             }
             Live::Coalesced(zone, size) => {
                 let kvm_err = |source| DoorbellError::Kvm { what: "KVM_UNREGISTER_COALESCED_MMIO", source };
-                self.machine.vm.unregister_coalesced_mmio(zone, size).map_err(kvm_err)?;
+                machine.vm.unregister_coalesced_mmio(zone, size).map_err(kvm_err)?;
                 vcpu.disable_coalesced_ring();
             }
             Live::Poller(stop, thread) => {
@@ -274,69 +270,69 @@ fn spawn_poller(
     })
 }
 
+/// The doorbell lab's side of one guest run.
+struct DoorbellSteps<'a> {
+    paths: &'a [&'static DoorbellPath],
+    bench: Bench,
+    samples: Vec<Option<Sample>>,
+    raw: bool,
+    raw_rings: u64,
+}
+
+impl LabSteps for DoorbellSteps<'_> {
+    type Error = DoorbellError;
+
+    fn step(&mut self, vcpu: &mut Vcpu) -> Result<Step, VcpuError> {
+        if !self.raw {
+            return vcpu.step();
+        }
+        // The floor: nothing between two KVM_RUNs but a port compare.
+        let rings = &mut self.raw_rings;
+        vcpu.step_filtered(|e| {
+            let hit = matches!(e, VcpuExit::IoOut(p, _) if u64::from(*p) == DOORBELL_PIO_PORT);
+            *rings += u64::from(hit);
+            hit
+        })
+    }
+
+    fn on_event(&mut self, machine: &Machine, vcpu: &mut Vcpu, event: LabEvent) -> Result<(), DoorbellError> {
+        match event {
+            LabEvent::Begin(i) => {
+                let path = self.paths.get(i).ok_or(DoorbellError::UnknownStep(i))?;
+                self.bench.begin(machine, path, vcpu)?;
+                (self.raw, self.raw_rings) = (path.wiring == Wiring::RawFloor, 0);
+                vcpu.exits.stats.reset();
+                vcpu.discard_pending();
+            }
+            LabEvent::End(i) => {
+                let stats = &vcpu.exits.stats;
+                let ring_kinds = [ExitKind::IoOut, ExitKind::MmioWrite];
+                let exits = ring_kinds.iter().map(|&k| stats.exits(k)).sum::<u64>() + self.raw_rings;
+                let vmm_cycles_median = stats.median_cycles(&ring_kinds);
+                self.bench.end(machine, vcpu)?;
+                self.bench.bell.ring(self.raw_rings);
+                self.raw = false;
+                let guest_cycles =
+                    machine.memory.read_obj(GuestAddress(SHARED_PAGE_GPA + 8 * SHARED_RESULT_SLOT)).unwrap_or(0);
+                let count = self.bench.bell.count();
+                let slot = self.samples.get_mut(i).ok_or(DoorbellError::UnknownStep(i))?;
+                *slot = Some(Sample { guest_cycles, exits, vmm_cycles_median, count });
+            }
+            LabEvent::Mark(_) => {}
+        }
+        Ok(())
+    }
+}
+
 /// Boots the doorbell guest once and measures `paths` in that order.
 fn run_vm(paths: &[&'static DoorbellPath], opts: &Options) -> Result<Vec<Sample>, DoorbellError> {
-    let payload = exitless_payloads::find("doorbell").ok_or(DoorbellError::Missing("the doorbell payload"))?;
     let params = vec![opts.iters, u64::from(opts.cpl) + 1, paths.len() as u64];
-    let mut machine = Machine::new(MachineConfig { params, ..MachineConfig::new(payload.elf) })?;
-    let bell = Arc::new(Doorbell::default());
-    machine.add_pio_device("doorbell-pio", DOORBELL_PIO_PORT as u16, DOORBELL_PIO_LEN, bell.clone())?;
-    machine.add_mmio_device("doorbell-mmio", DOORBELL_MMIO_GPA, DOORBELL_MMIO_LEN, bell.clone())?;
-    let control = Arc::new(LabControl::default());
-    machine.add_pio_device("lab-control", LAB_CONTROL_PORT as u16, 4, control.clone())?;
-    let mut vcpu = machine.create_vcpu(0)?;
-    let worker = EventfdWorker::spawn(bell.clone())?;
-    let mut bench = Bench { machine: &machine, bell, worker, live: Live::Nothing };
-    let watchdog = Watchdog::arm_for_current_thread(machine.control.clone(), opts.timeout);
-    let mut samples: Vec<Option<Sample>> = vec![None; paths.len()];
-    let (mut raw, mut raw_rings) = (false, 0u64);
-    let result = (|| -> Result<(), DoorbellError> {
-        loop {
-            let step = if raw {
-                // The floor: nothing between two KVM_RUNs but a port compare.
-                vcpu.step_filtered(|e| {
-                    let hit = matches!(e, VcpuExit::IoOut(p, _) if u64::from(*p) == DOORBELL_PIO_PORT);
-                    raw_rings += u64::from(hit);
-                    hit
-                })
-            } else {
-                vcpu.step()
-            }
-            .map_err(MachineError::from)?;
-            if step == Step::Stopped {
-                return Ok(());
-            }
-            match control.take() {
-                Some(LabEvent::Begin(i)) => {
-                    let path = paths.get(i).ok_or(DoorbellError::UnknownStep(i))?;
-                    bench.begin(path, &mut vcpu)?;
-                    (raw, raw_rings) = (path.wiring == Wiring::RawFloor, 0);
-                    vcpu.exits.stats.reset();
-                    vcpu.discard_pending();
-                }
-                Some(LabEvent::End(i)) => {
-                    let stats = &vcpu.exits.stats;
-                    let ring_kinds = [ExitKind::IoOut, ExitKind::MmioWrite];
-                    let exits = ring_kinds.iter().map(|&k| stats.exits(k)).sum::<u64>() + raw_rings;
-                    let vmm_cycles_median = stats.median_cycles(&ring_kinds);
-                    bench.end(&mut vcpu)?;
-                    bench.bell.ring(raw_rings);
-                    raw = false;
-                    let guest_cycles =
-                        machine.memory.read_obj(GuestAddress(SHARED_PAGE_GPA + 8 * SHARED_RESULT_SLOT)).unwrap_or(0);
-                    let count = bench.bell.count();
-                    let slot = samples.get_mut(i).ok_or(DoorbellError::UnknownStep(i))?;
-                    *slot = Some(Sample { guest_cycles, exits, vmm_cycles_median, count });
-                }
-                None => {}
-            }
-        }
-    })();
-    if watchdog.disarm() {
-        return Err(DoorbellError::Timeout(opts.timeout));
-    }
-    result?;
-    paths.iter().zip(samples).map(|(p, s)| s.ok_or(DoorbellError::Missing(p.name))).collect()
+    let (machine, control) = lab_machine("doorbell", params, |_| {})?;
+    let bell = machine.doorbell.clone();
+    let bench = Bench { worker: EventfdWorker::spawn(bell.clone())?, bell, live: Live::Nothing };
+    let mut lab = DoorbellSteps { paths, bench, samples: vec![None; paths.len()], raw: false, raw_rings: 0 };
+    drive(&machine, &control, opts.timeout, &mut lab)?;
+    paths.iter().zip(lab.samples).map(|(p, s)| s.ok_or(DoorbellError::Missing(p.name))).collect()
 }
 
 /// Runs every path `repeat` times, interleaved, and returns the median rows.

@@ -3,5 +3,6 @@
 pub mod boot;
 pub mod control;
 pub mod doorbell;
+pub mod pci;
 pub mod stats;
 pub mod svg;

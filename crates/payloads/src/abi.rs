@@ -25,6 +25,8 @@ pub const SHARED_MEM_END_SLOT: u64 = 1;
 pub const LAB_CONTROL_PORT: u64 = 0x500;
 pub const LAB_OP_BEGIN: u64 = 1;
 pub const LAB_OP_END: u64 = 2;
+/// Within a step: what follows is the part to measure (the VMM restarts its counters).
+pub const LAB_OP_MARK: u64 = 3;
 /// Shared-page slots of the current step's spec: kind, access size, address, value.
 pub const LAB_SPEC_SLOT: u64 = 32;
 /// Doorbell kinds of access.
@@ -36,6 +38,13 @@ pub const RING_POLL: u64 = 4;
 /// back in the ack slot (each in its own cache line).
 pub const POLL_SEQ_SLOT: u64 = 128;
 pub const POLL_ACK_SLOT: u64 = 136;
+/// PCI: the bus-0 ECAM window, and where BARs may be placed.
+pub const ECAM_GPA: u64 = 0xe000_0000;
+pub const PCI_MMIO_WINDOW_START: u64 = 0xc000_0000;
+pub const PCI_IO_WINDOW_START: u64 = 0x400;
+/// The doorbell is PCI function 00:01.0; its BARs start where the VMM assigns them
+/// (BAR0 memory at DOORBELL_MMIO_GPA, BAR1 I/O at DOORBELL_PIO_PORT).
+pub const DOORBELL_PCI_DEVICE: u64 = 1;
 /// Doorbell device: the port-I/O ring register, and the count register beside it.
 pub const DOORBELL_PIO_PORT: u64 = 0x510;
 pub const DOORBELL_PIO_COUNT: u64 = 0x518;

@@ -190,21 +190,26 @@ impl IoeventfdRegistry {
         Ok(())
     }
 
-    /// Moves every registration at `from` to `to` (a guest relocating a BAR).
-    pub fn relocate(&self, space: IoSpace, from: u64, to: u64) -> Result<(), IoeventfdError> {
+    /// Moves every registration in `[from, from + len)` by `to - from` (a guest moving a BAR).
+    pub fn relocate_range(&self, space: IoSpace, from: u64, len: u64, to: u64) -> Result<(), IoeventfdError> {
         let moving: Vec<(IoeventfdKey, EventFd)> = {
             let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
             entries
                 .iter()
-                .filter(|(k, _)| k.space == space && k.addr == from)
+                .filter(|(k, _)| k.space == space && k.addr >= from && k.addr - from < len)
                 .filter_map(|(k, fd)| Some((*k, fd.try_clone().ok()?)))
                 .collect()
         };
         for (key, fd) in moving {
             self.unregister(key)?;
-            self.register(IoeventfdKey { addr: to, ..key }, &fd)?;
+            self.register(IoeventfdKey { addr: key.addr - from + to, ..key }, &fd)?;
         }
         Ok(())
+    }
+
+    /// Whether `key` is registered.
+    pub fn contains(&self, key: &IoeventfdKey) -> bool {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(k, _)| k == key)
     }
 
     pub fn len(&self) -> usize {
@@ -220,15 +225,7 @@ impl IoeventfdRegistry {
 mod tests {
     use super::*;
 
-    /// Records what would have gone to KVM.
-    #[derive(Default)]
-    struct FakeKvm(Mutex<Vec<(IoeventfdKey, bool)>>);
-    impl IoeventfdSink for FakeKvm {
-        fn ioeventfd(&self, key: &IoeventfdKey, _: &EventFd, assign: bool) -> Result<(), i32> {
-            self.0.lock().unwrap().push((*key, assign));
-            Ok(())
-        }
-    }
+    use crate::testing::FakeKvm;
 
     fn registry(limits: IoeventfdLimits) -> (Arc<FakeKvm>, IoeventfdRegistry) {
         let kvm = Arc::new(FakeKvm::default());
@@ -280,7 +277,7 @@ mod tests {
             reg.register(IoeventfdKey::mmio(0x2000, 4, Some(9)), &efd()),
             Err(IoeventfdError::Collision { .. })
         ));
-        assert_eq!(kvm.0.lock().unwrap().len(), 4, "refused registrations never reach KVM");
+        assert_eq!(kvm.ioeventfds.lock().unwrap().len(), 4, "refused registrations never reach KVM");
     }
 
     #[test]
@@ -329,13 +326,15 @@ mod tests {
     }
 
     #[test]
-    fn relocate_moves_every_registration_at_an_address() {
+    fn relocate_moves_every_registration_in_a_range() {
         let (kvm, reg) = registry(IoeventfdLimits::default());
         reg.register(IoeventfdKey::mmio(0x1000, 4, Some(1)), &efd()).unwrap();
         reg.register(IoeventfdKey::mmio(0x1000, 4, Some(2)), &efd()).unwrap();
         reg.register(IoeventfdKey::mmio(0x5000, 4, None), &efd()).unwrap();
-        reg.relocate(IoSpace::Mmio, 0x1000, 0x9000).unwrap();
-        let log = kvm.0.lock().unwrap();
+        reg.relocate_range(IoSpace::Mmio, 0x1000, 0x1000, 0x9000).unwrap();
+        assert!(reg.contains(&IoeventfdKey::mmio(0x9000, 4, Some(2))));
+        assert!(reg.contains(&IoeventfdKey::mmio(0x5000, 4, None)));
+        let log = kvm.ioeventfds.lock().unwrap();
         let live: Vec<_> = log.iter().filter(|(_, assign)| *assign).map(|(k, _)| k.addr).collect();
         assert_eq!(live.iter().filter(|&&a| a == 0x9000).count(), 2);
         assert_eq!(log.iter().filter(|(k, assign)| !assign && k.addr == 0x1000).count(), 2);

@@ -10,7 +10,10 @@ pub mod devices;
 pub mod ioeventfd;
 pub mod kvm;
 pub mod machine;
+pub mod pci;
 pub mod stats;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod vcpu;
 pub mod watchdog;
 

@@ -3,9 +3,12 @@
 use crate::boot::{self, regs, EntryPoint};
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
 use crate::control::RunControl;
-use crate::devices::{debug_exit, serial, DebugExit, Serial};
+use crate::devices::{debug_exit, doorbell, serial, DebugExit, Doorbell, Serial};
 use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
 use crate::kvm;
+use crate::pci::cf8::{Cf8Device, CF8_LEN, CF8_PORT};
+use crate::pci::ecam::{EcamDevice, EcamShadow, ECAM_SIZE};
+use crate::pci::{EcamMode, PciError, PciRoot};
 use crate::stats::ExitStats;
 use crate::vcpu::{cycles, Vcpu, VcpuError};
 use crate::watchdog::Watchdog;
@@ -20,6 +23,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestM
 /// Guest RAM starts at 0 and must end below the MMIO hole.
 pub const MIN_MEM: u64 = 4 << 20;
 pub const MAX_MEM: u64 = abi::MMIO_HOLE_START;
+/// KVM memory slots: 0 is RAM, the ECAM shadow's start here.
+const ECAM_FIRST_SLOT: u32 = 1;
 /// Where KVM's real-mode TSS pages go (Intel needs them before an irqchip), just below the BIOS area.
 const TSS_ADDRESS: usize = 0xfffb_d000;
 
@@ -41,6 +46,8 @@ pub enum MachineError {
     Bus { name: String, source: BusError },
     #[error(transparent)]
     Vcpu(#[from] VcpuError),
+    #[error(transparent)]
+    Pci(#[from] PciError),
     #[error("the guest did not finish within {0:?}")]
     Timeout(Duration),
     #[error("the vCPU thread died: {0}")]
@@ -61,6 +68,8 @@ pub struct MachineConfig {
     /// Where the serial console's output goes.
     pub serial_out: Box<dyn Write + Send>,
     pub ioeventfd_limits: IoeventfdLimits,
+    /// How the ECAM window is served.
+    pub ecam: EcamMode,
 }
 
 impl MachineConfig {
@@ -72,6 +81,7 @@ impl MachineConfig {
             params: Vec::new(),
             serial_out: Box::new(std::io::sink()),
             ioeventfd_limits: IoeventfdLimits::default(),
+            ecam: EcamMode::Mapped,
         }
     }
 }
@@ -96,6 +106,9 @@ pub struct Machine {
     pub control: Arc<RunControl>,
     pub buses: Arc<SharedBuses>,
     pub ioeventfds: Arc<IoeventfdRegistry>,
+    pub pci: Arc<PciRoot>,
+    /// The doorbell, PCI function 00:01.0.
+    pub doorbell: Arc<Doorbell>,
     devices: Vec<String>,
     entry: EntryPoint,
     started: (Instant, u64),
@@ -133,13 +146,19 @@ impl Machine {
 
         let control = Arc::new(RunControl::default());
         let vm = Arc::new(vm);
+        let buses = Arc::new(SharedBuses::new(BusSet::default()));
+        let ioeventfds = Arc::new(IoeventfdRegistry::new(vm.clone(), config.ioeventfd_limits));
+        let shadow = EcamShadow::new(vm.clone(), abi::ECAM_GPA, ECAM_FIRST_SLOT).map_err(PciError::Shadow)?;
+        let pci = Arc::new(PciRoot::new(buses.clone(), ioeventfds.clone(), shadow, config.ecam)?);
         let mut machine = Machine {
             kvm,
-            ioeventfds: Arc::new(IoeventfdRegistry::new(vm.clone(), config.ioeventfd_limits)),
+            ioeventfds,
             vm,
             memory,
             control: control.clone(),
-            buses: Arc::new(SharedBuses::new(BusSet::default())),
+            buses,
+            pci: pci.clone(),
+            doorbell: Arc::new(Doorbell::default()),
             devices: Vec::new(),
             entry,
             started,
@@ -148,6 +167,12 @@ impl Machine {
         machine.add_pio_device("serial", abi::SERIAL_PORT as u16, serial::SERIAL_LEN, serial)?;
         let debug_exit = Arc::new(DebugExit::new(control));
         machine.add_pio_device("debug-exit", abi::DEBUG_EXIT_PORT as u16, debug_exit::DEBUG_EXIT_LEN, debug_exit)?;
+        machine.add_pio_device("pci-cf8", CF8_PORT, CF8_LEN, Arc::new(Cf8Device::new(pci.clone())))?;
+        machine.add_mmio_device("pci-ecam", abi::ECAM_GPA, ECAM_SIZE, Arc::new(EcamDevice::new(pci.clone())))?;
+        pci.add(0, 0, crate::pci::host_bridge())?;
+        let mmio = (machine.register_device("doorbell-mmio"), abi::DOORBELL_MMIO_GPA);
+        let pio = (machine.register_device("doorbell-pio"), abi::DOORBELL_PIO_PORT);
+        pci.add(abi::DOORBELL_PCI_DEVICE as u8, 0, doorbell::pci_function(machine.doorbell.clone(), mmio, pio))?;
         Ok(machine)
     }
 

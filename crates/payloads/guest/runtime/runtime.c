@@ -82,7 +82,7 @@ static void put(char c) {
 	outb(SERIAL_PORT, (u8)c);
 }
 
-static void put_num(u64 v, u32 base, int negative, int width) {
+static void put_num(u64 v, u32 base, int negative, int width, char pad) {
 	char buf[24];
 	int n = 0;
 	do {
@@ -90,7 +90,7 @@ static void put_num(u64 v, u32 base, int negative, int width) {
 		v /= base;
 	} while (v);
 	if (negative) buf[n++] = '-';
-	while (width-- > n) put(' ');
+	while (width-- > n) put(pad);
 	while (n) put(buf[--n]);
 }
 
@@ -100,6 +100,7 @@ void print(const char *fmt, ...) {
 	for (; *fmt; fmt++) {
 		if (*fmt != '%') { put(*fmt); continue; }
 		int width = 0, is_long = 0;
+		char pad = fmt[1] == '0' ? '0' : ' ';
 		while (fmt[1] >= '0' && fmt[1] <= '9') width = width * 10 + (*++fmt - '0');
 		if (fmt[1] == 'l') { is_long = 1; fmt++; }
 		switch (*++fmt) {
@@ -107,11 +108,11 @@ void print(const char *fmt, ...) {
 		case 'c': put((char)va_arg(ap, int)); break;
 		case 'd': {
 			i64 v = is_long ? va_arg(ap, i64) : va_arg(ap, int);
-			put_num(v < 0 ? (u64)-v : (u64)v, 10, v < 0, width);
+			put_num(v < 0 ? (u64)-v : (u64)v, 10, v < 0, width, pad);
 			break;
 		}
-		case 'u': put_num(is_long ? va_arg(ap, u64) : va_arg(ap, u32), 10, 0, width); break;
-		case 'x': put_num(is_long ? va_arg(ap, u64) : va_arg(ap, u32), 16, 0, width); break;
+		case 'u': put_num(is_long ? va_arg(ap, u64) : va_arg(ap, u32), 10, 0, width, pad); break;
+		case 'x': put_num(is_long ? va_arg(ap, u64) : va_arg(ap, u32), 16, 0, width, pad); break;
 		case '%': put('%'); break;
 		case 0: fmt--; break;
 		default: put('?'); break;

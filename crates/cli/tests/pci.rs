@@ -1,0 +1,87 @@
+//! PCI in real KVM: both config mechanisms, the mapped ECAM window, hostile config traffic.
+
+mod common;
+use common::*;
+use serde_json::Value;
+
+#[test]
+fn the_pci_lab_sees_identical_bytes_and_the_expected_exits() {
+    if !kvm_or_skip("the_pci_lab_sees_identical_bytes_and_the_expected_exits") {
+        return;
+    }
+    let dir = tempdir();
+    let (json_path, svg_path) = (dir.join("pci.json"), dir.join("pci.svg"));
+    let out = exitless(&[
+        "bench",
+        "pci",
+        "--reads",
+        "400",
+        "--json",
+        json_path.to_str().unwrap(),
+        "--svg",
+        svg_path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("us/read"));
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    assert_eq!(json["bench"], "pci");
+    let rows = json["rows"].as_array().unwrap();
+    let methods: Vec<_> = rows.iter().map(|r| r["method"].as_str().unwrap()).collect();
+    assert_eq!(methods, ["pio", "ecam", "ecam-mapped"]);
+    for (row, exits) in rows.iter().zip([2.0, 1.0, 0.0]) {
+        assert_eq!(row["identical"], true, "{row}");
+        assert_eq!(row["reads"], 400);
+        assert_eq!(row["exits_per_read"], exits, "{row}");
+        for field in ["seconds", "us_per_read", "scan_us"] {
+            assert!(row[field].as_f64().unwrap() > 0.0, "{field}: {row}");
+        }
+    }
+    let us = |i: usize| rows[i]["us_per_read"].as_f64().unwrap();
+    assert!(us(2) * 10.0 < us(1) && us(1) < us(0), "mapped < trapped < pio per read: {json}");
+    assert!(std::fs::read_to_string(&svg_path).unwrap().contains("ecam-mapped"));
+}
+
+#[test]
+fn pciscan_agrees_with_itself_in_both_ecam_modes() {
+    if !kvm_or_skip("pciscan_agrees_with_itself_in_both_ecam_modes") {
+        return;
+    }
+    for mode in ["trap", "mapped"] {
+        let (out, json) = run_json(&["--payload", "pciscan", "--ecam", mode, "--params", "200"]);
+        let text = stdout(&out);
+        assert!(out.status.success(), "{mode}: {text}\n{}", stderr(&out));
+        assert_eq!(text.matches("identical").count(), 2, "{mode}: {text}");
+        assert!(text.contains("00:00.0 e1e5:0001 class 060000"), "{mode}: {text}");
+        assert!(text.contains("00:01.0 e1e5:0d00 class ff0000 bars 1000 10 0 0 0 0"), "{mode}: {text}");
+        let ecam_reads = json["devices"]["pci-ecam"]["reads"].as_u64().unwrap();
+        if mode == "mapped" {
+            assert_eq!(ecam_reads, 0, "mapped reads never exit: {json}");
+        } else {
+            assert!(ecam_reads > 200, "{json}");
+        }
+        // BAR sizing writes exit in both modes.
+        assert!(json["devices"]["pci-ecam"]["writes"].as_u64().unwrap() > 0, "{json}");
+    }
+}
+
+#[test]
+fn hostile_config_traffic_leaves_identity_and_enumeration_intact() {
+    if !kvm_or_skip("hostile_config_traffic_leaves_identity_and_enumeration_intact") {
+        return;
+    }
+    for mode in ["trap", "mapped"] {
+        let (out, json) = run_json(&["--payload", "pcihostile", "--ecam", mode]);
+        let text = stdout(&out);
+        assert!(out.status.success(), "{mode}: {text}\n{}", stderr(&out));
+        assert!(text.contains("identity intact, host bridge enumerates"), "{mode}: {text}");
+        assert!(json["devices"]["pci-cf8"]["writes"].as_u64().unwrap() > 1000, "{json}");
+        assert!(json["devices"]["pci-ecam"]["writes"].as_u64().unwrap() > 10_000, "{json}");
+    }
+}
+
+#[test]
+fn a_bad_ecam_mode_is_a_one_line_error() {
+    let out = exitless(&["run", "--ecam", "sideways"]);
+    assert!(!out.status.success());
+    assert_eq!(stderr(&out).trim().lines().count(), 1, "{}", stderr(&out));
+}

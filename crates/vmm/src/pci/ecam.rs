@@ -1,0 +1,160 @@
+//! ECAM: config space as an MMIO window, one 4 KiB page per function.
+//!
+//! Trapped, every access exits and [`EcamDevice`] serves it. Mapped, the window is also
+//! backed by [`EcamShadow`]: read-only KVM memory slots over pages that hold each
+//! function's current config space, so guest reads never exit; writes still fault into
+//! the VMM (a read-only slot turns a write into an MMIO exit), reach [`EcamDevice`], and
+//! the root rewrites the function's page before the vCPU resumes.
+
+use super::config::CONFIG_SIZE;
+use super::root::PciRoot;
+use super::FUNCTIONS;
+use crate::bus::BusDevice;
+use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_READONLY};
+use kvm_ioctls::VmFd;
+use std::sync::Arc;
+use vm_memory::mmap::MmapRegion;
+use vm_memory::VolatileMemory;
+
+/// Bytes of the bus-0 ECAM window.
+pub const ECAM_SIZE: u64 = (FUNCTIONS * CONFIG_SIZE) as u64;
+
+/// Serves ECAM accesses that exit: all writes, and reads when the window is trapped.
+pub struct EcamDevice {
+    root: Arc<PciRoot>,
+}
+
+impl EcamDevice {
+    pub fn new(root: Arc<PciRoot>) -> Self {
+        EcamDevice { root }
+    }
+
+    /// Function and register of an access, or None when it crosses a function's page.
+    fn decode(offset: u64, len: usize) -> Option<(usize, usize)> {
+        let (index, reg) = ((offset as usize) / CONFIG_SIZE, (offset as usize) % CONFIG_SIZE);
+        (reg + len <= CONFIG_SIZE).then_some((index, reg))
+    }
+}
+
+impl BusDevice for EcamDevice {
+    fn read(&self, offset: u64, data: &mut [u8]) {
+        match Self::decode(offset, data.len()) {
+            Some((index, reg)) => self.root.config_read(index, reg, data),
+            None => data.fill(0xff),
+        }
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) {
+        if let Some((index, reg)) = Self::decode(offset, data.len()) {
+            self.root.config_write(index, reg, data);
+        }
+    }
+}
+
+/// Something that can add and delete KVM memory slots (the VM; a stand-in in unit tests).
+pub trait MemslotSink: Send + Sync {
+    /// `size` 0 deletes the slot.
+    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, host: u64) -> Result<(), String>;
+}
+
+impl MemslotSink for VmFd {
+    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, host: u64) -> Result<(), String> {
+        let region = kvm_userspace_memory_region {
+            slot,
+            flags: KVM_MEM_READONLY,
+            guest_phys_addr: gpa,
+            memory_size: size,
+            userspace_addr: host,
+        };
+        // SAFETY: `host` points into the EcamShadow's mapping, which deletes its slots
+        // before the mapping goes away.
+        unsafe { self.set_user_memory_region(region) }
+            .map_err(|e| format!("KVM_SET_USER_MEMORY_REGION slot {slot}: {e}"))
+    }
+}
+
+/// The pages behind the mapped ECAM window.
+pub struct EcamShadow {
+    pages: MmapRegion<()>,
+    sink: Arc<dyn MemslotSink>,
+    gpa: u64,
+    first_slot: u32,
+    /// Slots in use, with the first page and page count of each.
+    slots: Vec<(u32, usize, usize)>,
+}
+
+impl EcamShadow {
+    /// Pages for every function, all-ones (no function) until filled in.
+    pub fn new(sink: Arc<dyn MemslotSink>, gpa: u64, first_slot: u32) -> Result<Self, String> {
+        let pages = MmapRegion::new(ECAM_SIZE as usize).map_err(|e| format!("cannot map ECAM shadow pages: {e}"))?;
+        let shadow = EcamShadow { pages, sink, gpa, first_slot, slots: Vec::new() };
+        for index in 0..FUNCTIONS {
+            shadow.refresh(index, None);
+        }
+        Ok(shadow)
+    }
+
+    /// Rewrites function `index`'s page from its config space (None: all-ones).
+    pub fn refresh(&self, index: usize, config: Option<&[u8; CONFIG_SIZE]>) {
+        let Ok(page) = self.pages.get_slice(index * CONFIG_SIZE, CONFIG_SIZE) else { return };
+        match config {
+            Some(bytes) => page.copy_from(bytes.as_slice()),
+            None => page.copy_from([0xffu8; CONFIG_SIZE].as_slice()),
+        }
+    }
+
+    /// Backs every page for which `mapped(page)` holds with read-only memory, one slot per
+    /// run of consecutive pages; the others keep exiting.
+    pub fn map(&mut self, mapped: impl Fn(usize) -> bool) -> Result<(), String> {
+        self.unmap()?;
+        let mut page = 0;
+        while page < FUNCTIONS {
+            if !mapped(page) {
+                page += 1;
+                continue;
+            }
+            let start = page;
+            while page < FUNCTIONS && mapped(page) {
+                page += 1;
+            }
+            let slot = self.first_slot + self.slots.len() as u32;
+            let offset = (start * CONFIG_SIZE) as u64;
+            let size = ((page - start) * CONFIG_SIZE) as u64;
+            self.sink.set_readonly_slot(slot, self.gpa + offset, size, self.pages.as_ptr() as u64 + offset)?;
+            self.slots.push((slot, start, page - start));
+        }
+        Ok(())
+    }
+
+    /// Deletes every slot: the whole window exits again.
+    pub fn unmap(&mut self) -> Result<(), String> {
+        while let Some((slot, start, _)) = self.slots.pop() {
+            let offset = (start * CONFIG_SIZE) as u64;
+            self.sink.set_readonly_slot(slot, self.gpa + offset, 0, self.pages.as_ptr() as u64 + offset)?;
+        }
+        Ok(())
+    }
+
+    /// The slots in use: (slot, first page, pages).
+    pub fn slots(&self) -> &[(u32, usize, usize)] {
+        &self.slots
+    }
+
+    /// A copy of a page, as the guest would read it.
+    pub fn page(&self, index: usize) -> Vec<u8> {
+        let mut out = vec![0u8; CONFIG_SIZE];
+        if let Ok(page) = self.pages.get_slice(index * CONFIG_SIZE, CONFIG_SIZE) {
+            page.copy_to(out.as_mut_slice());
+        }
+        out
+    }
+}
+
+impl Drop for EcamShadow {
+    fn drop(&mut self) {
+        // KVM must stop using the pages before they are unmapped.
+        if let Err(e) = self.unmap() {
+            tracing::error!("cannot delete the ECAM shadow slots: {e}");
+        }
+    }
+}

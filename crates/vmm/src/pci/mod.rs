@@ -1,0 +1,34 @@
+//! PCI: bus 0 behind a host bridge, reached by configuration mechanism #1 (0xCF8/0xCFC)
+//! and by ECAM, whose window can be backed by read-only memory so reads never exit.
+
+pub mod cf8;
+pub mod config;
+pub mod ecam;
+pub mod root;
+
+pub use config::{BarKind, BarSpec, ConfigSpace, PciIds};
+pub use root::{EcamMode, PciError, PciFunction, PciRoot};
+
+/// Functions on bus 0: 32 devices of 8 functions.
+pub const FUNCTIONS: usize = 256;
+
+/// Our vendor ID for the VMM's own devices (not a PCI-SIG assignment: a private lab).
+pub const VENDOR_EXITLESS: u16 = 0xe1e5;
+
+/// The host bridge at 00:00.0.
+pub fn host_bridge() -> PciFunction {
+    let ids = PciIds {
+        vendor: VENDOR_EXITLESS,
+        device: 0x0001,
+        class: [0x06, 0x00, 0x00],
+        revision: 1,
+        subsystem_vendor: VENDOR_EXITLESS,
+        subsystem: 1,
+    };
+    let mut config = ConfigSpace::new(ids);
+    config.add_capability(0x09, &[4, 0x01]); // vendor-specific: length, version
+    PciFunction::new("host-bridge", config)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,228 @@
+//! The PCI root: bus 0's functions, their config space whichever way it is reached, BARs
+//! placed on the VMM's buses (moving them, and their ioeventfds, when the guest does),
+//! and the ECAM shadow pages kept current.
+
+use super::config::{BarKind, ConfigSpace, BAR_COUNT, CONFIG_SIZE};
+use super::ecam::EcamShadow;
+use super::FUNCTIONS;
+use crate::bus::{BusDevice, BusError, DeviceId, MmioAddress, PioAddress, SharedBuses};
+use crate::ioeventfd::{IoSpace, IoeventfdRegistry};
+use exitless_payloads::abi;
+use std::sync::{Arc, Mutex};
+
+/// How the ECAM window is served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EcamMode {
+    /// Every access exits to the VMM.
+    Trapped,
+    /// Reads come from read-only memory holding current config space; writes exit.
+    Mapped,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PciError {
+    #[error("PCI slot 00:{0:02x}.{1} is taken or out of range")]
+    SlotTaken(u8, u8),
+    #[error("cannot set up the ECAM shadow: {0}")]
+    Shadow(String),
+}
+
+/// What answers on one BAR, and where it is on the bus now.
+struct BarHandler {
+    device: Arc<dyn BusDevice>,
+    id: DeviceId,
+    /// Where the BAR is decoded now (None: decode off, or no valid place).
+    mapped: Option<u64>,
+    /// Where its ioeventfds are registered (the last place it was decoded).
+    ioeventfd_base: u64,
+}
+
+/// A function: config space, what serves its BARs, and whether reading its config has
+/// side effects (then its ECAM page is never mapped, so such reads keep exiting).
+pub struct PciFunction {
+    pub name: String,
+    pub config: ConfigSpace,
+    bars: [Option<BarHandler>; BAR_COUNT],
+    pub read_side_effects: bool,
+}
+
+impl PciFunction {
+    pub fn new(name: &str, config: ConfigSpace) -> Self {
+        PciFunction { name: name.into(), config, bars: Default::default(), read_side_effects: false }
+    }
+
+    /// `device` answers on BAR `index` (declared in the config space), counted as `id`.
+    pub fn with_bar(mut self, index: usize, id: DeviceId, device: Arc<dyn BusDevice>) -> Self {
+        let base = self.config.bar_address(index).expect("VMM bug: BAR not declared in config space");
+        self.bars[index] = Some(BarHandler { device, id, mapped: None, ioeventfd_base: base });
+        self
+    }
+}
+
+struct PciState {
+    functions: Vec<Option<PciFunction>>,
+    shadow: EcamShadow,
+    mode: EcamMode,
+}
+
+/// BAR placement problems logged before we go quiet (a guest can provoke them at will).
+const MAX_BAR_WARNINGS: u32 = 16;
+
+pub struct PciRoot {
+    state: Mutex<PciState>,
+    bar_warnings: std::sync::atomic::AtomicU32,
+    buses: Arc<SharedBuses>,
+    ioeventfds: Arc<IoeventfdRegistry>,
+}
+
+impl PciRoot {
+    pub fn new(
+        buses: Arc<SharedBuses>,
+        ioeventfds: Arc<IoeventfdRegistry>,
+        shadow: EcamShadow,
+        mode: EcamMode,
+    ) -> Result<Self, PciError> {
+        let mut functions = Vec::with_capacity(FUNCTIONS);
+        functions.resize_with(FUNCTIONS, || None);
+        let state = Mutex::new(PciState { functions, shadow, mode: EcamMode::Trapped });
+        let root = PciRoot { state, bar_warnings: Default::default(), buses, ioeventfds };
+        root.set_ecam_mode(mode)?;
+        Ok(root)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PciState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Plugs `function` in at 00:`device`.`func` and places its BARs.
+    pub fn add(&self, device: u8, func: u8, function: PciFunction) -> Result<(), PciError> {
+        let index = usize::from(device) << 3 | usize::from(func);
+        let mut state = self.lock();
+        if device >= 32 || func >= 8 || state.functions[index].is_some() {
+            return Err(PciError::SlotTaken(device, func));
+        }
+        state.functions[index] = Some(function);
+        self.place_bars(&mut state, index);
+        state.shadow.refresh(index, state.functions[index].as_ref().map(|f| f.config.bytes()));
+        if state.mode == EcamMode::Mapped {
+            let mode = state.mode;
+            Self::remap_shadow(&mut state, mode)?;
+        }
+        Ok(())
+    }
+
+    pub fn ecam_mode(&self) -> EcamMode {
+        self.lock().mode
+    }
+
+    /// Maps or unmaps the read-only shadow of the ECAM window (at run time too).
+    pub fn set_ecam_mode(&self, mode: EcamMode) -> Result<(), PciError> {
+        let mut state = self.lock();
+        Self::remap_shadow(&mut state, mode)
+    }
+
+    fn remap_shadow(state: &mut PciState, mode: EcamMode) -> Result<(), PciError> {
+        let trapped: Vec<bool> =
+            state.functions.iter().map(|f| f.as_ref().is_some_and(|f| f.read_side_effects)).collect();
+        match mode {
+            EcamMode::Mapped => state.shadow.map(|page| !trapped[page]),
+            EcamMode::Trapped => state.shadow.unmap(),
+        }
+        .map_err(PciError::Shadow)?;
+        state.mode = mode;
+        Ok(())
+    }
+
+    /// A config read of function `index` (bus 0); a missing function reads all-ones.
+    pub fn config_read(&self, index: usize, offset: usize, data: &mut [u8]) {
+        match self.lock().functions.get(index).and_then(Option::as_ref) {
+            Some(f) => f.config.read(offset, data),
+            None => data.fill(0xff),
+        }
+    }
+
+    /// A config write: applied, BARs moved if their address or decode changed, and the
+    /// function's ECAM shadow page rewritten before the vCPU resumes.
+    pub fn config_write(&self, index: usize, offset: usize, data: &[u8]) {
+        let mut state = self.lock();
+        let Some(function) = state.functions.get_mut(index).and_then(Option::as_mut) else { return };
+        function.config.write(offset, data);
+        self.place_bars(&mut state, index);
+        let state = &mut *state;
+        state.shadow.refresh(index, state.functions[index].as_ref().map(|f| f.config.bytes()));
+    }
+
+    /// Puts each BAR of function `index` where its config space says, or takes it off the
+    /// bus when decode is off or the address is not a valid place for it.
+    fn place_bars(&self, state: &mut PciState, index: usize) {
+        let Some(function) = state.functions[index].as_mut() else { return };
+        for bar in 0..BAR_COUNT {
+            let (Some(spec), Some(handler)) = (function.config.bar(bar), function.bars[bar].as_mut()) else { continue };
+            let address = function.config.bar_address(bar).unwrap_or(0);
+            let (space, window) = match spec.kind {
+                BarKind::Io => (IoSpace::Pio, abi::PCI_IO_WINDOW_START..0x1_0000),
+                BarKind::Memory32 => (IoSpace::Mmio, abi::PCI_MMIO_WINDOW_START..abi::ECAM_GPA),
+            };
+            let fits = window.contains(&address) && address + spec.size <= window.end;
+            let wanted = (function.config.bar_enabled(bar) && fits).then_some(address);
+            if wanted == handler.mapped {
+                continue;
+            }
+            if let Some(old) = handler.mapped.take() {
+                let _ = self.buses.update(|b| match space {
+                    IoSpace::Pio => b.pio.remove(PioAddress(old as u16)).map(drop),
+                    IoSpace::Mmio => b.mmio.remove(MmioAddress(old)).map(drop),
+                });
+            }
+            let Some(new) = wanted else { continue };
+            let (id, device) = (handler.id, handler.device.clone());
+            let placed = self.buses.update(|b| match space {
+                IoSpace::Pio => b.pio.insert(PioAddress(new as u16), spec.size, id, device),
+                IoSpace::Mmio => b.mmio.insert(MmioAddress(new), spec.size, id, device),
+            });
+            match placed {
+                Ok(()) => {
+                    handler.mapped = Some(new);
+                    if handler.ioeventfd_base != new {
+                        if let Err(e) = self.ioeventfds.relocate_range(space, handler.ioeventfd_base, spec.size, new) {
+                            self.warn(format_args!(
+                                "{} BAR{bar}: ioeventfds could not follow it to {new:#x}: {e}",
+                                function.name
+                            ));
+                        }
+                        handler.ioeventfd_base = new;
+                    }
+                }
+                Err(BusError::Overlap { other_base, .. }) => self.warn(format_args!(
+                    "{} BAR{bar} at {new:#x} would overlap {other_base:#x}; left off the bus",
+                    function.name
+                )),
+                Err(e) => self.warn(format_args!("{} BAR{bar} at {new:#x}: {e}; left off the bus", function.name)),
+            }
+        }
+    }
+
+    fn warn(&self, message: std::fmt::Arguments) {
+        let n = self.bar_warnings.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n < MAX_BAR_WARNINGS {
+            tracing::warn!("{message}");
+        } else if n == MAX_BAR_WARNINGS {
+            tracing::warn!("further BAR placement problems are not reported");
+        }
+    }
+
+    /// Where BAR `bar` of function `index` is decoded now (for tests and the lab).
+    pub fn bar_mapping(&self, index: usize, bar: usize) -> Option<u64> {
+        self.lock().functions.get(index)?.as_ref()?.bars.get(bar)?.as_ref()?.mapped
+    }
+
+    /// A copy of ECAM page `index` as a mapped read would see it.
+    pub fn with_shadow_page(&self, index: usize) -> Vec<u8> {
+        self.lock().shadow.page(index)
+    }
+
+    /// A copy of a function's config space (for tests and the lab).
+    pub fn config_snapshot(&self, index: usize) -> Option<[u8; CONFIG_SIZE]> {
+        self.lock().functions.get(index)?.as_ref().map(|f| *f.config.bytes())
+    }
+}

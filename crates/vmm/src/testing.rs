@@ -1,0 +1,32 @@
+//! Stand-ins for KVM in unit tests: they record what would have been asked of it.
+
+use crate::ioeventfd::{IoeventfdKey, IoeventfdSink};
+use crate::pci::ecam::MemslotSink;
+use std::sync::Mutex;
+use vmm_sys_util::eventfd::EventFd;
+
+#[derive(Default)]
+pub struct FakeKvm {
+    /// Every KVM_IOEVENTFD call: key and whether it assigned.
+    pub ioeventfds: Mutex<Vec<(IoeventfdKey, bool)>>,
+    /// Live read-only slots: (slot, gpa, size).
+    pub slots: Mutex<Vec<(u32, u64, u64)>>,
+}
+
+impl IoeventfdSink for FakeKvm {
+    fn ioeventfd(&self, key: &IoeventfdKey, _: &EventFd, assign: bool) -> Result<(), i32> {
+        self.ioeventfds.lock().unwrap().push((*key, assign));
+        Ok(())
+    }
+}
+
+impl MemslotSink for FakeKvm {
+    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, _host: u64) -> Result<(), String> {
+        let mut slots = self.slots.lock().unwrap();
+        slots.retain(|s| s.0 != slot);
+        if size > 0 {
+            slots.push((slot, gpa, size));
+        }
+        Ok(())
+    }
+}
