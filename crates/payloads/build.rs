@@ -12,10 +12,13 @@ const PAYLOADS: &[(&str, &str)] = &[
     ("doorbell", "the doorbell lab's guest: rings a doorbell N times per path (run by `exitless bench doorbell`)"),
     ("pciscan", "enumerates bus 0 by port I/O and ECAM, checks they agree, sizes BARs, times config reads"),
     ("pcihostile", "random config writes of every size at every offset, by port I/O and ECAM; identity must hold"),
+    ("nettx", "sends N frames of size S with sequence numbers through virtio-net (run by `exitless bench net`)"),
+    ("netecho", "echoes every frame it receives through virtio-net until it has echoed N"),
+    ("nethostile", "a virtio-net driver that breaks every rule: bad features, sizes, rings and chains"),
     ("crash", "fails on purpose: triple fault (default) or spins forever (--params 2)"),
 ];
 
-const RUNTIME: &[&str] = &["entry.S", "runtime.c"];
+const RUNTIME: &[&str] = &["entry.S", "runtime.c", "virtio.c"];
 
 fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));

@@ -43,6 +43,13 @@ pub struct RunArgs {
     /// come from read-only memory, writes exit).
     #[arg(long, default_value = "mapped", value_parser = parse_ecam)]
     pub ecam: exitless_vmm::pci::EcamMode,
+    /// A virtio-net device on tap NAME (created if missing), e.g. `tap=tap0,mac=52:54:00:12:34:56`.
+    #[arg(long, value_name = "tap=NAME[,mac=MAC]", value_parser = parse_net)]
+    pub net: Option<(String, [u8; 6])>,
+    /// How virtio-net transmits: `copy` (through a VMM buffer) or `zerocopy` (iovecs into
+    /// guest memory; chains under 256 bytes are copied either way).
+    #[arg(long, default_value = "zerocopy", value_parser = parse_tx, requires = "net")]
+    pub net_tx: exitless_vmm::virtio::net::TxMode,
     /// Parameters for the payload, comma-separated integers (payload-specific).
     #[arg(long, value_delimiter = ',', value_parser = parse_u64)]
     pub params: Vec<u64>,
@@ -78,6 +85,53 @@ pub enum BenchCommand {
     Doorbell(DoorbellArgs),
     /// PCI config reads by 0xCF8/0xCFC, by trapped ECAM and by read-only-mapped ECAM.
     Pci(PciArgs),
+    /// virtio-net TX through a tap, copy against zerocopy, per message size.
+    Net(NetArgs),
+}
+
+#[derive(Args)]
+pub struct NetArgs {
+    /// Frame sizes (bytes, or with K), comma-separated; up to 64K.
+    #[arg(long, value_delimiter = ',', default_value = "256,1K,4K,8K,16K,64K", value_parser = parse_frame_size)]
+    pub sizes: Vec<usize>,
+    /// Seconds of sending per size, path and repeat.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_seconds)]
+    pub seconds: f64,
+    /// Repeats; which path goes first alternates, and medians are reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeat: u32,
+    /// Write the table as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write a bar chart of the table to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Give up on a guest that has not finished within this many seconds.
+    #[arg(long, default_value_t = 120.0, value_parser = parse_seconds)]
+    pub timeout: f64,
+}
+
+impl NetArgs {
+    pub fn to_options(&self) -> exitless_lab::net::Options {
+        exitless_lab::net::Options {
+            sizes: self.sizes.clone(),
+            seconds: self.seconds,
+            repeat: self.repeat,
+            json: self.json.clone(),
+            svg: self.svg.clone(),
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+        }
+    }
+}
+
+/// A frame size: 64 bytes to 64K; 64K means the largest frame the tap takes (65535).
+fn parse_frame_size(s: &str) -> Result<usize, String> {
+    let n = parse_size(s)?;
+    match n {
+        65536 => Ok(65535),
+        64..=65535 => Ok(n as usize),
+        _ => Err(format!("frame size '{s}' is not between 64 and 64K")),
+    }
 }
 
 #[derive(Args)]
@@ -208,6 +262,38 @@ fn parse_ecam(s: &str) -> Result<exitless_vmm::pci::EcamMode, String> {
     }
 }
 
+/// The MAC a guest gets when none is given (locally administered).
+pub const DEFAULT_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xe1, 0xe5, 0x01];
+
+pub fn parse_net(s: &str) -> Result<(String, [u8; 6]), String> {
+    let (mut tap, mut mac) = (None, DEFAULT_MAC);
+    for part in s.split(',') {
+        match part.split_once('=') {
+            Some(("tap", name)) if !name.is_empty() && name.len() < 16 => tap = Some(name.to_string()),
+            Some(("mac", m)) => mac = parse_mac(m)?,
+            _ => return Err(format!("'{part}' is not tap=NAME (up to 15 bytes) or mac=xx:xx:xx:xx:xx:xx")),
+        }
+    }
+    Ok((tap.ok_or("--net needs tap=NAME")?, mac))
+}
+
+fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let bytes: Vec<u8> = s
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("'{s}' is not a MAC"))?;
+    bytes.try_into().map_err(|_| format!("'{s}' is not a MAC"))
+}
+
+fn parse_tx(s: &str) -> Result<exitless_vmm::virtio::net::TxMode, String> {
+    match s {
+        "copy" => Ok(exitless_vmm::virtio::net::TxMode::Copy),
+        "zerocopy" => Ok(exitless_vmm::virtio::net::TxMode::Zerocopy),
+        _ => Err(format!("'{s}' is not copy or zerocopy")),
+    }
+}
+
 fn parse_u64(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let parsed = match s.strip_prefix("0x") {
@@ -236,5 +322,22 @@ mod tests {
         assert!(parse_size("12X").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("99999999999999G").is_err());
+    }
+
+    #[test]
+    fn net_options() {
+        assert_eq!(parse_net("tap=t0").unwrap(), ("t0".into(), DEFAULT_MAC));
+        assert_eq!(parse_net("tap=t0,mac=02:00:00:00:00:0a").unwrap().1, [2, 0, 0, 0, 0, 10]);
+        for bad in [
+            "",
+            "tap=",
+            "mac=02:00:00:00:00:0a",
+            "tap=t0,mac=zz",
+            "tap=t0,mac=1:2:3",
+            "tap=aaaaaaaaaaaaaaaa",
+            "tap=t0,x=1",
+        ] {
+            assert!(parse_net(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -17,9 +17,11 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            // One line, not clap's usage block: the first line says what was wrong.
+            // One line, not clap's usage block: what was wrong, up to the usage text.
             let msg = e.to_string();
-            eprintln!("exitless: {}", msg.lines().next().unwrap_or("bad arguments").trim_start_matches("error: "));
+            let what: Vec<&str> =
+                msg.lines().map(str::trim).take_while(|l| !l.starts_with("Usage:")).filter(|l| !l.is_empty()).collect();
+            eprintln!("exitless: {}", what.join(" ").trim_start_matches("error: "));
             return ExitCode::from(2);
         }
     };
@@ -28,7 +30,10 @@ fn main() -> ExitCode {
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .without_time()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("EXITLESS_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("EXITLESS_LOG")
+                .unwrap_or_else(|_| "warn,virtio_queue=off".into()),
+        )
         .init();
     let result = match cli.command {
         Command::Run(args) => run(args),
@@ -63,6 +68,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         params: args.params.clone(),
         serial_out: Box::new(LiveStdout),
         ecam: args.ecam,
+        net: args.net.clone().map(|(tap, mac)| exitless_vmm::NetConfig { tap, mac, tx: args.net_tx }),
         ..MachineConfig::new(image)
     })?;
     let report = machine.run(args.timeout.map(std::time::Duration::from_secs_f64))?;
@@ -88,6 +94,9 @@ fn payloads(args: PayloadsArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
 fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
     match bench {
         BenchCommand::Boot(a) => exitless_lab::boot::run(&a.to_options())?,
+        BenchCommand::Net(a) => {
+            exitless_lab::net::run(&a.to_options())?;
+        }
         BenchCommand::Pci(a) => {
             exitless_lab::pci::run(&a.to_options())?;
         }

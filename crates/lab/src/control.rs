@@ -76,6 +76,27 @@ pub trait LabSteps {
     fn on_event(&mut self, machine: &Machine, vcpu: &mut Vcpu, event: LabEvent) -> Result<(), Self::Error>;
 }
 
+/// A guest console kept in memory (the labs read what a payload printed).
+#[derive(Clone, Default)]
+pub struct Console(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Console {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+    }
+}
+
+impl std::io::Write for Console {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Boots `payload` with `params` and the lab control port, ready for [`drive`].
 pub fn lab_machine(
     payload: &str,
@@ -89,6 +110,16 @@ pub fn lab_machine(
     let control = Arc::new(LabControl::default());
     machine.add_pio_device("lab-control", LAB_CONTROL_PORT as u16, 4, control.clone())?;
     Ok((machine, control))
+}
+
+/// The guest's TSC rate (KVM_GET_TSC_KHZ on a throwaway VM), to turn guest cycle counts
+/// into time; the host's TSC runs at the same rate here (KVM does not scale it).
+pub fn guest_tsc_khz() -> Result<u32, MachineError> {
+    let kvm = exitless_vmm::kvm::open()?;
+    let fail = |what| move |source| MachineError::Ioctl { what, source };
+    let vm = kvm.create_vm().map_err(fail("KVM_CREATE_VM"))?;
+    let vcpu = vm.create_vcpu(0).map_err(fail("KVM_CREATE_VCPU"))?;
+    vcpu.get_tsc_khz().map_err(fail("KVM_GET_TSC_KHZ"))
 }
 
 /// Runs vCPU 0 on this thread until the guest exits, handing each announcement to `lab`.

@@ -5,7 +5,7 @@
 //! vCPU, wires the doorbell for that path before the guest starts ringing. Medians over
 //! the repeats are reported.
 
-use crate::control::{drive, lab_machine, LabEvent, LabSteps};
+use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabSteps};
 use crate::stats::median;
 use crate::svg;
 use exitless_payloads::abi::*;
@@ -352,7 +352,7 @@ pub fn measure(opts: &Options) -> Result<(Vec<Row>, f64), DoorbellError> {
             ok
         })
         .collect();
-    let tsc_khz = f64::from(kvm_tsc_khz()?);
+    let tsc_khz = f64::from(guest_tsc_khz()?);
     let progress = std::io::stderr().is_terminal();
     let mut all: Vec<Vec<Sample>> = vec![Vec::new(); paths.len()];
     for r in 0..opts.repeat as usize {
@@ -394,15 +394,6 @@ pub fn measure(opts: &Options) -> Result<(Vec<Row>, f64), DoorbellError> {
         row.speedup = base.map_or(f64::NAN, |b| row.iops / b);
     }
     Ok((rows, tsc_khz))
-}
-
-/// Guest TSC frequency, to turn the guest's cycle counts into time (also used for the
-/// host's, which KVM does not scale here).
-fn kvm_tsc_khz() -> Result<u32, DoorbellError> {
-    let kvm = exitless_vmm::kvm::open().map_err(MachineError::from)?;
-    let vm = kvm.create_vm().map_err(|source| DoorbellError::Kvm { what: "KVM_CREATE_VM", source })?;
-    let vcpu = vm.create_vcpu(0).map_err(|source| DoorbellError::Kvm { what: "KVM_CREATE_VCPU", source })?;
-    vcpu.get_tsc_khz().map_err(|source| DoorbellError::Kvm { what: "KVM_GET_TSC_KHZ", source })
 }
 
 fn row_named<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {

@@ -3,6 +3,9 @@
 pub mod boot;
 pub mod control;
 pub mod doorbell;
+pub mod net;
+pub mod netns;
 pub mod pci;
+pub mod sink;
 pub mod stats;
 pub mod svg;

@@ -2,7 +2,7 @@
 //! backed with read-only memory (no exit), in one guest run, with a scan-and-size of bus
 //! 0 per method and a check that all three saw identical bytes.
 
-use crate::control::{drive, lab_machine, LabEvent, LabSteps};
+use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabSteps};
 use crate::svg;
 use exitless_payloads::abi::*;
 use exitless_vmm::machine::read_result;
@@ -128,8 +128,7 @@ impl LabSteps for PciSteps {
 /// One guest run: every method in turn, then the guest's verdict on identical bytes.
 pub fn measure(opts: &Options) -> Result<Vec<Row>, PciBenchError> {
     let (machine, control) = lab_machine("pciscan", vec![opts.reads, 0, Method::ALL.len() as u64], |_| {})?;
-    let tsc_khz =
-        f64::from(machine.create_vcpu(1)?.fd().get_tsc_khz().map_err(|e| MachineError::Memory(e.to_string()))?);
+    let tsc_khz = f64::from(guest_tsc_khz()?);
     let mut lab = PciSteps { tsc_khz, rows: vec![None; Method::ALL.len()] };
     drive(&machine, &control, opts.timeout, &mut lab)?;
     let identical = read_result(&machine.memory, 8);

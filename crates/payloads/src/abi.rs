@@ -45,11 +45,19 @@ pub const PCI_IO_WINDOW_START: u64 = 0x400;
 /// The doorbell is PCI function 00:01.0; its BARs start where the VMM assigns them
 /// (BAR0 memory at DOORBELL_MMIO_GPA, BAR1 I/O at DOORBELL_PIO_PORT).
 pub const DOORBELL_PCI_DEVICE: u64 = 1;
+/// Idle port: a write of N sleeps the vCPU in the VMM until a device interrupt is
+/// delivered or N microseconds (at most 10,000) pass.
+pub const IDLE_PORT: u64 = 0x504;
 /// Doorbell device: the port-I/O ring register, and the count register beside it.
 pub const DOORBELL_PIO_PORT: u64 = 0x510;
 pub const DOORBELL_PIO_COUNT: u64 = 0x518;
 /// Doorbell device: the MMIO ring register (count at +8).
 pub const DOORBELL_MMIO_GPA: u64 = 0xd000_0000;
+
+/// virtio-net payloads: where their frame buffers live (TX slots, then RX slots).
+pub const NET_BUF_GPA: u64 = 0x0100_0000;
+/// Ethertype of the labs' frames (IEEE local experimental).
+pub const LAB_ETHERTYPE: u64 = 0x88b5;
 
 /// Start of the guest-physical range that is never RAM (MMIO only), up to 4 GiB.
 pub const MMIO_HOLE_START: u64 = 0xc000_0000;

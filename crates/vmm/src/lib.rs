@@ -8,13 +8,16 @@ pub mod bus;
 pub mod control;
 pub mod devices;
 pub mod ioeventfd;
+pub mod irq;
 pub mod kvm;
 pub mod machine;
+pub mod net;
 pub mod pci;
 pub mod stats;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod vcpu;
+pub mod virtio;
 pub mod watchdog;
 
-pub use machine::{Machine, MachineConfig, MachineError, RunReport};
+pub use machine::{Machine, MachineConfig, MachineError, NetConfig, RunReport};

@@ -5,12 +5,17 @@ use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress,
 use crate::control::RunControl;
 use crate::devices::{debug_exit, doorbell, serial, DebugExit, Doorbell, Serial};
 use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
+use crate::irq::GsiRouter;
 use crate::kvm;
+use crate::net::Tap;
 use crate::pci::cf8::{Cf8Device, CF8_LEN, CF8_PORT};
 use crate::pci::ecam::{EcamDevice, EcamShadow, ECAM_SIZE};
+use crate::pci::msix::Msix;
 use crate::pci::{EcamMode, PciError, PciRoot};
 use crate::stats::ExitStats;
 use crate::vcpu::{cycles, Vcpu, VcpuError};
+use crate::virtio::net::{NetStats, TxMode, VirtioNet};
+use crate::virtio::pci::VirtioPci;
 use crate::watchdog::Watchdog;
 use exitless_payloads::abi;
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
@@ -23,6 +28,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestM
 /// Guest RAM starts at 0 and must end below the MMIO hole.
 pub const MIN_MEM: u64 = 4 << 20;
 pub const MAX_MEM: u64 = abi::MMIO_HOLE_START;
+/// virtio-net's PCI device number on bus 0.
+const VIRTIO_NET_PCI_DEVICE: u8 = 2;
 /// KVM memory slots: 0 is RAM, the ECAM shadow's start here.
 const ECAM_FIRST_SLOT: u32 = 1;
 /// Where KVM's real-mode TSS pages go (Intel needs them before an irqchip), just below the BIOS area.
@@ -48,6 +55,10 @@ pub enum MachineError {
     Vcpu(#[from] VcpuError),
     #[error(transparent)]
     Pci(#[from] PciError),
+    #[error(transparent)]
+    Tap(#[from] crate::net::tap::TapError),
+    #[error("cannot set up virtio-net: {0}")]
+    Net(String),
     #[error("the guest did not finish within {0:?}")]
     Timeout(Duration),
     #[error("the vCPU thread died: {0}")]
@@ -70,6 +81,23 @@ pub struct MachineConfig {
     pub ioeventfd_limits: IoeventfdLimits,
     /// How the ECAM window is served.
     pub ecam: EcamMode,
+    /// A virtio-net device on a tap, if any.
+    pub net: Option<NetConfig>,
+}
+
+/// `--net tap=NAME[,mac=..]` and `--net-tx`.
+#[derive(Clone, Debug)]
+pub struct NetConfig {
+    pub tap: String,
+    pub mac: [u8; 6],
+    pub tx: TxMode,
+}
+
+/// The virtio-net device of a machine, for the lab to watch.
+pub struct NetHandle {
+    pub stats: Arc<NetStats>,
+    pub transport: Arc<VirtioPci>,
+    pub tap_name: String,
 }
 
 impl MachineConfig {
@@ -82,6 +110,7 @@ impl MachineConfig {
             serial_out: Box::new(std::io::sink()),
             ioeventfd_limits: IoeventfdLimits::default(),
             ecam: EcamMode::Mapped,
+            net: None,
         }
     }
 }
@@ -109,6 +138,9 @@ pub struct Machine {
     pub pci: Arc<PciRoot>,
     /// The doorbell, PCI function 00:01.0.
     pub doorbell: Arc<Doorbell>,
+    pub gsi_router: Arc<GsiRouter>,
+    /// virtio-net, PCI function 00:02.0, when configured.
+    pub net: Option<NetHandle>,
     devices: Vec<String>,
     entry: EntryPoint,
     started: (Instant, u64),
@@ -130,6 +162,10 @@ impl Machine {
             .map_err(|e| MachineError::Memory(e.to_string()))?;
         for (slot, region) in memory.iter().enumerate() {
             let host = memory.get_host_address(region.start_addr()).map_err(|e| MachineError::Memory(e.to_string()))?;
+            // Transparent huge pages where the host offers them: fewer TLB misses for the
+            // guest and for every copy to or from guest buffers. Only advice: ignore failure.
+            // SAFETY: the range is exactly this region's mapping, owned by `memory`.
+            unsafe { libc::madvise(host.cast(), region.len() as usize, libc::MADV_HUGEPAGE) };
             let mapping = kvm_userspace_memory_region {
                 slot: slot as u32,
                 flags: 0,
@@ -150,6 +186,7 @@ impl Machine {
         let ioeventfds = Arc::new(IoeventfdRegistry::new(vm.clone(), config.ioeventfd_limits));
         let shadow = EcamShadow::new(vm.clone(), abi::ECAM_GPA, ECAM_FIRST_SLOT).map_err(PciError::Shadow)?;
         let pci = Arc::new(PciRoot::new(buses.clone(), ioeventfds.clone(), shadow, config.ecam)?);
+        let vm_for_irq = vm.clone();
         let mut machine = Machine {
             kvm,
             ioeventfds,
@@ -159,6 +196,8 @@ impl Machine {
             buses,
             pci: pci.clone(),
             doorbell: Arc::new(Doorbell::default()),
+            gsi_router: Arc::new(GsiRouter::new(vm_for_irq)),
+            net: None,
             devices: Vec::new(),
             entry,
             started,
@@ -169,11 +208,38 @@ impl Machine {
         machine.add_pio_device("debug-exit", abi::DEBUG_EXIT_PORT as u16, debug_exit::DEBUG_EXIT_LEN, debug_exit)?;
         machine.add_pio_device("pci-cf8", CF8_PORT, CF8_LEN, Arc::new(Cf8Device::new(pci.clone())))?;
         machine.add_mmio_device("pci-ecam", abi::ECAM_GPA, ECAM_SIZE, Arc::new(EcamDevice::new(pci.clone())))?;
+        let idle = Arc::new(crate::devices::idle::Idle::new(machine.gsi_router.clone()));
+        machine.add_pio_device("idle", abi::IDLE_PORT as u16, crate::devices::idle::IDLE_LEN, idle)?;
         pci.add(0, 0, crate::pci::host_bridge())?;
         let mmio = (machine.register_device("doorbell-mmio"), abi::DOORBELL_MMIO_GPA);
         let pio = (machine.register_device("doorbell-pio"), abi::DOORBELL_PIO_PORT);
         pci.add(abi::DOORBELL_PCI_DEVICE as u8, 0, doorbell::pci_function(machine.doorbell.clone(), mmio, pio))?;
+        if let Some(net) = &config.net {
+            machine.add_virtio_net(net)?;
+        }
         Ok(machine)
+    }
+
+    /// virtio-net at 00:02.0: BAR0 at the start of the PCI window, one MSI-X vector per
+    /// queue plus one for config changes, every queue's notify address an ioeventfd.
+    fn add_virtio_net(&mut self, net: &NetConfig) -> Result<(), MachineError> {
+        let tap = Tap::open(&net.tap)?;
+        let tap_name = tap.name().to_string();
+        let device = VirtioNet::new(tap, net.mac, net.tx);
+        let stats = device.stats.clone();
+        let msix = Msix::new(self.gsi_router.clone(), 3).map_err(MachineError::Net)?;
+        let transport = Arc::new(
+            VirtioPci::new(Box::new(device), self.memory.clone(), msix)
+                .map_err(|e| MachineError::Net(e.to_string()))?,
+        );
+        let bar0 = abi::PCI_MMIO_WINDOW_START;
+        let id = self.register_device("virtio-net");
+        self.pci.add(VIRTIO_NET_PCI_DEVICE, 0, transport.pci_function("virtio-net", id, bar0))?;
+        for (key, fd) in transport.ioeventfds(bar0) {
+            self.ioeventfds.register(key, fd).map_err(|e| MachineError::Net(e.to_string()))?;
+        }
+        self.net = Some(NetHandle { stats, transport, tap_name });
+        Ok(())
     }
 
     /// Names a device for statistics and returns its id.
@@ -264,6 +330,18 @@ impl Machine {
             tsc_hz,
             vmm_rss_kib: guest_start.and_then(vmm_rss_kib),
         }
+    }
+}
+
+impl Drop for Machine {
+    /// The config-space devices on the buses point back at the PCI root, which points at
+    /// the buses: emptying the buses breaks that cycle, so every device (and its threads,
+    /// taps and eventfds) goes away with the machine.
+    fn drop(&mut self) {
+        let _ = self.buses.update(|b| {
+            *b = BusSet::default();
+            Ok::<(), ()>(())
+        });
     }
 }
 

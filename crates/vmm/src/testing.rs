@@ -1,6 +1,7 @@
 //! Stand-ins for KVM in unit tests: they record what would have been asked of it.
 
 use crate::ioeventfd::{IoeventfdKey, IoeventfdSink};
+use crate::irq::{IrqSink, MsiMessage};
 use crate::pci::ecam::MemslotSink;
 use std::sync::Mutex;
 use vmm_sys_util::eventfd::EventFd;
@@ -11,6 +12,22 @@ pub struct FakeKvm {
     pub ioeventfds: Mutex<Vec<(IoeventfdKey, bool)>>,
     /// Live read-only slots: (slot, gpa, size).
     pub slots: Mutex<Vec<(u32, u64, u64)>>,
+    /// The last MSI routing table set.
+    pub msi_routes: Mutex<Vec<(u32, MsiMessage)>>,
+    /// GSIs with an irqfd.
+    pub irqfds: Mutex<Vec<u32>>,
+}
+
+impl IrqSink for FakeKvm {
+    fn set_msi_routes(&self, routes: &[(u32, MsiMessage)]) -> Result<(), String> {
+        *self.msi_routes.lock().unwrap() = routes.to_vec();
+        Ok(())
+    }
+
+    fn register_irqfd(&self, _fd: &EventFd, gsi: u32) -> Result<(), String> {
+        self.irqfds.lock().unwrap().push(gsi);
+        Ok(())
+    }
 }
 
 impl IoeventfdSink for FakeKvm {

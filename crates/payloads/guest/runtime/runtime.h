@@ -41,6 +41,10 @@ __attribute__((noreturn)) void guest_exit(u32 status);
 /* Drop to CPL3 with IOPL 3 (port I/O still allowed), interrupts off; returns at CPL3. */
 void enter_user(void);
 
+/* Sleep in the VMM until a device interrupt is delivered or `us` microseconds pass (the
+ * idle port: this host cannot halt a CPL3 guest, so waiting is a paravirtual exit). */
+static inline void idle_wait(u32 us) { outl(IDLE_PORT, us); }
+
 /* The shared page: parameters from the VMM (the fallback where the VMM left 0 or nothing,
  * e.g. under QEMU) and results for it. */
 u64 param(u32 index, u64 fallback);

@@ -72,7 +72,7 @@ pub fn pci_function(bell: Arc<Doorbell>, mmio: (DeviceId, u64), pio: (DeviceId, 
     let mut config = ConfigSpace::new(ids);
     config.set_bar(0, BarSpec { kind: BarKind::Memory32, size: DOORBELL_MMIO_LEN }, mmio.1);
     config.set_bar(1, BarSpec { kind: BarKind::Io, size: DOORBELL_PIO_LEN }, pio.1);
-    config.add_capability(0x09, &[8, b'd', b'o', b'o', b'r', b'b', b'l']); // vendor-specific: length, tag
+    let _ = config.add_capability(0x09, &[8, b'd', b'o', b'o', b'r', b'b', b'l']); // vendor-specific: length, tag
     config.write(COMMAND, &(COMMAND_IO | COMMAND_MEMORY).to_le_bytes());
     PciFunction::new("doorbell", config).with_bar(0, mmio.0, bell.clone()).with_bar(1, pio.0, bell)
 }

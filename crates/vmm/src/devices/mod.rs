@@ -2,6 +2,7 @@
 
 pub mod debug_exit;
 pub mod doorbell;
+pub mod idle;
 pub mod serial;
 
 pub use debug_exit::DebugExit;

@@ -110,8 +110,9 @@ impl ConfigSpace {
         self.writable[reg..reg + 4].copy_from_slice(&spec.address_mask().to_le_bytes());
     }
 
-    /// Appends a capability with `id` and `body` (after the id/next bytes) to the list.
-    pub fn add_capability(&mut self, id: u8, body: &[u8]) {
+    /// Appends a capability with `id` and `body` (after the id/next bytes) to the list;
+    /// returns its offset.
+    pub fn add_capability(&mut self, id: u8, body: &[u8]) -> usize {
         let at = self.next_cap;
         assert!(at + 2 + body.len() <= LEGACY_CONFIG_SIZE, "VMM bug: capabilities overflow");
         self.bytes[at] = id;
@@ -124,6 +125,16 @@ impl ConfigSpace {
         self.set16(STATUS, status);
         self.last_cap = Some(at);
         self.next_cap = (at + 2 + body.len() + 3) & !3;
+        at
+    }
+
+    /// Makes the bits set in `mask` guest-writable, from `offset` on.
+    pub fn set_write_mask(&mut self, offset: usize, mask: &[u8]) {
+        self.writable[offset..offset + mask.len()].copy_from_slice(mask);
+    }
+
+    pub fn read_u16(&self, at: usize) -> u16 {
+        self.get16(at)
     }
 
     /// Makes bytes `[offset, offset + len)` guest-writable (a device's own registers).

@@ -4,10 +4,11 @@
 pub mod cf8;
 pub mod config;
 pub mod ecam;
+pub mod msix;
 pub mod root;
 
 pub use config::{BarKind, BarSpec, ConfigSpace, PciIds};
-pub use root::{EcamMode, PciError, PciFunction, PciRoot};
+pub use root::{ConfigWriteHook, EcamMode, PciError, PciFunction, PciRoot};
 
 /// Functions on bus 0: 32 devices of 8 functions.
 pub const FUNCTIONS: usize = 256;
@@ -26,7 +27,7 @@ pub fn host_bridge() -> PciFunction {
         subsystem: 1,
     };
     let mut config = ConfigSpace::new(ids);
-    config.add_capability(0x09, &[4, 0x01]); // vendor-specific: length, version
+    let _ = config.add_capability(0x09, &[4, 0x01]); // vendor-specific: length, version
     PciFunction::new("host-bridge", config)
 }
 

@@ -37,6 +37,12 @@ struct BarHandler {
     ioeventfd_base: u64,
 }
 
+/// Told about every config write a function receives (its capabilities' registers may
+/// drive device state, like MSI-X enable).
+pub trait ConfigWriteHook: Send + Sync {
+    fn config_written(&self, config: &ConfigSpace, offset: usize, len: usize);
+}
+
 /// A function: config space, what serves its BARs, and whether reading its config has
 /// side effects (then its ECAM page is never mapped, so such reads keep exiting).
 pub struct PciFunction {
@@ -44,11 +50,17 @@ pub struct PciFunction {
     pub config: ConfigSpace,
     bars: [Option<BarHandler>; BAR_COUNT],
     pub read_side_effects: bool,
+    hook: Option<Arc<dyn ConfigWriteHook>>,
 }
 
 impl PciFunction {
     pub fn new(name: &str, config: ConfigSpace) -> Self {
-        PciFunction { name: name.into(), config, bars: Default::default(), read_side_effects: false }
+        PciFunction { name: name.into(), config, bars: Default::default(), read_side_effects: false, hook: None }
+    }
+
+    pub fn with_hook(mut self, hook: Arc<dyn ConfigWriteHook>) -> Self {
+        self.hook = Some(hook);
+        self
     }
 
     /// `device` answers on BAR `index` (declared in the config space), counted as `id`.
@@ -147,6 +159,9 @@ impl PciRoot {
         let mut state = self.lock();
         let Some(function) = state.functions.get_mut(index).and_then(Option::as_mut) else { return };
         function.config.write(offset, data);
+        if let Some(hook) = &function.hook {
+            hook.config_written(&function.config, offset, data.len());
+        }
         self.place_bars(&mut state, index);
         let state = &mut *state;
         state.shadow.refresh(index, state.functions[index].as_ref().map(|f| f.config.bytes()));

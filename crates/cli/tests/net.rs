@@ -1,0 +1,99 @@
+//! virtio-net in real KVM, through a tap in a network namespace of the test's own.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::time::Duration;
+
+/// Needs KVM, /dev/net/tun, iproute2 and root; says loudly when it cannot run.
+fn net_or_skip(test: &str) -> bool {
+    if !kvm_or_skip(test) {
+        return false;
+    }
+    if !exitless_lab::netns::available() {
+        eprintln!("SKIPPED {test}: needs root, /dev/net/tun and iproute2 for a tap in a network namespace");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn frames_arrive_intact_on_both_tx_paths() {
+    if !net_or_skip("frames_arrive_intact_on_both_tx_paths") {
+        return;
+    }
+    let dir = tempdir();
+    let json_path = dir.join("net.json");
+    // 128 bytes is under the copy cut on both paths; 4K and 64K take each path's own way.
+    let out = exitless(&[
+        "bench",
+        "net",
+        "--sizes",
+        "128,4K,64K",
+        "--seconds",
+        "0.3",
+        "--repeat",
+        "1",
+        "--json",
+        json_path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("Gb/s"), "{}", stdout(&out));
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{json}");
+    for r in rows {
+        assert_eq!(r["lost"], 0, "{r}");
+        assert!(r["frames"].as_u64().unwrap() > 10, "{r}");
+        assert!(r["gbps"].as_f64().unwrap() > 0.0 && r["vmm_cpu_pct"].as_f64().unwrap() > 0.0, "{r}");
+        for field in ["size", "path", "gbps", "vmm_cpu_pct", "exits_per_pkt", "irqs_per_pkt", "lost"] {
+            assert!(r.get(field).is_some(), "{field} missing in {r}");
+        }
+        let zerocopy_big = r["path"] == "zerocopy" && r["size"].as_u64().unwrap() >= 256;
+        let copied = r["copy_ns_per_pkt"].as_f64().unwrap();
+        assert_eq!(copied == 0.0, zerocopy_big, "only zerocopy of chains >= 256 bytes skips the VMM copy: {r}");
+        assert!(r["exits_per_pkt"].as_f64().unwrap() < 0.5, "EVENT_IDX keeps kicks rare: {r}");
+    }
+}
+
+#[test]
+fn netecho_round_trips_host_frames_and_takes_interrupts() {
+    if !net_or_skip("netecho_round_trips_host_frames_and_takes_interrupts") {
+        return;
+    }
+    let report = exitless_lab::net::echo(40, 300, Duration::from_secs(60)).expect("echo run");
+    let mut seqs = report.sink.seqs.clone();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (0..40).collect::<Vec<u64>>(), "every frame back once: {:?}", report.sink);
+    assert_eq!(report.sink.corrupt, 0);
+    assert!(report.interrupts > 0, "RX asked for interrupts");
+    assert!(report.console.contains("echoed 40 frames; rx interrupt delivered"), "{}", report.console);
+}
+
+#[test]
+fn a_hostile_driver_leaves_the_vmm_running() {
+    if !net_or_skip("a_hostile_driver_leaves_the_vmm_running") {
+        return;
+    }
+    let tap = format!("tap=exh{}", std::process::id() % 100_000);
+    let (out, json) = run_json(&["--payload", "nethostile", "--net", &tap]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert!(text.contains("nethostile: all checks passed"), "{text}");
+    assert!(!text.contains("FAILED"), "{text}");
+    assert!(json["devices"]["virtio-net"]["writes"].as_u64().unwrap() > 100, "{json}");
+}
+
+#[test]
+fn bad_net_options_are_one_line_errors() {
+    for args in [
+        &["run", "--net", "tap="][..],
+        &["run", "--net", "tap=x,mac=1"],
+        &["run", "--net-tx", "copy"],
+        &["bench", "net", "--sizes", "32"],
+    ] {
+        let out = exitless(args);
+        assert!(!out.status.success(), "{args:?}");
+        assert_eq!(stderr(&out).trim().lines().count(), 1, "{args:?}: {}", stderr(&out));
+    }
+}

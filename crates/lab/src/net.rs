@@ -1,0 +1,400 @@
+//! Net TX lab: a guest sends sequence-numbered frames of each size through virtio-net on
+//! both TX paths (copy, zerocopy) into a tap inside the lab's own network namespace,
+//! where a sink checks every frame. Also the echo round trip used by the tests.
+
+use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabSteps};
+use crate::netns::{Netns, NetnsError};
+use crate::sink::{frame, Sink, SinkError, SinkReport};
+use crate::stats::median;
+use crate::svg;
+use exitless_vmm::machine::read_result;
+use exitless_vmm::stats::ExitKind;
+use exitless_vmm::vcpu::Vcpu;
+use exitless_vmm::virtio::net::TxMode;
+use exitless_vmm::{Machine, MachineError, NetConfig};
+use serde_json::json;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// The guest's MAC in the labs (locally administered).
+pub const LAB_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xe1, 0xe5, 0x02];
+
+pub struct Options {
+    pub sizes: Vec<usize>,
+    pub seconds: f64,
+    pub repeat: u32,
+    pub json: Option<PathBuf>,
+    pub svg: Option<PathBuf>,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetBenchError {
+    #[error(transparent)]
+    Machine(#[from] MachineError),
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error("the guest never announced its {0}")]
+    Missing(&'static str),
+    #[error("the guest exited with status {0}")]
+    Guest(u32),
+    #[error("cannot write {0}: {1}")]
+    Write(PathBuf, std::io::Error),
+}
+
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub size: usize,
+    pub path: TxMode,
+    pub sent: u64,
+    pub received: u64,
+    pub gbps: f64,
+    pub vmm_cpu_pct: f64,
+    pub exits_per_pkt: f64,
+    pub irqs_per_pkt: f64,
+    pub lost: u64,
+    pub corrupt: u64,
+    /// Throughput per second of the device thread's CPU: the zero-copy target's measure.
+    pub gbps_per_cpu_second: f64,
+    /// VMM time per packet spent copying chains into its buffer (0 on zerocopy but for
+    /// chains under 256 bytes).
+    pub copy_ns_per_pkt: f64,
+}
+
+pub fn path_name(p: TxMode) -> &'static str {
+    match p {
+        TxMode::Copy => "copy",
+        TxMode::Zerocopy => "zerocopy",
+    }
+}
+
+/// CPU time of the device thread so far.
+fn thread_cpu(machine: &Machine) -> Duration {
+    let Some(net) = &machine.net else { return Duration::ZERO };
+    let thread = net.stats.thread.load(Ordering::Acquire);
+    if thread == 0 {
+        return Duration::ZERO;
+    }
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: `thread` is the live device thread's pthread_t (it runs until the machine is dropped).
+    if unsafe { libc::pthread_getcpuclockid(thread as libc::pthread_t, &mut clock) } != 0 {
+        return Duration::ZERO;
+    }
+    // SAFETY: zeroed timespec is valid for clock_gettime to fill.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a clock id from pthread_getcpuclockid and a live timespec.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Counters at one instant, to take differences over the send window.
+#[derive(Clone, Copy)]
+struct Snapshot {
+    at: Instant,
+    cpu: Duration,
+    kicks: u64,
+    irqs: u64,
+    copy_cycles: u64,
+}
+
+fn snapshot(machine: &Machine) -> Snapshot {
+    let stats = machine.net.as_ref().map(|n| n.stats.clone());
+    let get = |f: fn(&exitless_vmm::virtio::net::NetStats) -> u64| stats.as_ref().map_or(0, |s| f(s));
+    Snapshot {
+        at: Instant::now(),
+        cpu: thread_cpu(machine),
+        kicks: get(|s| s.kicks.load(Ordering::Relaxed)),
+        irqs: get(|s| s.irqs.load(Ordering::Relaxed)),
+        copy_cycles: get(|s| s.tx_copy_cycles.load(Ordering::Relaxed)),
+    }
+}
+
+#[derive(Default)]
+struct TxSteps {
+    begin: Option<Snapshot>,
+    end: Option<(Snapshot, u64)>,
+    on_begin: Option<Box<dyn FnOnce()>>,
+}
+
+impl LabSteps for TxSteps {
+    type Error = NetBenchError;
+
+    fn on_event(&mut self, machine: &Machine, vcpu: &mut Vcpu, event: LabEvent) -> Result<(), NetBenchError> {
+        match event {
+            LabEvent::Begin(_) => {
+                vcpu.exits.stats.reset();
+                vcpu.discard_pending();
+                self.begin = Some(snapshot(machine));
+                if let Some(f) = self.on_begin.take() {
+                    f();
+                }
+            }
+            LabEvent::End(_) => {
+                let s = &vcpu.exits.stats;
+                let exits = [ExitKind::IoIn, ExitKind::IoOut, ExitKind::MmioRead, ExitKind::MmioWrite]
+                    .iter()
+                    .map(|&k| s.exits(k))
+                    .sum();
+                self.end = Some((snapshot(machine), exits));
+            }
+            LabEvent::Mark(_) => {}
+        }
+        Ok(())
+    }
+}
+
+fn tap_name() -> String {
+    format!("exl{}", std::process::id() % 1_000_000)
+}
+
+type Booted = (Machine, std::sync::Arc<crate::control::LabControl>, Sink);
+
+/// A guest with virtio-net on a tap that sits in `netns`, and a sink on it.
+fn boot(netns: &Netns, payload: &str, params: Vec<u64>, tx: TxMode, size: usize) -> Result<Booted, NetBenchError> {
+    boot_with(netns, payload, params, tx, size, None)
+}
+
+fn boot_with(
+    netns: &Netns,
+    payload: &str,
+    params: Vec<u64>,
+    tx: TxMode,
+    size: usize,
+    console: Option<crate::control::Console>,
+) -> Result<Booted, NetBenchError> {
+    let tap = tap_name();
+    let net = NetConfig { tap: tap.clone(), mac: LAB_MAC, tx };
+    let (machine, control) = lab_machine(payload, params, |c| {
+        c.net = Some(net);
+        if let Some(console) = console {
+            c.serial_out = Box::new(console);
+        }
+    })?;
+    netns.adopt(&tap)?;
+    let sink = Sink::spawn(netns, &tap, size)?;
+    Ok((machine, control, sink))
+}
+
+/// One size on one path.
+fn run_one(netns: &Netns, size: usize, path: TxMode, opts: &Options, tsc_khz: u64) -> Result<Row, NetBenchError> {
+    let params = vec![size as u64, u64::MAX, (opts.seconds * 1000.0) as u64, tsc_khz];
+    let (machine, control, sink) = boot(netns, "nettx", params, path, size)?;
+    let mut lab = TxSteps::default();
+    drive(&machine, &control, opts.timeout, &mut lab)?;
+    if let Some(status) = machine.control.exit_status().filter(|&s| s != 0) {
+        return Err(NetBenchError::Guest(status));
+    }
+    let sent = read_result(&machine.memory, 0);
+    let seconds = read_result(&machine.memory, 1) as f64 / (tsc_khz as f64 * 1e3);
+    let report: SinkReport = sink.finish(sent, Duration::from_secs(2));
+    let (begin, (end, exits)) =
+        (lab.begin.ok_or(NetBenchError::Missing("start"))?, lab.end.ok_or(NetBenchError::Missing("end"))?);
+    let wall = (end.at - begin.at).as_secs_f64();
+    let packets = sent.max(1) as f64;
+    let gbps = report.bytes as f64 * 8.0 / seconds / 1e9;
+    let cpu_seconds = (end.cpu - begin.cpu).as_secs_f64();
+    Ok(Row {
+        size,
+        path,
+        sent,
+        received: report.frames,
+        gbps,
+        vmm_cpu_pct: cpu_seconds / wall * 100.0,
+        gbps_per_cpu_second: gbps * seconds / cpu_seconds,
+        copy_ns_per_pkt: (end.copy_cycles - begin.copy_cycles) as f64 / tsc_khz as f64 * 1e6 / packets,
+        exits_per_pkt: (end.kicks - begin.kicks + exits) as f64 / packets,
+        irqs_per_pkt: (end.irqs - begin.irqs) as f64 / packets,
+        lost: sent.saturating_sub(report.frames),
+        corrupt: report.corrupt,
+    })
+}
+
+/// Every size on both paths, `repeat` times, in a namespace of our own; which path goes
+/// first alternates, and each figure is the median over the repeats.
+pub fn measure(opts: &Options) -> Result<Vec<Row>, NetBenchError> {
+    let netns = Netns::create(&format!("exitless-{}", std::process::id()))?;
+    let tsc_khz = u64::from(guest_tsc_khz()?);
+    let progress = std::io::stderr().is_terminal();
+    let mut rows = Vec::new();
+    for (i, &size) in opts.sizes.iter().enumerate() {
+        let mut runs: [Vec<Row>; 2] = Default::default();
+        for r in 0..opts.repeat as usize {
+            let order =
+                if (i + r) % 2 == 0 { [TxMode::Copy, TxMode::Zerocopy] } else { [TxMode::Zerocopy, TxMode::Copy] };
+            for path in order {
+                if progress {
+                    eprint!("\rnet: {} {} run {}/{} ...\x1b[K", human_size(size), path_name(path), r + 1, opts.repeat);
+                }
+                runs[usize::from(path == TxMode::Zerocopy)].push(run_one(&netns, size, path, opts, tsc_khz)?);
+            }
+        }
+        rows.extend(runs.iter().map(|r| median_row(r)));
+    }
+    if progress {
+        eprint!("\r\x1b[K");
+    }
+    Ok(rows)
+}
+
+/// Medians of each figure over repeated runs; frames and losses are summed.
+fn median_row(runs: &[Row]) -> Row {
+    let med = |f: fn(&Row) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+    Row {
+        gbps: med(|r| r.gbps),
+        vmm_cpu_pct: med(|r| r.vmm_cpu_pct),
+        exits_per_pkt: med(|r| r.exits_per_pkt),
+        irqs_per_pkt: med(|r| r.irqs_per_pkt),
+        gbps_per_cpu_second: med(|r| r.gbps_per_cpu_second),
+        copy_ns_per_pkt: med(|r| r.copy_ns_per_pkt),
+        sent: runs.iter().map(|r| r.sent).sum(),
+        received: runs.iter().map(|r| r.received).sum(),
+        lost: runs.iter().map(|r| r.lost).sum(),
+        corrupt: runs.iter().map(|r| r.corrupt).sum(),
+        ..runs[0].clone()
+    }
+}
+
+/// What an echo run saw.
+pub struct EchoReport {
+    /// Frames that came back, checked like the TX lab's.
+    pub sink: SinkReport,
+    /// Interrupts the device asked for.
+    pub interrupts: u64,
+    /// The guest's serial output.
+    pub console: String,
+}
+
+/// Sends `frames` frames of `size` bytes from the namespace to a `netecho` guest and
+/// returns what came back.
+pub fn echo(frames: u64, size: usize, timeout: Duration) -> Result<EchoReport, NetBenchError> {
+    let netns = Netns::create(&format!("exitless-echo-{}", std::process::id()))?;
+    let console = crate::control::Console::default();
+    let (machine, control, sink) =
+        boot_with(&netns, "netecho", vec![frames], TxMode::Zerocopy, size, Some(console.clone()))?;
+    let sender = sink.sender();
+    let mut lab = TxSteps {
+        on_begin: Some(Box::new(move || {
+            std::thread::spawn(move || {
+                for seq in 0..frames {
+                    let _ = sender.send(&frame([2, 0, 0, 0, 0, 1], size, seq));
+                }
+            });
+        })),
+        ..TxSteps::default()
+    };
+    drive(&machine, &control, timeout, &mut lab)?;
+    if let Some(status) = machine.control.exit_status().filter(|&s| s != 0) {
+        return Err(NetBenchError::Guest(status));
+    }
+    let interrupts = machine.net.as_ref().map_or(0, |n| n.transport.interrupts_signalled());
+    Ok(EchoReport { sink: sink.finish(frames, Duration::from_secs(2)), interrupts, console: console.text() })
+}
+
+/// The targets: (what, measured, met).
+pub fn targets(rows: &[Row]) -> Vec<(String, String, bool)> {
+    let mut out = Vec::new();
+    for size in [16 * 1024, MAX_SIZE] {
+        let find = |p| rows.iter().find(|r| r.size == size && r.path == p);
+        if let (Some(c), Some(z)) = (find(TxMode::Copy), find(TxMode::Zerocopy)) {
+            let x = z.gbps_per_cpu_second / c.gbps_per_cpu_second;
+            out.push((
+                format!("zerocopy Gb/s per VMM CPU-s >= 1.3x copy at {}", human_size(size)),
+                format!("{x:.2}x"),
+                x >= 1.3,
+            ));
+        }
+    }
+    for r in rows.iter().filter(|r| r.size == MAX_SIZE) {
+        let ok = r.exits_per_pkt < 0.1;
+        out.push((
+            format!("exits per packet < 0.1 at 64K ({})", path_name(r.path)),
+            format!("{:.3}", r.exits_per_pkt),
+            ok,
+        ));
+    }
+    let lost: u64 = rows.iter().map(|r| r.lost + r.corrupt).sum();
+    out.push(("lost 0 everywhere".into(), lost.to_string(), lost == 0));
+    out
+}
+
+/// "64K": the largest frame a tap takes, 65535 bytes.
+pub const MAX_SIZE: usize = 65535;
+
+fn human_size(size: usize) -> String {
+    if size == MAX_SIZE {
+        "64K".into()
+    } else if size.is_multiple_of(1024) {
+        format!("{}K", size / 1024)
+    } else {
+        size.to_string()
+    }
+}
+
+pub fn table(rows: &[Row], opts: &Options) -> String {
+    let mut s = format!(
+        "net TX lab: {:.1} s per size and path, {} repeats interleaved (medians), frames into a tap in a private namespace\n",
+        opts.seconds, opts.repeat
+    );
+    s += &format!(
+        "{:>6} {:<9} {:>8} {:>10} {:>10} {:>10} {:>12} {:>6} {:>15} {:>12}\n",
+        "size", "path", "Gb/s", "VMM CPU %", "exits/pkt", "irqs/pkt", "frames", "lost", "Gb/s per CPU-s", "copy ns/pkt"
+    );
+    for r in rows {
+        s += &format!(
+            "{:>6} {:<9} {:>8.2} {:>10.1} {:>10.3} {:>10.3} {:>12} {:>6} {:>15.2} {:>12.0}\n",
+            human_size(r.size),
+            path_name(r.path),
+            r.gbps,
+            r.vmm_cpu_pct,
+            r.exits_per_pkt,
+            r.irqs_per_pkt,
+            r.sent,
+            r.lost + r.corrupt,
+            r.gbps_per_cpu_second,
+            r.copy_ns_per_pkt
+        );
+    }
+    s += "targets:\n";
+    for (what, got, ok) in targets(rows) {
+        s += &format!("  {:<52} {:>8}  {}\n", what, got, if ok { "met" } else { "NOT met" });
+    }
+    s
+}
+
+pub fn json(rows: &[Row]) -> serde_json::Value {
+    let out: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            json!({"size": r.size, "path": path_name(r.path), "gbps": r.gbps, "vmm_cpu_pct": r.vmm_cpu_pct,
+                   "exits_per_pkt": r.exits_per_pkt, "irqs_per_pkt": r.irqs_per_pkt, "lost": r.lost + r.corrupt,
+                   "frames": r.sent, "gbps_per_cpu_second": r.gbps_per_cpu_second,
+                   "copy_ns_per_pkt": r.copy_ns_per_pkt})
+        })
+        .collect();
+    let targets: Vec<_> = targets(rows)
+        .into_iter()
+        .map(|(what, got, met)| json!({"target": what, "measured": got, "met": met}))
+        .collect();
+    json!({"bench": "net", "rows": out, "targets": targets})
+}
+
+pub fn run(opts: &Options) -> Result<Vec<Row>, NetBenchError> {
+    let rows = measure(opts)?;
+    print!("{}", table(&rows, opts));
+    if let Some(path) = &opts.json {
+        std::fs::write(path, json(&rows).to_string() + "\n").map_err(|e| NetBenchError::Write(path.clone(), e))?;
+    }
+    if let Some(path) = &opts.svg {
+        let bars: Vec<_> = rows
+            .iter()
+            .map(|r| (format!("{} {}", human_size(r.size), path_name(r.path)), r.gbps_per_cpu_second))
+            .collect();
+        let chart = svg::bar_chart("virtio-net TX: Gb/s per second of VMM CPU", "Gb/s per CPU-s", &bars, false);
+        std::fs::write(path, chart).map_err(|e| NetBenchError::Write(path.clone(), e))?;
+    }
+    Ok(rows)
+}

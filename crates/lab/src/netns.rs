@@ -1,0 +1,70 @@
+//! A network namespace of the lab's own, with the guest's tap moved into it, so frames
+//! are sunk (and sent) where nothing else on the machine sees them. No IP addresses are
+//! used: the lab's frames are raw Ethernet with a local experimental ethertype.
+
+use std::os::fd::AsRawFd;
+use std::process::Command;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error("`ip {args}` failed: {detail}")]
+    Ip { args: String, detail: String },
+    #[error("cannot enter network namespace {0}: {1}")]
+    Enter(String, std::io::Error),
+}
+
+fn ip(args: &[&str]) -> Result<(), NetnsError> {
+    let out = Command::new("ip").args(args).output();
+    let fail = |detail: String| NetnsError::Ip { args: args.join(" "), detail };
+    match out {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(fail(String::from_utf8_lossy(&o.stderr).trim().to_string())),
+        Err(e) => Err(fail(format!("{e} (is iproute2 installed?)"))),
+    }
+}
+
+/// Deleted when dropped.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn create(name: &str) -> Result<Netns, NetnsError> {
+        let _ = ip(&["netns", "del", name]); // a leftover from a killed run
+        ip(&["netns", "add", name])?;
+        Ok(Netns { name: name.into() })
+    }
+
+    /// Moves interface `ifname` into the namespace and brings it up with room for 64 KiB frames.
+    pub fn adopt(&self, ifname: &str) -> Result<(), NetnsError> {
+        ip(&["link", "set", "dev", ifname, "netns", &self.name])?;
+        ip(&["-n", &self.name, "link", "set", "dev", ifname, "mtu", "65521", "up"])
+    }
+
+    /// Switches the calling thread (only) into the namespace.
+    pub fn enter_current_thread(&self) -> Result<(), NetnsError> {
+        let path = format!("/var/run/netns/{}", self.name);
+        let file = std::fs::File::open(&path).map_err(|e| NetnsError::Enter(self.name.clone(), e))?;
+        // SAFETY: setns on a namespace fd we just opened; it affects only this thread.
+        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(NetnsError::Enter(self.name.clone(), std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Err(e) = ip(&["netns", "del", &self.name]) {
+            eprintln!("exitless: could not remove network namespace {}: {e}", self.name);
+        }
+    }
+}
+
+/// Whether this machine lets us make namespaces and taps (tests skip loudly otherwise).
+pub fn available() -> bool {
+    std::path::Path::new("/dev/net/tun").exists()
+        && Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success())
+        // SAFETY: geteuid has no preconditions.
+        && unsafe { libc::geteuid() } == 0
+}

@@ -1,0 +1,234 @@
+//! The host end of the net labs: a thread inside the lab's namespace with a raw packet
+//! socket on the tap, which checks every frame the guest sends (length, ethertype,
+//! sequence number, payload bytes) and can send frames to the guest too.
+
+use crate::netns::Netns;
+use exitless_payloads::abi::LAB_ETHERTYPE;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Byte `j` of a lab frame (from the Ethernet header on, past the sequence number).
+pub fn pattern(j: usize) -> u8 {
+    (j * 7 + 3) as u8
+}
+
+const SEQ_AT: usize = 14;
+const PATTERN_FROM: usize = 22;
+
+/// A lab frame: broadcast, from `src`, the lab ethertype, `seq`, then the pattern.
+pub fn frame(src: [u8; 6], size: usize, seq: u64) -> Vec<u8> {
+    let mut f: Vec<u8> = (0..size).map(pattern).collect();
+    f[..6].fill(0xff);
+    f[6..12].copy_from_slice(&src);
+    f[12..14].copy_from_slice(&(LAB_ETHERTYPE as u16).to_be_bytes());
+    f[SEQ_AT..PATTERN_FROM].copy_from_slice(&seq.to_le_bytes());
+    f
+}
+
+/// What the sink saw.
+#[derive(Clone, Debug, Default)]
+pub struct SinkReport {
+    /// Intact frames (right length, ethertype and bytes), each sequence number once.
+    pub frames: u64,
+    pub bytes: u64,
+    /// Frames with the lab ethertype but a wrong length or payload.
+    pub corrupt: u64,
+    pub duplicates: u64,
+    /// Sequence numbers seen (for the echo test).
+    pub seqs: Vec<u64>,
+}
+
+#[derive(Default)]
+struct Shared {
+    frames: AtomicU64,
+    stop: AtomicBool,
+}
+
+pub struct Sink {
+    shared: Arc<Shared>,
+    socket: Arc<OwnedFd>,
+    ifindex: i32,
+    thread: Option<JoinHandle<SinkReport>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    #[error(transparent)]
+    Netns(#[from] crate::netns::NetnsError),
+    #[error("packet socket on {0}: {1}")]
+    Socket(String, std::io::Error),
+}
+
+fn packet_socket(ifname: &str) -> Result<(OwnedFd, i32), SinkError> {
+    let err = |e| SinkError::Socket(ifname.into(), e);
+    let proto = (LAB_ETHERTYPE as u16).to_be();
+    // SAFETY: plain socket(2); the fd is owned right below.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, i32::from(proto)) };
+    if fd < 0 {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` is fresh and owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let name = std::ffi::CString::new(ifname).map_err(|e| err(std::io::Error::other(e)))?;
+    // SAFETY: a NUL-terminated name.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) } as i32;
+    if ifindex == 0 {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    // SAFETY: zeroed sockaddr_ll is valid; the fields we need are set below.
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = libc::AF_PACKET as u16;
+    addr.sll_protocol = proto;
+    addr.sll_ifindex = ifindex;
+    // SAFETY: binding with a sockaddr_ll of the right size.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    if r != 0 {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    let rcvbuf: libc::c_int = 64 << 20;
+    let timeout = libc::timeval { tv_sec: 0, tv_usec: 50_000 };
+    // SAFETY: setsockopt with correctly sized option values; failures only cost headroom.
+    unsafe {
+        libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, (&rcvbuf as *const i32).cast(), 4);
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&timeout as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as u32,
+        );
+    }
+    Ok((fd, ifindex))
+}
+
+impl Sink {
+    /// Starts a sink on `ifname` inside `netns`, expecting frames of `size` bytes (any size if 0).
+    pub fn spawn(netns: &Netns, ifname: &str, size: usize) -> Result<Sink, SinkError> {
+        // The socket is made on a thread that entered the namespace, then shared.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (ns, name) = (Netns { name: netns.name.clone() }, ifname.to_string());
+        std::thread::spawn(move || {
+            let result = ns.enter_current_thread().map_err(SinkError::from).and_then(|()| packet_socket(&name));
+            std::mem::forget(ns); // not ours to delete
+            let _ = tx.send(result);
+        });
+        let (socket, ifindex) = rx.recv().map_err(|e| SinkError::Socket(ifname.into(), std::io::Error::other(e)))??;
+        let socket = Arc::new(socket);
+        let shared = Arc::new(Shared::default());
+        let (s2, sock2) = (shared.clone(), socket.clone());
+        let thread = std::thread::Builder::new().name("sink".into()).spawn(move || receive(&sock2, &s2, size)).ok();
+        Ok(Sink { shared, socket, ifindex, thread })
+    }
+
+    /// A handle that sends frames from another thread.
+    pub fn sender(&self) -> Sender {
+        Sender { socket: self.socket.clone(), ifindex: self.ifindex }
+    }
+
+    pub fn frames(&self) -> u64 {
+        self.shared.frames.load(Ordering::Acquire)
+    }
+}
+
+/// Sends raw frames into the tap, towards the guest.
+pub struct Sender {
+    socket: Arc<OwnedFd>,
+    ifindex: i32,
+}
+
+impl Sender {
+    pub fn send(&self, frame: &[u8]) -> std::io::Result<()> {
+        // SAFETY: zeroed sockaddr_ll is valid; we fill in what sendto needs.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_ifindex = self.ifindex;
+        addr.sll_halen = 6;
+        addr.sll_addr[..6].fill(0xff);
+        // SAFETY: `frame` is a live buffer and `addr` a sockaddr_ll of the right size.
+        let r = unsafe {
+            libc::sendto(
+                self.socket.as_raw_fd(),
+                frame.as_ptr().cast(),
+                frame.len(),
+                0,
+                (&addr as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Sink {
+    /// Waits (up to `grace`) until `expected` frames came or arrivals stop, then stops.
+    pub fn finish(mut self, expected: u64, grace: Duration) -> SinkReport {
+        let (mut last, mut since) = (self.frames(), Instant::now());
+        while self.frames() < expected && since.elapsed() < grace {
+            std::thread::sleep(Duration::from_millis(5));
+            if self.frames() != last {
+                (last, since) = (self.frames(), Instant::now());
+            }
+        }
+        self.shared.stop.store(true, Ordering::Release);
+        self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default()
+    }
+}
+
+fn receive(socket: &OwnedFd, shared: &Shared, size: usize) -> SinkReport {
+    let mut report = SinkReport::default();
+    let mut seen = std::collections::HashSet::new();
+    let mut buf = vec![0u8; 65536 + 64];
+    // Every lab frame's payload is the same pattern: compare whole slices against it.
+    let expected: Vec<u8> = (0..buf.len()).map(pattern).collect();
+    while !shared.stop.load(Ordering::Acquire) {
+        // SAFETY: zeroed sockaddr_ll is valid for recvfrom to fill.
+        let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+        // SAFETY: `buf` and `from` are live and sized as passed.
+        let n = unsafe {
+            libc::recvfrom(
+                socket.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                (&mut from as *mut libc::sockaddr_ll).cast(),
+                &mut from_len,
+            )
+        };
+        if n < 0 || from.sll_pkttype == libc::PACKET_OUTGOING {
+            continue; // timeout, or a frame we sent ourselves
+        }
+        let f = &buf[..n as usize];
+        let intact = f.len() >= PATTERN_FROM
+            && (size == 0 || f.len() == size)
+            && f[12..14] == (LAB_ETHERTYPE as u16).to_be_bytes()
+            && f[PATTERN_FROM..] == expected[PATTERN_FROM..f.len()];
+        if !intact {
+            report.corrupt += 1;
+            continue;
+        }
+        let seq = u64::from_le_bytes(f[SEQ_AT..PATTERN_FROM].try_into().unwrap_or_default());
+        if !seen.insert(seq) {
+            report.duplicates += 1;
+            continue;
+        }
+        report.frames += 1;
+        report.bytes += f.len() as u64;
+        report.seqs.push(seq);
+        shared.frames.store(report.frames, Ordering::Release);
+    }
+    report
+}

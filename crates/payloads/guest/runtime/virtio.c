@@ -1,0 +1,114 @@
+#include "virtio.h"
+#include "pci.h"
+
+/* Queue memory: per queue one page of descriptors, one for avail, one for used. */
+static u8 rings[2][3][4096] __attribute__((aligned(4096)));
+
+static u32 cfg8(u32 fn, u32 reg) { return pci_read(PCI_ECAM, fn, reg, 1); }
+static u32 cfg32(u32 fn, u32 reg) { return pci_read(PCI_ECAM, fn, reg, 4); }
+
+int vnet_find(struct vnet *n) {
+	u32 found[8], count = pci_scan(PCI_ECAM, found, 8);
+	n->fn = 0xffffffff;
+	for (u32 i = 0; i < count; i++)
+		if (cfg32(found[i], 0) == 0x10411af4) n->fn = found[i];
+	if (n->fn == 0xffffffff) return -1;
+	n->bar0 = cfg32(n->fn, 0x10) & ~0xfULL;
+	pci_write(PCI_ECAM, n->fn, 4, 2, pci_read(PCI_ECAM, n->fn, 4, 2) | 2);
+	for (u32 cap = cfg8(n->fn, 0x34); cap; cap = cfg8(n->fn, cap + 1)) {
+		u32 id = cfg8(n->fn, cap);
+		if (id == 0x11) n->msix_cap = cap;
+		if (id != 0x09) continue;
+		u64 at = n->bar0 + cfg32(n->fn, cap + 8);
+		switch (cfg8(n->fn, cap + 3)) {
+		case 1: n->common = at; break;
+		case 2: n->notify_base = at; n->notify_mult = cfg32(n->fn, cap + 16); break;
+		case 3: n->isr = at; break;
+		case 4: n->device_cfg = at; break;
+		}
+	}
+	return n->common && n->notify_base && n->device_cfg && n->msix_cap ? 0 : -2;
+}
+
+void vnet_set_status(struct vnet *n, u8 status) { mmio_write(n->common + VC_STATUS, 1, status); }
+u8 vnet_status(struct vnet *n) { return (u8)mmio_read(n->common + VC_STATUS, 1); }
+
+void vnet_setup_queue(struct vnet *n, struct vq *q, u16 index, u16 qsize, u16 vector) {
+	u64 c = n->common;
+	q->index = index;
+	q->size = qsize;
+	q->avail_idx = q->last_used = 0;
+	q->desc = (struct vring_desc *)rings[index][0];
+	q->avail = (volatile struct vring_avail *)rings[index][1];
+	q->used = (volatile struct vring_used *)rings[index][2];
+	for (u32 i = 0; i < 3 * 4096 / 8; i++) ((volatile u64 *)rings[index])[i] = 0;
+	mmio_write(c + VC_Q_SELECT, 2, index);
+	mmio_write(c + VC_Q_SIZE, 2, qsize);
+	mmio_write(c + VC_Q_VECTOR, 2, vector);
+	mmio_write(c + VC_Q_DESC, 8, (u64)q->desc);
+	mmio_write(c + VC_Q_DRIVER, 8, (u64)q->avail);
+	mmio_write(c + VC_Q_DEVICE, 8, (u64)q->used);
+	q->notify = n->notify_base + mmio_read(c + VC_Q_NOTIFY_OFF, 2) * n->notify_mult;
+	mmio_write(c + VC_Q_ENABLE, 2, 1);
+}
+
+void lapic_enable(void) { mmio_write(0xfee000f0, 4, 0x1ff); }
+
+int lapic_irr(u32 vector) { return (mmio_read(0xfee00200 + (vector / 32) * 16, 4) >> (vector % 32)) & 1; }
+
+int vnet_init(struct vnet *n, u64 wanted, u16 qsize) {
+	if (vnet_find(n)) return -1;
+	u64 c = n->common;
+	vnet_set_status(n, 0);
+	vnet_set_status(n, VS_ACK);
+	vnet_set_status(n, VS_ACK | VS_DRIVER);
+	mmio_write(c + VC_DFSELECT, 4, 0);
+	u64 offered = mmio_read(c + VC_DF, 4);
+	mmio_write(c + VC_DFSELECT, 4, 1);
+	offered |= mmio_read(c + VC_DF, 4) << 32;
+	n->features = offered & (wanted | VIRTIO_F_VERSION_1);
+	mmio_write(c + VC_GFSELECT, 4, 0);
+	mmio_write(c + VC_GF, 4, (u32)n->features);
+	mmio_write(c + VC_GFSELECT, 4, 1);
+	mmio_write(c + VC_GF, 4, (u32)(n->features >> 32));
+	vnet_set_status(n, VS_ACK | VS_DRIVER | VS_FEATURES_OK);
+	if (!(vnet_status(n) & VS_FEATURES_OK)) return -2;
+	for (u32 i = 0; i < 6; i++) n->mac[i] = (u8)mmio_read(n->device_cfg + i, 1);
+	/* MSI-X: vector i delivers IDT vector VNET_IRQ_BASE + i to APIC 0. */
+	lapic_enable();
+	u64 table = n->bar0 + 0x4000;
+	for (u32 v = 0; v < 3; v++) {
+		mmio_write(table + 16 * v, 4, 0xfee00000);
+		mmio_write(table + 16 * v + 4, 4, 0);
+		mmio_write(table + 16 * v + 8, 4, VNET_IRQ_BASE + v);
+		mmio_write(table + 16 * v + 12, 4, 0);
+	}
+	pci_write(PCI_ECAM, n->fn, n->msix_cap + 2, 2, pci_read(PCI_ECAM, n->fn, n->msix_cap + 2, 2) | 0x8000);
+	mmio_write(c + VC_MSIX_CONFIG, 2, 0);
+	vnet_setup_queue(n, &n->rx, 0, qsize, 1);
+	vnet_setup_queue(n, &n->tx, 1, qsize, 2);
+	vnet_set_status(n, VS_ACK | VS_DRIVER | VS_FEATURES_OK | VS_DRIVER_OK);
+	return vnet_status(n) & VS_NEEDS_RESET ? -3 : 0;
+}
+
+int vq_push(struct vq *q, u16 head) {
+	u16 old = q->avail_idx;
+	q->avail->ring[old % q->size] = head;
+	barrier();
+	q->avail->idx = ++q->avail_idx;
+	mb(); /* the index must be visible before we read the device's avail_event */
+	u16 event = q->used->avail_event;
+	return (u16)(q->avail_idx - event - 1) < (u16)(q->avail_idx - old);
+}
+
+void vq_kick(struct vq *q) { mmio_write(q->notify, 2, q->index); }
+
+int vq_pop_used(struct vq *q, u32 *len) {
+	if (q->used->idx == q->last_used) return -1;
+	barrier();
+	volatile struct vring_used_elem *e = &q->used->ring[q->last_used % q->size];
+	int head = (int)e->id;
+	if (len) *len = e->len;
+	q->last_used++;
+	return head;
+}

@@ -1,0 +1,87 @@
+/* A minimal modern virtio-net driver for payloads: finds the device through ECAM,
+ * negotiates, sets up the RX (0) and TX (1) split queues with EVENT_IDX and MSI-X. */
+#pragma once
+#include "runtime.h"
+
+#define VQ_SIZE 256
+#define VIRTIO_F_VERSION_1 (1ULL << 32)
+#define VIRTIO_F_EVENT_IDX (1ULL << 29)
+#define VIRTIO_F_INDIRECT_DESC (1ULL << 28)
+#define VIRTIO_NET_F_MAC (1ULL << 5)
+#define VNET_HDR_LEN 12
+#define VRING_DESC_F_NEXT 1
+#define VRING_DESC_F_WRITE 2
+#define VRING_DESC_F_INDIRECT 4
+
+struct vring_desc { u64 addr; u32 len; u16 flags; u16 next; };
+struct vring_avail { u16 flags, idx, ring[VQ_SIZE], used_event; };
+struct vring_used_elem { u32 id, len; };
+struct vring_used { u16 flags, idx; struct vring_used_elem ring[VQ_SIZE]; u16 avail_event; };
+
+struct vq {
+	u16 index, size, avail_idx, last_used;
+	struct vring_desc *desc;
+	volatile struct vring_avail *avail;
+	volatile struct vring_used *used;
+	u64 notify;
+};
+
+struct vnet {
+	u32 fn;               /* bus-0 function index */
+	u64 bar0;
+	u64 common, isr, device_cfg, notify_base;
+	u32 notify_mult, msix_cap;
+	u64 features;
+	u8 mac[6];
+	struct vq rx, tx;
+};
+
+/* Common configuration registers (offsets in the common structure). */
+#define VC_DFSELECT 0x00
+#define VC_DF 0x04
+#define VC_GFSELECT 0x08
+#define VC_GF 0x0c
+#define VC_MSIX_CONFIG 0x10
+#define VC_NUM_QUEUES 0x12
+#define VC_STATUS 0x14
+#define VC_Q_SELECT 0x16
+#define VC_Q_SIZE 0x18
+#define VC_Q_VECTOR 0x1a
+#define VC_Q_ENABLE 0x1c
+#define VC_Q_NOTIFY_OFF 0x1e
+#define VC_Q_DESC 0x20
+#define VC_Q_DRIVER 0x28
+#define VC_Q_DEVICE 0x30
+
+#define VS_ACK 1
+#define VS_DRIVER 2
+#define VS_DRIVER_OK 4
+#define VS_FEATURES_OK 8
+#define VS_NEEDS_RESET 0x40
+
+/* MSI-X vectors the driver programs: config, rx, tx; delivered as these IDT vectors. */
+#define VNET_IRQ_BASE 0x40
+
+static inline void mb(void) { __asm__ volatile("mfence" ::: "memory"); }
+static inline void barrier(void) { __asm__ volatile("" ::: "memory"); }
+
+/* Finds virtio-net and brings it to DRIVER_OK with `wanted` features (VERSION_1 always);
+ * returns 0, or a negative step number on failure. */
+int vnet_init(struct vnet *n, u64 wanted, u16 qsize);
+/* Negotiation steps, usable on their own by a hostile driver. */
+int vnet_find(struct vnet *n);
+void vnet_set_status(struct vnet *n, u8 status);
+u8 vnet_status(struct vnet *n);
+void vnet_setup_queue(struct vnet *n, struct vq *q, u16 index, u16 qsize, u16 vector);
+
+/* Publishes descriptor chain `head`; returns 1 when the device asked for a kick. */
+int vq_push(struct vq *q, u16 head);
+void vq_kick(struct vq *q);
+/* The next used chain's head (and length), or -1 when none is ready. */
+int vq_pop_used(struct vq *q, u32 *len);
+/* Ask for an interrupt once `n` more chains have been used (EVENT_IDX). */
+static inline void vq_interrupt_after(struct vq *q, u16 n) { q->avail->used_event = (u16)(q->last_used + n - 1); }
+
+/* Whether the LAPIC has interrupt `vector` pending (IRR): proof an MSI arrived. */
+int lapic_irr(u32 vector);
+void lapic_enable(void);

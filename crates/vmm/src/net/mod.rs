@@ -1,0 +1,5 @@
+//! Host-side network backends.
+
+pub mod tap;
+
+pub use tap::Tap;

@@ -1,0 +1,86 @@
+//! Turning a guest's descriptor chain into host memory segments, distrusting all of it:
+//! every buffer must lie inside guest memory, the chain must end (no loop, no broken
+//! table), its total length is bounded, and each buffer must point the expected way.
+
+use virtio_queue::DescriptorChain;
+use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap};
+
+/// One buffer of a chain, as host memory.
+#[derive(Clone, Copy, Debug)]
+pub struct Segment {
+    pub ptr: *mut u8,
+    pub len: usize,
+    /// Guest address, for copies through vm-memory.
+    pub addr: u64,
+}
+
+// SAFETY: a Segment is a pointer into guest memory, which every device thread may touch;
+// it is only dereferenced while that memory is mapped.
+unsafe impl Send for Segment {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    #[error("the chain does not end (a loop, more descriptors than the queue holds, or an unreadable table)")]
+    Unterminated,
+    #[error("a buffer at {0:#x}+{1:#x} is not inside guest memory")]
+    OutsideMemory(u64, u32),
+    #[error("the chain holds more than {0} bytes")]
+    TooLong(usize),
+    #[error("a buffer points the wrong way (device-writable in a TX chain, or the reverse)")]
+    WrongDirection,
+}
+
+/// Fills `out` with the chain's buffers, all device-writable (`writable`) or all readable;
+/// returns their total length.
+pub fn segments(
+    chain: DescriptorChain<&GuestMemoryMmap>,
+    mem: &GuestMemoryMmap,
+    writable: bool,
+    max_len: usize,
+    out: &mut Vec<Segment>,
+) -> Result<usize, ChainError> {
+    out.clear();
+    let (mut total, mut ended) = (0usize, false);
+    for desc in chain {
+        if desc.is_write_only() != writable {
+            return Err(ChainError::WrongDirection);
+        }
+        let (addr, len) = (desc.addr().0, desc.len());
+        total = total.saturating_add(len as usize);
+        if total > max_len {
+            return Err(ChainError::TooLong(max_len));
+        }
+        let slice = mem.get_slice(desc.addr(), len as usize).map_err(|_| ChainError::OutsideMemory(addr, len))?;
+        out.push(Segment { ptr: slice.ptr_guard_mut().as_ptr(), len: len as usize, addr });
+        ended = !desc.has_next();
+    }
+    if !ended {
+        return Err(ChainError::Unterminated);
+    }
+    Ok(total)
+}
+
+/// Copies the segments' bytes into `buf` (which must hold them all).
+pub fn gather(mem: &GuestMemoryMmap, segs: &[Segment], buf: &mut [u8]) -> usize {
+    let mut at = 0;
+    for s in segs {
+        if mem.read_slice(&mut buf[at..at + s.len], vm_memory::GuestAddress(s.addr)).is_err() {
+            break;
+        }
+        at += s.len;
+    }
+    at
+}
+
+/// Copies `data` into the segments in order; returns how much fit.
+pub fn scatter(mem: &GuestMemoryMmap, segs: &[Segment], data: &[u8]) -> usize {
+    let mut at = 0;
+    for s in segs {
+        let n = s.len.min(data.len() - at);
+        if n == 0 || mem.write_slice(&data[at..at + n], vm_memory::GuestAddress(s.addr)).is_err() {
+            break;
+        }
+        at += n;
+    }
+    at
+}

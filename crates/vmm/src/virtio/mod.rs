@@ -1,0 +1,100 @@
+//! virtio 1.x (modern) over PCI: the transport, and the devices behind it.
+
+pub mod chain;
+pub mod net;
+pub mod pci;
+
+use crate::pci::msix::Msix;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+pub const VIRTIO_F_INDIRECT_DESC: u64 = 1 << 28;
+pub const VIRTIO_F_EVENT_IDX: u64 = 1 << 29;
+pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+
+pub const STATUS_ACKNOWLEDGE: u8 = 1;
+pub const STATUS_DRIVER: u8 = 2;
+pub const STATUS_DRIVER_OK: u8 = 4;
+pub const STATUS_FEATURES_OK: u8 = 8;
+pub const STATUS_NEEDS_RESET: u8 = 0x40;
+pub const STATUS_FAILED: u8 = 0x80;
+
+/// "No MSI-X vector" in queue_msix_vector and msix_config.
+pub const NO_VECTOR: u16 = 0xffff;
+
+/// What a device type supplies; the transport does the rest.
+pub trait VirtioDevice: Send {
+    /// virtio device type (1 for net); the PCI device ID is 0x1040 plus this.
+    fn device_type(&self) -> u16;
+    fn features(&self) -> u64;
+    fn queue_max_sizes(&self) -> Vec<u16>;
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Starts the device on the driver's queues (DRIVER_OK).
+    fn activate(&mut self, queues: Vec<ActiveQueue>, activation: Activation) -> Result<(), String>;
+    /// Stops the device and forgets its queues (the driver wrote status 0).
+    fn reset(&mut self);
+}
+
+/// A queue as the driver set it up, with the eventfd its notifications arrive on.
+pub struct ActiveQueue {
+    pub queue: Queue,
+    pub kick: Arc<EventFd>,
+}
+
+/// What an activated device needs besides its queues.
+pub struct Activation {
+    pub mem: GuestMemoryMmap,
+    pub features: u64,
+    pub interrupt: Arc<Interrupt>,
+    pub status: Arc<DeviceStatus>,
+}
+
+/// The device status byte, shared so a device thread can raise NEEDS_RESET.
+#[derive(Default)]
+pub struct DeviceStatus(AtomicU8);
+
+impl DeviceStatus {
+    pub fn get(&self) -> u8 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    pub fn set(&self, v: u8) {
+        self.0.store(v, Ordering::Release)
+    }
+
+    pub fn raise(&self, bits: u8) {
+        self.0.fetch_or(bits, Ordering::AcqRel);
+    }
+}
+
+/// Interrupts from a device: ISR bits for the record, MSI-X vectors for delivery.
+pub struct Interrupt {
+    pub msix: Arc<Mutex<Msix>>,
+    pub isr: AtomicU8,
+    pub queue_vectors: Vec<u16>,
+    pub config_vector: u16,
+    /// Interrupts requested by the device (delivered or left pending by a mask).
+    pub signalled: AtomicU64,
+}
+
+impl Interrupt {
+    pub fn signal_queue(&self, queue: usize) {
+        self.isr.fetch_or(1, Ordering::AcqRel);
+        self.signal(self.queue_vectors.get(queue).copied().unwrap_or(NO_VECTOR));
+    }
+
+    pub fn signal_config(&self) {
+        self.isr.fetch_or(2, Ordering::AcqRel);
+        self.signal(self.config_vector);
+    }
+
+    fn signal(&self, vector: u16) {
+        self.signalled.fetch_add(1, Ordering::Relaxed);
+        if vector != NO_VECTOR {
+            self.msix.lock().unwrap_or_else(|e| e.into_inner()).trigger(vector);
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! virtio-net over a tap: queue 0 receives, queue 1 transmits, on one device thread
+//! that waits (epoll) on both queues' kick eventfds, the tap and a stop eventfd.
+//!
+//! TX either gathers a chain into a VMM buffer and writes that (`copy`), or hands the
+//! kernel iovecs that point straight into guest memory (`zerocopy`); chains under 256
+//! bytes are copied either way. A chain is put on the used ring only once the kernel has
+//! taken it; when the tap is full the chain stays on the avail ring and the thread waits
+//! for the tap to drain (EPOLLOUT), never spinning. With EVENT_IDX the thread keeps
+//! notifications off while it drains a queue and asks for one interrupt per batch.
+
+use super::chain::{self, ChainError, Segment};
+use super::{Activation, ActiveQueue, Interrupt, VirtioDevice, STATUS_NEEDS_RESET};
+use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
+use crate::net::tap::{Tap, VNET_HDR_LEN};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+pub const VIRTIO_NET_F_MAC: u64 = 1 << 5;
+pub const VIRTIO_NET_F_STATUS: u64 = 1 << 16;
+const QUEUE_SIZE: u16 = 256;
+const RX: usize = 0;
+const TX: usize = 1;
+/// Chains shorter than this are copied on both TX paths (the cost of pinning a small
+/// buffer outweighs a copy).
+pub const COPY_BELOW: usize = 256;
+/// The largest frame, virtio-net header included.
+pub const MAX_FRAME: usize = VNET_HDR_LEN + 65535;
+/// The most buffers one zero-copy write takes; longer chains are copied.
+const MAX_IOVECS: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxMode {
+    Copy,
+    Zerocopy,
+}
+
+/// Counters the lab reads while the device runs.
+#[derive(Default)]
+pub struct NetStats {
+    pub tx_frames: AtomicU64,
+    pub tx_bytes: AtomicU64,
+    pub tx_copied: AtomicU64,
+    pub tx_dropped: AtomicU64,
+    pub rx_frames: AtomicU64,
+    pub rx_dropped: AtomicU64,
+    pub bad_chains: AtomicU64,
+    /// TSC cycles the copy path spent gathering chains into the VMM buffer: what zero-copy saves.
+    pub tx_copy_cycles: AtomicU64,
+    /// Guest notifications (kicks), as summed from the queues' eventfds.
+    pub kicks: AtomicU64,
+    /// Interrupts the device asked for.
+    pub irqs: AtomicU64,
+    /// The device thread's pthread id, for reading its CPU clock (0 until it starts).
+    pub thread: AtomicU64,
+}
+
+pub struct VirtioNet {
+    tap: Arc<Tap>,
+    mac: [u8; 6],
+    tx_mode: TxMode,
+    pub stats: Arc<NetStats>,
+    worker: Option<(EventFd, JoinHandle<()>)>,
+}
+
+impl VirtioNet {
+    pub fn new(tap: Tap, mac: [u8; 6], tx_mode: TxMode) -> Self {
+        VirtioNet { tap: Arc::new(tap), mac, tx_mode, stats: Arc::default(), worker: None }
+    }
+
+    fn stop(&mut self) {
+        if let Some((stop, thread)) = self.worker.take() {
+            let _ = stop.write(1);
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for VirtioNet {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl VirtioDevice for VirtioNet {
+    fn device_type(&self) -> u16 {
+        1
+    }
+
+    fn features(&self) -> u64 {
+        VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | VIRTIO_NET_F_MAC | VIRTIO_NET_F_STATUS
+    }
+
+    fn queue_max_sizes(&self) -> Vec<u16> {
+        vec![QUEUE_SIZE, QUEUE_SIZE]
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // mac, status (link up), max_virtqueue_pairs
+        let mut config = [0u8; 10];
+        config[..6].copy_from_slice(&self.mac);
+        config[6] = 1;
+        config[8] = 1;
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = config.get(offset as usize + i).copied().unwrap_or(0);
+        }
+    }
+
+    fn activate(&mut self, queues: Vec<ActiveQueue>, activation: Activation) -> Result<(), String> {
+        self.stop();
+        let stop = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| e.to_string())?;
+        let stop_worker = stop.try_clone().map_err(|e| e.to_string())?;
+        let mut worker = Worker::new(self.tap.clone(), self.tx_mode, self.stats.clone(), queues, activation)?;
+        let thread = std::thread::Builder::new()
+            .name("virtio-net".into())
+            .spawn(move || worker.run(&stop_worker))
+            .map_err(|e| e.to_string())?;
+        self.worker = Some((stop, thread));
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        // Outstanding chains are dropped with the queues: the driver re-posts after reset.
+        self.stop();
+    }
+}
+
+const TOKEN_RX_KICK: u64 = 0;
+const TOKEN_TX_KICK: u64 = 1;
+const TOKEN_TAP: u64 = 2;
+const TOKEN_STOP: u64 = 3;
+
+struct Worker {
+    queues: Vec<Queue>,
+    kicks: Vec<Arc<EventFd>>,
+    mem: GuestMemoryMmap,
+    interrupt: Arc<Interrupt>,
+    activation_status: Arc<super::DeviceStatus>,
+    io: FrameIo,
+    /// A received frame waiting in `io.buf` for an RX buffer, and its length.
+    rx_staged: Option<usize>,
+    broken: bool,
+}
+
+/// The tap and the scratch space frames pass through (apart from the queues, so a chain
+/// that borrows guest memory can be handed to it).
+struct FrameIo {
+    tap: Arc<Tap>,
+    tx_mode: TxMode,
+    stats: Arc<NetStats>,
+    segs: Vec<Segment>,
+    buf: Vec<u8>,
+}
+
+impl Worker {
+    fn new(
+        tap: Arc<Tap>,
+        tx_mode: TxMode,
+        stats: Arc<NetStats>,
+        queues: Vec<ActiveQueue>,
+        a: Activation,
+    ) -> Result<Self, String> {
+        if queues.len() != 2 {
+            return Err("virtio-net needs exactly two queues".into());
+        }
+        let (queues, kicks) = queues.into_iter().map(|q| (q.queue, q.kick)).unzip();
+        let io =
+            FrameIo { tap, tx_mode, stats, segs: Vec::with_capacity(QUEUE_SIZE as usize), buf: vec![0; MAX_FRAME] };
+        Ok(Worker {
+            queues,
+            kicks,
+            mem: a.mem,
+            interrupt: a.interrupt,
+            activation_status: a.status,
+            io,
+            rx_staged: None,
+            broken: false,
+        })
+    }
+
+    fn run(&mut self, stop: &EventFd) {
+        // SAFETY: pthread_self has no preconditions.
+        self.io.stats.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
+        let epoll = match self.epoll(stop) {
+            Ok(e) => e,
+            Err(e) => return tracing::error!("virtio-net: cannot start its thread: {e}"),
+        };
+        let mut events = [EpollEvent::default(); 8];
+        // Buffers may have been posted before the kicks were watched.
+        self.process_tx();
+        self.process_rx();
+        loop {
+            let n = match epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return tracing::error!("virtio-net: epoll failed: {e}"),
+            };
+            for event in &events[..n] {
+                match event.data() {
+                    TOKEN_STOP => return,
+                    TOKEN_TX_KICK => {
+                        self.count_kicks(TX);
+                        self.process_tx();
+                    }
+                    TOKEN_RX_KICK => {
+                        self.count_kicks(RX);
+                        self.process_rx();
+                    }
+                    _ => {
+                        if event.event_set().contains(EventSet::OUT) {
+                            self.process_tx();
+                        }
+                        if event.event_set().contains(EventSet::IN) {
+                            self.process_rx();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn epoll(&self, stop: &EventFd) -> std::io::Result<Epoll> {
+        let epoll = Epoll::new()?;
+        epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_STOP))?;
+        epoll.ctl(ControlOperation::Add, self.kicks[RX].as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_RX_KICK))?;
+        epoll.ctl(ControlOperation::Add, self.kicks[TX].as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_TX_KICK))?;
+        let tap_events = EventSet::IN | EventSet::OUT | EventSet::EDGE_TRIGGERED;
+        epoll.ctl(ControlOperation::Add, self.io.tap.as_raw_fd(), EpollEvent::new(tap_events, TOKEN_TAP))?;
+        Ok(epoll)
+    }
+
+    fn count_kicks(&self, queue: usize) {
+        if let Ok(n) = self.kicks[queue].read() {
+            self.io.stats.kicks.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// A queue the driver broke (its rings left guest memory): stop and ask for a reset.
+    fn fail(&mut self, what: &str) {
+        if !self.broken {
+            tracing::warn!("virtio-net: {what}; the device needs a reset");
+            self.broken = true;
+            self.activation_status.raise(STATUS_NEEDS_RESET);
+            self.interrupt.signal_config();
+        }
+    }
+
+    fn interrupt_if_needed(&mut self, queue: usize) {
+        match self.queues[queue].needs_notification(&self.mem) {
+            Ok(true) => {
+                self.io.stats.irqs.fetch_add(1, Ordering::Relaxed);
+                self.interrupt.signal_queue(queue);
+            }
+            Ok(false) => {}
+            Err(_) => self.fail("cannot read the used_event index"),
+        }
+    }
+
+    fn process_tx(&mut self) {
+        if self.broken || !self.queues[TX].ready() {
+            return;
+        }
+        let mut used_any = false;
+        loop {
+            if self.queues[TX].disable_notification(&self.mem).is_err() {
+                return self.fail("cannot write the TX queue's avail_event");
+            }
+            while let Some(chain) = self.queues[TX].pop_descriptor_chain(&self.mem) {
+                let head = chain.head_index();
+                match self.io.send(&self.mem, chain) {
+                    Ok(()) => {}
+                    Err(SendError::Full) => {
+                        // The kernel did not take it: back on the avail ring, wait for EPOLLOUT.
+                        self.queues[TX].go_to_previous_position();
+                        if used_any {
+                            self.interrupt_if_needed(TX);
+                        }
+                        return;
+                    }
+                    Err(SendError::Dropped) => {}
+                }
+                if self.queues[TX].add_used(&self.mem, head, 0).is_err() {
+                    return self.fail("cannot write the TX used ring");
+                }
+                used_any = true;
+            }
+            match self.queues[TX].enable_notification(&self.mem) {
+                Ok(true) => continue, // more arrived while notifications were off
+                Ok(false) => break,
+                Err(_) => return self.fail("cannot write the TX queue's avail_event"),
+            }
+        }
+        if used_any {
+            self.interrupt_if_needed(TX);
+        }
+    }
+
+    fn process_rx(&mut self) {
+        if self.broken || !self.queues[RX].ready() {
+            return;
+        }
+        let mut used_any = false;
+        loop {
+            let len = match self.rx_staged.take() {
+                Some(len) => len,
+                None => match self.io.tap.read_frame(&mut self.io.buf) {
+                    Ok(len) if len > VNET_HDR_LEN => len,
+                    Ok(_) => continue,
+                    Err(_) => break, // WouldBlock: the tap is drained (edge-triggered)
+                },
+            };
+            // num_buffers = 1: the tap leaves that field of the header to us.
+            self.io.buf[10..12].copy_from_slice(&1u16.to_le_bytes());
+            let Some(chain) = self.queues[RX].pop_descriptor_chain(&self.mem) else {
+                self.rx_staged = Some(len);
+                match self.queues[RX].enable_notification(&self.mem) {
+                    Ok(true) => continue, // buffers arrived meanwhile
+                    Ok(false) => break,   // wait for the driver's kick
+                    Err(_) => return self.fail("cannot write the RX queue's avail_event"),
+                }
+            };
+            let head = chain.head_index();
+            let io = &mut self.io;
+            let written = match chain::segments(chain, &self.mem, true, usize::MAX, &mut io.segs) {
+                Ok(room) if room >= len => chain::scatter(&self.mem, &io.segs, &io.buf[..len]),
+                Ok(_) => {
+                    io.stats.rx_dropped.fetch_add(1, Ordering::Relaxed);
+                    0
+                }
+                Err(e) => {
+                    io.bad_chain("RX", e);
+                    0
+                }
+            };
+            if written > 0 {
+                io.stats.rx_frames.fetch_add(1, Ordering::Relaxed);
+            }
+            if self.queues[RX].add_used(&self.mem, head, written as u32).is_err() {
+                return self.fail("cannot write the RX used ring");
+            }
+            used_any = true;
+        }
+        if used_any {
+            self.interrupt_if_needed(RX);
+        }
+    }
+}
+
+impl FrameIo {
+    fn bad_chain(&self, queue: &str, e: ChainError) {
+        if self.stats.bad_chains.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!("virtio-net: dropped a {queue} chain: {e} (further ones are only counted)");
+        }
+    }
+
+    fn send(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        chain: virtio_queue::DescriptorChain<&GuestMemoryMmap>,
+    ) -> Result<(), SendError> {
+        let len = match chain::segments(chain, mem, false, MAX_FRAME, &mut self.segs) {
+            Ok(len) if len > VNET_HDR_LEN => len,
+            Ok(_) => {
+                self.stats.tx_dropped.fetch_add(1, Ordering::Relaxed);
+                return Err(SendError::Dropped);
+            }
+            Err(e) => {
+                self.bad_chain("TX", e);
+                self.stats.tx_dropped.fetch_add(1, Ordering::Relaxed);
+                return Err(SendError::Dropped);
+            }
+        };
+        let copy = self.tx_mode == TxMode::Copy || len < COPY_BELOW || self.segs.len() > MAX_IOVECS;
+        let written = if copy {
+            let start = crate::vcpu::cycles();
+            let n = chain::gather(mem, &self.segs, &mut self.buf[..len]);
+            self.stats.tx_copy_cycles.fetch_add(crate::vcpu::cycles() - start, Ordering::Relaxed);
+            self.tap.write_frame(&[std::io::IoSlice::new(&self.buf[..n])])
+        } else {
+            let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOVECS];
+            for (v, s) in iov.iter_mut().zip(&self.segs) {
+                *v = libc::iovec { iov_base: s.ptr.cast(), iov_len: s.len };
+            }
+            // SAFETY: every iovec was built by chain::segments from a slice of guest memory
+            // that `mem` keeps mapped; the kernel only reads them during this call.
+            let r = unsafe { libc::writev(self.tap.as_raw_fd(), iov.as_ptr(), self.segs.len() as i32) };
+            if r < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(r as usize)
+            }
+        };
+        match written {
+            Ok(_) => {
+                self.stats.tx_frames.fetch_add(1, Ordering::Relaxed);
+                self.stats.tx_bytes.fetch_add((len - VNET_HDR_LEN) as u64, Ordering::Relaxed);
+                if copy {
+                    self.stats.tx_copied.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Err(SendError::Full),
+            Err(e) => {
+                if self.stats.tx_dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!("virtio-net: the tap refused a frame: {e} (further ones are only counted)");
+                }
+                Err(SendError::Dropped)
+            }
+        }
+    }
+}
+
+enum SendError {
+    /// The tap's queue is full: try the same chain again later.
+    Full,
+    /// The chain was bad or the kernel refused it: it goes back used, unsent.
+    Dropped,
+}

@@ -1,0 +1,404 @@
+//! The virtio-pci (modern) transport: common, notify, ISR and device configuration
+//! structures plus the MSI-X table and PBA, all in BAR0.
+//!
+//! BAR0 layout: common config 0x0000, ISR 0x1000, device config 0x2000, notify 0x3000
+//! (queue n at 0x3000 + 4n; the VMM registers each as a zero-length ioeventfd, so a kick
+//! never exits to userspace), MSI-X table 0x4000, PBA 0x5000.
+
+use super::{Activation, ActiveQueue, DeviceStatus, Interrupt, VirtioDevice, NO_VECTOR};
+use super::{STATUS_DRIVER_OK, STATUS_FEATURES_OK, STATUS_NEEDS_RESET, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
+use crate::bus::{BusDevice, DeviceId};
+use crate::ioeventfd::IoeventfdKey;
+use crate::pci::config::{COMMAND, COMMAND_MEMORY};
+use crate::pci::msix::Msix;
+use crate::pci::{BarKind, BarSpec, ConfigSpace, ConfigWriteHook, PciFunction, PciIds};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+pub const BAR_SIZE: u64 = 0x8000;
+const COMMON: u64 = 0x0000;
+const COMMON_LEN: u64 = 0x3c;
+const ISR: u64 = 0x1000;
+const DEVICE_CFG: u64 = 0x2000;
+const DEVICE_CFG_LEN: u64 = 0x100;
+pub const NOTIFY: u64 = 0x3000;
+const NOTIFY_MULTIPLIER: u64 = 4;
+const MSIX_TABLE: u64 = 0x4000;
+const MSIX_PBA: u64 = 0x5000;
+
+const VIRTIO_VENDOR: u16 = 0x1af4;
+const CAP_VENDOR: u8 = 0x09;
+const CAP_MSIX: u8 = 0x11;
+const CFG_COMMON: u8 = 1;
+const CFG_NOTIFY: u8 = 2;
+const CFG_ISR: u8 = 3;
+const CFG_DEVICE: u8 = 4;
+
+/// What the driver wrote for one queue.
+#[derive(Clone, Copy, Default)]
+struct QueueRegs {
+    max: u16,
+    size: u16,
+    enabled: bool,
+    desc: u64,
+    driver: u64,
+    device: u64,
+    vector: u16,
+}
+
+struct Transport {
+    device: Box<dyn VirtioDevice>,
+    mem: GuestMemoryMmap,
+    device_feature_select: u32,
+    driver_feature_select: u32,
+    driver_features: u64,
+    config_vector: u16,
+    queue_select: u16,
+    queues: Vec<QueueRegs>,
+    active: bool,
+    warned: bool,
+}
+
+/// Common configuration fields: offset, width.
+const FIELDS: &[(u64, usize)] = &[
+    (0x00, 4), // device_feature_select
+    (0x04, 4), // device_feature
+    (0x08, 4), // driver_feature_select
+    (0x0c, 4), // driver_feature
+    (0x10, 2), // msix_config
+    (0x12, 2), // num_queues
+    (0x14, 1), // device_status
+    (0x15, 1), // config_generation
+    (0x16, 2), // queue_select
+    (0x18, 2), // queue_size
+    (0x1a, 2), // queue_msix_vector
+    (0x1c, 2), // queue_enable
+    (0x1e, 2), // queue_notify_off
+    (0x20, 8), // queue_desc
+    (0x28, 8), // queue_driver
+    (0x30, 8), // queue_device
+    (0x38, 2), // queue_notify_data
+    (0x3a, 2), // queue_reset
+];
+
+pub struct VirtioPci {
+    state: Mutex<Transport>,
+    msix: Arc<Mutex<Msix>>,
+    status: Arc<DeviceStatus>,
+    interrupt_isr: Arc<AtomicU8>,
+    interrupt: Mutex<Option<Arc<Interrupt>>>,
+    kicks: Vec<Arc<EventFd>>,
+    msix_cap: Mutex<usize>,
+    /// Notifications that reached the VMM as exits (no ioeventfd for them).
+    pub notify_exits: AtomicU64,
+}
+
+impl VirtioPci {
+    pub fn new(device: Box<dyn VirtioDevice>, mem: GuestMemoryMmap, msix: Msix) -> std::io::Result<Self> {
+        let queues: Vec<QueueRegs> = device
+            .queue_max_sizes()
+            .into_iter()
+            .map(|max| QueueRegs { max, size: max, vector: NO_VECTOR, ..Default::default() })
+            .collect();
+        let kicks = queues.iter().map(|_| EventFd::new(libc::EFD_NONBLOCK).map(Arc::new)).collect::<Result<_, _>>()?;
+        let state = Transport {
+            device,
+            mem,
+            device_feature_select: 0,
+            driver_feature_select: 0,
+            driver_features: 0,
+            config_vector: NO_VECTOR,
+            queue_select: 0,
+            queues,
+            active: false,
+            warned: false,
+        };
+        Ok(VirtioPci {
+            state: Mutex::new(state),
+            msix: Arc::new(Mutex::new(msix)),
+            status: Arc::new(DeviceStatus::default()),
+            interrupt_isr: Arc::new(AtomicU8::new(0)),
+            interrupt: Mutex::new(None),
+            kicks,
+            msix_cap: Mutex::new(0),
+            notify_exits: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Transport> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The PCI function: virtio IDs, BAR0 at `bar0` (decode on), the virtio capabilities
+    /// and MSI-X; `id` counts BAR0's exits.
+    pub fn pci_function(self: &Arc<Self>, name: &str, id: DeviceId, bar0: u64) -> PciFunction {
+        let device_type = self.lock().device.device_type();
+        let ids = PciIds {
+            vendor: VIRTIO_VENDOR,
+            device: 0x1040 + device_type,
+            class: [0x02, 0x00, 0x00],
+            revision: 1,
+            subsystem_vendor: VIRTIO_VENDOR,
+            subsystem: 0x40,
+        };
+        let mut config = ConfigSpace::new(ids);
+        config.set_bar(0, BarSpec { kind: BarKind::Memory32, size: BAR_SIZE }, bar0);
+        let cap = |cfg_type: u8, offset: u64, len: u64, extra: &[u8]| {
+            let mut body = vec![16 + extra.len() as u8, cfg_type, 0, 0, 0, 0];
+            body.extend_from_slice(&(offset as u32).to_le_bytes());
+            body.extend_from_slice(&(len as u32).to_le_bytes());
+            body.extend_from_slice(extra);
+            body
+        };
+        let queues = self.kicks.len() as u64;
+        let _ = config.add_capability(CAP_VENDOR, &cap(CFG_COMMON, COMMON, COMMON_LEN, &[]));
+        let _ = config.add_capability(
+            CAP_VENDOR,
+            &cap(CFG_NOTIFY, NOTIFY, queues * NOTIFY_MULTIPLIER, &(NOTIFY_MULTIPLIER as u32).to_le_bytes()),
+        );
+        let _ = config.add_capability(CAP_VENDOR, &cap(CFG_ISR, ISR, 1, &[]));
+        let _ = config.add_capability(CAP_VENDOR, &cap(CFG_DEVICE, DEVICE_CFG, DEVICE_CFG_LEN, &[]));
+        let vectors = self.msix.lock().unwrap_or_else(|e| e.into_inner()).len() as u16;
+        let mut body = (vectors - 1).to_le_bytes().to_vec();
+        body.extend_from_slice(&(MSIX_TABLE as u32).to_le_bytes()); // BIR 0
+        body.extend_from_slice(&(MSIX_PBA as u32).to_le_bytes());
+        let msix_cap = config.add_capability(CAP_MSIX, &body);
+        config.set_write_mask(msix_cap + 2, &[0x00, 0xc0]);
+        *self.msix_cap.lock().unwrap_or_else(|e| e.into_inner()) = msix_cap;
+        config.write(COMMAND, &COMMAND_MEMORY.to_le_bytes());
+        PciFunction::new(name, config).with_bar(0, id, self.clone()).with_hook(self.clone())
+    }
+
+    /// Zero-length MMIO ioeventfds for every queue's notify address, given BAR0's base.
+    pub fn ioeventfds(&self, bar0: u64) -> impl Iterator<Item = (IoeventfdKey, &EventFd)> + '_ {
+        self.kicks.iter().enumerate().map(move |(q, fd)| {
+            (IoeventfdKey::mmio(bar0 + NOTIFY + q as u64 * NOTIFY_MULTIPLIER, 0, None), fd.as_ref())
+        })
+    }
+
+    pub fn status(&self) -> u8 {
+        self.status.get()
+    }
+
+    /// Interrupts the device has asked for since activation.
+    pub fn interrupts_signalled(&self) -> u64 {
+        self.interrupt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, |i| i.signalled.load(Ordering::Relaxed))
+    }
+
+    fn common_image(&self, t: &Transport) -> [u8; COMMON_LEN as usize] {
+        let mut img = [0u8; COMMON_LEN as usize];
+        let q = t.queues.get(usize::from(t.queue_select)).copied().unwrap_or_default();
+        let features = t.device.features();
+        let feature_word = |select: u32, f: u64| if select < 2 { (f >> (32 * select)) as u32 } else { 0 };
+        let mut put = |at: usize, bytes: &[u8]| img[at..at + bytes.len()].copy_from_slice(bytes);
+        put(0x00, &t.device_feature_select.to_le_bytes());
+        put(0x04, &feature_word(t.device_feature_select, features).to_le_bytes());
+        put(0x08, &t.driver_feature_select.to_le_bytes());
+        put(0x0c, &feature_word(t.driver_feature_select, t.driver_features).to_le_bytes());
+        put(0x10, &t.config_vector.to_le_bytes());
+        put(0x12, &(t.queues.len() as u16).to_le_bytes());
+        put(0x14, &[self.status.get()]);
+        put(0x16, &t.queue_select.to_le_bytes());
+        put(0x18, &q.size.to_le_bytes());
+        put(0x1a, &q.vector.to_le_bytes());
+        put(0x1c, &u16::from(q.enabled).to_le_bytes());
+        put(0x1e, &t.queue_select.to_le_bytes());
+        put(0x20, &q.desc.to_le_bytes());
+        put(0x28, &q.driver.to_le_bytes());
+        put(0x30, &q.device.to_le_bytes());
+        img
+    }
+
+    fn common_write(&self, t: &mut Transport, offset: u64, data: &[u8]) {
+        let mut img = self.common_image(t);
+        let end = offset as usize + data.len();
+        if end > img.len() {
+            return;
+        }
+        img[offset as usize..end].copy_from_slice(data);
+        for &(at, width) in FIELDS {
+            if (at as usize) < end && offset < at + width as u64 {
+                let mut v = [0u8; 8];
+                v[..width].copy_from_slice(&img[at as usize..at as usize + width]);
+                self.set_field(t, at, u64::from_le_bytes(v));
+            }
+        }
+    }
+
+    fn warn_once(t: &mut Transport, what: std::fmt::Arguments) {
+        if !t.warned {
+            t.warned = true;
+            tracing::warn!("virtio: {what} (ignored; further driver errors are not reported)");
+        }
+    }
+
+    fn set_field(&self, t: &mut Transport, at: u64, v: u64) {
+        let vectors = self.msix.lock().unwrap_or_else(|e| e.into_inner()).len() as u64;
+        let valid_vector = |v: u64| if v < vectors { v as u16 } else { NO_VECTOR };
+        let select = usize::from(t.queue_select);
+        // Queue registers are frozen once the device runs.
+        let queue_write = matches!(at, 0x18 | 0x1a | 0x1c | 0x20 | 0x28 | 0x30);
+        if queue_write && (t.active || select >= t.queues.len()) {
+            return Self::warn_once(
+                t,
+                format_args!("queue register {at:#x} written for queue {select} while not allowed"),
+            );
+        }
+        match at {
+            0x00 => t.device_feature_select = v as u32,
+            0x08 => t.driver_feature_select = v as u32,
+            0x0c if t.driver_feature_select < 2 => {
+                let shift = 32 * t.driver_feature_select;
+                t.driver_features = (t.driver_features & !(0xffff_ffffu64 << shift)) | ((v & 0xffff_ffff) << shift);
+            }
+            0x10 => t.config_vector = valid_vector(v),
+            0x14 => self.set_status(t, v as u8),
+            0x16 => t.queue_select = v as u16,
+            0x18 => {
+                let q = &mut t.queues[select];
+                if v == 0 || v > u64::from(q.max) || !v.is_power_of_two() {
+                    return Self::warn_once(t, format_args!("queue size {v} out of range for queue {select}"));
+                }
+                q.size = v as u16;
+            }
+            0x1a => t.queues[select].vector = valid_vector(v),
+            0x1c => t.queues[select].enabled = v == 1,
+            0x20 => t.queues[select].desc = v,
+            0x28 => t.queues[select].driver = v,
+            0x30 => t.queues[select].device = v,
+            _ => {} // read-only fields
+        }
+    }
+
+    fn set_status(&self, t: &mut Transport, v: u8) {
+        if v == 0 {
+            return self.reset(t);
+        }
+        let old = self.status.get();
+        let mut new = v;
+        if new & STATUS_FEATURES_OK != 0 && old & STATUS_FEATURES_OK == 0 {
+            let (offered, accepted) = (t.device.features(), t.driver_features);
+            if accepted & !offered != 0 || accepted & VIRTIO_F_VERSION_1 == 0 {
+                Self::warn_once(t, format_args!("driver accepted features {accepted:#x} (offered {offered:#x})"));
+                new &= !STATUS_FEATURES_OK;
+            }
+        }
+        self.status.set(new | (old & STATUS_NEEDS_RESET));
+        if new & STATUS_DRIVER_OK != 0 && new & STATUS_FEATURES_OK != 0 && !t.active {
+            if let Err(e) = self.activate(t) {
+                tracing::warn!("virtio: cannot start the device: {e}; it needs a reset");
+                self.status.raise(STATUS_NEEDS_RESET);
+                if let Some(i) = self.interrupt.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                    i.signal_config();
+                }
+            }
+        }
+    }
+
+    /// DRIVER_OK: builds the queues from what the driver wrote, checks them, and starts
+    /// the device (synchronously, on this vCPU's exit).
+    fn activate(&self, t: &mut Transport) -> Result<(), String> {
+        let event_idx = t.driver_features & VIRTIO_F_EVENT_IDX != 0;
+        let interrupt = Arc::new(Interrupt {
+            msix: self.msix.clone(),
+            isr: AtomicU8::new(0),
+            queue_vectors: t.queues.iter().map(|q| q.vector).collect(),
+            config_vector: t.config_vector,
+            signalled: AtomicU64::new(0),
+        });
+        *self.interrupt.lock().unwrap_or_else(|e| e.into_inner()) = Some(interrupt.clone());
+        let mut active = Vec::new();
+        for (i, regs) in t.queues.iter().enumerate() {
+            let mut queue = Queue::new(regs.max).map_err(|e| format!("queue {i}: {e:?}"))?;
+            queue.try_set_size(regs.size).map_err(|e| format!("queue {i} size: {e:?}"))?;
+            queue.set_desc_table_address(Some(regs.desc as u32), Some((regs.desc >> 32) as u32));
+            queue.set_avail_ring_address(Some(regs.driver as u32), Some((regs.driver >> 32) as u32));
+            queue.set_used_ring_address(Some(regs.device as u32), Some((regs.device >> 32) as u32));
+            queue.set_event_idx(event_idx);
+            queue.set_ready(regs.enabled);
+            if regs.enabled && !queue.is_valid(&t.mem) {
+                return Err(format!("queue {i}'s rings are not inside guest memory"));
+            }
+            active.push(ActiveQueue { queue, kick: self.kicks[i].clone() });
+        }
+        let activation =
+            Activation { mem: t.mem.clone(), features: t.driver_features, interrupt, status: self.status.clone() };
+        t.device.activate(active, activation)?;
+        t.active = true;
+        Ok(())
+    }
+
+    fn reset(&self, t: &mut Transport) {
+        t.device.reset();
+        t.active = false;
+        t.driver_features = 0;
+        t.config_vector = NO_VECTOR;
+        t.queue_select = 0;
+        for q in &mut t.queues {
+            *q = QueueRegs { max: q.max, size: q.max, vector: NO_VECTOR, ..Default::default() };
+        }
+        self.status.set(0);
+        self.interrupt_isr.store(0, Ordering::Release);
+        *self.interrupt.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+impl BusDevice for VirtioPci {
+    fn read(&self, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        let len = data.len() as u64;
+        match offset {
+            o if o + len <= COMMON + COMMON_LEN => {
+                let t = self.lock();
+                data.copy_from_slice(&self.common_image(&t)[o as usize..(o + len) as usize]);
+            }
+            ISR => {
+                // Reading the ISR clears it (a side effect: this BAR is never mapped).
+                let interrupt = self.interrupt.lock().unwrap_or_else(|e| e.into_inner());
+                data[0] = interrupt.as_ref().map_or(0, |i| i.isr.swap(0, Ordering::AcqRel));
+            }
+            o if (DEVICE_CFG..DEVICE_CFG + DEVICE_CFG_LEN).contains(&o) => {
+                self.lock().device.read_config(o - DEVICE_CFG, data)
+            }
+            o if (MSIX_TABLE..MSIX_PBA).contains(&o) => {
+                self.msix.lock().unwrap_or_else(|e| e.into_inner()).table_read(o - MSIX_TABLE, data)
+            }
+            o if o >= MSIX_PBA => self.msix.lock().unwrap_or_else(|e| e.into_inner()).pba_read(o - MSIX_PBA, data),
+            _ => {}
+        }
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) {
+        match offset {
+            o if o < COMMON + COMMON_LEN => {
+                let mut t = self.lock();
+                self.common_write(&mut t, o, data);
+            }
+            o if (NOTIFY..NOTIFY + self.kicks.len() as u64 * NOTIFY_MULTIPLIER).contains(&o) => {
+                // Only reached when no ioeventfd took the write.
+                self.notify_exits.fetch_add(1, Ordering::Relaxed);
+                let _ = self.kicks[((o - NOTIFY) / NOTIFY_MULTIPLIER) as usize].write(1);
+            }
+            o if (MSIX_TABLE..MSIX_TABLE + 0x1000).contains(&o) => {
+                self.msix.lock().unwrap_or_else(|e| e.into_inner()).table_write(o - MSIX_TABLE, data)
+            }
+            _ => {}
+        }
+    }
+}
+
+impl ConfigWriteHook for VirtioPci {
+    fn config_written(&self, config: &ConfigSpace, _offset: usize, _len: usize) {
+        let cap = *self.msix_cap.lock().unwrap_or_else(|e| e.into_inner());
+        if cap != 0 {
+            self.msix.lock().unwrap_or_else(|e| e.into_inner()).set_control(config.read_u16(cap + 2));
+        }
+    }
+}
