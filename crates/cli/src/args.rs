@@ -98,7 +98,7 @@ pub struct NetArgs {
     #[arg(long, default_value_t = 1.0, value_parser = parse_seconds)]
     pub seconds: f64,
     /// Repeats; which path goes first alternates, and medians are reported.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeat: u32,
     /// Write the table as JSON to FILE.
     #[arg(long, value_name = "FILE")]

@@ -58,6 +58,8 @@ pub struct Row {
     pub irqs_per_pkt: f64,
     pub lost: u64,
     pub corrupt: u64,
+    /// Of the lost, how many the sink's socket dropped (host side, not the VMM).
+    pub sink_drops: u64,
     /// Throughput per second of the device thread's CPU: the zero-copy target's measure.
     pub gbps_per_cpu_second: f64,
     /// VMM time per packet spent copying chains into its buffer (0 on zerocopy but for
@@ -210,6 +212,7 @@ fn run_one(netns: &Netns, size: usize, path: TxMode, opts: &Options, tsc_khz: u6
         irqs_per_pkt: (end.irqs - begin.irqs) as f64 / packets,
         lost: sent.saturating_sub(report.frames),
         corrupt: report.corrupt,
+        sink_drops: report.socket_drops,
     })
 }
 
@@ -254,6 +257,7 @@ fn median_row(runs: &[Row]) -> Row {
         received: runs.iter().map(|r| r.received).sum(),
         lost: runs.iter().map(|r| r.lost).sum(),
         corrupt: runs.iter().map(|r| r.corrupt).sum(),
+        sink_drops: runs.iter().map(|r| r.sink_drops).sum(),
         ..runs[0].clone()
     }
 }
@@ -372,7 +376,7 @@ pub fn json(rows: &[Row]) -> serde_json::Value {
             json!({"size": r.size, "path": path_name(r.path), "gbps": r.gbps, "vmm_cpu_pct": r.vmm_cpu_pct,
                    "exits_per_pkt": r.exits_per_pkt, "irqs_per_pkt": r.irqs_per_pkt, "lost": r.lost + r.corrupt,
                    "frames": r.sent, "gbps_per_cpu_second": r.gbps_per_cpu_second,
-                   "copy_ns_per_pkt": r.copy_ns_per_pkt})
+                   "copy_ns_per_pkt": r.copy_ns_per_pkt, "sink_drops": r.sink_drops})
         })
         .collect();
     let targets: Vec<_> = targets(rows)

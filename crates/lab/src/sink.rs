@@ -39,6 +39,9 @@ pub struct SinkReport {
     pub duplicates: u64,
     /// Sequence numbers seen (for the echo test).
     pub seqs: Vec<u64>,
+    /// Frames the kernel dropped at the sink's own socket (the sink fell behind): lost
+    /// on the host side of the tap, not by the VMM.
+    pub socket_drops: u64,
 }
 
 #[derive(Default)]
@@ -94,7 +97,7 @@ fn packet_socket(ifname: &str) -> Result<(OwnedFd, i32), SinkError> {
     if r != 0 {
         return Err(err(std::io::Error::last_os_error()));
     }
-    let rcvbuf: libc::c_int = 64 << 20;
+    let rcvbuf: libc::c_int = 512 << 20;
     let timeout = libc::timeval { tv_sec: 0, tv_usec: 50_000 };
     // SAFETY: setsockopt with correctly sized option values; failures only cost headroom.
     unsafe {
@@ -230,5 +233,27 @@ fn receive(socket: &OwnedFd, shared: &Shared, size: usize) -> SinkReport {
         report.seqs.push(seq);
         shared.frames.store(report.frames, Ordering::Release);
     }
+    report.socket_drops = socket_drops(socket);
     report
+}
+
+/// PACKET_STATISTICS: frames the kernel dropped for want of room at this socket.
+fn socket_drops(socket: &OwnedFd) -> u64 {
+    let mut stats = libc::tpacket_stats { tp_packets: 0, tp_drops: 0 };
+    let mut len = std::mem::size_of::<libc::tpacket_stats>() as u32;
+    // SAFETY: getsockopt fills a tpacket_stats of the size passed.
+    let r = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_STATISTICS,
+            (&mut stats as *mut libc::tpacket_stats).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        u64::from(stats.tp_drops)
+    } else {
+        0
+    }
 }

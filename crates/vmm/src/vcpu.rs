@@ -135,6 +135,36 @@ fn unclaimed<A: BusAddress>(stats: &mut ExitStats, warned: &mut HashSet<(bool, u
     }
 }
 
+/// An exit other than port I/O or MMIO, detached from the `kvm_run` page it came from.
+enum RareExit {
+    /// A signal interrupted KVM_RUN (the VMM kicking the vCPU).
+    Kicked,
+    RunFailed(kvm_ioctls::Error),
+    Hlt,
+    Shutdown,
+    FailEntry(u64, u32),
+    InternalError,
+    SystemEvent(u32),
+    Unexpected(String),
+}
+
+impl From<Result<VcpuExit<'_>, kvm_ioctls::Error>> for RareExit {
+    #[cold]
+    fn from(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>) -> Self {
+        match exit {
+            Ok(VcpuExit::Intr) => RareExit::Kicked,
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => RareExit::Kicked,
+            Err(e) => RareExit::RunFailed(e),
+            Ok(VcpuExit::Hlt) => RareExit::Hlt,
+            Ok(VcpuExit::Shutdown) => RareExit::Shutdown,
+            Ok(VcpuExit::FailEntry(reason, cpu)) => RareExit::FailEntry(reason, cpu),
+            Ok(VcpuExit::InternalError) => RareExit::InternalError,
+            Ok(VcpuExit::SystemEvent(event, _)) => RareExit::SystemEvent(event),
+            Ok(other) => RareExit::Unexpected(format!("{other:?}")),
+        }
+    }
+}
+
 /// One virtual CPU and its exit handler.
 pub struct Vcpu {
     id: u8,
@@ -243,31 +273,10 @@ impl Vcpu {
                 self.drain_coalesced();
                 self.mmio_from_run()
             }
-            Ok(VcpuExit::Intr) => ExitKind::Intr,
-            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => ExitKind::Intr,
-            Err(e) => return Err(VcpuError::Run(self.id, e)),
-            Ok(VcpuExit::Hlt) => return Err(self.fault("halted with no way to wake up (HLT exit)")),
-            Ok(VcpuExit::Shutdown) => {
-                return Err(self.fault("shutdown: a triple fault, or an exception it could not deliver"))
-            }
-            Ok(VcpuExit::FailEntry(reason, cpu)) => {
-                return Err(
-                    self.fault(&format!("KVM could not enter the guest (hardware reason {reason:#x}, cpu {cpu})"))
-                )
-            }
-            Ok(VcpuExit::InternalError) => {
-                // SAFETY: the exit reason is KVM_EXIT_INTERNAL_ERROR, so `internal` is the live union member.
-                let suberror = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
-                return Err(self.fault(&format!(
-                    "KVM internal error, suberror {suberror} (1: emulation failed, 2: simultaneous exceptions)"
-                )));
-            }
-            Ok(VcpuExit::SystemEvent(event, _)) => {
-                return Err(self.fault(&format!("system event {event} (1 shutdown, 2 reset, 3 crash)")))
-            }
-            Ok(other) => {
-                let what = format!("unexpected exit {other:?}");
-                return Err(self.fault(&what));
+            // Everything else is rare: kept out of line so the hot arms above stay compact.
+            other => {
+                let rare = RareExit::from(other);
+                self.rare_exit(rare)?
             }
         };
         self.pending = Some((kind, returned));
@@ -342,6 +351,29 @@ impl Vcpu {
                 self.exits.mmio(entry.phys_addr, Access::Write(data));
             }
         }
+    }
+
+    /// Interrupted runs continue; everything else ends the run with the registers.
+    #[cold]
+    #[inline(never)]
+    fn rare_exit(&mut self, exit: RareExit) -> Result<ExitKind, VcpuError> {
+        let what = match exit {
+            RareExit::Kicked => return Ok(ExitKind::Intr),
+            RareExit::RunFailed(e) => return Err(VcpuError::Run(self.id, e)),
+            RareExit::Hlt => "halted with no way to wake up (HLT exit)".to_string(),
+            RareExit::Shutdown => "shutdown: a triple fault, or an exception it could not deliver".to_string(),
+            RareExit::FailEntry(reason, cpu) => {
+                format!("KVM could not enter the guest (hardware reason {reason:#x}, cpu {cpu})")
+            }
+            RareExit::InternalError => {
+                // SAFETY: the exit reason is KVM_EXIT_INTERNAL_ERROR, so `internal` is the live union member.
+                let suberror = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
+                format!("KVM internal error, suberror {suberror} (1: emulation failed, 2: simultaneous exceptions)")
+            }
+            RareExit::SystemEvent(event) => format!("system event {event} (1 shutdown, 2 reset, 3 crash)"),
+            RareExit::Unexpected(what) => format!("unexpected exit {what}"),
+        };
+        Err(self.fault(&what))
     }
 
     fn fault(&self, what: &str) -> VcpuError {

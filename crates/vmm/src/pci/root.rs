@@ -113,10 +113,12 @@ impl PciRoot {
         if device >= 32 || func >= 8 || state.functions[index].is_some() {
             return Err(PciError::SlotTaken(device, func));
         }
+        let changes_slots = function.read_side_effects;
         state.functions[index] = Some(function);
         self.place_bars(&mut state, index);
         state.shadow.refresh(index, state.functions[index].as_ref().map(|f| f.config.bytes()));
-        if state.mode == EcamMode::Mapped {
+        // Only a function whose page must stay trapped changes which pages are mapped.
+        if state.mode == EcamMode::Mapped && changes_slots {
             let mode = state.mode;
             Self::remap_shadow(&mut state, mode)?;
         }
