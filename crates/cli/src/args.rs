@@ -77,6 +77,23 @@ pub struct PayloadsArgs {
     pub out: Option<PathBuf>,
 }
 
+/// `--json FILE` and `--svg FILE` of a lab.
+#[derive(Args)]
+pub struct OutputArgs {
+    /// Write the table as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write a bar chart of the table to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+}
+
+impl OutputArgs {
+    fn outputs(&self) -> exitless_lab::report::Outputs {
+        exitless_lab::report::Outputs { json: self.json.clone(), svg: self.svg.clone() }
+    }
+}
+
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// Process start to the guest's first serial byte, and VMM memory beyond guest RAM.
@@ -100,12 +117,8 @@ pub struct NetArgs {
     /// Repeats; which path goes first alternates, and medians are reported.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeat: u32,
-    /// Write the table as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Write a bar chart of the table to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub svg: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: OutputArgs,
     /// Give up on a guest that has not finished within this many seconds.
     #[arg(long, default_value_t = 120.0, value_parser = parse_seconds)]
     pub timeout: f64,
@@ -117,8 +130,7 @@ impl NetArgs {
             sizes: self.sizes.clone(),
             seconds: self.seconds,
             repeat: self.repeat,
-            json: self.json.clone(),
-            svg: self.svg.clone(),
+            outputs: self.out.outputs(),
             timeout: std::time::Duration::from_secs_f64(self.timeout),
         }
     }
@@ -139,12 +151,8 @@ pub struct PciArgs {
     /// Timed dword config reads per method.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub reads: u64,
-    /// Write the table as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Write a bar chart of the table to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub svg: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: OutputArgs,
     /// Give up on a guest that has not finished within this many seconds.
     #[arg(long, default_value_t = 600.0, value_parser = parse_seconds)]
     pub timeout: f64,
@@ -154,8 +162,7 @@ impl PciArgs {
     pub fn to_options(&self) -> exitless_lab::pci::Options {
         exitless_lab::pci::Options {
             reads: self.reads,
-            json: self.json.clone(),
-            svg: self.svg.clone(),
+            outputs: self.out.outputs(),
             timeout: std::time::Duration::from_secs_f64(self.timeout),
         }
     }
@@ -176,12 +183,8 @@ pub struct DoorbellArgs {
     /// test KVM's matching rules).
     #[arg(long, value_delimiter = ',')]
     pub paths: Vec<String>,
-    /// Write the table as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Write a bar chart of the table to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub svg: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: OutputArgs,
     /// Give up on a guest that has not finished within this many seconds.
     #[arg(long, default_value_t = 300.0, value_parser = parse_seconds)]
     pub timeout: f64,
@@ -203,8 +206,7 @@ impl DoorbellArgs {
             repeat: self.repeat,
             cpl: self.cpl,
             paths,
-            json: self.json.clone(),
-            svg: self.svg.clone(),
+            outputs: self.out.outputs(),
             timeout: std::time::Duration::from_secs_f64(self.timeout),
         })
     }

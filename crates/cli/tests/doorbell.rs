@@ -91,8 +91,6 @@ fn bad_doorbell_arguments_are_one_line_errors() {
     for args in [&["--paths", "nope"][..], &["--cpl", "1"], &["--iters", "0"], &["--repeat", "x"]] {
         let mut all = vec!["bench", "doorbell"];
         all.extend_from_slice(args);
-        let out = exitless(&all);
-        assert!(!out.status.success(), "{args:?}");
-        assert_eq!(stderr(&out).trim().lines().count(), 1, "{args:?}: {}", stderr(&out));
+        assert_one_line_error(&all);
     }
 }

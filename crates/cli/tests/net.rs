@@ -92,8 +92,6 @@ fn bad_net_options_are_one_line_errors() {
         &["run", "--net-tx", "copy"],
         &["bench", "net", "--sizes", "32"],
     ] {
-        let out = exitless(args);
-        assert!(!out.status.success(), "{args:?}");
-        assert_eq!(stderr(&out).trim().lines().count(), 1, "{args:?}: {}", stderr(&out));
+        assert_one_line_error(args);
     }
 }

@@ -81,7 +81,5 @@ fn hostile_config_traffic_leaves_identity_and_enumeration_intact() {
 
 #[test]
 fn a_bad_ecam_mode_is_a_one_line_error() {
-    let out = exitless(&["run", "--ecam", "sideways"]);
-    assert!(!out.status.success());
-    assert_eq!(stderr(&out).trim().lines().count(), 1, "{}", stderr(&out));
+    assert_one_line_error(&["run", "--ecam", "sideways"]);
 }

@@ -102,10 +102,6 @@ fn bad_command_lines_get_one_line_and_a_nonzero_status() {
         &["run", "--timeout", "-1"],
         &["frobnicate"],
     ] {
-        let out = exitless(args);
-        let err = stderr(&out);
-        assert!(!out.status.success(), "{args:?} succeeded");
-        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
-        assert!(err.starts_with("exitless: "), "{args:?}: {err}");
+        assert_one_line_error(args);
     }
 }

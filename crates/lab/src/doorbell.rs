@@ -6,6 +6,7 @@
 //! the repeats are reported.
 
 use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabSteps};
+use crate::report::{targets_json, targets_text, Outputs, Target, WriteError};
 use crate::stats::median;
 use crate::svg;
 use exitless_payloads::abi::*;
@@ -17,7 +18,6 @@ use exitless_vmm::{Machine, MachineError};
 use kvm_ioctls::{Cap, IoEventAddress, VcpuExit};
 use serde_json::json;
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,8 +111,7 @@ pub struct Options {
     pub repeat: u32,
     pub cpl: u8,
     pub paths: Vec<&'static DoorbellPath>,
-    pub json: Option<PathBuf>,
-    pub svg: Option<PathBuf>,
+    pub outputs: Outputs,
     pub timeout: Duration,
 }
 
@@ -130,8 +129,8 @@ pub enum DoorbellError {
     UnknownStep(usize),
     #[error("the doorbell guest finished without measuring {0}")]
     Missing(&'static str),
-    #[error("cannot write {0}: {1}")]
-    Write(PathBuf, std::io::Error),
+    #[error(transparent)]
+    Write(#[from] WriteError),
 }
 
 /// One path measured once.
@@ -400,8 +399,8 @@ fn row_named<'a>(rows: &'a [Row], name: &str) -> Option<&'a Row> {
     rows.iter().find(|r| r.path.name == name)
 }
 
-/// The targets, each as (description, measured, met).
-pub fn targets(rows: &[Row]) -> Vec<(String, String, bool)> {
+/// The targets.
+pub fn targets(rows: &[Row]) -> Vec<Target> {
     let mut out = Vec::new();
     let (us, raw, ioe, polled) = (
         row_named(rows, "userspace-pio"),
@@ -411,25 +410,33 @@ pub fn targets(rows: &[Row]) -> Vec<(String, String, bool)> {
     );
     if let (Some(us), Some(ioe)) = (us, ioe) {
         let x = ioe.iops / us.iops;
-        out.push(("ioeventfd-pio iops >= 3x userspace-pio".into(), format!("{x:.2}x"), x >= 3.0));
+        out.push(Target::new("ioeventfd-pio iops >= 3x userspace-pio", format!("{x:.2}x"), x >= 3.0));
     }
     if let (Some(us), Some(raw)) = (us, raw) {
         let x = us.rtt_us / raw.rtt_us;
-        out.push(("userspace-pio rtt <= 1.03x raw-floor-pio".into(), format!("{x:.3}x"), x <= 1.03));
+        out.push(Target::new("userspace-pio rtt <= 1.03x raw-floor-pio", format!("{x:.3}x"), x <= 1.03));
     }
     if let Some(ns) = us.and_then(|u| u.vmm_ns_per_exit) {
-        out.push(("VMM time per userspace-pio exit < 150 ns".into(), format!("{ns:.0} ns"), ns < 150.0));
+        out.push(Target::new("VMM time per userspace-pio exit < 150 ns", format!("{ns:.0} ns"), ns < 150.0));
     }
     if let (Some(us), Some(p)) = (us, polled) {
         let x = p.iops / us.iops;
-        out.push(("polled iops >= 100x userspace-pio".into(), format!("{x:.0}x"), x >= 100.0));
+        out.push(Target::new("polled iops >= 100x userspace-pio", format!("{x:.0}x"), x >= 100.0));
     }
     let bad: Vec<_> = rows.iter().filter(|r| !r.count_ok).map(|r| r.path.name).collect();
-    out.push(("every row count_ok".into(), if bad.is_empty() { "all".into() } else { bad.join(",") }, bad.is_empty()));
+    out.push(Target::new(
+        "every row count_ok",
+        if bad.is_empty() { "all".into() } else { bad.join(",") },
+        bad.is_empty(),
+    ));
     for r in rows {
         if let Some(want) = r.path.expect_exits_per_ring {
             let ok = (r.exits_per_op - want).abs() < 0.01;
-            out.push((format!("{} exits per ring = {want}", r.path.name), format!("{:.3}", r.exits_per_op), ok));
+            out.push(Target::new(
+                format!("{} exits per ring = {want}", r.path.name),
+                format!("{:.3}", r.exits_per_op),
+                ok,
+            ));
         }
     }
     out
@@ -461,11 +468,7 @@ pub fn table(rows: &[Row], opts: &Options, tsc_khz: f64) -> String {
             if r.count_ok { "ok" } else { "LOST" }
         );
     }
-    s += "targets:\n";
-    for (what, got, ok) in targets(rows) {
-        s += &format!("  {:<48} {:>12}  {}\n", what, got, if ok { "met" } else { "NOT met" });
-    }
-    s
+    s + &targets_text(&targets(rows))
 }
 
 pub fn json(rows_in: &[Row], opts: &Options, tsc_khz: f64) -> serde_json::Value {
@@ -477,10 +480,7 @@ pub fn json(rows_in: &[Row], opts: &Options, tsc_khz: f64) -> serde_json::Value 
                    "speedup_vs_userspace_mmio": if r.speedup.is_finite() { json!(r.speedup) } else { json!(null) }})
         })
         .collect();
-    let targets: Vec<_> = targets(rows_in)
-        .into_iter()
-        .map(|(what, got, met)| json!({"target": what, "measured": got, "met": met}))
-        .collect();
+    let targets = targets_json(&targets(rows_in));
     json!({"bench": "doorbell", "iters": opts.iters, "repeat": opts.repeat, "cpl": opts.cpl,
            "tsc_khz": tsc_khz, "rows": rows, "targets": targets})
 }
@@ -489,15 +489,12 @@ pub fn json(rows_in: &[Row], opts: &Options, tsc_khz: f64) -> serde_json::Value 
 pub fn run(opts: &Options) -> Result<Vec<Row>, DoorbellError> {
     let (rows, tsc_khz) = measure(opts)?;
     print!("{}", table(&rows, opts, tsc_khz));
-    if let Some(path) = &opts.json {
-        std::fs::write(path, json(&rows, opts, tsc_khz).to_string() + "\n")
-            .map_err(|e| DoorbellError::Write(path.clone(), e))?;
-    }
-    if let Some(path) = &opts.svg {
-        let bars: Vec<_> = rows.iter().map(|r| (r.path.name.to_string(), r.iops)).collect();
-        let title = format!("doorbell: rings per second, CPL{} guest loop", opts.cpl);
-        std::fs::write(path, svg::bar_chart(&title, "iops", &bars, true))
-            .map_err(|e| DoorbellError::Write(path.clone(), e))?;
-    }
+    opts.outputs.write(
+        || json(&rows, opts, tsc_khz),
+        || {
+            let bars: Vec<_> = rows.iter().map(|r| (r.path.name.to_string(), r.iops)).collect();
+            svg::bar_chart(&format!("doorbell: rings per second, CPL{} guest loop", opts.cpl), "iops", &bars, true)
+        },
+    )?;
     Ok(rows)
 }

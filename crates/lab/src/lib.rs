@@ -6,6 +6,7 @@ pub mod doorbell;
 pub mod net;
 pub mod netns;
 pub mod pci;
+pub mod report;
 pub mod sink;
 pub mod stats;
 pub mod svg;

@@ -4,6 +4,7 @@
 
 use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabSteps};
 use crate::netns::{Netns, NetnsError};
+use crate::report::{targets_json, targets_text, Outputs, Target, WriteError};
 use crate::sink::{frame, Sink, SinkError, SinkReport};
 use crate::stats::median;
 use crate::svg;
@@ -14,7 +15,6 @@ use exitless_vmm::virtio::net::TxMode;
 use exitless_vmm::{Machine, MachineError, NetConfig};
 use serde_json::json;
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -25,8 +25,7 @@ pub struct Options {
     pub sizes: Vec<usize>,
     pub seconds: f64,
     pub repeat: u32,
-    pub json: Option<PathBuf>,
-    pub svg: Option<PathBuf>,
+    pub outputs: Outputs,
     pub timeout: Duration,
 }
 
@@ -42,8 +41,8 @@ pub enum NetBenchError {
     Missing(&'static str),
     #[error("the guest exited with status {0}")]
     Guest(u32),
-    #[error("cannot write {0}: {1}")]
-    Write(PathBuf, std::io::Error),
+    #[error(transparent)]
+    Write(#[from] WriteError),
 }
 
 #[derive(Clone, Debug)]
@@ -298,30 +297,24 @@ pub fn echo(frames: u64, size: usize, timeout: Duration) -> Result<EchoReport, N
     Ok(EchoReport { sink: sink.finish(frames, Duration::from_secs(2)), interrupts, console: console.text() })
 }
 
-/// The targets: (what, measured, met).
-pub fn targets(rows: &[Row]) -> Vec<(String, String, bool)> {
+/// The targets.
+pub fn targets(rows: &[Row]) -> Vec<Target> {
     let mut out = Vec::new();
     for size in [16 * 1024, MAX_SIZE] {
         let find = |p| rows.iter().find(|r| r.size == size && r.path == p);
         if let (Some(c), Some(z)) = (find(TxMode::Copy), find(TxMode::Zerocopy)) {
             let x = z.gbps_per_cpu_second / c.gbps_per_cpu_second;
-            out.push((
-                format!("zerocopy Gb/s per VMM CPU-s >= 1.3x copy at {}", human_size(size)),
-                format!("{x:.2}x"),
-                x >= 1.3,
-            ));
+            let what = format!("zerocopy Gb/s per VMM CPU-s >= 1.3x copy at {}", human_size(size));
+            out.push(Target::new(what, format!("{x:.2}x"), x >= 1.3));
         }
     }
     for r in rows.iter().filter(|r| r.size == MAX_SIZE) {
         let ok = r.exits_per_pkt < 0.1;
-        out.push((
-            format!("exits per packet < 0.1 at 64K ({})", path_name(r.path)),
-            format!("{:.3}", r.exits_per_pkt),
-            ok,
-        ));
+        let what = format!("exits per packet < 0.1 at 64K ({})", path_name(r.path));
+        out.push(Target::new(what, format!("{:.3}", r.exits_per_pkt), ok));
     }
     let lost: u64 = rows.iter().map(|r| r.lost + r.corrupt).sum();
-    out.push(("lost 0 everywhere".into(), lost.to_string(), lost == 0));
+    out.push(Target::new("lost 0 everywhere", lost.to_string(), lost == 0));
     out
 }
 
@@ -362,11 +355,7 @@ pub fn table(rows: &[Row], opts: &Options) -> String {
             r.copy_ns_per_pkt
         );
     }
-    s += "targets:\n";
-    for (what, got, ok) in targets(rows) {
-        s += &format!("  {:<52} {:>8}  {}\n", what, got, if ok { "met" } else { "NOT met" });
-    }
-    s
+    s + &targets_text(&targets(rows))
 }
 
 pub fn json(rows: &[Row]) -> serde_json::Value {
@@ -379,26 +368,20 @@ pub fn json(rows: &[Row]) -> serde_json::Value {
                    "copy_ns_per_pkt": r.copy_ns_per_pkt, "sink_drops": r.sink_drops})
         })
         .collect();
-    let targets: Vec<_> = targets(rows)
-        .into_iter()
-        .map(|(what, got, met)| json!({"target": what, "measured": got, "met": met}))
-        .collect();
+    let targets = targets_json(&targets(rows));
     json!({"bench": "net", "rows": out, "targets": targets})
 }
 
 pub fn run(opts: &Options) -> Result<Vec<Row>, NetBenchError> {
     let rows = measure(opts)?;
     print!("{}", table(&rows, opts));
-    if let Some(path) = &opts.json {
-        std::fs::write(path, json(&rows).to_string() + "\n").map_err(|e| NetBenchError::Write(path.clone(), e))?;
-    }
-    if let Some(path) = &opts.svg {
-        let bars: Vec<_> = rows
-            .iter()
-            .map(|r| (format!("{} {}", human_size(r.size), path_name(r.path)), r.gbps_per_cpu_second))
-            .collect();
-        let chart = svg::bar_chart("virtio-net TX: Gb/s per second of VMM CPU", "Gb/s per CPU-s", &bars, false);
-        std::fs::write(path, chart).map_err(|e| NetBenchError::Write(path.clone(), e))?;
-    }
+    opts.outputs.write(
+        || json(&rows),
+        || {
+            let label = |r: &Row| format!("{} {}", human_size(r.size), path_name(r.path));
+            let bars: Vec<_> = rows.iter().map(|r| (label(r), r.gbps_per_cpu_second)).collect();
+            svg::bar_chart("virtio-net TX: Gb/s per second of VMM CPU", "Gb/s per CPU-s", &bars, false)
+        },
+    )?;
     Ok(rows)
 }

@@ -3,6 +3,7 @@
 //! 0 per method and a check that all three saw identical bytes.
 
 use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabSteps};
+use crate::report::{targets_json, targets_text, Outputs, Target, WriteError};
 use crate::svg;
 use exitless_payloads::abi::*;
 use exitless_vmm::machine::read_result;
@@ -11,7 +12,6 @@ use exitless_vmm::stats::ExitKind;
 use exitless_vmm::vcpu::Vcpu;
 use exitless_vmm::{Machine, MachineError};
 use serde_json::json;
-use std::path::PathBuf;
 use std::time::Duration;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -46,8 +46,7 @@ impl Method {
 
 pub struct Options {
     pub reads: u64,
-    pub json: Option<PathBuf>,
-    pub svg: Option<PathBuf>,
+    pub outputs: Outputs,
     pub timeout: Duration,
 }
 
@@ -61,8 +60,8 @@ pub enum PciBenchError {
     UnknownStep(usize),
     #[error("the pciscan guest finished without measuring {0}")]
     Missing(&'static str),
-    #[error("cannot write {0}: {1}")]
-    Write(PathBuf, std::io::Error),
+    #[error(transparent)]
+    Write(#[from] WriteError),
 }
 
 #[derive(Clone, Debug)]
@@ -144,22 +143,26 @@ pub fn measure(opts: &Options) -> Result<Vec<Row>, PciBenchError> {
         .collect()
 }
 
-/// The targets: (what, measured, met).
-pub fn targets(rows: &[Row]) -> Vec<(String, String, bool)> {
+/// The targets.
+pub fn targets(rows: &[Row]) -> Vec<Target> {
     let per_read = |m: Method| rows.iter().find(|r| r.method == m).map(|r| r.us_per_read);
     let mut out = Vec::new();
     if let (Some(pio), Some(ecam), Some(mapped)) =
         (per_read(Method::Pio), per_read(Method::Ecam), per_read(Method::EcamMapped))
     {
-        out.push(("ecam >= 1.8x faster per read than pio".into(), format!("{:.2}x", pio / ecam), pio / ecam >= 1.8));
-        out.push((
-            "ecam-mapped >= 1000x faster than pio".into(),
+        out.push(Target::new(
+            "ecam >= 1.8x faster per read than pio",
+            format!("{:.2}x", pio / ecam),
+            pio / ecam >= 1.8,
+        ));
+        out.push(Target::new(
+            "ecam-mapped >= 1000x faster than pio",
             format!("{:.0}x", pio / mapped),
             pio / mapped >= 1000.0,
         ));
     }
     let all = rows.iter().all(|r| r.identical);
-    out.push(("identical bytes by every method".into(), if all { "yes" } else { "NO" }.into(), all));
+    out.push(Target::new("identical bytes by every method", if all { "yes" } else { "NO" }, all));
     out
 }
 
@@ -191,11 +194,7 @@ pub fn table(rows: &[Row]) -> String {
             if r.identical { "yes" } else { "NO" }
         );
     }
-    s += "targets:\n";
-    for (what, got, ok) in targets(rows) {
-        s += &format!("  {:<44} {:>10}  {}\n", what, got, if ok { "met" } else { "NOT met" });
-    }
-    s
+    s + &targets_text(&targets(rows))
 }
 
 pub fn json(rows: &[Row]) -> serde_json::Value {
@@ -206,23 +205,19 @@ pub fn json(rows: &[Row]) -> serde_json::Value {
                    "exits_per_read": r.exits_per_read, "scan_us": r.scan_us, "identical": r.identical})
         })
         .collect();
-    let targets: Vec<_> = targets(rows)
-        .into_iter()
-        .map(|(what, got, met)| json!({"target": what, "measured": got, "met": met}))
-        .collect();
+    let targets = targets_json(&targets(rows));
     json!({"bench": "pci", "rows": out, "targets": targets})
 }
 
 pub fn run(opts: &Options) -> Result<Vec<Row>, PciBenchError> {
     let rows = measure(opts)?;
     print!("{}", table(&rows));
-    if let Some(path) = &opts.json {
-        std::fs::write(path, json(&rows).to_string() + "\n").map_err(|e| PciBenchError::Write(path.clone(), e))?;
-    }
-    if let Some(path) = &opts.svg {
-        let bars: Vec<_> = rows.iter().map(|r| (r.method.name().to_string(), 1.0 / r.us_per_read * 1e6)).collect();
-        let chart = svg::bar_chart("PCI config reads per second", "reads/s", &bars, true);
-        std::fs::write(path, chart).map_err(|e| PciBenchError::Write(path.clone(), e))?;
-    }
+    opts.outputs.write(
+        || json(&rows),
+        || {
+            let bars: Vec<_> = rows.iter().map(|r| (r.method.name().to_string(), 1.0 / r.us_per_read * 1e6)).collect();
+            svg::bar_chart("PCI config reads per second", "reads/s", &bars, true)
+        },
+    )?;
     Ok(rows)
 }

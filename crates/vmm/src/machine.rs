@@ -255,11 +255,7 @@ impl Machine {
         len: u64,
         device: Arc<dyn BusDevice>,
     ) -> Result<DeviceId, MachineError> {
-        let id = self.register_device(name);
-        self.buses
-            .update(|b| b.pio.insert(PioAddress(port), len, id, device))
-            .map_err(|source| MachineError::Bus { name: name.into(), source })?;
-        Ok(id)
+        self.add_device(name, |b, id| b.pio.insert(PioAddress(port), len, id, device))
     }
 
     pub fn add_mmio_device(
@@ -269,10 +265,17 @@ impl Machine {
         len: u64,
         device: Arc<dyn BusDevice>,
     ) -> Result<DeviceId, MachineError> {
+        self.add_device(name, |b, id| b.mmio.insert(MmioAddress(addr), len, id, device))
+    }
+
+    /// Names the device and places it with `insert` on the current bus layout.
+    fn add_device(
+        &mut self,
+        name: &str,
+        insert: impl FnOnce(&mut BusSet, DeviceId) -> Result<(), BusError>,
+    ) -> Result<DeviceId, MachineError> {
         let id = self.register_device(name);
-        self.buses
-            .update(|b| b.mmio.insert(MmioAddress(addr), len, id, device))
-            .map_err(|source| MachineError::Bus { name: name.into(), source })?;
+        self.buses.update(|b| insert(b, id)).map_err(|source| MachineError::Bus { name: name.into(), source })?;
         Ok(id)
     }
 

@@ -8,7 +8,7 @@
 
 use crate::bus::{BusDevice, DeviceId};
 use crate::pci::config::{COMMAND, COMMAND_IO, COMMAND_MEMORY};
-use crate::pci::{BarKind, BarSpec, ConfigSpace, PciFunction, PciIds, VENDOR_EXITLESS};
+use crate::pci::{BarKind, BarSpec, ConfigSpace, PciFunction, PciIds};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -61,15 +61,7 @@ impl Doorbell {
 /// The doorbell as PCI function: BAR0 its MMIO registers, BAR1 its port-I/O registers,
 /// at the addresses the VMM assigns, decode already enabled (as firmware would leave it).
 pub fn pci_function(bell: Arc<Doorbell>, mmio: (DeviceId, u64), pio: (DeviceId, u64)) -> PciFunction {
-    let ids = PciIds {
-        vendor: VENDOR_EXITLESS,
-        device: 0x0d00,
-        class: [0xff, 0x00, 0x00],
-        revision: 1,
-        subsystem_vendor: VENDOR_EXITLESS,
-        subsystem: 0x0d00,
-    };
-    let mut config = ConfigSpace::new(ids);
+    let mut config = ConfigSpace::new(PciIds::exitless(0x0d00, [0xff, 0x00, 0x00]));
     config.set_bar(0, BarSpec { kind: BarKind::Memory32, size: DOORBELL_MMIO_LEN }, mmio.1);
     config.set_bar(1, BarSpec { kind: BarKind::Io, size: DOORBELL_PIO_LEN }, pio.1);
     let _ = config.add_capability(0x09, &[8, b'd', b'o', b'o', b'r', b'b', b'l']); // vendor-specific: length, tag

@@ -68,6 +68,20 @@ pub struct PciIds {
     pub subsystem: u16,
 }
 
+impl PciIds {
+    /// One of the VMM's own functions: our vendor ID, revision 1, subsystem = device.
+    pub fn exitless(device: u16, class: [u8; 3]) -> Self {
+        PciIds {
+            vendor: super::VENDOR_EXITLESS,
+            device,
+            class,
+            revision: 1,
+            subsystem_vendor: super::VENDOR_EXITLESS,
+            subsystem: device,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct ConfigSpace {
     bytes: Box<[u8; CONFIG_SIZE]>,

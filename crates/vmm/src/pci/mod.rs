@@ -18,15 +18,7 @@ pub const VENDOR_EXITLESS: u16 = 0xe1e5;
 
 /// The host bridge at 00:00.0.
 pub fn host_bridge() -> PciFunction {
-    let ids = PciIds {
-        vendor: VENDOR_EXITLESS,
-        device: 0x0001,
-        class: [0x06, 0x00, 0x00],
-        revision: 1,
-        subsystem_vendor: VENDOR_EXITLESS,
-        subsystem: 1,
-    };
-    let mut config = ConfigSpace::new(ids);
+    let mut config = ConfigSpace::new(PciIds::exitless(0x0001, [0x06, 0x00, 0x00]));
     let _ = config.add_capability(0x09, &[4, 0x01]); // vendor-specific: length, version
     PciFunction::new("host-bridge", config)
 }
