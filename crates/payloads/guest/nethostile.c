@@ -121,6 +121,14 @@ int main(void) {
 	while (!(vnet_status(&net) & VS_NEEDS_RESET) && spin++ < 200000000ULL) __asm__ volatile("pause");
 	check(vnet_status(&net) & VS_NEEDS_RESET, "a head index past the queue sets NEEDS_RESET");
 
+	/* An avail index run far past the queue: NEEDS_RESET, not a device thread spinning. */
+	reset_and_init();
+	net.tx.avail->idx = (u16)(net.tx.avail_idx + 1000);
+	vq_kick(&net.tx);
+	spin = 0;
+	while (!(vnet_status(&net) & VS_NEEDS_RESET) && spin++ < 200000000ULL) __asm__ volatile("pause");
+	check(vnet_status(&net) & VS_NEEDS_RESET, "an avail index past the queue sets NEEDS_RESET");
+
 	reset_and_init();
 	check(good_frame(0), "after a reset the device sends again");
 	print("nethostile: %s\n", failures ? "SOME CHECKS FAILED" : "all checks passed");

@@ -270,7 +270,9 @@ impl Worker {
             if self.queues[TX].disable_notification(&self.mem).is_err() {
                 return self.fail("cannot write the TX queue's avail_event");
             }
+            let mut popped = false;
             while let Some(chain) = self.queues[TX].pop_descriptor_chain(&self.mem) {
+                popped = true;
                 let head = chain.head_index();
                 match self.io.send(&self.mem, chain) {
                     Ok(()) => {}
@@ -290,7 +292,10 @@ impl Worker {
                 used_any = true;
             }
             match self.queues[TX].enable_notification(&self.mem) {
-                Ok(true) => continue, // more arrived while notifications were off
+                // More arrived while notifications were off; but "more" with nothing to pop
+                // means an avail index the driver ran past the queue: do not spin on it.
+                Ok(true) if popped => continue,
+                Ok(true) => return self.fail("the TX avail index is not valid"),
                 Ok(false) => break,
                 Err(_) => return self.fail("cannot write the TX queue's avail_event"),
             }
@@ -319,8 +324,13 @@ impl Worker {
             let Some(chain) = self.queues[RX].pop_descriptor_chain(&self.mem) else {
                 self.rx_staged = Some(len);
                 match self.queues[RX].enable_notification(&self.mem) {
-                    Ok(true) => continue, // buffers arrived meanwhile
-                    Ok(false) => break,   // wait for the driver's kick
+                    // Buffers arrived meanwhile, if one can really be popped now.
+                    Ok(true) if self.queues[RX].pop_descriptor_chain(&self.mem).is_some() => {
+                        self.queues[RX].go_to_previous_position();
+                        continue;
+                    }
+                    Ok(true) => return self.fail("the RX avail index is not valid"),
+                    Ok(false) => break, // wait for the driver's kick
                     Err(_) => return self.fail("cannot write the RX queue's avail_event"),
                 }
             };

@@ -402,3 +402,133 @@ impl ConfigWriteHook for VirtioPci {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::irq::GsiRouter;
+    use crate::testing::FakeKvm;
+    use vm_memory::GuestAddress;
+
+    /// A device that only records what the transport asks of it.
+    #[derive(Default)]
+    struct Dummy {
+        activations: Arc<AtomicU64>,
+    }
+
+    impl VirtioDevice for Dummy {
+        fn device_type(&self) -> u16 {
+            1
+        }
+        fn features(&self) -> u64 {
+            VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX
+        }
+        fn queue_max_sizes(&self) -> Vec<u16> {
+            vec![256, 256]
+        }
+        fn read_config(&self, _offset: u64, data: &mut [u8]) {
+            data.fill(0xab);
+        }
+        fn activate(&mut self, _queues: Vec<ActiveQueue>, _activation: Activation) -> Result<(), String> {
+            self.activations.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        fn reset(&mut self) {}
+    }
+
+    fn transport() -> (Arc<VirtioPci>, Arc<AtomicU64>) {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let router = Arc::new(GsiRouter::new(Arc::new(FakeKvm::default())));
+        let dummy = Dummy::default();
+        let activations = dummy.activations.clone();
+        let t = VirtioPci::new(Box::new(dummy), mem, Msix::new(router, 3).unwrap()).unwrap();
+        (Arc::new(t), activations)
+    }
+
+    fn w(t: &VirtioPci, at: u64, v: u64, size: usize) {
+        t.write(at, &v.to_le_bytes()[..size]);
+    }
+
+    fn r(t: &VirtioPci, at: u64, size: usize) -> u64 {
+        let mut b = [0u8; 8];
+        t.read(at, &mut b[..size]);
+        u64::from_le_bytes(b)
+    }
+
+    fn negotiate(t: &VirtioPci, features: u64) {
+        w(t, 0x14, 0, 1);
+        w(t, 0x14, 3, 1);
+        for sel in 0..2 {
+            w(t, 0x08, sel, 4);
+            w(t, 0x0c, features >> (32 * sel) & 0xffff_ffff, 4);
+        }
+        w(t, 0x14, 0xb, 1);
+    }
+
+    #[test]
+    fn features_never_offered_fail_features_ok() {
+        let (t, _) = transport();
+        negotiate(&t, VIRTIO_F_VERSION_1 | 1 << 40);
+        assert_eq!(r(&t, 0x14, 1) as u8 & STATUS_FEATURES_OK, 0);
+        negotiate(&t, VIRTIO_F_EVENT_IDX); // no VERSION_1: a legacy driver
+        assert_eq!(r(&t, 0x14, 1) as u8 & STATUS_FEATURES_OK, 0);
+        negotiate(&t, VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX);
+        assert_ne!(r(&t, 0x14, 1) as u8 & STATUS_FEATURES_OK, 0);
+    }
+
+    #[test]
+    fn queue_sizes_must_be_powers_of_two_up_to_the_maximum() {
+        let (t, _) = transport();
+        w(&t, 0x16, 1, 2);
+        for bad in [0u64, 3, 257, 512, 0xffff] {
+            w(&t, 0x18, bad, 2);
+            assert_eq!(r(&t, 0x18, 2), 256, "size {bad}");
+        }
+        w(&t, 0x18, 64, 2);
+        assert_eq!(r(&t, 0x18, 2), 64);
+        w(&t, 0x16, 9, 2); // no such queue: reads zero, writes ignored
+        w(&t, 0x18, 8, 2);
+        assert_eq!(r(&t, 0x18, 2), 0);
+    }
+
+    #[test]
+    fn driver_ok_with_rings_outside_memory_needs_reset_and_reset_clears_it() {
+        let (t, activations) = transport();
+        negotiate(&t, VIRTIO_F_VERSION_1);
+        w(&t, 0x16, 0, 2);
+        w(&t, 0x20, 0xffff_0000_0000, 8);
+        w(&t, 0x1c, 1, 2);
+        w(&t, 0x14, 0xf, 1);
+        assert_ne!(t.status() & STATUS_NEEDS_RESET, 0);
+        assert_eq!(activations.load(Ordering::Relaxed), 0);
+        w(&t, 0x14, 0, 1);
+        assert_eq!(t.status(), 0);
+        assert_eq!(r(&t, 0x20, 8), 0, "queue registers back to their reset values");
+    }
+
+    #[test]
+    fn any_access_anywhere_in_bar0_is_safe() {
+        let (t, _) = transport();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..200_000 {
+            let size = [1usize, 2, 4, 8][(next() % 4) as usize];
+            let at = next() % BAR_SIZE;
+            let at = at.min(BAR_SIZE - size as u64);
+            if next() % 2 == 0 {
+                t.write(at, &next().to_le_bytes()[..size]);
+            } else {
+                let mut b = [0u8; 8];
+                t.read(at, &mut b[..size]);
+            }
+        }
+        // Still a working transport afterwards.
+        negotiate(&t, VIRTIO_F_VERSION_1);
+        assert_ne!(t.status() & STATUS_FEATURES_OK, 0);
+    }
+}
