@@ -81,6 +81,9 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
 }
 
 fn payloads(args: PayloadsArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
     for p in exitless_payloads::PAYLOADS {
         println!("{:<10} {}", p.name, p.about);
         if let Some(dir) = &args.out {
