@@ -8,7 +8,7 @@ pub mod msix;
 pub mod root;
 
 pub use config::{BarKind, BarSpec, ConfigSpace, PciIds};
-pub use root::{ConfigWriteHook, EcamMode, PciError, PciFunction, PciRoot};
+pub use root::{ConfigHook, EcamMode, PciError, PciFunction, PciRoot};
 
 /// Functions on bus 0: 32 devices of 8 functions.
 pub const FUNCTIONS: usize = 256;

@@ -37,10 +37,16 @@ struct BarHandler {
     ioeventfd_base: u64,
 }
 
-/// Told about every config write a function receives (its capabilities' registers may
-/// drive device state, like MSI-X enable).
-pub trait ConfigWriteHook: Send + Sync {
+/// A device's say in its own config space: told about every write (capability registers
+/// may drive device state, like MSI-X enable), and able to answer a read itself (a
+/// function that does must set `read_side_effects`, so its ECAM page stays trapped).
+pub trait ConfigHook: Send + Sync {
     fn config_written(&self, config: &ConfigSpace, offset: usize, len: usize);
+
+    /// Fills `data` and returns true to answer the read instead of the plain bytes.
+    fn config_read(&self, _config: &ConfigSpace, _offset: usize, _data: &mut [u8]) -> bool {
+        false
+    }
 }
 
 /// A function: config space, what serves its BARs, and whether reading its config has
@@ -50,7 +56,7 @@ pub struct PciFunction {
     pub config: ConfigSpace,
     bars: [Option<BarHandler>; BAR_COUNT],
     pub read_side_effects: bool,
-    hook: Option<Arc<dyn ConfigWriteHook>>,
+    hook: Option<Arc<dyn ConfigHook>>,
 }
 
 impl PciFunction {
@@ -58,7 +64,7 @@ impl PciFunction {
         PciFunction { name: name.into(), config, bars: Default::default(), read_side_effects: false, hook: None }
     }
 
-    pub fn with_hook(mut self, hook: Arc<dyn ConfigWriteHook>) -> Self {
+    pub fn with_hook(mut self, hook: Arc<dyn ConfigHook>) -> Self {
         self.hook = Some(hook);
         self
     }
@@ -150,6 +156,7 @@ impl PciRoot {
     /// A config read of function `index` (bus 0); a missing function reads all-ones.
     pub fn config_read(&self, index: usize, offset: usize, data: &mut [u8]) {
         match self.lock().functions.get(index).and_then(Option::as_ref) {
+            Some(f) if f.hook.as_ref().is_some_and(|h| h.config_read(&f.config, offset, data)) => {}
             Some(f) => f.config.read(offset, data),
             None => data.fill(0xff),
         }

@@ -11,7 +11,7 @@ use crate::bus::{BusDevice, DeviceId};
 use crate::ioeventfd::IoeventfdKey;
 use crate::pci::config::{COMMAND, COMMAND_MEMORY};
 use crate::pci::msix::Msix;
-use crate::pci::{BarKind, BarSpec, ConfigSpace, ConfigWriteHook, PciFunction, PciIds};
+use crate::pci::{BarKind, BarSpec, ConfigHook, ConfigSpace, PciFunction, PciIds};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use virtio_queue::{Queue, QueueT};
@@ -36,6 +36,13 @@ const CFG_COMMON: u8 = 1;
 const CFG_NOTIFY: u8 = 2;
 const CFG_ISR: u8 = 3;
 const CFG_DEVICE: u8 = 4;
+const CFG_PCI: u8 = 5;
+/// In the PCI_CFG capability: bar (1 byte) at +4, offset and length (le32) at +8 and
+/// +12, and the data window (le32) at +16.
+const PCI_CFG_BAR: usize = 4;
+const PCI_CFG_OFFSET: usize = 8;
+const PCI_CFG_LENGTH: usize = 12;
+const PCI_CFG_DATA: usize = 16;
 
 /// What the driver wrote for one queue.
 #[derive(Clone, Copy, Default)]
@@ -92,6 +99,7 @@ pub struct VirtioPci {
     interrupt: Mutex<Option<Arc<Interrupt>>>,
     kicks: Vec<Arc<EventFd>>,
     msix_cap: Mutex<usize>,
+    pci_cfg_cap: Mutex<usize>,
     /// Notifications that reached the VMM as exits (no ioeventfd for them).
     pub notify_exits: AtomicU64,
 }
@@ -124,6 +132,7 @@ impl VirtioPci {
             interrupt: Mutex::new(None),
             kicks,
             msix_cap: Mutex::new(0),
+            pci_cfg_cap: Mutex::new(0),
             notify_exits: AtomicU64::new(0),
         })
     }
@@ -161,6 +170,11 @@ impl VirtioPci {
         );
         let _ = config.add_capability(CAP_VENDOR, &cap(CFG_ISR, ISR, 1, &[]));
         let _ = config.add_capability(CAP_VENDOR, &cap(CFG_DEVICE, DEVICE_CFG, DEVICE_CFG_LEN, &[]));
+        // The PCI_CFG window (required by the spec): BAR access through config space.
+        let pci_cfg = config.add_capability(CAP_VENDOR, &cap(CFG_PCI, 0, 0, &[0; 4]));
+        config.set_writable(pci_cfg + PCI_CFG_BAR, 1);
+        config.set_writable(pci_cfg + PCI_CFG_OFFSET, 12);
+        *self.pci_cfg_cap.lock().unwrap_or_else(|e| e.into_inner()) = pci_cfg;
         let vectors = self.msix.lock().unwrap_or_else(|e| e.into_inner()).len() as u16;
         let mut body = (vectors - 1).to_le_bytes().to_vec();
         body.extend_from_slice(&(MSIX_TABLE as u32).to_le_bytes()); // BIR 0
@@ -169,7 +183,30 @@ impl VirtioPci {
         config.set_write_mask(msix_cap + 2, &[0x00, 0xc0]);
         *self.msix_cap.lock().unwrap_or_else(|e| e.into_inner()) = msix_cap;
         config.write(COMMAND, &COMMAND_MEMORY.to_le_bytes());
-        PciFunction::new(name, config).with_bar(0, id, self.clone()).with_hook(self.clone())
+        let mut function = PciFunction::new(name, config).with_bar(0, id, self.clone()).with_hook(self.clone());
+        // Reading the PCI_CFG window reads BAR0 (the ISR clears on read): never map this page.
+        function.read_side_effects = true;
+        function
+    }
+
+    /// The BAR0 access the PCI_CFG window describes now: (offset, length), if valid.
+    fn pci_cfg_target(&self, config: &ConfigSpace) -> Option<(u64, usize)> {
+        let cap = *self.pci_cfg_cap.lock().unwrap_or_else(|e| e.into_inner());
+        let le32 = |at: usize| {
+            let mut b = [0u8; 4];
+            config.read(cap + at, &mut b);
+            u32::from_le_bytes(b)
+        };
+        let bar = le32(PCI_CFG_BAR) & 0xff;
+        let (offset, length) = (u64::from(le32(PCI_CFG_OFFSET)), le32(PCI_CFG_LENGTH) as usize);
+        let valid = cap != 0 && bar == 0 && matches!(length, 1 | 2 | 4) && offset + length as u64 <= BAR_SIZE;
+        valid.then_some((offset, length))
+    }
+
+    /// Whether `[offset, offset + len)` touches the PCI_CFG data window.
+    fn touches_pci_cfg_data(&self, offset: usize, len: usize) -> bool {
+        let data = *self.pci_cfg_cap.lock().unwrap_or_else(|e| e.into_inner()) + PCI_CFG_DATA;
+        data > PCI_CFG_DATA && offset < data + 4 && data < offset + len
     }
 
     /// Zero-length MMIO ioeventfds for every queue's notify address, given BAR0's base.
@@ -394,18 +431,45 @@ impl BusDevice for VirtioPci {
     }
 }
 
-impl ConfigWriteHook for VirtioPci {
-    fn config_written(&self, config: &ConfigSpace, _offset: usize, _len: usize) {
+impl ConfigHook for VirtioPci {
+    fn config_written(&self, config: &ConfigSpace, offset: usize, len: usize) {
         let cap = *self.msix_cap.lock().unwrap_or_else(|e| e.into_inner());
         if cap != 0 {
             self.msix.lock().unwrap_or_else(|e| e.into_inner()).set_control(config.read_u16(cap + 2));
         }
+        if self.touches_pci_cfg_data(offset, len) {
+            if let Some((bar_offset, length)) = self.pci_cfg_target(config) {
+                let data = *self.pci_cfg_cap.lock().unwrap_or_else(|e| e.into_inner()) + PCI_CFG_DATA;
+                let mut bytes = [0u8; 4];
+                config.read(data, &mut bytes);
+                self.write(bar_offset, &bytes[..length]);
+            }
+        }
+    }
+
+    fn config_read(&self, config: &ConfigSpace, offset: usize, data: &mut [u8]) -> bool {
+        if !self.touches_pci_cfg_data(offset, data.len()) {
+            return false;
+        }
+        config.read(offset, data);
+        let mut window = [0u8; 4];
+        if let Some((bar_offset, length)) = self.pci_cfg_target(config) {
+            self.read(bar_offset, &mut window[..length]);
+        }
+        let start = *self.pci_cfg_cap.lock().unwrap_or_else(|e| e.into_inner()) + PCI_CFG_DATA;
+        for (i, byte) in data.iter_mut().enumerate() {
+            if let Some(w) = (offset + i).checked_sub(start).and_then(|k| window.get(k)) {
+                *byte = *w;
+            }
+        }
+        true
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bus::DeviceId;
     use crate::irq::GsiRouter;
     use crate::testing::FakeKvm;
     use vm_memory::GuestAddress;
@@ -504,6 +568,38 @@ mod tests {
         w(&t, 0x14, 0, 1);
         assert_eq!(t.status(), 0);
         assert_eq!(r(&t, 0x20, 8), 0, "queue registers back to their reset values");
+    }
+
+    #[test]
+    fn the_pci_cfg_window_reaches_bar0() {
+        let (t, _) = transport();
+        let mut f = t.pci_function("virtio", DeviceId(0), 0xc000_0000);
+        assert!(f.read_side_effects, "its page must stay trapped");
+        let cap = (0x40..0x100)
+            .step_by(4)
+            .find(|&c| f.config.bytes()[c] == CAP_VENDOR && f.config.bytes()[c + 3] == CFG_PCI)
+            .unwrap();
+        let set = |reg: usize, v: u32, config: &mut ConfigSpace| {
+            config.write(cap + reg, &v.to_le_bytes());
+            t.config_written(config, cap + reg, 4);
+        };
+        // Write device_status = ACK through the window, read it back through it.
+        set(PCI_CFG_OFFSET, 0x14, &mut f.config);
+        set(PCI_CFG_LENGTH, 1, &mut f.config);
+        set(PCI_CFG_DATA, 1, &mut f.config);
+        assert_eq!(t.status(), 1);
+        let mut data = [0u8; 4];
+        assert!(t.config_read(&f.config, cap + PCI_CFG_DATA, &mut data));
+        assert_eq!(data[0], 1);
+        // A read outside the window is not the hook's; bad lengths and BARs read zero.
+        assert!(!t.config_read(&f.config, 0, &mut data));
+        set(PCI_CFG_LENGTH, 3, &mut f.config);
+        assert!(t.config_read(&f.config, cap + PCI_CFG_DATA, &mut data));
+        assert_eq!(data, [0; 4]);
+        set(PCI_CFG_OFFSET, 0xffff_fff0, &mut f.config);
+        set(PCI_CFG_LENGTH, 4, &mut f.config);
+        set(PCI_CFG_DATA, 0xffff_ffff, &mut f.config); // out of the BAR: ignored
+        assert_eq!(t.status(), 1);
     }
 
     #[test]
