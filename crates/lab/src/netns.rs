@@ -40,17 +40,17 @@ impl Netns {
         ip(&["link", "set", "dev", ifname, "netns", &self.name])?;
         ip(&["-n", &self.name, "link", "set", "dev", ifname, "mtu", "65521", "up"])
     }
+}
 
-    /// Switches the calling thread (only) into the namespace.
-    pub fn enter_current_thread(&self) -> Result<(), NetnsError> {
-        let path = format!("/var/run/netns/{}", self.name);
-        let file = std::fs::File::open(&path).map_err(|e| NetnsError::Enter(self.name.clone(), e))?;
-        // SAFETY: setns on a namespace fd we just opened; it affects only this thread.
-        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(NetnsError::Enter(self.name.clone(), std::io::Error::last_os_error()));
-        }
-        Ok(())
+/// Switches the calling thread (only) into network namespace `name`.
+pub fn enter_current_thread(name: &str) -> Result<(), NetnsError> {
+    let path = format!("/var/run/netns/{name}");
+    let file = std::fs::File::open(&path).map_err(|e| NetnsError::Enter(name.into(), e))?;
+    // SAFETY: setns on a namespace fd we just opened; it affects only this thread.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(NetnsError::Enter(name.into(), std::io::Error::last_os_error()));
     }
+    Ok(())
 }
 
 impl Drop for Netns {

@@ -2,7 +2,7 @@
 //! socket on the tap, which checks every frame the guest sends (length, ethertype,
 //! sequence number, payload bytes) and can send frames to the guest too.
 
-use crate::netns::Netns;
+use crate::netns::{enter_current_thread, Netns};
 use exitless_payloads::abi::LAB_ETHERTYPE;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -118,10 +118,9 @@ impl Sink {
     pub fn spawn(netns: &Netns, ifname: &str, size: usize) -> Result<Sink, SinkError> {
         // The socket is made on a thread that entered the namespace, then shared.
         let (tx, rx) = std::sync::mpsc::channel();
-        let (ns, name) = (Netns { name: netns.name.clone() }, ifname.to_string());
+        let (ns, name) = (netns.name.clone(), ifname.to_string());
         std::thread::spawn(move || {
-            let result = ns.enter_current_thread().map_err(SinkError::from).and_then(|()| packet_socket(&name));
-            std::mem::forget(ns); // not ours to delete
+            let result = enter_current_thread(&ns).map_err(SinkError::from).and_then(|()| packet_socket(&name));
             let _ = tx.send(result);
         });
         let (socket, ifindex) = rx.recv().map_err(|e| SinkError::Socket(ifname.into(), std::io::Error::other(e)))??;

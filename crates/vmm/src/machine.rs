@@ -184,9 +184,9 @@ impl Machine {
         let vm = Arc::new(vm);
         let buses = Arc::new(SharedBuses::new(BusSet::default()));
         let ioeventfds = Arc::new(IoeventfdRegistry::new(vm.clone(), config.ioeventfd_limits));
+        let gsi_router = Arc::new(GsiRouter::new(vm.clone()));
         let shadow = EcamShadow::new(vm.clone(), abi::ECAM_GPA, ECAM_FIRST_SLOT).map_err(PciError::Shadow)?;
         let pci = Arc::new(PciRoot::new(buses.clone(), ioeventfds.clone(), shadow, config.ecam)?);
-        let vm_for_irq = vm.clone();
         let mut machine = Machine {
             kvm,
             ioeventfds,
@@ -196,7 +196,7 @@ impl Machine {
             buses,
             pci: pci.clone(),
             doorbell: Arc::new(Doorbell::default()),
-            gsi_router: Arc::new(GsiRouter::new(vm_for_irq)),
+            gsi_router,
             net: None,
             devices: Vec::new(),
             entry,
@@ -281,10 +281,6 @@ impl Machine {
 
     pub fn kvm(&self) -> &Kvm {
         &self.kvm
-    }
-
-    pub fn device_names(&self) -> &[String] {
-        &self.devices
     }
 
     /// Creates vCPU `id`, with the host's supported CPUID; vCPU 0 is put at the entry point.

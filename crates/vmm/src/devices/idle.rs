@@ -18,13 +18,11 @@ const MAX_WAIT: Duration = Duration::from_millis(10);
 pub struct Idle {
     router: Arc<GsiRouter>,
     seen: AtomicU64,
-    /// Waits that slept, for the exit profile.
-    pub waits: AtomicU64,
 }
 
 impl Idle {
     pub fn new(router: Arc<GsiRouter>) -> Self {
-        Idle { seen: AtomicU64::new(router.delivered_count()), router, waits: AtomicU64::new(0) }
+        Idle { seen: AtomicU64::new(router.delivered_count()), router }
     }
 }
 
@@ -39,7 +37,6 @@ impl BusDevice for Idle {
         }
         let us = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
         let timeout = Duration::from_micros(u64::from(us)).min(MAX_WAIT);
-        self.waits.fetch_add(1, Ordering::Relaxed);
         let now = self.router.wait_beyond(self.seen.load(Ordering::Acquire), timeout);
         self.seen.store(now, Ordering::Release);
     }

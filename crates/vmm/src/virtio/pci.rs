@@ -100,8 +100,6 @@ pub struct VirtioPci {
     kicks: Vec<Arc<EventFd>>,
     msix_cap: Mutex<usize>,
     pci_cfg_cap: Mutex<usize>,
-    /// Notifications that reached the VMM as exits (no ioeventfd for them).
-    pub notify_exits: AtomicU64,
 }
 
 impl VirtioPci {
@@ -133,7 +131,6 @@ impl VirtioPci {
             kicks,
             msix_cap: Mutex::new(0),
             pci_cfg_cap: Mutex::new(0),
-            notify_exits: AtomicU64::new(0),
         })
     }
 
@@ -419,8 +416,7 @@ impl BusDevice for VirtioPci {
                 self.common_write(&mut t, o, data);
             }
             o if (NOTIFY..NOTIFY + self.kicks.len() as u64 * NOTIFY_MULTIPLIER).contains(&o) => {
-                // Only reached when no ioeventfd took the write.
-                self.notify_exits.fetch_add(1, Ordering::Relaxed);
+                // Only reached when no ioeventfd took the write (counted as a device write).
                 let _ = self.kicks[((o - NOTIFY) / NOTIFY_MULTIPLIER) as usize].write(1);
             }
             o if (MSIX_TABLE..MSIX_TABLE + 0x1000).contains(&o) => {
