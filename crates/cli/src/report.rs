@@ -37,6 +37,13 @@ pub fn profile(report: &RunReport) -> String {
     for (name, c) in devices(report) {
         let _ = writeln!(s, "  {:<16} {:>10} {:>16}", name, c.reads, c.writes);
     }
+    if let Some(n) = &report.net {
+        let _ = writeln!(
+            s,
+            "  virtio-net: tx {} frames ({} copied, {} dropped), rx {} ({} dropped), {} bad chains, {} kicks, {} irqs",
+            n.tx_frames, n.tx_copied, n.tx_dropped, n.rx_frames, n.rx_dropped, n.bad_chains, n.kicks, n.irqs
+        );
+    }
     if let Some(kib) = report.vmm_rss_kib {
         let _ = writeln!(s, "  vmm resident memory beyond guest RAM: {kib} KiB");
     }
@@ -62,5 +69,10 @@ pub fn json(report: &RunReport) -> Value {
         "vmm_ns_per_exit_median": vmm_ns,
         "elapsed_ms": report.elapsed.as_secs_f64() * 1e3,
         "vmm_rss_kib": report.vmm_rss_kib,
+        "net": report.net.map(|n| json!({
+            "tx_frames": n.tx_frames, "tx_bytes": n.tx_bytes, "tx_copied": n.tx_copied, "tx_dropped": n.tx_dropped,
+            "rx_frames": n.rx_frames, "rx_dropped": n.rx_dropped, "bad_chains": n.bad_chains,
+            "kicks": n.kicks, "irqs": n.irqs,
+        })),
     })
 }

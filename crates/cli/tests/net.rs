@@ -82,6 +82,9 @@ fn a_hostile_driver_leaves_the_vmm_running() {
     assert!(text.contains("nethostile: all checks passed"), "{text}");
     assert!(!text.contains("FAILED"), "{text}");
     assert!(json["devices"]["virtio-net"]["writes"].as_u64().unwrap() > 100, "{json}");
+    // Seven bad chains dropped and counted; the two good frames (before and after a reset) sent.
+    assert!(json["net"]["bad_chains"].as_u64().unwrap() >= 7, "{json}");
+    assert!(json["net"]["tx_frames"].as_u64().unwrap() >= 2, "{json}");
 }
 
 #[test]

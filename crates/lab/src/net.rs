@@ -103,14 +103,13 @@ struct Snapshot {
 }
 
 fn snapshot(machine: &Machine) -> Snapshot {
-    let stats = machine.net.as_ref().map(|n| n.stats.clone());
-    let get = |f: fn(&exitless_vmm::virtio::net::NetStats) -> u64| stats.as_ref().map_or(0, |s| f(s));
+    let n = machine.net.as_ref().map(|n| n.stats.snapshot()).unwrap_or_default();
     Snapshot {
         at: Instant::now(),
         cpu: thread_cpu(machine),
-        kicks: get(|s| s.kicks.load(Ordering::Relaxed)),
-        irqs: get(|s| s.irqs.load(Ordering::Relaxed)),
-        copy_cycles: get(|s| s.tx_copy_cycles.load(Ordering::Relaxed)),
+        kicks: n.kicks,
+        irqs: n.irqs,
+        copy_cycles: n.tx_copy_cycles,
     }
 }
 

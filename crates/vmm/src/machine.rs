@@ -14,7 +14,7 @@ use crate::pci::msix::Msix;
 use crate::pci::{EcamMode, PciError, PciRoot};
 use crate::stats::ExitStats;
 use crate::vcpu::{cycles, Vcpu, VcpuError};
-use crate::virtio::net::{NetStats, TxMode, VirtioNet};
+use crate::virtio::net::{NetCounters, NetStats, TxMode, VirtioNet};
 use crate::virtio::pci::VirtioPci;
 use crate::watchdog::Watchdog;
 use exitless_payloads::abi;
@@ -126,6 +126,8 @@ pub struct RunReport {
     pub tsc_hz: f64,
     /// Resident memory of the VMM process beyond guest RAM, in KiB.
     pub vmm_rss_kib: Option<u64>,
+    /// virtio-net's counters, when the machine had one.
+    pub net: Option<NetCounters>,
 }
 
 pub struct Machine {
@@ -328,6 +330,7 @@ impl Machine {
             elapsed,
             tsc_hz,
             vmm_rss_kib: guest_start.and_then(vmm_rss_kib),
+            net: self.net.as_ref().map(|n| n.stats.snapshot()),
         }
     }
 }

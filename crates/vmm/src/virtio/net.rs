@@ -60,6 +60,39 @@ pub struct NetStats {
     pub thread: AtomicU64,
 }
 
+/// The counters of [`NetStats`] at one instant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetCounters {
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+    pub tx_copied: u64,
+    pub tx_dropped: u64,
+    pub tx_copy_cycles: u64,
+    pub rx_frames: u64,
+    pub rx_dropped: u64,
+    pub bad_chains: u64,
+    pub kicks: u64,
+    pub irqs: u64,
+}
+
+impl NetStats {
+    pub fn snapshot(&self) -> NetCounters {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        NetCounters {
+            tx_frames: get(&self.tx_frames),
+            tx_bytes: get(&self.tx_bytes),
+            tx_copied: get(&self.tx_copied),
+            tx_dropped: get(&self.tx_dropped),
+            tx_copy_cycles: get(&self.tx_copy_cycles),
+            rx_frames: get(&self.rx_frames),
+            rx_dropped: get(&self.rx_dropped),
+            bad_chains: get(&self.bad_chains),
+            kicks: get(&self.kicks),
+            irqs: get(&self.irqs),
+        }
+    }
+}
+
 pub struct VirtioNet {
     tap: Arc<Tap>,
     mac: [u8; 6],
