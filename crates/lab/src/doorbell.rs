@@ -12,6 +12,7 @@ use crate::svg;
 use exitless_payloads::abi::*;
 use exitless_vmm::devices::doorbell::{Doorbell, EventfdWorker};
 use exitless_vmm::ioeventfd::IoeventfdKey;
+use exitless_vmm::machine::{read_result, shared_slot};
 use exitless_vmm::stats::ExitKind;
 use exitless_vmm::vcpu::{Step, Vcpu, VcpuError};
 use exitless_vmm::{Machine, MachineError};
@@ -21,7 +22,7 @@ use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 /// How a ring reaches the doorbell.
@@ -179,17 +180,13 @@ struct Bench {
 }
 
 impl Bench {
-    fn slot(i: u64) -> GuestAddress {
-        GuestAddress(SHARED_PAGE_GPA + 8 * i)
-    }
-
     fn begin(&mut self, machine: &Machine, path: &DoorbellPath, vcpu: &mut Vcpu) -> Result<(), DoorbellError> {
         let mem = &machine.memory;
         for (i, v) in [path.kind, u64::from(path.size), ring_address(path), path.value].into_iter().enumerate() {
-            mem.write_obj(v, Self::slot(LAB_SPEC_SLOT + i as u64)).map_err(std::io::Error::other)?;
+            mem.write_obj(v, shared_slot(LAB_SPEC_SLOT + i as u64)).map_err(std::io::Error::other)?;
         }
         for s in [POLL_SEQ_SLOT, POLL_ACK_SLOT] {
-            mem.write_obj(0u64, Self::slot(s)).map_err(std::io::Error::other)?;
+            mem.write_obj(0u64, shared_slot(s)).map_err(std::io::Error::other)?;
         }
         let addr = ring_address(path);
         self.live = match path.wiring {
@@ -252,8 +249,7 @@ fn spawn_poller(
     bell: Arc<Doorbell>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let seq_at = GuestAddress(SHARED_PAGE_GPA + 8 * POLL_SEQ_SLOT);
-    let ack_at = GuestAddress(SHARED_PAGE_GPA + 8 * POLL_ACK_SLOT);
+    let (seq_at, ack_at) = (shared_slot(POLL_SEQ_SLOT), shared_slot(POLL_ACK_SLOT));
     std::thread::Builder::new().name("poller".into()).spawn(move || {
         let mut last = 0u64;
         while !stop.load(Ordering::Relaxed) {
@@ -311,8 +307,7 @@ impl LabSteps for DoorbellSteps<'_> {
                 self.bench.end(machine, vcpu)?;
                 self.bench.bell.ring(self.raw_rings);
                 self.raw = false;
-                let guest_cycles =
-                    machine.memory.read_obj(GuestAddress(SHARED_PAGE_GPA + 8 * SHARED_RESULT_SLOT)).unwrap_or(0);
+                let guest_cycles = read_result(&machine.memory, 0);
                 let count = self.bench.bell.count();
                 let slot = self.samples.get_mut(i).ok_or(DoorbellError::UnknownStep(i))?;
                 *slot = Some(Sample { guest_cycles, exits, vmm_cycles_median, count });

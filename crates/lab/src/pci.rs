@@ -6,14 +6,14 @@ use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabSteps};
 use crate::report::{targets_json, targets_text, Outputs, Target, WriteError};
 use crate::svg;
 use exitless_payloads::abi::*;
-use exitless_vmm::machine::read_result;
+use exitless_vmm::machine::{read_result, shared_slot};
 use exitless_vmm::pci::EcamMode;
 use exitless_vmm::stats::ExitKind;
 use exitless_vmm::vcpu::Vcpu;
 use exitless_vmm::{Machine, MachineError};
 use serde_json::json;
 use std::time::Duration;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::Bytes;
 
 /// How the guest reaches config space in one step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,8 +90,10 @@ impl LabSteps for PciSteps {
                 let method = *Method::ALL.get(i).ok_or(PciBenchError::UnknownStep(i))?;
                 let (access, mode) = method.setup();
                 machine.pci.set_ecam_mode(mode)?;
-                let spec = GuestAddress(SHARED_PAGE_GPA + 8 * LAB_SPEC_SLOT);
-                machine.memory.write_obj(access, spec).map_err(|e| MachineError::Memory(e.to_string()))?;
+                machine
+                    .memory
+                    .write_obj(access, shared_slot(LAB_SPEC_SLOT))
+                    .map_err(|e| MachineError::Memory(e.to_string()))?;
             }
             // The timed reads start: count only their exits.
             LabEvent::Mark(_) => {

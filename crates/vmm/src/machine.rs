@@ -349,9 +349,8 @@ impl Drop for Machine {
 
 /// The shared page: magic, the end of RAM, then the payload's parameters.
 fn write_shared_page(memory: &GuestMemoryMmap, mem_size: u64, params: &[u64]) -> Result<(), MachineError> {
-    let slot = |i: u64| GuestAddress(abi::SHARED_PAGE_GPA + 8 * i);
     let max_params = (abi::SHARED_RESULT_SLOT - abi::SHARED_PARAM_SLOT) as usize;
-    let write = |i, v: u64| memory.write_obj(v, slot(i)).map_err(|e| MachineError::Memory(e.to_string()));
+    let write = |i, v: u64| memory.write_obj(v, shared_slot(i)).map_err(|e| MachineError::Memory(e.to_string()));
     write(0, abi::SHARED_MAGIC)?;
     write(abi::SHARED_MEM_END_SLOT, mem_size)?;
     for (i, &p) in params.iter().take(max_params).enumerate() {
@@ -360,9 +359,14 @@ fn write_shared_page(memory: &GuestMemoryMmap, mem_size: u64, params: &[u64]) ->
     Ok(())
 }
 
+/// The guest address of u64 slot `i` of the shared page.
+pub fn shared_slot(i: u64) -> GuestAddress {
+    GuestAddress(abi::SHARED_PAGE_GPA + 8 * i)
+}
+
 /// Reads a result slot the guest wrote into the shared page.
 pub fn read_result(memory: &GuestMemoryMmap, index: u64) -> u64 {
-    memory.read_obj(GuestAddress(abi::SHARED_PAGE_GPA + 8 * (abi::SHARED_RESULT_SLOT + index))).unwrap_or(0)
+    memory.read_obj(shared_slot(abi::SHARED_RESULT_SLOT + index)).unwrap_or(0)
 }
 
 /// Process RSS minus the resident part of the guest RAM mapping that starts at `guest_start`.
