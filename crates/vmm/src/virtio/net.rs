@@ -283,6 +283,15 @@ impl Worker {
         }
     }
 
+    /// Whether the driver's avail index is at most a queue's worth ahead of the device.
+    /// virtio-queue refuses to pop past a bogus one, while `enable_notification` keeps
+    /// reporting "more": without this check the thread would spin on it forever.
+    fn avail_index_valid(&self, queue: usize) -> bool {
+        let q = &self.queues[queue];
+        q.avail_idx(&self.mem, std::sync::atomic::Ordering::Acquire)
+            .is_ok_and(|idx| (idx - std::num::Wrapping(q.next_avail())).0 <= q.size())
+    }
+
     fn interrupt_if_needed(&mut self, queue: usize) {
         match self.queues[queue].needs_notification(&self.mem) {
             Ok(true) => {
@@ -303,9 +312,7 @@ impl Worker {
             if self.queues[TX].disable_notification(&self.mem).is_err() {
                 return self.fail("cannot write the TX queue's avail_event");
             }
-            let mut popped = false;
             while let Some(chain) = self.queues[TX].pop_descriptor_chain(&self.mem) {
-                popped = true;
                 let head = chain.head_index();
                 match self.io.send(&self.mem, chain) {
                     Ok(()) => {}
@@ -325,9 +332,8 @@ impl Worker {
                 used_any = true;
             }
             match self.queues[TX].enable_notification(&self.mem) {
-                // More arrived while notifications were off; but "more" with nothing to pop
-                // means an avail index the driver ran past the queue: do not spin on it.
-                Ok(true) if popped => continue,
+                // More arrived while notifications were off (unless the index is bogus).
+                Ok(true) if self.avail_index_valid(TX) => continue,
                 Ok(true) => return self.fail("the TX avail index is not valid"),
                 Ok(false) => break,
                 Err(_) => return self.fail("cannot write the TX queue's avail_event"),
@@ -357,11 +363,8 @@ impl Worker {
             let Some(chain) = self.queues[RX].pop_descriptor_chain(&self.mem) else {
                 self.rx_staged = Some(len);
                 match self.queues[RX].enable_notification(&self.mem) {
-                    // Buffers arrived meanwhile, if one can really be popped now.
-                    Ok(true) if self.queues[RX].pop_descriptor_chain(&self.mem).is_some() => {
-                        self.queues[RX].go_to_previous_position();
-                        continue;
-                    }
+                    // Buffers arrived meanwhile (unless the index is bogus).
+                    Ok(true) if self.avail_index_valid(RX) => continue,
                     Ok(true) => return self.fail("the RX avail index is not valid"),
                     Ok(false) => break, // wait for the driver's kick
                     Err(_) => return self.fail("cannot write the RX queue's avail_event"),
