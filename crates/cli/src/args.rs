@@ -27,12 +27,25 @@ pub struct RunArgs {
     /// A built-in payload (see `exitless payloads`).
     #[arg(long, conflicts_with = "kernel")]
     pub payload: Option<String>,
-    /// An ELF image with a PVH entry note, or a 64-bit entry point.
+    /// A kernel: a bzImage, or an ELF image (vmlinux) with a PVH note or a 64-bit entry point.
     #[arg(long)]
     pub kernel: Option<PathBuf>,
-    /// Guest memory size, e.g. 128M or 1G.
+    /// An initial ramdisk (a bzImage's initrd; a PVH guest's first module).
+    #[arg(long, value_name = "FILE")]
+    pub initrd: Option<PathBuf>,
+    /// The kernel command line.
+    #[arg(long, default_value = exitless_vmm::boot::DEFAULT_CMDLINE)]
+    pub cmdline: String,
+    /// Guest memory size, e.g. 128M or 8G (a multiple of 4K; RAM past 3G goes above 4G).
     #[arg(long, default_value = "128M", value_parser = parse_size)]
     pub mem: u64,
+    /// Virtual CPUs (at most what KVM allows).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=254))]
+    pub vcpus: u8,
+    /// PCI config access through ports 0xCF8/0xCFC: `off` makes Linux's type-1 probe fail,
+    /// so it reads all of config space through ECAM (and the read-only mapped window).
+    #[arg(long, default_value = "on", value_parser = parse_on_off)]
+    pub pci_config_io: bool,
     /// Write the exit profile as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -55,12 +68,27 @@ pub struct RunArgs {
     pub params: Vec<u64>,
 }
 
+/// Reads a file the guest is given, refusing one larger than guest RAM before reading it
+/// all (a file like /dev/zero never ends).
+fn read_bounded(what: &str, path: &std::path::Path, limit: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    if bytes.len() as u64 > limit {
+        return Err(format!("{what} {} is larger than the guest's {} MiB of RAM", path.display(), limit >> 20));
+    }
+    Ok(bytes)
+}
+
 impl RunArgs {
+    pub fn initrd(&self) -> Result<Option<Vec<u8>>, String> {
+        self.initrd.as_ref().map(|p| read_bounded("initrd", p, self.mem)).transpose()
+    }
+
     pub fn image(&self) -> Result<Cow<'static, [u8]>, String> {
         if let Some(path) = &self.kernel {
-            return std::fs::read(path)
-                .map(Cow::Owned)
-                .map_err(|e| format!("cannot read kernel {}: {e}", path.display()));
+            return read_bounded("kernel", path, self.mem).map(Cow::Owned);
         }
         let name = self.payload.as_deref().unwrap_or(exitless_payloads::DEFAULT_PAYLOAD);
         exitless_payloads::find(name).map(|p| Cow::Borrowed(p.elf)).ok_or_else(|| {
@@ -254,6 +282,14 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     };
     let n: u64 = digits.parse().map_err(|_| format!("'{s}' is not a size like 128M or 1G"))?;
     n.checked_mul(1 << shift).ok_or_else(|| format!("size '{s}' is too large"))
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("'{s}' is not on or off")),
+    }
 }
 
 fn parse_ecam(s: &str) -> Result<exitless_vmm::pci::EcamMode, String> {

@@ -2,6 +2,7 @@
 
 mod args;
 mod report;
+mod terminal;
 
 use args::{BenchCommand, Cli, Command, PayloadsArgs, RunArgs};
 use clap::Parser;
@@ -41,9 +42,23 @@ fn main() -> ExitCode {
         Command::Bench(bench) => run_bench(bench),
     };
     result.unwrap_or_else(|e| {
-        eprintln!("exitless: {e}");
+        eprintln!("exitless: {}", with_causes(e.as_ref()));
         ExitCode::FAILURE
     })
+}
+
+/// An error and the causes under it, on one line (a cause already quoted is not repeated).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line = format!("{line}: {text}");
+        }
+        cause = c.source();
+    }
+    line
 }
 
 /// Serial output straight to stdout, flushed byte by byte so the console is live.
@@ -63,8 +78,17 @@ impl Write for LiveStdout {
 
 fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let image = args.image()?;
+    let initrd = args.initrd()?;
+    // A terminal on stdin becomes the guest's console keyboard: raw, so keys reach the guest
+    // as typed (Ctrl-C too); restored when this guard goes.
+    let _raw = terminal::RawMode::enable_if_terminal();
     let machine = Machine::new(MachineConfig {
         mem_size: args.mem,
+        vcpus: args.vcpus,
+        cmdline: args.cmdline.clone(),
+        initrd,
+        serial_in: Some(Box::new(std::io::stdin())),
+        pci_config_io: args.pci_config_io,
         params: args.params.clone(),
         serial_out: Box::new(LiveStdout),
         ecam: args.ecam,
@@ -87,8 +111,11 @@ fn payloads(args: PayloadsArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
     for p in exitless_payloads::PAYLOADS {
         println!("{:<10} {}", p.name, p.about);
         if let Some(dir) = &args.out {
-            let path = dir.join(format!("{}.elf", p.name));
-            std::fs::write(&path, p.elf).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            let images = [Some(("elf", p.elf)), p.bzimage.map(|b| ("bzImage", b))];
+            for (ext, bytes) in images.into_iter().flatten() {
+                let path = dir.join(format!("{}.{ext}", p.name));
+                std::fs::write(&path, bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -1,6 +1,7 @@
 //! The exit profile printed after a run, and its JSON form.
 
-use exitless_vmm::stats::{DeviceCounts, ExitKind};
+use exitless_vmm::emulate::Completed;
+use exitless_vmm::stats::{DeviceCounts, ExitKind, ExitStats};
 use exitless_vmm::RunReport;
 use serde_json::{json, Map, Value};
 use std::fmt::Write;
@@ -19,18 +20,25 @@ fn median_ns(report: &RunReport, kind: ExitKind) -> Option<f64> {
 /// A short human table: exits by reason with the VMM's median time, then devices.
 pub fn profile(report: &RunReport) -> String {
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "\nexitless: exit profile: guest exited with status {} after {:.1} ms",
-        report.exit_status,
-        report.elapsed.as_secs_f64() * 1e3
-    );
+    let how = report.stop.map_or("guest stopped".into(), |stop| stop.describe());
+    let _ = writeln!(s, "\nexitless: exit profile: {how} after {:.1} ms", report.elapsed.as_secs_f64() * 1e3);
     let _ = writeln!(s, "  {:<16} {:>10} {:>16}", "exit", "count", "vmm ns (median)");
     for kind in ExitKind::ALL {
         let count = report.stats.exits(kind);
         if count > 0 {
             let ns = median_ns(report, kind).map_or("-".into(), |n| format!("{n:.0}"));
             let _ = writeln!(s, "  {:<16} {:>10} {:>16}", kind.name(), count, ns);
+        }
+    }
+    if report.vcpus.len() > 1 {
+        for (id, v) in report.vcpus.iter().enumerate() {
+            let _ = writeln!(s, "  {:<16} {:>10}", format!("vcpu{id} exits"), v.total_exits());
+        }
+    }
+    for (kind, count) in Completed::ALL.iter().zip(report.stats.completed) {
+        if count > 0 {
+            let _ =
+                writeln!(s, "  {:<16} {:>10}   (KVM could not emulate it; exitless completed it)", kind.name(), count);
         }
     }
     let _ = writeln!(s, "  {:<16} {:>10} {:>16}", "device", "reads", "writes");
@@ -50,21 +58,37 @@ pub fn profile(report: &RunReport) -> String {
     s
 }
 
+/// Exit counts by reason, for the total or one vCPU.
+fn exit_counts(stats: &ExitStats) -> Map<String, Value> {
+    ExitKind::ALL.iter().filter(|&&k| stats.exits(k) > 0).map(|&k| (k.name().into(), json!(stats.exits(k)))).collect()
+}
+
 pub fn json(report: &RunReport) -> Value {
-    let mut exits = Map::new();
-    let mut vmm_ns = Map::new();
-    for kind in ExitKind::ALL {
-        let count = report.stats.exits(kind);
-        if count > 0 {
-            exits.insert(kind.name().into(), json!(count));
-            vmm_ns.insert(kind.name().into(), json!(median_ns(report, kind)));
-        }
-    }
+    let exits = exit_counts(&report.stats);
+    let vmm_ns: Map<String, Value> = exits
+        .keys()
+        .filter_map(|k| ExitKind::ALL.iter().find(|e| e.name() == k))
+        .map(|&k| (k.name().into(), json!(median_ns(report, k))))
+        .collect();
+    let vcpus: Vec<Value> = report.vcpus.iter().map(|v| json!({"exits": exit_counts(v)})).collect();
+    let completed: Map<String, Value> = Completed::ALL
+        .iter()
+        .zip(report.stats.completed)
+        .filter(|(_, n)| *n > 0)
+        .map(|(k, n)| (k.name().into(), json!(n)))
+        .collect();
     let devices: Map<String, Value> =
         devices(report).into_iter().map(|(n, c)| (n, json!({"reads": c.reads, "writes": c.writes}))).collect();
     json!({
         "exit_status": report.exit_status,
+        "stop": report.stop.map(|s| match s {
+            exitless_vmm::control::GuestStop::Exit(_) => "exit",
+            exitless_vmm::control::GuestStop::PowerOff => "poweroff",
+            exitless_vmm::control::GuestStop::Reset => "reset",
+        }),
         "exits": exits,
+        "vcpus": vcpus,
+        "completed_instructions": completed,
         "devices": devices,
         "vmm_ns_per_exit_median": vmm_ns,
         "elapsed_ms": report.elapsed.as_secs_f64() * 1e3,

@@ -59,5 +59,11 @@ pub const NET_BUF_GPA: u64 = 0x0100_0000;
 /// Ethertype of the labs' frames (IEEE local experimental).
 pub const LAB_ETHERTYPE: u64 = 0x88b5;
 
+/// Where application processors start: the runtime copies its real-mode trampoline here
+/// and sends SIPI vector AP_TRAMPOLINE_GPA >> 12.
+pub const AP_TRAMPOLINE_GPA: u64 = 0x4000;
+/// The local APIC's MMIO page.
+pub const LAPIC_GPA: u64 = 0xfee0_0000;
+
 /// Start of the guest-physical range that is never RAM (MMIO only), up to 4 GiB.
 pub const MMIO_HOLE_START: u64 = 0xc000_0000;

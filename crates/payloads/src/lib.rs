@@ -11,6 +11,8 @@ pub struct Payload {
     pub about: &'static str,
     /// The ELF image (PVH entry note included).
     pub elf: &'static [u8],
+    /// The same payload as a bzImage, for those built that way too.
+    pub bzimage: Option<&'static [u8]>,
 }
 
 include!(concat!(env!("OUT_DIR"), "/payloads.rs"));

@@ -1,6 +1,10 @@
-//! Interrupts into the guest: MSI routes in KVM's GSI routing table, each fed by an irqfd.
+//! Interrupts into the guest: KVM's GSI routing table (the legacy IRQ-chip pins, then one
+//! MSI route per device vector), each MSI fed by an irqfd.
 
-use kvm_bindings::{kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQ_ROUTING_MSI};
+use kvm_bindings::{
+    kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
+    KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI,
+};
 use kvm_ioctls::VmFd;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -10,6 +14,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 /// GSIs below this belong to the in-kernel PIC and IOAPIC pins.
 const FIRST_MSI_GSI: u32 = 24;
+/// ISA interrupts, which reach both the PIC and the IOAPIC.
+const ISA_IRQS: u32 = 16;
 
 /// An MSI message: where the device writes and what.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -18,20 +24,56 @@ pub struct MsiMessage {
     pub data: u32,
 }
 
+/// Where a GSI goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// A pin of an in-kernel interrupt controller (KVM_IRQCHIP_*).
+    Irqchip {
+        chip: u32,
+        pin: u32,
+    },
+    Msi(MsiMessage),
+}
+
+/// KVM's default routes for the legacy pins, which any KVM_SET_GSI_ROUTING replaces and so
+/// must repeat: GSI n is IOAPIC pin n, and ISA IRQs 0-15 also reach the PIC pair.
+pub fn irqchip_routes() -> Vec<(u32, Route)> {
+    let mut routes = Vec::new();
+    for gsi in 0..FIRST_MSI_GSI {
+        if gsi < ISA_IRQS {
+            let chip = if gsi < 8 { KVM_IRQCHIP_PIC_MASTER } else { KVM_IRQCHIP_PIC_SLAVE };
+            routes.push((gsi, Route::Irqchip { chip, pin: gsi % 8 }));
+        }
+        routes.push((gsi, Route::Irqchip { chip: KVM_IRQCHIP_IOAPIC, pin: gsi }));
+    }
+    routes
+}
+
 /// What the router asks of KVM (the VM; a stand-in in unit tests).
 pub trait IrqSink: Send + Sync {
-    fn set_msi_routes(&self, routes: &[(u32, MsiMessage)]) -> Result<(), String>;
+    /// Replaces the whole GSI routing table.
+    fn set_routes(&self, routes: &[(u32, Route)]) -> Result<(), String>;
     fn register_irqfd(&self, fd: &EventFd, gsi: u32) -> Result<(), String>;
 }
 
 impl IrqSink for VmFd {
-    fn set_msi_routes(&self, routes: &[(u32, MsiMessage)]) -> Result<(), String> {
+    fn set_routes(&self, routes: &[(u32, Route)]) -> Result<(), String> {
         let mut table = KvmIrqRouting::new(0).map_err(|e| format!("routing table: {e:?}"))?;
-        for &(gsi, msg) in routes {
-            let mut entry = kvm_irq_routing_entry { gsi, type_: KVM_IRQ_ROUTING_MSI, ..Default::default() };
-            entry.u.msi.address_lo = msg.address as u32;
-            entry.u.msi.address_hi = (msg.address >> 32) as u32;
-            entry.u.msi.data = msg.data;
+        for &(gsi, route) in routes {
+            let mut entry = kvm_irq_routing_entry { gsi, ..Default::default() };
+            match route {
+                Route::Irqchip { chip, pin } => {
+                    entry.type_ = KVM_IRQ_ROUTING_IRQCHIP;
+                    entry.u.irqchip.irqchip = chip;
+                    entry.u.irqchip.pin = pin;
+                }
+                Route::Msi(msg) => {
+                    entry.type_ = KVM_IRQ_ROUTING_MSI;
+                    entry.u.msi.address_lo = msg.address as u32;
+                    entry.u.msi.address_hi = (msg.address >> 32) as u32;
+                    entry.u.msi.data = msg.data;
+                }
+            }
             table.push(entry).map_err(|e| format!("routing table: {e:?}"))?;
         }
         self.set_gsi_routing(&table).map_err(|e| format!("KVM_SET_GSI_ROUTING: {e}"))
@@ -95,7 +137,30 @@ impl GsiRouter {
         if routes.insert(gsi, msg) == Some(msg) {
             return Ok(());
         }
-        let table: Vec<_> = routes.iter().map(|(&g, &m)| (g, m)).collect();
-        self.sink.set_msi_routes(&table)
+        let mut table = irqchip_routes();
+        table.extend(routes.iter().map(|(&g, &m)| (g, Route::Msi(m))));
+        self.sink.set_routes(&table)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::FakeKvm;
+
+    #[test]
+    fn msi_updates_keep_the_legacy_pins_routed() {
+        let kvm = Arc::new(FakeKvm::default());
+        let router = GsiRouter::new(kvm.clone());
+        let gsi = router.allocate(&EventFd::new(0).unwrap()).unwrap();
+        router.set(gsi, MsiMessage { address: 0xfee0_0000, data: 0x41 }).unwrap();
+        let routes = kvm.routes.lock().unwrap().clone();
+        // COM1's IRQ 4 still reaches the IOAPIC and the PIC after MSI routes were set.
+        assert!(routes.contains(&(4, Route::Irqchip { chip: KVM_IRQCHIP_IOAPIC, pin: 4 })), "{routes:?}");
+        assert!(routes.contains(&(4, Route::Irqchip { chip: KVM_IRQCHIP_PIC_MASTER, pin: 4 })));
+        assert!(routes.contains(&(12, Route::Irqchip { chip: KVM_IRQCHIP_PIC_SLAVE, pin: 4 })));
+        assert!(routes.contains(&(23, Route::Irqchip { chip: KVM_IRQCHIP_IOAPIC, pin: 23 })));
+        assert!(routes.contains(&(gsi, Route::Msi(MsiMessage { address: 0xfee0_0000, data: 0x41 }))));
+        assert_eq!(routes.iter().filter(|r| matches!(r.1, Route::Msi(_))).count(), 1);
     }
 }

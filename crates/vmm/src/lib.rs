@@ -3,13 +3,16 @@
 //! How an exit travels: [`vcpu::Vcpu::step`] (the only match on exit reasons) ->
 //! [`bus::Bus::lookup`] -> [`bus::BusDevice`]. See docs/architecture.md.
 
+pub mod acpi;
 pub mod boot;
 pub mod bus;
 pub mod control;
 pub mod devices;
+pub mod emulate;
 pub mod ioeventfd;
 pub mod irq;
 pub mod kvm;
+pub mod layout;
 pub mod machine;
 pub mod net;
 pub mod pci;
@@ -17,6 +20,7 @@ pub mod stats;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod vcpu;
+pub mod vcpu_threads;
 pub mod virtio;
 pub mod watchdog;
 

@@ -1,12 +1,12 @@
 //! A machine: KVM VM, guest memory, buses with their devices, and vCPUs.
 
-use crate::boot::{self, regs, EntryPoint};
+use crate::boot::{self, cpu, regs, BootSpec, EntryPoint};
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
-use crate::control::RunControl;
-use crate::devices::{debug_exit, doorbell, serial, DebugExit, Doorbell, Serial};
+use crate::control::{GuestStop, RunControl};
+use crate::devices::{debug_exit, doorbell, i8042, serial, AcpiPm, DebugExit, Doorbell, Serial, I8042};
 use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
 use crate::irq::GsiRouter;
-use crate::kvm;
+use crate::layout::{self, LayoutError, MemoryMap};
 use crate::net::Tap;
 use crate::pci::cf8::{Cf8Device, CF8_LEN, CF8_PORT};
 use crate::pci::ecam::{EcamDevice, EcamShadow, ECAM_SIZE};
@@ -16,24 +16,20 @@ use crate::stats::ExitStats;
 use crate::vcpu::{cycles, Vcpu, VcpuError};
 use crate::virtio::net::{NetCounters, NetStats, TxMode, VirtioNet};
 use crate::virtio::pci::VirtioPci;
-use crate::watchdog::Watchdog;
+use crate::{acpi, kvm};
 use exitless_payloads::abi;
-use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
+use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VmFd};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
 
-/// Guest RAM starts at 0 and must end below the MMIO hole.
-pub const MIN_MEM: u64 = 4 << 20;
-pub const MAX_MEM: u64 = abi::MMIO_HOLE_START;
 /// virtio-net's PCI device number on bus 0.
 const VIRTIO_NET_PCI_DEVICE: u8 = 2;
-/// KVM memory slots: 0 is RAM, the ECAM shadow's start here.
-const ECAM_FIRST_SLOT: u32 = 1;
-/// Where KVM's real-mode TSS pages go (Intel needs them before an irqchip), just below the BIOS area.
-const TSS_ADDRESS: usize = 0xfffb_d000;
+/// At most this many vCPUs (APIC IDs and MADT processor IDs are bytes; 0xff is broadcast).
+pub const MAX_VCPUS: u8 = 254;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MachineError {
@@ -41,14 +37,20 @@ pub enum MachineError {
     Kvm(#[from] kvm::KvmError),
     #[error("{what} failed: {source}")]
     Ioctl { what: &'static str, source: kvm_ioctls::Error },
-    #[error("guest memory size {0} bytes is out of range: give between 4M and 3G")]
-    MemSize(u64),
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error("--vcpus {asked}: give between 1 and {max} (what KVM allows here)")]
+    Vcpus { asked: u8, max: u8 },
     #[error("cannot allocate guest memory: {0}")]
     Memory(String),
     #[error(transparent)]
     Load(#[from] boot::LoadError),
     #[error(transparent)]
+    Acpi(#[from] acpi::AcpiError),
+    #[error(transparent)]
     Regs(#[from] regs::RegsError),
+    #[error(transparent)]
+    Cpu(#[from] cpu::CpuError),
     #[error("cannot place device {name}: {source}")]
     Bus { name: String, source: BusError },
     #[error(transparent)]
@@ -59,9 +61,11 @@ pub enum MachineError {
     Tap(#[from] crate::net::tap::TapError),
     #[error("cannot set up virtio-net: {0}")]
     Net(String),
+    #[error("cannot wire the serial port's interrupt: {0}")]
+    SerialIrq(String),
     #[error("the guest did not finish within {0:?}")]
     Timeout(Duration),
-    #[error("the vCPU thread died: {0}")]
+    #[error("a vCPU thread died: {0}")]
     VcpuThread(String),
 }
 
@@ -71,16 +75,25 @@ fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> MachineError {
 
 /// What to boot and how.
 pub struct MachineConfig {
-    /// An ELF image with a PVH note, or a 64-bit entry point.
+    /// An ELF image (PVH note or 64-bit entry) or a bzImage.
     pub image: std::borrow::Cow<'static, [u8]>,
     pub mem_size: u64,
+    pub vcpus: u8,
+    pub cmdline: String,
+    pub initrd: Option<Vec<u8>>,
     /// Parameters for the payload, in the shared page's parameter slots.
     pub params: Vec<u64>,
     /// Where the serial console's output goes.
     pub serial_out: Box<dyn Write + Send>,
+    /// What the guest reads from the serial console, if anything.
+    pub serial_in: Option<Box<dyn Read + Send>>,
     pub ioeventfd_limits: IoeventfdLimits,
     /// How the ECAM window is served.
     pub ecam: EcamMode,
+    /// Whether 0xCF8/0xCFC config access exists. Without it Linux's type-1 probe fails and
+    /// it reads all of config space through ECAM (MCFG), as crosvm's
+    /// `--break-linux-pci-config-io` arranges.
+    pub pci_config_io: bool,
     /// A virtio-net device on a tap, if any.
     pub net: Option<NetConfig>,
 }
@@ -101,15 +114,21 @@ pub struct NetHandle {
 }
 
 impl MachineConfig {
-    /// `image` with 128 MiB, no parameters, serial output dropped, default limits.
+    /// `image` with 128 MiB, one vCPU, the default command line, no parameters, serial
+    /// output dropped, default limits.
     pub fn new(image: impl Into<std::borrow::Cow<'static, [u8]>>) -> Self {
         MachineConfig {
             image: image.into(),
             mem_size: 128 << 20,
+            vcpus: 1,
+            cmdline: boot::DEFAULT_CMDLINE.into(),
+            initrd: None,
             params: Vec::new(),
             serial_out: Box::new(std::io::sink()),
+            serial_in: None,
             ioeventfd_limits: IoeventfdLimits::default(),
             ecam: EcamMode::Mapped,
+            pci_config_io: true,
             net: None,
         }
     }
@@ -118,7 +137,12 @@ impl MachineConfig {
 /// The result of a run.
 pub struct RunReport {
     pub exit_status: u32,
+    /// How the guest ended, if it did.
+    pub stop: Option<GuestStop>,
+    /// Every vCPU's counters added up.
     pub stats: ExitStats,
+    /// Each vCPU's own counters, by vCPU id.
+    pub vcpus: Vec<ExitStats>,
     /// Device names, indexed by [`DeviceId`].
     pub devices: Vec<String>,
     pub elapsed: Duration,
@@ -132,6 +156,9 @@ pub struct RunReport {
 
 pub struct Machine {
     kvm: Kvm,
+    pub map: MemoryMap,
+    vcpu_count: u8,
+    supported_cpuid: CpuId,
     pub vm: Arc<VmFd>,
     pub memory: GuestMemoryMmap,
     pub control: Arc<RunControl>,
@@ -152,16 +179,23 @@ impl Machine {
     /// Creates the VM, loads the image and plugs in the serial port and debug-exit port.
     pub fn new(config: MachineConfig) -> Result<Machine, MachineError> {
         let started = (Instant::now(), cycles());
-        if !(MIN_MEM..=MAX_MEM).contains(&config.mem_size) {
-            return Err(MachineError::MemSize(config.mem_size));
-        }
+        let map = MemoryMap::new(config.mem_size)?;
         let kvm = kvm::open()?;
+        let max_vcpus = kvm.get_max_vcpus().min(usize::from(MAX_VCPUS)) as u8;
+        if !(1..=max_vcpus).contains(&config.vcpus) {
+            return Err(MachineError::Vcpus { asked: config.vcpus, max: max_vcpus });
+        }
+        let supported_cpuid =
+            kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
         let vm = kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?;
-        vm.set_tss_address(TSS_ADDRESS).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
+        vm.set_tss_address(layout::TSS_GPA as usize).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
         vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
+        let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+        vm.create_pit2(pit).map_err(ioctl("KVM_CREATE_PIT2"))?;
 
-        let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), config.mem_size as usize)])
-            .map_err(|e| MachineError::Memory(e.to_string()))?;
+        let regions: Vec<_> =
+            map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
+        let memory = GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.to_string()))?;
         for (slot, region) in memory.iter().enumerate() {
             let host = memory.get_host_address(region.start_addr()).map_err(|e| MachineError::Memory(e.to_string()))?;
             // Transparent huge pages where the host offers them: fewer TLB misses for the
@@ -179,18 +213,24 @@ impl Machine {
             unsafe { vm.set_user_memory_region(mapping) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
         }
 
-        let entry = boot::load_image(&memory, &config.image, config.mem_size)?;
-        write_shared_page(&memory, config.mem_size, &config.params)?;
+        let rsdp = acpi::write_tables(&memory, &map, config.vcpus)?;
+        let spec = BootSpec { cmdline: &config.cmdline, initrd: config.initrd.as_deref(), rsdp };
+        let entry = boot::load(&memory, &map, &config.image, &spec)?;
+        write_shared_page(&memory, map.low_ram_end(), &config.params)?;
 
         let control = Arc::new(RunControl::default());
         let vm = Arc::new(vm);
         let buses = Arc::new(SharedBuses::new(BusSet::default()));
         let ioeventfds = Arc::new(IoeventfdRegistry::new(vm.clone(), config.ioeventfd_limits));
         let gsi_router = Arc::new(GsiRouter::new(vm.clone()));
-        let shadow = EcamShadow::new(vm.clone(), abi::ECAM_GPA, ECAM_FIRST_SLOT).map_err(PciError::Shadow)?;
+        let shadow =
+            EcamShadow::new(vm.clone(), layout::ECAM_GPA, layout::ECAM_FIRST_SLOT).map_err(PciError::Shadow)?;
         let pci = Arc::new(PciRoot::new(buses.clone(), ioeventfds.clone(), shadow, config.ecam)?);
         let mut machine = Machine {
             kvm,
+            map,
+            vcpu_count: config.vcpus,
+            supported_cpuid,
             ioeventfds,
             vm,
             memory,
@@ -204,12 +244,23 @@ impl Machine {
             entry,
             started,
         };
-        let serial = Arc::new(Serial::new(config.serial_out));
-        machine.add_pio_device("serial", abi::SERIAL_PORT as u16, serial::SERIAL_LEN, serial)?;
-        let debug_exit = Arc::new(DebugExit::new(control));
+        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| MachineError::SerialIrq(e.to_string()))?;
+        machine.vm.register_irqfd(&serial_irq, layout::COM1_IRQ).map_err(ioctl("KVM_IRQFD (COM1)"))?;
+        let serial = Arc::new(Serial::new(config.serial_out, serial::IrqLine::new(Some(serial_irq))));
+        if let Some(input) = config.serial_in {
+            serial.spawn_input(input).map_err(|e| MachineError::SerialIrq(e.to_string()))?;
+        }
+        machine.add_pio_device("serial", layout::COM1_PORT, serial::SERIAL_LEN, serial)?;
+        let debug_exit = Arc::new(DebugExit::new(control.clone()));
         machine.add_pio_device("debug-exit", abi::DEBUG_EXIT_PORT as u16, debug_exit::DEBUG_EXIT_LEN, debug_exit)?;
-        machine.add_pio_device("pci-cf8", CF8_PORT, CF8_LEN, Arc::new(Cf8Device::new(pci.clone())))?;
-        machine.add_mmio_device("pci-ecam", abi::ECAM_GPA, ECAM_SIZE, Arc::new(EcamDevice::new(pci.clone())))?;
+        let i8042 = Arc::new(I8042::new(control.clone()));
+        machine.add_pio_device("i8042", layout::I8042_DATA_PORT, i8042::I8042_LEN, i8042)?;
+        let pm = Arc::new(AcpiPm::new(control));
+        machine.add_pio_device("acpi-pm", layout::ACPI_PM_PORT, layout::ACPI_PM_LEN, pm)?;
+        if config.pci_config_io {
+            machine.add_pio_device("pci-cf8", CF8_PORT, CF8_LEN, Arc::new(Cf8Device::new(pci.clone())))?;
+        }
+        machine.add_mmio_device("pci-ecam", layout::ECAM_GPA, ECAM_SIZE, Arc::new(EcamDevice::new(pci.clone())))?;
         let idle = Arc::new(crate::devices::idle::Idle::new(machine.gsi_router.clone()));
         machine.add_pio_device("idle", abi::IDLE_PORT as u16, crate::devices::idle::IDLE_LEN, idle)?;
         pci.add(0, 0, crate::pci::host_bridge())?;
@@ -234,7 +285,7 @@ impl Machine {
             VirtioPci::new(Box::new(device), self.memory.clone(), msix)
                 .map_err(|e| MachineError::Net(e.to_string()))?,
         );
-        let bar0 = abi::PCI_MMIO_WINDOW_START;
+        let bar0 = layout::PCI_MMIO32_START;
         let id = self.register_device("virtio-net");
         self.pci.add(VIRTIO_NET_PCI_DEVICE, 0, transport.pci_function("virtio-net", id, bar0))?;
         for (key, fd) in transport.ioeventfds(bar0) {
@@ -285,47 +336,64 @@ impl Machine {
         &self.kvm
     }
 
-    /// Creates vCPU `id`, with the host's supported CPUID; vCPU 0 is put at the entry point.
+    /// How many vCPUs the machine has.
+    pub fn vcpu_count(&self) -> u8 {
+        self.vcpu_count
+    }
+
+    /// Creates vCPU `id` with its CPUID, MSRs, FPU and LAPIC; vCPU 0 is put at the entry
+    /// point, the others wait for the guest to start them (INIT/SIPI, in-kernel LAPIC).
     pub fn create_vcpu(&self, id: u8) -> Result<Vcpu, MachineError> {
         let fd = self.vm.create_vcpu(u64::from(id)).map_err(ioctl("KVM_CREATE_VCPU"))?;
-        let cpuid = self.kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
-        fd.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
+        cpu::setup(&fd, &cpu::cpuid_for(&self.supported_cpuid, id, self.vcpu_count))?;
         if id == 0 {
             regs::setup(&fd, &self.memory, self.entry)?;
         }
         let run_size = self.kvm.get_vcpu_mmap_size().map_err(ioctl("KVM_GET_VCPU_MMAP_SIZE"))?;
-        Ok(Vcpu::new(id, fd, run_size, self.buses.clone(), self.devices.len(), self.control.clone()))
+        Ok(Vcpu::new(
+            id,
+            fd,
+            run_size,
+            self.buses.clone(),
+            self.devices.len(),
+            self.control.clone(),
+            self.memory.clone(),
+        ))
     }
 
-    /// Boots vCPU 0 on its own thread and waits for the guest to exit (or `timeout`).
+    /// Runs every vCPU on a thread of its own until the guest stops, a vCPU fails, or
+    /// `timeout` passes; then stops the others.
     pub fn run(self, timeout: Option<Duration>) -> Result<RunReport, MachineError> {
-        let mut vcpu = self.create_vcpu(0)?;
-        let control = self.control.clone();
-        let thread = std::thread::Builder::new()
-            .name("vcpu0".into())
-            .spawn(move || {
-                let watchdog = timeout.map(|t| Watchdog::arm_for_current_thread(control, t));
-                let result = vcpu.run();
-                let fired = watchdog.is_some_and(Watchdog::disarm);
-                (result, fired, vcpu.exits.stats)
-            })
+        let vcpus = (0..self.vcpu_count).map(|id| self.create_vcpu(id)).collect::<Result<Vec<_>, _>>()?;
+        let threads = crate::vcpu_threads::VcpuThreads::spawn(vcpus, self.control.clone())
             .map_err(|e| MachineError::VcpuThread(e.to_string()))?;
-        let (result, timed_out, stats) = thread.join().map_err(|_| MachineError::VcpuThread("panicked".into()))?;
-        result?;
-        if timed_out {
+        let outcome = threads.wait(timeout);
+        let mut stats = ExitStats::new(self.devices.len());
+        for s in &outcome.stats {
+            stats.merge(s);
+        }
+        if let Some(e) = outcome.error {
+            return Err(e.into());
+        }
+        if let Some(panicked) = outcome.panicked {
+            return Err(MachineError::VcpuThread(format!("vCPU {panicked} panicked")));
+        }
+        if outcome.timed_out {
             return Err(MachineError::Timeout(timeout.unwrap_or_default()));
         }
-        Ok(self.report(stats))
+        Ok(self.report(stats, outcome.stats))
     }
 
     /// Builds the report after the vCPUs stopped.
-    pub fn report(&self, stats: ExitStats) -> RunReport {
+    pub fn report(&self, stats: ExitStats, vcpus: Vec<ExitStats>) -> RunReport {
         let elapsed = self.started.0.elapsed();
         let tsc_hz = (cycles() - self.started.1) as f64 / elapsed.as_secs_f64();
         let guest_start = self.memory.get_host_address(GuestAddress(0)).ok().map(|p| p as usize);
         RunReport {
             exit_status: self.control.exit_status().unwrap_or(0),
+            stop: self.control.guest_stopped(),
             stats,
+            vcpus,
             devices: self.devices.clone(),
             elapsed,
             tsc_hz,
@@ -347,7 +415,7 @@ impl Drop for Machine {
     }
 }
 
-/// The shared page: magic, the end of RAM, then the payload's parameters.
+/// The shared page: magic, the end of RAM below 4 GiB, then the payload's parameters.
 fn write_shared_page(memory: &GuestMemoryMmap, mem_size: u64, params: &[u64]) -> Result<(), MachineError> {
     let max_params = (abi::SHARED_RESULT_SLOT - abi::SHARED_PARAM_SLOT) as usize;
     let write = |i, v: u64| memory.write_obj(v, shared_slot(i)).map_err(|e| MachineError::Memory(e.to_string()));

@@ -2,6 +2,7 @@
 //! which device each one reached. One `ExitStats` per vCPU, filled with no allocation.
 
 use crate::bus::DeviceId;
+use crate::emulate::Completed;
 
 /// What made `KVM_RUN` return.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +74,8 @@ pub struct ExitStats {
     pub devices: Vec<DeviceCounts>,
     pub unclaimed_pio: DeviceCounts,
     pub unclaimed_mmio: DeviceCounts,
+    /// Instructions KVM could not emulate that the VMM completed, by [`Completed`] kind.
+    pub completed: [u64; Completed::ALL.len()],
 }
 
 impl ExitStats {
@@ -84,6 +87,7 @@ impl ExitStats {
             devices: vec![DeviceCounts::default(); devices],
             unclaimed_pio: DeviceCounts::default(),
             unclaimed_mmio: DeviceCounts::default(),
+            completed: [0; Completed::ALL.len()],
         }
     }
 
@@ -153,6 +157,9 @@ impl ExitStats {
         {
             mine.reads += theirs.reads;
             mine.writes += theirs.writes;
+        }
+        for (mine, theirs) in self.completed.iter_mut().zip(other.completed) {
+            *mine += theirs;
         }
     }
 

@@ -1,10 +1,18 @@
 //! Stand-ins for KVM in unit tests: they record what would have been asked of it.
 
 use crate::ioeventfd::{IoeventfdKey, IoeventfdSink};
-use crate::irq::{IrqSink, MsiMessage};
+use crate::irq::{IrqSink, MsiMessage, Route};
 use crate::pci::ecam::MemslotSink;
 use std::sync::Mutex;
 use vmm_sys_util::eventfd::EventFd;
+
+impl FakeKvm {
+    /// The MSI routes of the last routing table.
+    pub fn msi_routes(&self) -> Vec<(u32, MsiMessage)> {
+        let routes = self.routes.lock().unwrap();
+        routes.iter().filter_map(|&(g, r)| if let Route::Msi(m) = r { Some((g, m)) } else { None }).collect()
+    }
+}
 
 #[derive(Default)]
 pub struct FakeKvm {
@@ -12,15 +20,15 @@ pub struct FakeKvm {
     pub ioeventfds: Mutex<Vec<(IoeventfdKey, bool)>>,
     /// Live read-only slots: (slot, gpa, size).
     pub slots: Mutex<Vec<(u32, u64, u64)>>,
-    /// The last MSI routing table set.
-    pub msi_routes: Mutex<Vec<(u32, MsiMessage)>>,
+    /// The last GSI routing table set.
+    pub routes: Mutex<Vec<(u32, Route)>>,
     /// GSIs with an irqfd.
     pub irqfds: Mutex<Vec<u32>>,
 }
 
 impl IrqSink for FakeKvm {
-    fn set_msi_routes(&self, routes: &[(u32, MsiMessage)]) -> Result<(), String> {
-        *self.msi_routes.lock().unwrap() = routes.to_vec();
+    fn set_routes(&self, routes: &[(u32, Route)]) -> Result<(), String> {
+        *self.routes.lock().unwrap() = routes.to_vec();
         Ok(())
     }
 

@@ -6,12 +6,20 @@
 //! the next `KVM_RUN`.
 
 use crate::bus::{Bus, BusAddress, BusSet, MmioAddress, PioAddress, SharedBuses};
-use crate::control::RunControl;
+use crate::control::{GuestStop, RunControl};
+use crate::emulate;
 use crate::stats::{DeviceCounts, ExitKind, ExitStats};
 use kvm_bindings::{kvm_run, KVM_EXIT_IO_OUT};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::collections::HashSet;
 use std::sync::Arc;
+use vm_memory::GuestMemoryMmap;
+
+/// KVM_INTERNAL_ERROR_EMULATION: KVM could not emulate an instruction.
+const EMULATION_FAILED: u32 = 1;
+/// KVM_SYSTEM_EVENT_SHUTDOWN and _RESET.
+const SYSTEM_EVENT_SHUTDOWN: u32 = 1;
+const SYSTEM_EVENT_RESET: u32 = 2;
 
 /// How many distinct unclaimed addresses get their own warning before we go quiet.
 const MAX_UNCLAIMED_WARNINGS: usize = 64;
@@ -171,6 +179,8 @@ pub struct Vcpu {
     fd: VcpuFd,
     run_size: usize,
     control: Arc<RunControl>,
+    /// Guest RAM, to complete instructions KVM could not emulate.
+    memory: GuestMemoryMmap,
     /// The exit being handled and when `KVM_RUN` returned; booked at the next entry.
     pending: Option<(ExitKind, u64)>,
     coalesced_ring: bool,
@@ -185,16 +195,22 @@ impl Vcpu {
         buses: Arc<SharedBuses>,
         devices: usize,
         control: Arc<RunControl>,
+        memory: GuestMemoryMmap,
     ) -> Self {
         Vcpu {
             id,
             fd,
             run_size,
             control,
+            memory,
             pending: None,
             coalesced_ring: false,
             exits: ExitHandler::new(buses, devices),
         }
+    }
+
+    pub fn id(&self) -> u8 {
+        self.id
     }
 
     pub fn fd(&self) -> &VcpuFd {
@@ -368,9 +384,29 @@ impl Vcpu {
             RareExit::InternalError => {
                 // SAFETY: the exit reason is KVM_EXIT_INTERNAL_ERROR, so `internal` is the live union member.
                 let suberror = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
-                format!("KVM internal error, suberror {suberror} (1: emulation failed, 2: simultaneous exceptions)")
+                if suberror != EMULATION_FAILED {
+                    format!("KVM internal error, suberror {suberror} (2: simultaneous exceptions)")
+                } else {
+                    match emulate::complete(&self.fd, &self.memory) {
+                        Ok(done) => {
+                            self.exits.stats.completed[done as usize] += 1;
+                            return Ok(ExitKind::InternalError);
+                        }
+                        Err(emulate::NotCompleted(why)) => {
+                            format!("KVM could not emulate an instruction and neither can exitless: {why}")
+                        }
+                    }
+                }
             }
-            RareExit::SystemEvent(event) => format!("system event {event} (1 shutdown, 2 reset, 3 crash)"),
+            RareExit::SystemEvent(SYSTEM_EVENT_SHUTDOWN) => {
+                self.control.guest_stop(GuestStop::PowerOff);
+                return Ok(ExitKind::SystemEvent);
+            }
+            RareExit::SystemEvent(SYSTEM_EVENT_RESET) => {
+                self.control.guest_stop(GuestStop::Reset);
+                return Ok(ExitKind::SystemEvent);
+            }
+            RareExit::SystemEvent(event) => format!("system event {event} (3: crash)"),
             RareExit::Unexpected(what) => format!("unexpected exit {what}"),
         };
         Err(self.fault(&what))

@@ -43,9 +43,35 @@ long_mode:              /* also the ELF entry, for a VMM that starts us in 64-bi
 	movw %ax, %gs
 	movq $stack_top, %rsp
 	movl %ebx, %edi
+	xorl %esi, %esi
 	call runtime_start
 1:	hlt
 	jmp 1b
+
+/* The 64-bit Linux boot protocol's entry, 0x200 past the start of the image (the
+ * bzImage-shaped build puts it there): %rsi = zero page. */
+	.section .text.bzentry, "ax"
+	.globl linux64_start
+linux64_start:
+	cli
+	lgdt gdt_ptr64
+	movq $stack_top, %rsp
+	pushq $0x08
+	leaq 1f(%rip), %rax
+	pushq %rax
+	lretq
+1:	movw $0x10, %ax
+	movw %ax, %ds
+	movw %ax, %es
+	movw %ax, %ss
+	movq %rsi, %rbx
+	movq $pml4, %rax
+	movq %rax, %cr3
+	xorl %edi, %edi
+	movq %rbx, %rsi
+	call runtime_start
+2:	hlt
+	jmp 2b
 
 	.section .rodata
 	.p2align 3
@@ -57,14 +83,19 @@ gdt:
 	.quad 0x00cff2000000ffff        /* 0x20 data, DPL3 -> selector 0x23 */
 	.quad 0x00affa000000ffff        /* 0x28 64-bit code, DPL3 -> selector 0x2b */
 gdt_end:
-gdt_ptr:
+gdt_ptr:                        /* for lgdt in 32-bit mode: a 4-byte base */
 	.word gdt_end - gdt - 1
 	.long gdt
+	.globl gdt_ptr64
+gdt_ptr64:                      /* for lgdt in 64-bit mode: an 8-byte base */
+	.word gdt_end - gdt - 1
+	.quad gdt
 
 /* Identity map of the low 4 GiB with 2 MiB pages, all user-accessible so CPL3 loops
  * can reach RAM, the shared page and MMIO without a switch back to CPL0. */
 	.section .data.pagetables, "aw"
 	.p2align 12
+	.globl pml4
 pml4:
 	.quad pdpt + 0x7
 	.fill 511, 8, 0

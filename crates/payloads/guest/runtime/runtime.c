@@ -7,8 +7,12 @@ typedef __builtin_va_list va_list;
 
 static volatile u64 *const shared = (volatile u64 *)SHARED_PAGE_GPA;
 
-void runtime_start(void *start_info) {
-	(void)start_info;
+void *boot_start_info;
+void *boot_zero_page;
+
+void runtime_start(void *start_info, void *zero_page) {
+	boot_start_info = start_info;
+	boot_zero_page = zero_page;
 	guest_exit((u32)main());
 }
 
@@ -120,3 +124,7 @@ void print(const char *fmt, ...) {
 	}
 	va_end(ap);
 }
+
+/* What an application processor runs once the trampoline (smp.S) brought it to long mode;
+ * a payload that starts other vCPUs defines its own. */
+__attribute__((weak)) void ap_main(u32 apic_id) { (void)apic_id; }

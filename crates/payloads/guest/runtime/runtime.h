@@ -55,4 +55,9 @@ u64 guest_mem_end(void);
 /* Small deterministic PRNG (xorshift64*). */
 u64 rand64(u64 *state);
 
+/* What the boot protocol handed over: the PVH start info (PVH entry), or the Linux zero
+ * page (64-bit Linux entry); the other is null. */
+extern void *boot_start_info;
+extern void *boot_zero_page;
+
 int main(void);

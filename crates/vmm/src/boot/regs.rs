@@ -1,7 +1,7 @@
 //! Register state for the two entry points.
 
-use super::layout::*;
 use super::EntryPoint;
+use crate::layout::*;
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -75,7 +75,8 @@ pub fn setup(vcpu: &VcpuFd, mem: &GuestMemoryMmap, entry: EntryPoint) -> Result<
             sregs.efer = EFER_LME | EFER_LMA;
             regs.rip = rip;
             regs.rsp = BOOT_STACK;
-            regs.rsi = START_INFO_GPA;
+            // The Linux boot protocol's zero page; the payload runtime looks at %rbx.
+            regs.rsi = ZERO_PAGE_GPA;
             regs.rbx = START_INFO_GPA;
         }
     }

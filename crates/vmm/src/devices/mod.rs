@@ -1,10 +1,14 @@
 //! Devices that sit on the buses.
 
+pub mod acpi_pm;
 pub mod debug_exit;
 pub mod doorbell;
+pub mod i8042;
 pub mod idle;
 pub mod serial;
 
+pub use acpi_pm::AcpiPm;
 pub use debug_exit::DebugExit;
 pub use doorbell::Doorbell;
+pub use i8042::I8042;
 pub use serial::Serial;

@@ -1,31 +1,65 @@
-//! The 8250 UART on COM1 (vm-superio's model), its output sent to a writer.
+//! The 8250 UART on COM1 (vm-superio's model): output to a writer, input from a reader
+//! (a thread of its own feeds the receive FIFO), interrupts on IRQ 4 through an irqfd.
 
 use crate::bus::BusDevice;
-use std::io::Write;
-use std::sync::Mutex;
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use vm_superio::serial::NoEvents;
 use vm_superio::Trigger;
+use vmm_sys_util::eventfd::EventFd;
 
 /// Ports the UART occupies.
 pub const SERIAL_LEN: u64 = 8;
 
-/// Interrupt line of the UART: not wired yet (the payloads poll), so a no-op.
-pub struct NoInterrupt;
+/// The UART's interrupt line: an irqfd on its GSI (none in unit tests).
+pub struct IrqLine(Option<EventFd>);
 
-impl Trigger for NoInterrupt {
+impl IrqLine {
+    pub fn new(fd: Option<EventFd>) -> Self {
+        IrqLine(fd)
+    }
+}
+
+impl Trigger for IrqLine {
     type E = std::io::Error;
     fn trigger(&self) -> std::io::Result<()> {
-        Ok(())
+        self.0.as_ref().map_or(Ok(()), |fd| fd.write(1))
     }
 }
 
 pub struct Serial {
-    uart: Mutex<vm_superio::Serial<NoInterrupt, NoEvents, Box<dyn Write + Send>>>,
+    uart: Mutex<vm_superio::Serial<IrqLine, NoEvents, Box<dyn Write + Send>>>,
 }
 
 impl Serial {
-    pub fn new(out: Box<dyn Write + Send>) -> Self {
-        Serial { uart: Mutex::new(vm_superio::Serial::new(NoInterrupt, out)) }
+    pub fn new(out: Box<dyn Write + Send>, irq: IrqLine) -> Self {
+        Serial { uart: Mutex::new(vm_superio::Serial::new(irq, out)) }
+    }
+
+    /// Feeds what `input` yields into the receive FIFO, on a thread of its own, until it
+    /// ends. A full FIFO waits for the guest to read (bytes are never dropped).
+    pub fn spawn_input(self: &Arc<Self>, mut input: Box<dyn Read + Send>) -> std::io::Result<()> {
+        let serial = Arc::downgrade(self);
+        std::thread::Builder::new().name("serial-in".into()).spawn(move || {
+            let mut buf = [0u8; 64];
+            while let Ok(n @ 1..) = input.read(&mut buf) {
+                let mut pending = &buf[..n];
+                while !pending.is_empty() {
+                    let Some(serial) = serial.upgrade() else { return };
+                    let taken = {
+                        let mut uart = serial.uart.lock().unwrap_or_else(|e| e.into_inner());
+                        let room = uart.fifo_capacity().min(pending.len());
+                        uart.enqueue_raw_bytes(&pending[..room]).unwrap_or(0)
+                    };
+                    pending = &pending[taken..];
+                    if taken == 0 {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+            }
+        })?;
+        Ok(())
     }
 }
 
@@ -67,7 +101,7 @@ mod tests {
     #[test]
     fn bytes_written_to_thr_reach_the_writer() {
         let sink = Sink::default();
-        let serial = Serial::new(Box::new(sink.clone()));
+        let serial = Serial::new(Box::new(sink.clone()), IrqLine::new(None));
         serial.write(0, b"h");
         serial.write(0, b"i");
         let mut lsr = [0u8];
@@ -77,5 +111,29 @@ mod tests {
         // A wide access past the last register stays in bounds.
         let mut wide = [0u8; 4];
         serial.read(7, &mut wide);
+    }
+
+    #[test]
+    fn input_reaches_the_receive_register_and_raises_the_interrupt() {
+        let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let serial = Arc::new(Serial::new(Box::new(Sink::default()), IrqLine::new(Some(irq.try_clone().unwrap()))));
+        serial.write(1, &[1]); // IER: received data available
+        serial.spawn_input(Box::new(std::io::Cursor::new(b"ok".to_vec()))).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..1000 {
+            let mut lsr = [0u8];
+            serial.read(5, &mut lsr);
+            if lsr[0] & 1 != 0 {
+                let mut rbr = [0u8];
+                serial.read(0, &mut rbr);
+                got.push(rbr[0]);
+            } else if got.len() == 2 {
+                break;
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        assert_eq!(got, b"ok");
+        assert!(irq.read().unwrap() >= 1, "the guest was interrupted");
     }
 }

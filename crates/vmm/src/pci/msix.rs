@@ -193,7 +193,7 @@ mod tests {
     fn table_writes_route_the_message_and_keep_reserved_bits_zero() {
         let (kvm, mut m) = msix(2);
         program(&mut m, 0, 0x4021, false);
-        let routes = kvm.msi_routes.lock().unwrap().clone();
+        let routes = kvm.msi_routes();
         assert!(routes.contains(&(24, MsiMessage { address: 0xfee0_0000, data: 0x4021 })), "{routes:?}");
         m.table_write(12, &0xffff_ffffu32.to_le_bytes());
         let mut ctrl = [0u8; 4];

@@ -1,0 +1,35 @@
+//! Raw mode for a terminal on stdin, so the guest's console gets keys as they are typed.
+
+/// Puts stdin in raw mode while it lives, if stdin is a terminal.
+pub struct RawMode {
+    saved: libc::termios,
+}
+
+impl RawMode {
+    pub fn enable_if_terminal() -> Option<RawMode> {
+        // SAFETY: isatty only inspects the descriptor.
+        if unsafe { libc::isatty(libc::STDIN_FILENO) } != 1 {
+            return None;
+        }
+        // SAFETY: termios is plain data; tcgetattr fills it in or fails.
+        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: stdin is a terminal and `saved` is a valid termios to write into.
+        if unsafe { libc::tcgetattr(libc::STDIN_FILENO, &mut saved) } != 0 {
+            return None;
+        }
+        let mut raw = saved;
+        // SAFETY: cfmakeraw only edits the struct it is given.
+        unsafe { libc::cfmakeraw(&mut raw) };
+        // Keep output processing, so the VMM's own messages still start at column 0.
+        raw.c_oflag = saved.c_oflag;
+        // SAFETY: `raw` is a valid termios derived from the terminal's own.
+        (unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &raw) } == 0).then_some(RawMode { saved })
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        // SAFETY: restores the settings read from this same terminal.
+        unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &self.saved) };
+    }
+}

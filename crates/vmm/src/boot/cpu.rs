@@ -1,0 +1,176 @@
+//! Per-vCPU platform state a kernel expects from firmware: CPUID (APIC IDs, topology, a
+//! hypervisor leaf, features this VMM or host cannot honour masked), MSRs, FPU and local
+//! APIC, after Firecracker's x86 setup.
+
+use kvm_bindings::{kvm_fpu, kvm_msr_entry, CpuId, Msrs};
+use kvm_ioctls::VcpuFd;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    #[error("{what} failed")]
+    Ioctl {
+        what: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("KVM set {set} of {want} boot MSRs")]
+    Msrs { set: usize, want: usize },
+}
+
+fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> CpuError {
+    move |source| CpuError::Ioctl { what, source }
+}
+
+// CPUID leaf 1 ECX.
+const ECX_CX16: u32 = 1 << 13;
+const ECX_XSAVE: u32 = 1 << 26;
+const ECX_OSXSAVE: u32 = 1 << 27;
+const ECX_AVX: u32 = 1 << 28;
+const ECX_HYPERVISOR: u32 = 1 << 31;
+const ECX_MONITOR: u32 = 1 << 3;
+const ECX_VMX: u32 = 1 << 5;
+const ECX_TM2: u32 = 1 << 8;
+const ECX_PDCM: u32 = 1 << 15;
+// CPUID leaf 1 EDX.
+const EDX_HTT: u32 = 1 << 28;
+const EDX_ACPI: u32 = 1 << 22;
+const EDX_TM: u32 = 1 << 29;
+// CPUID leaf 7 EBX.
+const EBX7_AVX2: u32 = 1 << 5;
+const EBX7_AVX512F: u32 = 1 << 16;
+
+/// Features hidden from every guest. CX16 (`cmpxchg16b`), XSAVE and AVX because KVM cannot
+/// emulate those instructions at CPL0 on a nested host like this one; MONITOR, VMX and the
+/// thermal/performance bits because this VMM offers none of them.
+const LEAF1_ECX_HIDDEN: u32 = ECX_CX16 | ECX_XSAVE | ECX_OSXSAVE | ECX_AVX | ECX_MONITOR | ECX_VMX | ECX_TM2 | ECX_PDCM;
+const LEAF1_EDX_HIDDEN: u32 = EDX_ACPI | EDX_TM;
+const LEAF7_EBX_HIDDEN: u32 = EBX7_AVX2 | EBX7_AVX512F;
+
+/// CPUID for vCPU `id` of `count`: one core per vCPU, one thread per core, one package.
+pub fn cpuid_for(supported: &CpuId, id: u8, count: u8) -> CpuId {
+    let mut cpuid = supported.clone();
+    for e in cpuid.as_mut_slice() {
+        match e.function {
+            1 => {
+                e.ecx = (e.ecx & !LEAF1_ECX_HIDDEN) | ECX_HYPERVISOR;
+                e.edx = (e.edx & !LEAF1_EDX_HIDDEN) | EDX_HTT;
+                // Initial APIC ID, logical processors per package, CLFLUSH size 64.
+                e.ebx = (u32::from(id) << 24) | (u32::from(count) << 16) | (8 << 8) | (e.ebx & 0xff);
+            }
+            // Deterministic cache parameters: cores sharing the package, threads per cache.
+            4 => {
+                e.eax &= 0x3ff;
+                e.eax |= u32::from(count.saturating_sub(1)) << 26;
+            }
+            7 if e.index == 0 => e.ebx &= !LEAF7_EBX_HIDDEN,
+            // No XSAVE state components (XSAVE is hidden).
+            0xd => (e.eax, e.ebx, e.ecx, e.edx) = (0, 0, 0, 0),
+            // Extended topology: level 0 SMT (1 thread), level 1 core (`count` cores).
+            0xb | 0x1f => {
+                let (shift, logical, kind) = match e.index {
+                    0 => (0, 1, 1),
+                    1 => (32 - u32::from(count.max(1) - 1).leading_zeros(), u32::from(count), 2),
+                    _ => (0, 0, 0),
+                };
+                (e.eax, e.ebx, e.ecx, e.edx) = (shift, logical, (kind << 8) | e.index, u32::from(id));
+            }
+            _ => {}
+        }
+    }
+    cpuid
+}
+
+// MSR numbers.
+const MSR_IA32_SYSENTER_CS: u32 = 0x174;
+const MSR_IA32_SYSENTER_ESP: u32 = 0x175;
+const MSR_IA32_SYSENTER_EIP: u32 = 0x176;
+const MSR_STAR: u32 = 0xc000_0081;
+const MSR_LSTAR: u32 = 0xc000_0082;
+const MSR_CSTAR: u32 = 0xc000_0083;
+const MSR_SYSCALL_MASK: u32 = 0xc000_0084;
+const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
+const MSR_IA32_TSC: u32 = 0x10;
+const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
+const MISC_ENABLE_FAST_STRING: u64 = 1;
+const MSR_MTRR_DEF_TYPE: u32 = 0x2ff;
+/// MTRRs enabled, default type write-back.
+const MTRR_ENABLE_WB: u64 = (1 << 11) | 6;
+
+/// Boot MSRs as firmware leaves them.
+fn boot_msrs() -> Vec<kvm_msr_entry> {
+    let msr = |index, data| kvm_msr_entry { index, data, ..Default::default() };
+    vec![
+        msr(MSR_IA32_SYSENTER_CS, 0),
+        msr(MSR_IA32_SYSENTER_ESP, 0),
+        msr(MSR_IA32_SYSENTER_EIP, 0),
+        msr(MSR_STAR, 0),
+        msr(MSR_CSTAR, 0),
+        msr(MSR_KERNEL_GS_BASE, 0),
+        msr(MSR_SYSCALL_MASK, 0),
+        msr(MSR_LSTAR, 0),
+        msr(MSR_IA32_TSC, 0),
+        msr(MSR_IA32_MISC_ENABLE, MISC_ENABLE_FAST_STRING),
+        msr(MSR_MTRR_DEF_TYPE, MTRR_ENABLE_WB),
+    ]
+}
+
+// Local APIC registers in the KVM_GET_LAPIC page, and delivery modes.
+const APIC_LVT0: usize = 0x350;
+const APIC_LVT1: usize = 0x360;
+const APIC_MODE_NMI: u32 = 0x4;
+const APIC_MODE_EXTINT: u32 = 0x7;
+
+fn set_delivery_mode(regs: &mut [std::os::raw::c_char], reg: usize, mode: u32) {
+    let mut bytes = [0u8; 4];
+    for (b, r) in bytes.iter_mut().zip(&regs[reg..reg + 4]) {
+        *b = *r as u8;
+    }
+    let value = (u32::from_le_bytes(bytes) & !0x700) | (mode << 8);
+    for (r, b) in regs[reg..reg + 4].iter_mut().zip(value.to_le_bytes()) {
+        *r = b as std::os::raw::c_char;
+    }
+}
+
+/// Sets CPUID, MSRs, FPU and the local APIC's LINT0 (ExtINT, the PIC) and LINT1 (NMI).
+pub fn setup(vcpu: &VcpuFd, cpuid: &CpuId) -> Result<(), CpuError> {
+    vcpu.set_cpuid2(cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
+    let entries = boot_msrs();
+    let msrs = Msrs::from_entries(&entries).map_err(|_| CpuError::Msrs { set: 0, want: entries.len() })?;
+    let set = vcpu.set_msrs(&msrs).map_err(ioctl("KVM_SET_MSRS"))?;
+    if set != entries.len() {
+        return Err(CpuError::Msrs { set, want: entries.len() });
+    }
+    let fpu = kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() };
+    vcpu.set_fpu(&fpu).map_err(ioctl("KVM_SET_FPU"))?;
+    let mut lapic = vcpu.get_lapic().map_err(ioctl("KVM_GET_LAPIC"))?;
+    set_delivery_mode(&mut lapic.regs, APIC_LVT0, APIC_MODE_EXTINT);
+    set_delivery_mode(&mut lapic.regs, APIC_LVT1, APIC_MODE_NMI);
+    vcpu.set_lapic(&lapic).map_err(ioctl("KVM_SET_LAPIC"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvm_bindings::kvm_cpuid_entry2;
+
+    #[test]
+    fn each_vcpu_gets_its_apic_id_and_hidden_features_stay_hidden() {
+        let entries = [
+            kvm_cpuid_entry2 { function: 1, ecx: u32::MAX, edx: u32::MAX, ebx: 0xffff_ffff, ..Default::default() },
+            kvm_cpuid_entry2 { function: 0xb, index: 0, ..Default::default() },
+            kvm_cpuid_entry2 { function: 0xb, index: 1, ..Default::default() },
+            kvm_cpuid_entry2 { function: 7, ebx: u32::MAX, ..Default::default() },
+        ];
+        let supported = CpuId::from_entries(&entries).unwrap();
+        let cpuid = cpuid_for(&supported, 3, 4);
+        let e = cpuid.as_slice();
+        assert_eq!(e[0].ebx >> 24, 3, "initial APIC ID");
+        assert_eq!((e[0].ebx >> 16) & 0xff, 4, "logical processors");
+        assert_eq!(e[0].ecx & (ECX_CX16 | ECX_XSAVE | ECX_AVX), 0);
+        assert_ne!(e[0].ecx & ECX_HYPERVISOR, 0);
+        assert_eq!(e[1].edx, 3, "x2APIC ID");
+        assert_eq!((e[2].ebx, e[2].eax), (4, 2), "4 cores need 2 bits of APIC ID");
+        assert_eq!(e[3].ebx & EBX7_AVX2, 0);
+    }
+}

@@ -1,0 +1,128 @@
+//! The ACPI fixed-hardware registers the FADT points at (see [`crate::acpi`]): PM1a event
+//! (status, enable), PM1a control (SCI_EN, SLP_TYP, SLP_EN), the 3.579545 MHz PM timer, and
+//! the reset register. Sleeping in S5 powers the guest off; the reset value resets it.
+
+use crate::bus::BusDevice;
+use crate::control::{GuestStop, RunControl};
+use crate::layout;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The ACPI PM timer's frequency.
+pub const PM_TIMER_HZ: u64 = 3_579_545;
+/// SLP_TYP for S5, as the DSDT's `_S5_` package says.
+const SLP_TYP_S5: u16 = 5;
+const SLP_EN: u16 = 1 << 13;
+/// SCI_EN: the platform is always in ACPI mode (there is no SMI command port).
+const SCI_EN: u16 = 1;
+
+const EVT: u64 = (layout::ACPI_PM1_EVT - layout::ACPI_PM_PORT) as u64;
+const CNT: u64 = (layout::ACPI_PM1_CNT - layout::ACPI_PM_PORT) as u64;
+const TMR: u64 = (layout::ACPI_PM_TMR - layout::ACPI_PM_PORT) as u64;
+const RESET: u64 = (layout::ACPI_RESET - layout::ACPI_PM_PORT) as u64;
+
+pub struct AcpiPm {
+    control: Arc<RunControl>,
+    started: Instant,
+    status: AtomicU16,
+    enable: AtomicU16,
+    cnt: AtomicU16,
+}
+
+impl AcpiPm {
+    pub fn new(control: Arc<RunControl>) -> Self {
+        AcpiPm {
+            control,
+            started: Instant::now(),
+            status: AtomicU16::new(0),
+            enable: AtomicU16::new(0),
+            cnt: AtomicU16::new(SCI_EN),
+        }
+    }
+
+    /// The 32-bit PM timer: ticks since the machine was made.
+    fn timer(&self) -> u32 {
+        let ns = self.started.elapsed().as_nanos();
+        (ns * u128::from(PM_TIMER_HZ) / 1_000_000_000) as u32
+    }
+
+    /// The registers' bytes from `EVT` on, for reads of any width and offset.
+    fn bytes(&self) -> [u8; layout::ACPI_PM_LEN as usize] {
+        let mut b = [0u8; layout::ACPI_PM_LEN as usize];
+        b[0..2].copy_from_slice(&self.status.load(Ordering::Relaxed).to_le_bytes());
+        b[2..4].copy_from_slice(&self.enable.load(Ordering::Relaxed).to_le_bytes());
+        b[4..6].copy_from_slice(&self.cnt.load(Ordering::Relaxed).to_le_bytes());
+        b[8..12].copy_from_slice(&self.timer().to_le_bytes());
+        b
+    }
+}
+
+fn le16(data: &[u8]) -> u16 {
+    u16::from_le_bytes([data[0], data.get(1).copied().unwrap_or(0)])
+}
+
+impl BusDevice for AcpiPm {
+    fn read(&self, offset: u64, data: &mut [u8]) {
+        let regs = self.bytes();
+        for (i, byte) in data.iter_mut().enumerate() {
+            *byte = regs.get(offset as usize + i).copied().unwrap_or(0);
+        }
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) {
+        match (offset, data.len()) {
+            // Status bits are write-one-to-clear.
+            (EVT, 2 | 4) => {
+                self.status.fetch_and(!le16(data), Ordering::Relaxed);
+                if data.len() == 4 {
+                    self.enable.store(le16(&data[2..]), Ordering::Relaxed);
+                }
+            }
+            (o, 2) if o == EVT + 2 => self.enable.store(le16(data), Ordering::Relaxed),
+            (CNT, 2) => {
+                let value = le16(data);
+                self.cnt.store((value & !SLP_EN) | SCI_EN, Ordering::Relaxed);
+                if value & SLP_EN != 0 && (value >> 10) & 7 == SLP_TYP_S5 {
+                    tracing::info!("guest entered ACPI S5 (soft off)");
+                    self.control.guest_stop(GuestStop::PowerOff);
+                }
+            }
+            (RESET, 1) if data[0] == layout::ACPI_RESET_VALUE => {
+                tracing::info!("guest wrote the ACPI reset register");
+                self.control.guest_stop(GuestStop::Reset);
+            }
+            (TMR, _) => {} // read-only
+            _ => tracing::debug!("ignored {}-byte ACPI PM write at +{offset}", data.len()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timer_runs_s5_powers_off_and_reset_resets() {
+        let control = Arc::new(RunControl::default());
+        let pm = AcpiPm::new(control.clone());
+        let mut t0 = [0u8; 4];
+        pm.read(TMR, &mut t0);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let mut t1 = [0u8; 4];
+        pm.read(TMR, &mut t1);
+        let ticks = u32::from_le_bytes(t1).wrapping_sub(u32::from_le_bytes(t0));
+        assert!(ticks >= 7000, "2 ms is at least 7159 ticks: {ticks}");
+        let mut cnt = [0u8; 2];
+        pm.read(CNT, &mut cnt);
+        assert_eq!(le16(&cnt) & SCI_EN, SCI_EN);
+        pm.write(CNT, &(3u16 << 10 | SLP_EN).to_le_bytes()); // S3: not offered, ignored
+        pm.write(RESET, &[0]);
+        assert_eq!(control.guest_stopped(), None);
+        pm.write(CNT, &(SLP_TYP_S5 << 10 | SLP_EN).to_le_bytes());
+        assert_eq!(control.guest_stopped(), Some(GuestStop::PowerOff));
+        let other = Arc::new(RunControl::default());
+        AcpiPm::new(other.clone()).write(RESET, &[layout::ACPI_RESET_VALUE]);
+        assert_eq!(other.guest_stopped(), Some(GuestStop::Reset));
+    }
+}

@@ -1,0 +1,117 @@
+//! One thread per vCPU, and stopping them all: when one vCPU ends (the guest stopped, or
+//! it failed) or the time is up, the stop flag is raised and every thread still inside
+//! `KVM_RUN` is kicked with a signal until it returns.
+
+use crate::control::RunControl;
+use crate::stats::ExitStats;
+use crate::vcpu::{Vcpu, VcpuError};
+use crate::watchdog::{install_kick_handler, kick_signal};
+use std::os::unix::thread::JoinHandleExt;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How often a thread that has not stopped is kicked again.
+const KICK_INTERVAL: Duration = Duration::from_millis(10);
+
+type Finished = (u8, Result<(), VcpuError>, ExitStats);
+
+pub struct VcpuThreads {
+    control: Arc<RunControl>,
+    threads: Vec<Option<JoinHandle<()>>>,
+    finished: Receiver<Finished>,
+}
+
+/// What the run came to.
+pub struct Outcome {
+    /// Each vCPU's counters, by id (empty counters for a thread that panicked).
+    pub stats: Vec<ExitStats>,
+    /// The first vCPU error.
+    pub error: Option<VcpuError>,
+    pub panicked: Option<u8>,
+    pub timed_out: bool,
+}
+
+impl VcpuThreads {
+    pub fn spawn(vcpus: Vec<Vcpu>, control: Arc<RunControl>) -> std::io::Result<VcpuThreads> {
+        install_kick_handler();
+        let (tx, finished) = channel();
+        let mut threads = Vec::new();
+        for mut vcpu in vcpus {
+            let (tx, stop) = (tx.clone(), control.clone());
+            let id = vcpu.id();
+            let thread = std::thread::Builder::new().name(format!("vcpu{id}")).spawn(move || {
+                let result = vcpu.run();
+                // Whatever ended this vCPU ends the others too.
+                stop.request_stop();
+                let _ = tx.send((id, result, vcpu.exits.stats));
+            });
+            match thread {
+                Ok(t) => threads.push(Some(t)),
+                Err(e) => {
+                    control.request_stop();
+                    let started = VcpuThreads { control, threads, finished };
+                    drop(started.wait(Some(Duration::ZERO)));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(VcpuThreads { control, threads, finished })
+    }
+
+    /// Waits for the first vCPU to end (or `timeout`), then stops and joins all of them.
+    pub fn wait(mut self, timeout: Option<Duration>) -> Outcome {
+        let count = self.threads.len();
+        let mut outcome = Outcome { stats: Vec::new(), error: None, panicked: None, timed_out: false };
+        let mut stats: Vec<Option<ExitStats>> = (0..count).map(|_| None).collect();
+        let mut done = 0;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        while done < count {
+            let wait = if self.control.should_stop() {
+                self.kick_running(&stats);
+                KICK_INTERVAL
+            } else {
+                deadline.map_or(Duration::from_secs(3600), |d| d.saturating_duration_since(Instant::now()))
+            };
+            match self.finished.recv_timeout(wait) {
+                Ok((id, result, s)) => {
+                    done += 1;
+                    if let Err(e) = result {
+                        outcome.error.get_or_insert(e);
+                    }
+                    if let Some(slot) = stats.get_mut(usize::from(id)) {
+                        *slot = Some(s);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) && !self.control.should_stop() {
+                        outcome.timed_out = true;
+                        self.control.request_stop();
+                    }
+                }
+                // Every sender is gone: the remaining threads panicked.
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        for (id, thread) in self.threads.iter_mut().enumerate() {
+            if let Some(t) = thread.take() {
+                if t.join().is_err() {
+                    outcome.panicked.get_or_insert(id as u8);
+                }
+            }
+        }
+        outcome.stats = stats.into_iter().map(|s| s.unwrap_or_else(|| ExitStats::new(0))).collect();
+        outcome
+    }
+
+    fn kick_running(&self, stats: &[Option<ExitStats>]) {
+        for (thread, done) in self.threads.iter().zip(stats) {
+            if let (Some(t), None) = (thread, done) {
+                // SAFETY: the thread has not been joined (its handle is still held), so its
+                // pthread_t is valid; the kick signal's handler is installed and does nothing.
+                unsafe { libc::pthread_kill(t.as_pthread_t(), kick_signal()) };
+            }
+        }
+    }
+}

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Boots a stock Debian kernel with a tiny busybox initramfs under exitless (2 vCPUs) and, if
+# installed, under QEMU with the same kernel and initrd; prints how far each got and the time.
+#   scripts/linux-smoke.sh [KERNEL [INITRD]]
+# With no arguments it fetches Debian's linux-image-cloud-amd64 and busybox-static packages
+# (apt-get download) into $WORK (default: /tmp/exitless-linux). Takes minutes on a nested host,
+# where KVM emulates every guest CPL0 instruction. Env: TIMEOUT (s, default 1800), VCPUS (2),
+# EXITLESS (the binary, default target/release/exitless), EXTRA (more kernel arguments).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+work=${WORK:-/tmp/exitless-linux}
+timeout=${TIMEOUT:-1800}
+vcpus=${VCPUS:-2}
+exitless=${EXITLESS:-$here/target/release/exitless}
+marker="EXITLESS-SMOKE: /init reached"
+mkdir -p "$work"
+cd "$work"
+
+kernel=${1:-}
+initrd=${2:-}
+if [ -z "$kernel" ]; then
+  if ! ls linux-image-*-cloud-amd64_*.deb >/dev/null 2>&1; then
+    echo "fetching Debian's cloud kernel and busybox-static..." >&2
+    apt-get download linux-image-cloud-amd64 busybox-static >/dev/null
+    dep=$(dpkg-deb -f linux-image-cloud-amd64_*.deb Depends | sed 's/ .*//; s/,.*//')
+    apt-get download "$dep" >/dev/null
+  fi
+  rm -rf pkg && mkdir pkg
+  for deb in linux-image-[0-9]*-cloud-amd64_*.deb busybox-static_*.deb; do dpkg-deb -x "$deb" pkg; done
+  kernel=$(ls "$work"/pkg/boot/vmlinuz-*)
+fi
+if [ -z "$initrd" ]; then
+  initrd=$work/initrd.cpio
+  [ -x pkg/bin/busybox ] || { rm -rf pkg && mkdir pkg && apt-get download busybox-static >/dev/null && dpkg-deb -x busybox-static_*.deb pkg; }
+  # An uncompressed newc cpio (no decompression at emulated CPL0): /init prints the marker
+  # and powers off.
+  python3 - "$initrd" pkg/bin/busybox "$marker" <<'PY'
+import os, sys
+out, busybox, marker = sys.argv[1], sys.argv[2], sys.argv[3]
+init = f"#!/bin/busybox sh\n/bin/busybox echo '{marker}'\n/bin/busybox poweroff -f\n".encode()
+entries = [("dev", 0o040755, b""), ("bin", 0o040755, b""), ("proc", 0o040755, b""),
+           ("bin/busybox", 0o100755, open(busybox, "rb").read()), ("init", 0o100755, init)]
+def rec(ino, name, mode, data):
+    name_b = name.encode() + b"\0"
+    hdr = "070701" + "".join(f"{v:08x}" for v in (ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name_b), 0))
+    b = hdr.encode() + name_b
+    b += b"\0" * (-len(b) % 4) + data
+    return b + b"\0" * (-len(b) % 4)
+blob = b"".join(rec(i + 1, *e) for i, e in enumerate(entries)) + rec(0, "TRAILER!!!", 0, b"")
+open(out, "wb").write(blob + b"\0" * (-len(blob) % 512))
+PY
+fi
+
+cmdline="console=ttyS0 reboot=k panic=-1 noxsave nokaslr ${EXTRA:-}"
+verdict() { # log, seconds
+  if grep -q "$marker" "$1"; then echo "reached /init ($marker) in $2 s"
+  else echo "did not reach /init in $2 s; last kernel line: $(grep -a -v '^\s*$' "$1" | grep -av 'exit profile' | tail -n 1)"; fi
+}
+
+echo "kernel: $kernel"; echo "initrd: $initrd ($(stat -c %s "$initrd") bytes)"; echo "cmdline: $cmdline"
+start=$(date +%s.%N)
+set +e
+timeout "$timeout" "$exitless" run --kernel "$kernel" --initrd "$initrd" --mem 512M --vcpus "$vcpus" \
+  --cmdline "$cmdline" --json exitless.json </dev/null >exitless.log 2>exitless.err
+status=$?
+set -e
+t=$(printf '%.1f' "$(echo "$(date +%s.%N) - $start" | bc)")
+echo "exitless (status $status): $(verdict exitless.log "$t")"
+grep -a "emulate\|KVM could not" exitless.err | head -n 3 || true
+
+if command -v qemu-system-x86_64 >/dev/null; then
+  start=$(date +%s.%N)
+  set +e
+  timeout "$timeout" qemu-system-x86_64 -machine q35,accel=kvm -cpu qemu64,-cx16 -m 512M -smp "$vcpus" \
+    -bios /usr/share/qemu/qboot.rom -nodefaults -no-reboot -display none -serial stdio \
+    -kernel "$kernel" -initrd "$initrd" -append "$cmdline" </dev/null >qemu.log 2>qemu.err
+  status=$?
+  set -e
+  t=$(printf '%.1f' "$(echo "$(date +%s.%N) - $start" | bc)")
+  echo "qemu (status $status): $(verdict qemu.log "$t")"
+  grep -a "emulation failure\|KVM internal error" qemu.err | head -n 1 || true
+else
+  echo "qemu: not installed (apt-get install qemu-system-x86 to compare)"
+fi
