@@ -2,13 +2,15 @@
 //! is willing to wait, and the vCPU sleeps here instead of spinning.
 //!
 //! Halting would be the usual way, but on this host code at CPL3 cannot reach a real CPL0
-//! to execute `hlt`. The wait ends at the first interrupt delivered after the previous
-//! wait returned (so one that fired in between is not missed), or after the timeout.
+//! to execute `hlt`. The wait ends at the first interrupt delivered after the same vCPU's
+//! previous wait returned (so one that fired in between is not missed), or after the timeout.
+//! Each vCPU thread keeps its own place: one vCPU's wait does not use up another's wake-up.
 
 use crate::bus::BusDevice;
 use crate::irq::GsiRouter;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 pub const IDLE_LEN: u64 = 4;
@@ -17,12 +19,15 @@ const MAX_WAIT: Duration = Duration::from_millis(10);
 
 pub struct Idle {
     router: Arc<GsiRouter>,
-    seen: AtomicU64,
+    /// Interrupts delivered when the device was made: where a vCPU's first wait starts.
+    initial: u64,
+    /// Per vCPU thread: the delivery count its last wait returned with.
+    seen: Mutex<HashMap<ThreadId, u64>>,
 }
 
 impl Idle {
     pub fn new(router: Arc<GsiRouter>) -> Self {
-        Idle { seen: AtomicU64::new(router.delivered_count()), router }
+        Idle { initial: router.delivered_count(), router, seen: Mutex::new(HashMap::new()) }
     }
 }
 
@@ -37,8 +42,10 @@ impl BusDevice for Idle {
         }
         let us = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
         let timeout = Duration::from_micros(u64::from(us)).min(MAX_WAIT);
-        let now = self.router.wait_beyond(self.seen.load(Ordering::Acquire), timeout);
-        self.seen.store(now, Ordering::Release);
+        let me = std::thread::current().id();
+        let seen = *self.seen.lock().unwrap_or_else(|e| e.into_inner()).get(&me).unwrap_or(&self.initial);
+        let now = self.router.wait_beyond(seen, timeout);
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(me, now);
     }
 }
 
@@ -64,5 +71,22 @@ mod tests {
         idle.write(0, &1_000_000u32.to_le_bytes());
         assert!(quick.elapsed() < MAX_WAIT);
         idle.write(0, &[1, 2]); // wrong size: ignored, no wait
+    }
+
+    #[test]
+    fn one_vcpus_wait_does_not_use_up_anothers_wake_up() {
+        let router = Arc::new(GsiRouter::new(Arc::new(FakeKvm::default())));
+        let idle = Arc::new(Idle::new(router.clone()));
+        router.delivered();
+        // vCPU A takes the interrupt...
+        idle.write(0, &1_000_000u32.to_le_bytes());
+        // ...and vCPU B, which has not waited since, still sees it and does not sleep.
+        let other = idle.clone();
+        let quick = std::thread::spawn(move || {
+            let start = Instant::now();
+            other.write(0, &1_000_000u32.to_le_bytes());
+            start.elapsed()
+        });
+        assert!(quick.join().unwrap() < MAX_WAIT);
     }
 }

@@ -14,7 +14,7 @@ use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_READONLY};
 use kvm_ioctls::VmFd;
 use std::sync::Arc;
 use vm_memory::mmap::MmapRegion;
-use vm_memory::VolatileMemory;
+use vm_memory::{Bytes, VolatileMemory};
 
 /// Bytes of the bus-0 ECAM window.
 pub const ECAM_SIZE: u64 = (FUNCTIONS * CONFIG_SIZE) as u64;
@@ -94,12 +94,14 @@ impl EcamShadow {
         Ok(shadow)
     }
 
-    /// Rewrites function `index`'s page from its config space (None: all-ones).
+    /// Rewrites function `index`'s page from its config space (None: all-ones), one aligned
+    /// dword store at a time: another vCPU reading the page meanwhile sees each dword either
+    /// old or new, never torn, as with a config read racing a write on real hardware.
     pub fn refresh(&self, index: usize, config: Option<&[u8; CONFIG_SIZE]>) {
         let Ok(page) = self.pages.get_slice(index * CONFIG_SIZE, CONFIG_SIZE) else { return };
-        match config {
-            Some(bytes) => page.copy_from(bytes.as_slice()),
-            None => page.copy_from([0xffu8; CONFIG_SIZE].as_slice()),
+        for at in (0..CONFIG_SIZE).step_by(4) {
+            let dword = config.map_or(u32::MAX, |c| u32::from_le_bytes([c[at], c[at + 1], c[at + 2], c[at + 3]]));
+            let _ = page.store(dword, at, std::sync::atomic::Ordering::Release);
         }
     }
 
