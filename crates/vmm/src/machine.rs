@@ -287,10 +287,8 @@ impl Machine {
         );
         let bar0 = layout::PCI_MMIO32_START;
         let id = self.register_device("virtio-net");
-        self.pci.add(VIRTIO_NET_PCI_DEVICE, 0, transport.pci_function("virtio-net", id, bar0))?;
-        for (key, fd) in transport.ioeventfds(bar0) {
-            self.ioeventfds.register(key, fd).map_err(|e| MachineError::Net(e.to_string()))?;
-        }
+        let function = transport.pci_function("virtio-net", id, bar0).map_err(|e| MachineError::Net(e.to_string()))?;
+        self.pci.add(VIRTIO_NET_PCI_DEVICE, 0, function)?;
         self.net = Some(NetHandle { stats, transport, tap_name });
         Ok(())
     }

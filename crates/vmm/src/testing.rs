@@ -3,6 +3,7 @@
 use crate::ioeventfd::{IoeventfdKey, IoeventfdSink};
 use crate::irq::{IrqSink, MsiMessage, Route};
 use crate::pci::ecam::MemslotSink;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -22,6 +23,8 @@ pub struct FakeKvm {
     pub slots: Mutex<Vec<(u32, u64, u64)>>,
     /// The last GSI routing table set.
     pub routes: Mutex<Vec<(u32, Route)>>,
+    /// How many routing tables were set.
+    pub route_updates: AtomicU64,
     /// GSIs with an irqfd.
     pub irqfds: Mutex<Vec<u32>>,
 }
@@ -29,6 +32,7 @@ pub struct FakeKvm {
 impl IrqSink for FakeKvm {
     fn set_routes(&self, routes: &[(u32, Route)]) -> Result<(), String> {
         *self.routes.lock().unwrap() = routes.to_vec();
+        self.route_updates.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

@@ -6,9 +6,10 @@ use super::config::{BarKind, ConfigSpace, BAR_COUNT, CONFIG_SIZE};
 use super::ecam::EcamShadow;
 use super::FUNCTIONS;
 use crate::bus::{BusDevice, DeviceId, MmioAddress, PioAddress, SharedBuses};
-use crate::ioeventfd::{IoSpace, IoeventfdRegistry};
+use crate::ioeventfd::{IoSpace, IoeventfdKey, IoeventfdRegistry};
 use exitless_payloads::abi;
 use std::sync::{Arc, Mutex};
+use vmm_sys_util::eventfd::EventFd;
 
 /// How the ECAM window is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,8 +34,10 @@ struct BarHandler {
     id: DeviceId,
     /// Where the BAR is decoded now (None: decode off, or no valid place).
     mapped: Option<u64>,
-    /// Where its ioeventfds are registered (the last place it was decoded).
-    ioeventfd_base: u64,
+    /// Its ioeventfds while it is off the bus, relative to the BAR: registered with KVM
+    /// only while the BAR is decoded, so no kick reaches a device that is off the bus and
+    /// no stale registration blocks another BAR.
+    parked: Vec<(IoeventfdKey, EventFd)>,
 }
 
 /// A device's say in its own config space: told about every write (capability registers
@@ -71,8 +74,17 @@ impl PciFunction {
 
     /// `device` answers on BAR `index` (declared in the config space), counted as `id`.
     pub fn with_bar(mut self, index: usize, id: DeviceId, device: Arc<dyn BusDevice>) -> Self {
-        let base = self.config.bar_address(index).expect("VMM bug: BAR not declared in config space");
-        self.bars[index] = Some(BarHandler { device, id, mapped: None, ioeventfd_base: base });
+        assert!(self.config.bar(index).is_some(), "VMM bug: BAR {index} not declared in config space");
+        self.bars[index] = Some(BarHandler { device, id, mapped: None, parked: Vec::new() });
+        self
+    }
+
+    /// ioeventfds at offsets (`key.addr`) inside BAR `index`, registered wherever the BAR
+    /// is decoded.
+    pub fn with_ioeventfds(mut self, index: usize, ioeventfds: Vec<(IoeventfdKey, EventFd)>) -> Self {
+        if let Some(bar) = self.bars[index].as_mut() {
+            bar.parked.extend(ioeventfds);
+        }
         self
     }
 }
@@ -197,6 +209,10 @@ impl PciRoot {
                     IoSpace::Pio => b.pio.remove(PioAddress(old as u16)).map(drop),
                     IoSpace::Mmio => b.mmio.remove(MmioAddress(old)).map(drop),
                 });
+                match self.ioeventfds.take_range(space, old, spec.size) {
+                    Ok(taken) => handler.parked.extend(taken),
+                    Err(e) => self.warn(format_args!("{} BAR{bar}: ioeventfds stay at {old:#x}: {e}", function.name)),
+                }
             }
             let Some(new) = wanted else { continue };
             let (id, device) = (handler.id, handler.device.clone());
@@ -207,15 +223,15 @@ impl PciRoot {
             match placed {
                 Ok(()) => {
                     handler.mapped = Some(new);
-                    if handler.ioeventfd_base != new {
-                        if let Err(e) = self.ioeventfds.relocate_range(space, handler.ioeventfd_base, spec.size, new) {
-                            self.warn(format_args!(
-                                "{} BAR{bar}: ioeventfds could not follow it to {new:#x}: {e}",
-                                function.name
-                            ));
+                    let mut still_parked = Vec::new();
+                    for (key, fd) in handler.parked.drain(..) {
+                        let at = IoeventfdKey { addr: key.addr + new, ..key };
+                        if let Err(e) = self.ioeventfds.register(at, &fd) {
+                            self.warn(format_args!("{} BAR{bar}: ioeventfd not registered: {e}", function.name));
+                            still_parked.push((key, fd));
                         }
-                        handler.ioeventfd_base = new;
                     }
+                    handler.parked = still_parked;
                 }
                 // The bus says why (an overlap, say): the BAR stays off the bus.
                 Err(e) => self.warn(format_args!("{} BAR{bar} at {new:#x}: {e}; left off the bus", function.name)),

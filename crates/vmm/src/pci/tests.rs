@@ -21,11 +21,15 @@ struct Rig {
 }
 
 fn doorbell_function(side_effects: bool) -> PciFunction {
+    doorbell_function_at(side_effects, 0xd000_0000, 0x510)
+}
+
+fn doorbell_function_at(side_effects: bool, bar0: u64, bar1: u64) -> PciFunction {
     let ids =
         PciIds { vendor: 0xe1e5, device: 0xd00, class: [0xff, 0, 0], revision: 1, subsystem_vendor: 0, subsystem: 0 };
     let mut config = ConfigSpace::new(ids);
-    config.set_bar(0, BarSpec { kind: BarKind::Memory32, size: 0x1000 }, 0xd000_0000);
-    config.set_bar(1, BarSpec { kind: BarKind::Io, size: 16 }, 0x510);
+    config.set_bar(0, BarSpec { kind: BarKind::Memory32, size: 0x1000 }, bar0);
+    config.set_bar(1, BarSpec { kind: BarKind::Io, size: 16 }, bar1);
     config.write(COMMAND, &[0x3, 0]);
     let bell = Arc::new(Doorbell::default());
     let mut f =
@@ -121,6 +125,36 @@ fn moving_a_bar_moves_its_bus_range_and_ioeventfds() {
     ecam.write(8 * 4096 + COMMAND as u64, &[3, 0]);
     assert_eq!(r.root.bar_mapping(8, 0), Some(0xc100_0000));
     assert_eq!(r.root.bar_mapping(8, 1), Some(0x510));
+}
+
+#[test]
+fn a_bars_ioeventfds_follow_its_decode_and_placement() {
+    let r = rig(EcamMode::Trapped);
+    let ecam = EcamDevice::new(r.root.clone());
+    let fd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let function = doorbell_function_at(false, 0xc000_0000, 0x520)
+        .with_ioeventfds(0, vec![(IoeventfdKey::mmio(0x10, 0, None), fd)]);
+    r.root.add(2, 0, function).unwrap();
+    let live = |addr| r.ioeventfds.contains(&IoeventfdKey::mmio(addr, 0, None));
+    assert!(live(0xc000_0010), "registered where the BAR was placed");
+
+    // Decode off: the kick address is gone from KVM, and comes back with decode.
+    ecam.write(16 * 4096 + COMMAND as u64, &[0, 0]);
+    assert!(!live(0xc000_0010));
+    assert!(r.ioeventfds.is_empty());
+    ecam.write(16 * 4096 + COMMAND as u64, &[3, 0]);
+    assert!(live(0xc000_0010));
+
+    // A BAR that cannot be placed (over 00:01.0's BAR0) registers nothing, and the old
+    // address is free for another BAR's ioeventfd.
+    ecam.write(16 * 4096 + BAR0 as u64, &0xd000_0000u32.to_le_bytes());
+    assert_eq!(r.root.bar_mapping(16, 0), None);
+    assert!(r.ioeventfds.is_empty());
+    let other = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    r.ioeventfds.register(IoeventfdKey::mmio(0xc000_0010, 0, None), &other).unwrap();
+    r.ioeventfds.unregister(IoeventfdKey::mmio(0xc000_0010, 0, None)).unwrap();
+    ecam.write(16 * 4096 + BAR0 as u64, &0xc200_0000u32.to_le_bytes());
+    assert!(live(0xc200_0010));
 }
 
 #[test]

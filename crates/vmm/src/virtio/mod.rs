@@ -65,8 +65,9 @@ impl DeviceStatus {
         self.0.store(v, Ordering::Release)
     }
 
-    pub fn raise(&self, bits: u8) {
-        self.0.fetch_or(bits, Ordering::AcqRel);
+    /// Sets `bits` atomically; returns the status after.
+    pub fn raise(&self, bits: u8) -> u8 {
+        self.0.fetch_or(bits, Ordering::AcqRel) | bits
     }
 }
 

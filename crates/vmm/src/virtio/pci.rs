@@ -95,7 +95,6 @@ pub struct VirtioPci {
     state: Mutex<Transport>,
     msix: Arc<Mutex<Msix>>,
     status: Arc<DeviceStatus>,
-    interrupt_isr: Arc<AtomicU8>,
     interrupt: Mutex<Option<Arc<Interrupt>>>,
     kicks: Vec<Arc<EventFd>>,
     msix_cap: Mutex<usize>,
@@ -126,7 +125,6 @@ impl VirtioPci {
             state: Mutex::new(state),
             msix: Arc::new(Mutex::new(msix)),
             status: Arc::new(DeviceStatus::default()),
-            interrupt_isr: Arc::new(AtomicU8::new(0)),
             interrupt: Mutex::new(None),
             kicks,
             msix_cap: Mutex::new(0),
@@ -140,7 +138,7 @@ impl VirtioPci {
 
     /// The PCI function: virtio IDs, BAR0 at `bar0` (decode on), the virtio capabilities
     /// and MSI-X; `id` counts BAR0's exits.
-    pub fn pci_function(self: &Arc<Self>, name: &str, id: DeviceId, bar0: u64) -> PciFunction {
+    pub fn pci_function(self: &Arc<Self>, name: &str, id: DeviceId, bar0: u64) -> std::io::Result<PciFunction> {
         let device_type = self.lock().device.device_type();
         let ids = PciIds {
             vendor: VIRTIO_VENDOR,
@@ -180,10 +178,13 @@ impl VirtioPci {
         config.set_write_mask(msix_cap + 2, &[0x00, 0xc0]);
         *self.msix_cap.lock().unwrap_or_else(|e| e.into_inner()) = msix_cap;
         config.write(COMMAND, &COMMAND_MEMORY.to_le_bytes());
-        let mut function = PciFunction::new(name, config).with_bar(0, id, self.clone()).with_hook(self.clone());
+        let mut function = PciFunction::new(name, config)
+            .with_bar(0, id, self.clone())
+            .with_ioeventfds(0, self.notify_ioeventfds()?)
+            .with_hook(self.clone());
         // Reading the PCI_CFG window reads BAR0 (the ISR clears on read): never map this page.
         function.read_side_effects = true;
-        function
+        Ok(function)
     }
 
     /// The BAR0 access the PCI_CFG window describes now: (offset, length), if valid.
@@ -206,11 +207,10 @@ impl VirtioPci {
         data > PCI_CFG_DATA && offset < data + 4 && data < offset + len
     }
 
-    /// Zero-length MMIO ioeventfds for every queue's notify address, given BAR0's base.
-    pub fn ioeventfds(&self, bar0: u64) -> impl Iterator<Item = (IoeventfdKey, &EventFd)> + '_ {
-        self.kicks.iter().enumerate().map(move |(q, fd)| {
-            (IoeventfdKey::mmio(bar0 + NOTIFY + q as u64 * NOTIFY_MULTIPLIER, 0, None), fd.as_ref())
-        })
+    /// Zero-length MMIO ioeventfds for every queue's notify address, relative to BAR0.
+    fn notify_ioeventfds(&self) -> std::io::Result<Vec<(IoeventfdKey, EventFd)>> {
+        let key = |q: usize| IoeventfdKey::mmio(NOTIFY + q as u64 * NOTIFY_MULTIPLIER, 0, None);
+        self.kicks.iter().enumerate().map(|(q, fd)| Ok((key(q), fd.try_clone()?))).collect()
     }
 
     pub fn status(&self) -> u8 {
@@ -288,9 +288,11 @@ impl VirtioPci {
         match at {
             0x00 => t.device_feature_select = v as u32,
             0x08 => t.driver_feature_select = v as u32,
-            0x0c if t.driver_feature_select < 2 => {
+            // Features are fixed once FEATURES_OK is set; bits never offered are dropped.
+            0x0c if t.driver_feature_select < 2 && self.status.get() & STATUS_FEATURES_OK == 0 => {
                 let shift = 32 * t.driver_feature_select;
-                t.driver_features = (t.driver_features & !(0xffff_ffffu64 << shift)) | ((v & 0xffff_ffff) << shift);
+                let word = (t.driver_features & !(0xffff_ffffu64 << shift)) | ((v & 0xffff_ffff) << shift);
+                t.driver_features = word & t.device.features();
             }
             0x10 => t.config_vector = valid_vector(v),
             0x14 => self.set_status(t, v as u8),
@@ -311,20 +313,26 @@ impl VirtioPci {
         }
     }
 
+    /// A status write: 0 resets; otherwise the driver may only add bits (virtio 1.2
+    /// 2.1.2), and the update is one atomic step so a NEEDS_RESET the device thread raises
+    /// meanwhile is never lost.
     fn set_status(&self, t: &mut Transport, v: u8) {
         if v == 0 {
             return self.reset(t);
         }
         let old = self.status.get();
-        let mut new = v;
-        if new & STATUS_FEATURES_OK != 0 && old & STATUS_FEATURES_OK == 0 {
-            let (offered, accepted) = (t.device.features(), t.driver_features);
-            if accepted & !offered != 0 || accepted & VIRTIO_F_VERSION_1 == 0 {
-                Self::warn_once(t, format_args!("driver accepted features {accepted:#x} (offered {offered:#x})"));
-                new &= !STATUS_FEATURES_OK;
-            }
+        let driver_bits = old & !STATUS_NEEDS_RESET;
+        if v & driver_bits != driver_bits {
+            return Self::warn_once(t, format_args!("driver cleared status bits ({old:#x} -> {v:#x})"));
         }
-        self.status.set(new | (old & STATUS_NEEDS_RESET));
+        let mut add = v & !old & !STATUS_NEEDS_RESET;
+        if add & STATUS_FEATURES_OK != 0 && t.driver_features & VIRTIO_F_VERSION_1 == 0 {
+            // A modern device needs VERSION_1: FEATURES_OK does not stick.
+            let accepted = t.driver_features;
+            Self::warn_once(t, format_args!("driver accepted features {accepted:#x} without VERSION_1"));
+            add &= !STATUS_FEATURES_OK;
+        }
+        let new = self.status.raise(add);
         if new & STATUS_DRIVER_OK != 0 && new & STATUS_FEATURES_OK != 0 && !t.active {
             if let Err(e) = self.activate(t) {
                 tracing::warn!("virtio: cannot start the device: {e}; it needs a reset");
@@ -379,7 +387,6 @@ impl VirtioPci {
             *q = QueueRegs { max: q.max, size: q.max, vector: NO_VECTOR, ..Default::default() };
         }
         self.status.set(0);
-        self.interrupt_isr.store(0, Ordering::Release);
         *self.interrupt.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
@@ -466,6 +473,7 @@ impl ConfigHook for VirtioPci {
 mod tests {
     use super::*;
     use crate::bus::DeviceId;
+    use crate::virtio::STATUS_FAILED;
     use crate::irq::GsiRouter;
     use crate::testing::FakeKvm;
     use vm_memory::GuestAddress;
@@ -525,15 +533,42 @@ mod tests {
         w(t, 0x14, 0xb, 1);
     }
 
+    fn driver_features(t: &VirtioPci) -> u64 {
+        (0..2).fold(0, |acc, sel| {
+            w(t, 0x08, sel, 4);
+            acc | r(t, 0x0c, 4) << (32 * sel)
+        })
+    }
+
     #[test]
-    fn features_never_offered_fail_features_ok() {
+    fn features_are_masked_to_the_offer_and_frozen_at_features_ok() {
         let (t, _) = transport();
         negotiate(&t, VIRTIO_F_VERSION_1 | 1 << 40);
-        assert_eq!(r(&t, 0x14, 1) as u8 & STATUS_FEATURES_OK, 0);
+        assert_ne!(r(&t, 0x14, 1) as u8 & STATUS_FEATURES_OK, 0);
+        assert_eq!(driver_features(&t), VIRTIO_F_VERSION_1, "bit 40 was never offered");
+        // After FEATURES_OK a driver cannot add bits or drop VERSION_1.
+        w(&t, 0x08, 1, 4);
+        w(&t, 0x0c, 0, 4);
+        w(&t, 0x08, 0, 4);
+        w(&t, 0x0c, VIRTIO_F_EVENT_IDX, 4);
+        assert_eq!(driver_features(&t), VIRTIO_F_VERSION_1);
         negotiate(&t, VIRTIO_F_EVENT_IDX); // no VERSION_1: a legacy driver
         assert_eq!(r(&t, 0x14, 1) as u8 & STATUS_FEATURES_OK, 0);
-        negotiate(&t, VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX);
-        assert_ne!(r(&t, 0x14, 1) as u8 & STATUS_FEATURES_OK, 0);
+    }
+
+    #[test]
+    fn status_only_grows_until_reset_and_keeps_needs_reset() {
+        let (t, _) = transport();
+        negotiate(&t, VIRTIO_F_VERSION_1);
+        w(&t, 0x14, 0xf, 1);
+        assert_eq!(t.status(), 0xf);
+        w(&t, 0x14, 0x1, 1); // lowering is not a transition the spec has
+        assert_eq!(t.status(), 0xf);
+        t.status.raise(STATUS_NEEDS_RESET); // the device thread, meanwhile
+        w(&t, 0x14, u64::from(0xf | STATUS_FAILED), 1);
+        assert_eq!(t.status(), 0xf | STATUS_FAILED | STATUS_NEEDS_RESET);
+        w(&t, 0x14, 0, 1);
+        assert_eq!(t.status(), 0);
     }
 
     #[test]
@@ -569,7 +604,7 @@ mod tests {
     #[test]
     fn the_pci_cfg_window_reaches_bar0() {
         let (t, _) = transport();
-        let mut f = t.pci_function("virtio", DeviceId(0), 0xc000_0000);
+        let mut f = t.pci_function("virtio", DeviceId(0), 0xc000_0000).unwrap();
         assert!(f.read_side_effects, "its page must stay trapped");
         let cap = (0x40..0x100)
             .step_by(4)
