@@ -149,10 +149,6 @@ impl IoeventfdRegistry {
         IoeventfdRegistry { sink, limits, entries: Mutex::new(Vec::new()) }
     }
 
-    pub fn limits(&self) -> IoeventfdLimits {
-        self.limits
-    }
-
     /// Registers `fd` for `key`; KVM signals it on every matching guest write.
     pub fn register(&self, key: IoeventfdKey, fd: &EventFd) -> Result<(), IoeventfdError> {
         let valid_len = match key.space {

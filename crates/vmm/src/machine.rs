@@ -170,6 +170,8 @@ pub struct Machine {
     pub gsi_router: Arc<GsiRouter>,
     /// virtio-net, PCI function 00:02.0, when configured.
     pub net: Option<NetHandle>,
+    /// COM1, whose queued output is drained before a run returns.
+    serial: Option<Arc<Serial>>,
     devices: Vec<String>,
     entry: EntryPoint,
     started: (Instant, u64),
@@ -240,13 +242,16 @@ impl Machine {
             doorbell: Arc::new(Doorbell::default()),
             gsi_router,
             net: None,
+            serial: None,
             devices: Vec::new(),
             entry,
             started,
         };
         let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| MachineError::SerialIrq(e.to_string()))?;
         machine.vm.register_irqfd(&serial_irq, layout::COM1_IRQ).map_err(ioctl("KVM_IRQFD (COM1)"))?;
-        let serial = Arc::new(Serial::new(config.serial_out, serial::IrqLine::new(Some(serial_irq))));
+        let irq = serial::IrqLine::new(Some(serial_irq), Some(machine.gsi_router.clone()));
+        let serial = Arc::new(Serial::new(config.serial_out, irq).map_err(|e| MachineError::SerialIrq(e.to_string()))?);
+        machine.serial = Some(serial.clone());
         if let Some(input) = config.serial_in {
             serial.spawn_input(input).map_err(|e| MachineError::SerialIrq(e.to_string()))?;
         }
@@ -366,6 +371,7 @@ impl Machine {
         let threads = crate::vcpu_threads::VcpuThreads::spawn(vcpus, self.control.clone())
             .map_err(|e| MachineError::VcpuThread(e.to_string()))?;
         let outcome = threads.wait(timeout);
+        self.drain_console();
         let mut stats = ExitStats::new(self.devices.len());
         for s in &outcome.stats {
             stats.merge(s);
@@ -401,11 +407,24 @@ impl Machine {
     }
 }
 
+impl Machine {
+    /// Lets the console writer catch up with what the guest printed (bounded: a consumer
+    /// that stopped reading does not hold the VMM).
+    pub fn drain_console(&self) {
+        if let Some(serial) = &self.serial {
+            if !serial.drain_output(Duration::from_secs(2)) {
+                tracing::warn!("console output not fully written: its reader is not keeping up");
+            }
+        }
+    }
+}
+
 impl Drop for Machine {
     /// The config-space devices on the buses point back at the PCI root, which points at
     /// the buses: emptying the buses breaks that cycle, so every device (and its threads,
     /// taps and eventfds) goes away with the machine.
     fn drop(&mut self) {
+        self.drain_console();
         let _ = self.buses.update(|b| {
             *b = BusSet::default();
             Ok::<(), ()>(())

@@ -11,28 +11,21 @@ pub enum ExitKind {
     IoOut,
     MmioRead,
     MmioWrite,
-    Hlt,
     Intr,
-    Shutdown,
     SystemEvent,
+    /// An emulation failure the VMM completed itself (the others end the run).
     InternalError,
-    FailEntry,
-    Other,
 }
 
 impl ExitKind {
-    pub const ALL: [ExitKind; 11] = [
+    pub const ALL: [ExitKind; 7] = [
         ExitKind::IoIn,
         ExitKind::IoOut,
         ExitKind::MmioRead,
         ExitKind::MmioWrite,
-        ExitKind::Hlt,
         ExitKind::Intr,
-        ExitKind::Shutdown,
         ExitKind::SystemEvent,
         ExitKind::InternalError,
-        ExitKind::FailEntry,
-        ExitKind::Other,
     ];
 
     pub fn name(self) -> &'static str {
@@ -41,13 +34,9 @@ impl ExitKind {
             ExitKind::IoOut => "io_out",
             ExitKind::MmioRead => "mmio_read",
             ExitKind::MmioWrite => "mmio_write",
-            ExitKind::Hlt => "hlt",
             ExitKind::Intr => "intr",
-            ExitKind::Shutdown => "shutdown",
             ExitKind::SystemEvent => "system_event",
             ExitKind::InternalError => "internal_error",
-            ExitKind::FailEntry => "fail_entry",
-            ExitKind::Other => "other",
         }
     }
 }
@@ -182,7 +171,7 @@ mod tests {
         a.record(ExitKind::MmioWrite, 10_000_000);
         let m = a.median_cycles(&[ExitKind::IoOut]).unwrap();
         assert!((200.0..=208.0).contains(&m), "{m}");
-        assert_eq!(a.median_cycles(&[ExitKind::Hlt]), None);
+        assert_eq!(a.median_cycles(&[ExitKind::Intr]), None);
         let mut b = ExitStats::new(1);
         b.device(DeviceId(0), true);
         b.device(DeviceId(7), true); // unknown ids are ignored, not a panic

@@ -1,7 +1,10 @@
-//! The 8250 UART on COM1 (vm-superio's model): output to a writer, input from a reader
-//! (a thread of its own feeds the receive FIFO), interrupts on IRQ 4 through an irqfd.
+//! The 8250 UART on COM1 (vm-superio's model): output queued for a writer thread (see
+//! console_out), input from a reader (a thread of its own feeds the receive FIFO),
+//! interrupts on IRQ 4 through an irqfd.
 
+use super::console_out::ConsoleOut;
 use crate::bus::BusDevice;
+use crate::irq::GsiRouter;
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,29 +15,45 @@ use vmm_sys_util::eventfd::EventFd;
 /// Ports the UART occupies.
 pub const SERIAL_LEN: u64 = 8;
 
-/// The UART's interrupt line: an irqfd on its GSI (none in unit tests).
-pub struct IrqLine(Option<EventFd>);
+/// The UART's interrupt line: an irqfd on its GSI (none in unit tests), and the router
+/// told of each delivery so an idle vCPU wakes for it as for an MSI.
+pub struct IrqLine {
+    fd: Option<EventFd>,
+    router: Option<Arc<GsiRouter>>,
+}
 
 impl IrqLine {
-    pub fn new(fd: Option<EventFd>) -> Self {
-        IrqLine(fd)
+    pub fn new(fd: Option<EventFd>, router: Option<Arc<GsiRouter>>) -> Self {
+        IrqLine { fd, router }
     }
 }
 
 impl Trigger for IrqLine {
     type E = std::io::Error;
     fn trigger(&self) -> std::io::Result<()> {
-        self.0.as_ref().map_or(Ok(()), |fd| fd.write(1))
+        if let Some(fd) = &self.fd {
+            fd.write(1)?;
+        }
+        if let Some(router) = &self.router {
+            router.delivered();
+        }
+        Ok(())
     }
 }
 
 pub struct Serial {
-    uart: Mutex<vm_superio::Serial<IrqLine, NoEvents, Box<dyn Write + Send>>>,
+    uart: Mutex<vm_superio::Serial<IrqLine, NoEvents, ConsoleOut>>,
 }
 
 impl Serial {
-    pub fn new(out: Box<dyn Write + Send>, irq: IrqLine) -> Self {
-        Serial { uart: Mutex::new(vm_superio::Serial::new(irq, out)) }
+    /// A UART whose output goes to `out` from a thread of its own.
+    pub fn new(out: Box<dyn Write + Send>, irq: IrqLine) -> std::io::Result<Self> {
+        Ok(Serial { uart: Mutex::new(vm_superio::Serial::new(irq, ConsoleOut::spawn(out)?)) })
+    }
+
+    /// Waits up to `timeout` for the guest's output so far to be written out.
+    pub fn drain_output(&self, timeout: Duration) -> bool {
+        self.uart.lock().unwrap_or_else(|e| e.into_inner()).writer().drain(timeout)
     }
 
     /// Feeds what `input` yields into the receive FIFO, on a thread of its own, until it
@@ -86,27 +105,18 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-    impl Write for Sink {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::devices::console_out::tests::Sink;
 
     #[test]
     fn bytes_written_to_thr_reach_the_writer() {
         let sink = Sink::default();
-        let serial = Serial::new(Box::new(sink.clone()), IrqLine::new(None));
+        let serial = Serial::new(Box::new(sink.clone()), IrqLine::new(None, None)).unwrap();
         serial.write(0, b"h");
         serial.write(0, b"i");
         let mut lsr = [0u8];
         serial.read(5, &mut lsr);
         assert_ne!(lsr[0] & 0x20, 0, "transmitter empty");
+        assert!(serial.drain_output(Duration::from_secs(10)));
         assert_eq!(&*sink.0.lock().unwrap(), b"hi");
         // A wide access past the last register stays in bounds.
         let mut wide = [0u8; 4];
@@ -116,7 +126,8 @@ mod tests {
     #[test]
     fn input_reaches_the_receive_register_and_raises_the_interrupt() {
         let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let serial = Arc::new(Serial::new(Box::new(Sink::default()), IrqLine::new(Some(irq.try_clone().unwrap()))));
+        let router = Arc::new(GsiRouter::new(Arc::new(crate::testing::FakeKvm::default())));
+        let serial = Arc::new(Serial::new(Box::new(Sink::default()), IrqLine::new(Some(irq.try_clone().unwrap()), Some(router.clone()))).unwrap());
         serial.write(1, &[1]); // IER: received data available
         serial.spawn_input(Box::new(std::io::Cursor::new(b"ok".to_vec()))).unwrap();
         let mut got = Vec::new();
@@ -135,5 +146,6 @@ mod tests {
         }
         assert_eq!(got, b"ok");
         assert!(irq.read().unwrap() >= 1, "the guest was interrupted");
+        assert!(router.delivered_count() >= 1, "an idle vCPU would have woken");
     }
 }

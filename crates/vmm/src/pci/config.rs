@@ -156,10 +156,6 @@ impl ConfigSpace {
         self.writable[offset..offset + len].fill(0xff);
     }
 
-    pub fn set_header_type(&mut self, value: u8) {
-        self.bytes[HEADER_TYPE] = value;
-    }
-
     /// Reads any bytes inside the 4 KiB; bytes past the end read as all-ones.
     pub fn read(&self, offset: usize, data: &mut [u8]) {
         for (i, b) in data.iter_mut().enumerate() {

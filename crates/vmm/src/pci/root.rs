@@ -143,10 +143,6 @@ impl PciRoot {
         Ok(())
     }
 
-    pub fn ecam_mode(&self) -> EcamMode {
-        self.lock().mode
-    }
-
     /// Maps or unmaps the read-only shadow of the ECAM window (at run time too).
     pub fn set_ecam_mode(&self, mode: EcamMode) -> Result<(), PciError> {
         let mut state = self.lock();

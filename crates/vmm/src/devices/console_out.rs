@@ -1,0 +1,175 @@
+//! Console output off the vCPU thread: the UART appends to a bounded buffer (no syscall,
+//! no flush under the UART lock) and a thread of its own writes it out. A consumer that
+//! stops reading fills the buffer; after that bytes are dropped and counted, so the guest
+//! never waits on the host's stdout.
+
+use std::io::Write;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Bytes held for a slow consumer before output is dropped.
+const CAPACITY: usize = 1 << 20;
+
+#[derive(Default)]
+struct Pending {
+    bytes: Vec<u8>,
+    /// The writer thread holds a batch it took out of `bytes`.
+    writing: bool,
+    closed: bool,
+    dropped: u64,
+}
+
+#[derive(Default)]
+struct Queue {
+    pending: Mutex<Pending>,
+    /// Signalled when bytes arrive or the queue closes.
+    ready: Condvar,
+    /// Signalled when the writer finished a batch.
+    written: Condvar,
+}
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The UART's end: a `Write` that only queues. Dropping it lets the writer thread finish
+/// what is queued and exit.
+pub struct ConsoleOut {
+    queue: Arc<Queue>,
+}
+
+impl ConsoleOut {
+    /// Starts the thread that writes to `out`.
+    pub fn spawn(mut out: Box<dyn Write + Send>) -> std::io::Result<ConsoleOut> {
+        let queue = Arc::new(Queue::default());
+        let q = queue.clone();
+        std::thread::Builder::new().name("console-out".into()).spawn(move || loop {
+            let batch = {
+                let mut p = q.lock();
+                while p.bytes.is_empty() && !p.closed {
+                    p = q.ready.wait(p).unwrap_or_else(|e| e.into_inner());
+                }
+                if p.bytes.is_empty() {
+                    return;
+                }
+                p.writing = true;
+                std::mem::take(&mut p.bytes)
+            };
+            // A consumer that went away (closed pipe) just loses the output.
+            let _ = out.write_all(&batch).and_then(|()| out.flush());
+            q.lock().writing = false;
+            q.written.notify_all();
+        })?;
+        Ok(ConsoleOut { queue })
+    }
+
+    /// Waits up to `timeout` for everything queued so far to be written; false if it was not.
+    pub fn drain(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut p = self.queue.lock();
+        while !p.bytes.is_empty() || p.writing {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            p = self.queue.written.wait_timeout(p, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        true
+    }
+
+    /// Bytes dropped because the consumer did not keep up.
+    pub fn dropped(&self) -> u64 {
+        self.queue.lock().dropped
+    }
+}
+
+impl Write for ConsoleOut {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut p = self.queue.lock();
+        let room = CAPACITY.saturating_sub(p.bytes.len()).min(buf.len());
+        if room < buf.len() {
+            if p.dropped == 0 {
+                tracing::warn!("console output is not being read; dropping what does not fit in {CAPACITY} bytes");
+            }
+            p.dropped += (buf.len() - room) as u64;
+        }
+        p.bytes.extend_from_slice(&buf[..room]);
+        drop(p);
+        self.queue.ready.notify_one();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(()) // the writer thread flushes after each batch
+    }
+}
+
+impl Drop for ConsoleOut {
+    fn drop(&mut self) {
+        self.queue.lock().closed = true;
+        self.queue.ready.notify_all();
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    #[derive(Clone, Default)]
+    pub struct Sink(pub Arc<Mutex<Vec<u8>>>);
+    impl Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A consumer that never returns from its first write.
+    struct Stuck(mpsc::Receiver<()>);
+    impl Write for Stuck {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            let _ = self.0.recv();
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn everything_written_arrives_in_order_after_drain() {
+        let sink = Sink::default();
+        let mut out = ConsoleOut::spawn(Box::new(sink.clone())).unwrap();
+        let text: Vec<u8> = (0..100_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        for chunk in text.chunks(7) {
+            out.write_all(chunk).unwrap();
+        }
+        assert!(out.drain(Duration::from_secs(10)));
+        assert_eq!(*sink.0.lock().unwrap(), text);
+        assert_eq!(out.dropped(), 0);
+    }
+
+    #[test]
+    fn a_consumer_that_stops_reading_does_not_stop_the_writer() {
+        let (unblock, stuck) = mpsc::channel();
+        let mut out = ConsoleOut::spawn(Box::new(Stuck(stuck))).unwrap();
+        let (done, finished) = mpsc::channel();
+        let guest = std::thread::spawn(move || {
+            for _ in 0..3 * CAPACITY / 4096 {
+                out.write_all(&[b'x'; 4096]).unwrap();
+            }
+            done.send(out.dropped()).unwrap();
+            out
+        });
+        let dropped = finished.recv_timeout(Duration::from_secs(30)).expect("the guest's writes blocked");
+        assert!(dropped >= CAPACITY as u64, "{dropped} bytes dropped");
+        unblock.send(()).unwrap();
+        drop(guest.join().unwrap());
+    }
+}
