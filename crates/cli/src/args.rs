@@ -46,6 +46,10 @@ pub struct RunArgs {
     /// so it reads all of config space through ECAM (and the read-only mapped window).
     #[arg(long, default_value = "on", value_parser = parse_on_off)]
     pub pci_config_io: bool,
+    /// Plug in the lab's devices (the doorbell at 00:01.0 and the idle port), which the
+    /// doorbell, pciscan and net payloads use.
+    #[arg(long)]
+    pub lab: bool,
     /// Write the exit profile as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,

@@ -92,6 +92,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         params: args.params.clone(),
         serial_out: Box::new(LiveStdout),
         ecam: args.ecam,
+        lab_devices: args.lab,
         net: args.net.clone().map(|(tap, mac)| exitless_vmm::NetConfig { tap, mac, tx: args.net_tx }),
         ..MachineConfig::new(image)
     })?;

@@ -96,6 +96,19 @@ fn an_int3_kvm_cannot_emulate_is_completed_and_counted() {
 }
 
 #[test]
+fn sse_arithmetic_kvm_cannot_emulate_runs_on_the_host_and_is_counted() {
+    if !kvm_or_skip("sse_arithmetic_kvm_cannot_emulate_runs_on_the_host_and_is_counted") {
+        return;
+    }
+    let (out, json) = run_json(&["--payload", "crash", "--params", "7"]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("sse at CPL0 gave f0f0f0f0f0f0f08 f0f0f0f0f0f0f0f0"), "{}", stdout(&out));
+    // Where KVM runs CPL0 natively the VMM sees none; here paddq, pshufd and pxor run on the host.
+    let on_host = json["completed_instructions"]["sse-on-host"].as_u64().unwrap_or(0);
+    assert!(on_host == 0 || on_host >= 3, "{json}");
+}
+
+#[test]
 fn bad_kernels_initrds_and_machine_shapes_are_refused_before_boot() {
     let bz = exitless_payloads::find("bootcheck").unwrap().bzimage.unwrap();
     let truncated = file("truncated.bzImage", &bz[..700]);

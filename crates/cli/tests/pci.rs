@@ -47,7 +47,7 @@ fn pciscan_agrees_with_itself_in_both_ecam_modes() {
         return;
     }
     for mode in ["trap", "mapped"] {
-        let (out, json) = run_json(&["--payload", "pciscan", "--ecam", mode, "--params", "200"]);
+        let (out, json) = run_json(&["--payload", "pciscan", "--lab", "--ecam", mode, "--params", "200"]);
         let text = stdout(&out);
         assert!(out.status.success(), "{mode}: {text}\n{}", stderr(&out));
         assert_eq!(text.matches("identical").count(), 2, "{mode}: {text}");

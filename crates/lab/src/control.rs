@@ -104,11 +104,14 @@ pub fn lab_machine(
     config: impl FnOnce(&mut MachineConfig),
 ) -> Result<(Machine, Arc<LabControl>), MachineError> {
     let elf = exitless_payloads::find(payload).map(|p| p.elf).unwrap_or_default();
-    let mut machine_config = MachineConfig { params, ..MachineConfig::new(elf) };
+    let mut machine_config = MachineConfig { params, lab_devices: true, ..MachineConfig::new(elf) };
     config(&mut machine_config);
     let mut machine = Machine::new(machine_config)?;
     let control = Arc::new(LabControl::default());
     machine.add_pio_device("lab-control", LAB_CONTROL_PORT as u16, 4, control.clone())?;
+    // Tells the guest a lab answers on the control port.
+    let lab_slot = exitless_vmm::machine::shared_slot(exitless_payloads::abi::SHARED_LAB_SLOT);
+    vm_memory::Bytes::write_obj(&machine.memory, 1u64, lab_slot).map_err(|e| MachineError::Memory(e.into()))?;
     Ok((machine, control))
 }
 

@@ -93,7 +93,7 @@ impl LabSteps for PciSteps {
                 machine
                     .memory
                     .write_obj(access, shared_slot(LAB_SPEC_SLOT))
-                    .map_err(|e| MachineError::Memory(e.to_string()))?;
+                    .map_err(|e| MachineError::Memory(e.into()))?;
             }
             // The timed reads start: count only their exits.
             LabEvent::Mark(_) => {

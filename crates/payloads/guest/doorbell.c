@@ -50,7 +50,7 @@ int main(void) {
 	print("doorbell: %lu steps of %lu rings at CPL%lu\n", steps, n, loop_cpl);
 	if (loop_cpl == 3) enter_user();
 	for (u64 step = 0; step < steps; step++) {
-		outl(LAB_CONTROL_PORT, (u32)((LAB_OP_BEGIN << 16) | step));
+		lab_op(LAB_OP_BEGIN, step);
 		u64 kind = shared[LAB_SPEC_SLOT], size = shared[LAB_SPEC_SLOT + 1];
 		u64 addr = shared[LAB_SPEC_SLOT + 2], value = shared[LAB_SPEC_SLOT + 3];
 		if (kind < RING_PIO || kind > RING_POLL) {
@@ -60,7 +60,7 @@ int main(void) {
 		}
 		u64 cycles = ring_loop(kind, size, addr, value, n);
 		set_result(0, cycles);
-		outl(LAB_CONTROL_PORT, (u32)((LAB_OP_END << 16) | step));
+		lab_op(LAB_OP_END, step);
 		u64 count = kind == RING_CPUID ? n : read_count(kind);
 		if (count != n) {
 			print("doorbell: step %lu: FAIL: device counted %lu of %lu rings\n", step, count, n);

@@ -32,7 +32,7 @@ int main(void) {
 	vq_interrupt_after(&net.rx, 1);
 	print("netecho: mac %02x:%02x:%02x:%02x:%02x:%02x, waiting for %lu frames\n", net.mac[0], net.mac[1], net.mac[2],
 	      net.mac[3], net.mac[4], net.mac[5], want);
-	outl(LAB_CONTROL_PORT, (u32)(LAB_OP_BEGIN << 16));
+	lab_op(LAB_OP_BEGIN, 0);
 	while (echoed < want) {
 		int head;
 		while ((head = vq_pop_used(&net.tx, 0)) >= 0) txs.free[txs.n++] = (u16)head;
@@ -61,7 +61,7 @@ int main(void) {
 		if (head >= 0) txs.free[txs.n++] = (u16)head;
 	}
 	set_result(0, echoed);
-	outl(LAB_CONTROL_PORT, (u32)(LAB_OP_END << 16));
+	lab_op(LAB_OP_END, 0);
 	print("netecho: echoed %lu frames; rx interrupt %s\n", echoed, lapic_irr(VNET_IRQ_BASE + 1) ? "delivered" : "NOT delivered");
 	return 0;
 }

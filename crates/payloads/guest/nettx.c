@@ -31,7 +31,7 @@ int main(void) {
 	slots_init(&txs, nslots);
 	vq_interrupt_after(&net.tx, 0xffff); /* no TX interrupts until we wait */
 
-	outl(LAB_CONTROL_PORT, (u32)(LAB_OP_BEGIN << 16));
+	lab_op(LAB_OP_BEGIN, 0);
 	u64 t0 = rdtsc(), deadline = limit_ms ? t0 + limit_ms * tsc_khz : ~0ULL;
 	u64 seq = 0, kicks = 0, inflight = 0, idles = 0;
 	while (seq < frames && rdtsc() < deadline) {
@@ -59,7 +59,7 @@ int main(void) {
 	set_result(1, cycles);
 	set_result(2, kicks);
 	set_result(3, idles);
-	outl(LAB_CONTROL_PORT, (u32)(LAB_OP_END << 16));
+	lab_op(LAB_OP_END, 0);
 	print("nettx: %lu frames of %lu bytes in %lu cycles, %lu kicks, %lu idle waits\n", seq, size, cycles, kicks, idles);
 	return 0;
 }

@@ -60,7 +60,7 @@ int main(void) {
 	enter_user();
 	u32 identical = 0;
 	for (u32 s = 0; s < steps; s++) {
-		outl(LAB_CONTROL_PORT, (u32)((LAB_OP_BEGIN << 16) | s));
+		lab_op(LAB_OP_BEGIN, s);
 		int method = (int)shared[LAB_SPEC_SLOT];
 		if (method != PCI_PIO && method != PCI_ECAM) method = s == 0 ? PCI_PIO : PCI_ECAM; /* no lab */
 		step_method[s] = (u32)method;
@@ -68,7 +68,7 @@ int main(void) {
 		scan_and_size(s, method);
 		u64 scan = rdtsc() - t0;
 		snapshot(s, method);
-		outl(LAB_CONTROL_PORT, (u32)((LAB_OP_MARK << 16) | s));
+		lab_op(LAB_OP_MARK, s);
 		u64 t1 = rdtsc();
 		u32 n = nfound[s] ? nfound[s] : 1, sink = 0;
 		for (u64 i = 0; i < reads; i++) sink += pci_read(method, found[s][i % n], (u32)(i % 64) * 4, 4);
@@ -78,17 +78,18 @@ int main(void) {
 		set_result(2, reads);
 		set_result(3, nfound[s]);
 		set_result(4, sink);
-		outl(LAB_CONTROL_PORT, (u32)((LAB_OP_END << 16) | s));
+		lab_op(LAB_OP_END, s);
 		if (same_as_first(s)) identical |= 1u << s;
 		print("pciscan: step %u (%s): %u functions, scan+size %lu cycles, %lu reads %lu cycles, %s\n", s,
 		      method == PCI_PIO ? "pio" : "ecam", nfound[s], scan, reads, t2 - t1,
 		      identical & (1u << s) ? "identical" : "DIFFERENT");
 	}
 	for (u32 i = 0; i < nfound[0]; i++)
-		print("pciscan: 00:%02x.%u %04x:%04x class %06x bars %x %x %x %x %x %x\n", found[0][i] >> 3, found[0][i] & 7,
-		      snap[0][i][0] | snap[0][i][1] << 8, snap[0][i][2] | snap[0][i][3] << 8,
+		print("pciscan: 00:%02x.%u %04x:%04x class %06x bars %x %x %x %x %x %x bar0 at %x\n", found[0][i] >> 3,
+		      found[0][i] & 7, snap[0][i][0] | snap[0][i][1] << 8, snap[0][i][2] | snap[0][i][3] << 8,
 		      snap[0][i][9] | snap[0][i][10] << 8 | snap[0][i][11] << 16, bar_size[0][i][0], bar_size[0][i][1],
-		      bar_size[0][i][2], bar_size[0][i][3], bar_size[0][i][4], bar_size[0][i][5]);
+		      bar_size[0][i][2], bar_size[0][i][3], bar_size[0][i][4], bar_size[0][i][5],
+		      (snap[0][i][16] | snap[0][i][17] << 8 | snap[0][i][18] << 16 | (u32)snap[0][i][19] << 24) & ~0xfu);
 	set_result(8, identical);
 	return identical == (1u << steps) - 1 ? 0 : 1;
 }

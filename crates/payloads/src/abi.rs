@@ -19,6 +19,9 @@ pub const SHARED_PARAM_SLOT: u64 = 8;
 pub const SHARED_RESULT_SLOT: u64 = 64;
 /// Slot where the guest reports the guest-physical end of RAM it may touch (set by the VMM).
 pub const SHARED_MEM_END_SLOT: u64 = 1;
+/// Slot the lab sets (non-zero) when its control port answers: outside a lab the guest
+/// leaves the port alone.
+pub const SHARED_LAB_SLOT: u64 = 2;
 
 /// Lab control port: the guest writes `(op << 16) | step` to say which step of a lab it
 /// begins or ends; the VMM answers by rewiring devices and filling in the step's spec.

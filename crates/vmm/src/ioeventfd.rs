@@ -188,7 +188,12 @@ impl IoeventfdRegistry {
 
     /// Unregisters every registration in `[from, from + len)` and hands them back with
     /// addresses relative to `from` (a BAR leaving the bus takes its ioeventfds along).
-    pub fn take_range(&self, space: IoSpace, from: u64, len: u64) -> Result<Vec<(IoeventfdKey, EventFd)>, IoeventfdError> {
+    pub fn take_range(
+        &self,
+        space: IoSpace,
+        from: u64,
+        len: u64,
+    ) -> Result<Vec<(IoeventfdKey, EventFd)>, IoeventfdError> {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let mut taken = Vec::new();
         let mut i = 0;

@@ -7,9 +7,9 @@ use kvm_bindings::{
 };
 use kvm_ioctls::VmFd;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+use vm_allocator::IdAllocator;
 use vmm_sys_util::eventfd::EventFd;
 
 /// GSIs below this belong to the in-kernel PIC and IOAPIC pins.
@@ -49,16 +49,37 @@ pub fn irqchip_routes() -> Vec<(u32, Route)> {
     routes
 }
 
+/// The last GSI KVM routes (KVM_MAX_IRQ_ROUTES is 4096; this leaves room to spare).
+const LAST_GSI: u32 = 1023;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IrqError {
+    #[error("KVM_SET_GSI_ROUTING failed")]
+    Routing(#[source] kvm_ioctls::Error),
+    #[error("the GSI routing table is full")]
+    TableFull,
+    #[error("KVM_IRQFD for GSI {gsi} failed")]
+    Irqfd {
+        gsi: u32,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("no GSI left for another interrupt (GSIs {FIRST_MSI_GSI}-{LAST_GSI})")]
+    NoGsi(#[source] vm_allocator::Error),
+    #[error("cannot create an irqfd")]
+    Eventfd(#[source] std::io::Error),
+}
+
 /// What the router asks of KVM (the VM; a stand-in in unit tests).
 pub trait IrqSink: Send + Sync {
     /// Replaces the whole GSI routing table.
-    fn set_routes(&self, routes: &[(u32, Route)]) -> Result<(), String>;
-    fn register_irqfd(&self, fd: &EventFd, gsi: u32) -> Result<(), String>;
+    fn set_routes(&self, routes: &[(u32, Route)]) -> Result<(), IrqError>;
+    fn register_irqfd(&self, fd: &EventFd, gsi: u32) -> Result<(), IrqError>;
 }
 
 impl IrqSink for VmFd {
-    fn set_routes(&self, routes: &[(u32, Route)]) -> Result<(), String> {
-        let mut table = KvmIrqRouting::new(0).map_err(|e| format!("routing table: {e:?}"))?;
+    fn set_routes(&self, routes: &[(u32, Route)]) -> Result<(), IrqError> {
+        let mut table = KvmIrqRouting::new(0).map_err(|_| IrqError::TableFull)?;
         for &(gsi, route) in routes {
             let mut entry = kvm_irq_routing_entry { gsi, ..Default::default() };
             match route {
@@ -74,13 +95,13 @@ impl IrqSink for VmFd {
                     entry.u.msi.data = msg.data;
                 }
             }
-            table.push(entry).map_err(|e| format!("routing table: {e:?}"))?;
+            table.push(entry).map_err(|_| IrqError::TableFull)?;
         }
-        self.set_gsi_routing(&table).map_err(|e| format!("KVM_SET_GSI_ROUTING: {e}"))
+        self.set_gsi_routing(&table).map_err(IrqError::Routing)
     }
 
-    fn register_irqfd(&self, fd: &EventFd, gsi: u32) -> Result<(), String> {
-        VmFd::register_irqfd(self, fd, gsi).map_err(|e| format!("KVM_IRQFD gsi {gsi}: {e}"))
+    fn register_irqfd(&self, fd: &EventFd, gsi: u32) -> Result<(), IrqError> {
+        VmFd::register_irqfd(self, fd, gsi).map_err(|source| IrqError::Irqfd { gsi, source })
     }
 }
 
@@ -89,7 +110,7 @@ impl IrqSink for VmFd {
 pub struct GsiRouter {
     sink: Arc<dyn IrqSink>,
     routes: Mutex<BTreeMap<u32, MsiMessage>>,
-    next_gsi: AtomicU32,
+    gsis: Mutex<IdAllocator>,
     delivered: Mutex<u64>,
     delivery: Condvar,
 }
@@ -99,7 +120,7 @@ impl GsiRouter {
         GsiRouter {
             sink,
             routes: Mutex::new(BTreeMap::new()),
-            next_gsi: AtomicU32::new(FIRST_MSI_GSI),
+            gsis: Mutex::new(IdAllocator::new(FIRST_MSI_GSI, LAST_GSI).expect("a valid constant range")),
             delivered: Mutex::new(0),
             delivery: Condvar::new(),
         }
@@ -124,15 +145,15 @@ impl GsiRouter {
     }
 
     /// A fresh GSI with `fd` as its irqfd: a write to `fd` injects the GSI's MSI.
-    pub fn allocate(&self, fd: &EventFd) -> Result<u32, String> {
-        let gsi = self.next_gsi.fetch_add(1, Ordering::Relaxed);
+    pub fn allocate(&self, fd: &EventFd) -> Result<u32, IrqError> {
+        let gsi = self.gsis.lock().unwrap_or_else(|e| e.into_inner()).allocate_id().map_err(IrqError::NoGsi)?;
         self.set(gsi, MsiMessage::default())?;
         self.sink.register_irqfd(fd, gsi)?;
         Ok(gsi)
     }
 
     /// Points `gsi` at `msg`.
-    pub fn set(&self, gsi: u32, msg: MsiMessage) -> Result<(), String> {
+    pub fn set(&self, gsi: u32, msg: MsiMessage) -> Result<(), IrqError> {
         let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
         if routes.insert(gsi, msg) == Some(msg) {
             return Ok(());
@@ -162,5 +183,14 @@ mod tests {
         assert!(routes.contains(&(23, Route::Irqchip { chip: KVM_IRQCHIP_IOAPIC, pin: 23 })));
         assert!(routes.contains(&(gsi, Route::Msi(MsiMessage { address: 0xfee0_0000, data: 0x41 }))));
         assert_eq!(routes.iter().filter(|r| matches!(r.1, Route::Msi(_))).count(), 1);
+    }
+
+    #[test]
+    fn gsis_run_out_with_an_error() {
+        let router = GsiRouter::new(Arc::new(FakeKvm::default()));
+        let fd = EventFd::new(0).unwrap();
+        let gsis: Vec<u32> = (FIRST_MSI_GSI..=LAST_GSI).map(|_| router.allocate(&fd).unwrap()).collect();
+        assert_eq!(gsis.first(), Some(&FIRST_MSI_GSI));
+        assert!(matches!(router.allocate(&fd), Err(IrqError::NoGsi(_))));
     }
 }

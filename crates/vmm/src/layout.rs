@@ -70,8 +70,6 @@ const PCI_MMIO64_ALIGN: u64 = 1 << 30;
 pub const PCI_MMIO64_SIZE: u64 = 64 << 30;
 
 // Port I/O.
-/// Ports the PCI host bridge forwards to BARs (below are the legacy devices).
-pub const PCI_IO_START: u16 = 0x1000;
 /// The ACPI fixed-hardware block: PM1a event (4), PM1a control (2), PM timer (4), reset (1).
 pub const ACPI_PM_PORT: u16 = 0x600;
 pub const ACPI_PM1_EVT: u16 = ACPI_PM_PORT;
@@ -123,6 +121,15 @@ pub enum LayoutError {
     Size { size: u64 },
 }
 
+/// The host bridge's windows for BARs (legacy devices in the I/O window take their
+/// ports from the allocator first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PciWindows {
+    pub io: std::ops::Range<u64>,
+    pub mmio32: std::ops::Range<u64>,
+    pub mmio64: std::ops::Range<u64>,
+}
+
 /// The map for a guest with `ram` bytes of RAM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryMap {
@@ -167,6 +174,16 @@ impl MemoryMap {
     pub fn pci_mmio64(&self) -> (u64, u64) {
         let start = self.ram_end().max(FOUR_GIB).next_multiple_of(PCI_MMIO64_ALIGN);
         (start, PCI_MMIO64_SIZE)
+    }
+
+    /// Where the guest may place BARs, and the VMM allocates them.
+    pub fn pci_windows(&self) -> PciWindows {
+        let (mmio64, size) = self.pci_mmio64();
+        PciWindows {
+            io: abi::PCI_IO_WINDOW_START..0x1_0000,
+            mmio32: PCI_MMIO32_START..PCI_MMIO32_END,
+            mmio64: mmio64..mmio64 + size,
+        }
     }
 
     /// The memory map a guest is told (e820, PVH): RAM, the reserved BIOS area with the ACPI

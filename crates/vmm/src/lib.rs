@@ -4,6 +4,7 @@
 //! [`bus::Bus::lookup`] -> [`bus::BusDevice`]. See docs/architecture.md.
 
 pub mod acpi;
+pub mod allocators;
 pub mod boot;
 pub mod bus;
 pub mod control;

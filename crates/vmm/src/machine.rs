@@ -1,11 +1,12 @@
 //! A machine: KVM VM, guest memory, buses with their devices, and vCPUs.
 
+use crate::allocators::{AllocError, Allocators};
 use crate::boot::{self, cpu, regs, BootSpec, EntryPoint};
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
 use crate::control::{GuestStop, RunControl};
 use crate::devices::{debug_exit, doorbell, i8042, serial, AcpiPm, DebugExit, Doorbell, Serial, I8042};
 use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
-use crate::irq::GsiRouter;
+use crate::irq::{GsiRouter, IrqError};
 use crate::layout::{self, LayoutError, MemoryMap};
 use crate::net::Tap;
 use crate::pci::cf8::{Cf8Device, CF8_LEN, CF8_PORT};
@@ -16,6 +17,7 @@ use crate::stats::ExitStats;
 use crate::vcpu::{cycles, Vcpu, VcpuError};
 use crate::virtio::net::{NetCounters, NetStats, TxMode, VirtioNet};
 use crate::virtio::pci::VirtioPci;
+use crate::virtio::{self, VirtioDevice};
 use crate::{acpi, kvm};
 use exitless_payloads::abi;
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
@@ -26,8 +28,6 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
-/// virtio-net's PCI device number on bus 0.
-const VIRTIO_NET_PCI_DEVICE: u8 = 2;
 /// At most this many vCPUs (APIC IDs and MADT processor IDs are bytes; 0xff is broadcast).
 pub const MAX_VCPUS: u8 = 254;
 
@@ -41,8 +41,8 @@ pub enum MachineError {
     Layout(#[from] LayoutError),
     #[error("--vcpus {asked}: give between 1 and {max} (what KVM allows here)")]
     Vcpus { asked: u8, max: u8 },
-    #[error("cannot allocate guest memory: {0}")]
-    Memory(String),
+    #[error("cannot set up guest memory")]
+    Memory(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error(transparent)]
     Load(#[from] boot::LoadError),
     #[error(transparent)]
@@ -59,10 +59,18 @@ pub enum MachineError {
     Pci(#[from] PciError),
     #[error(transparent)]
     Tap(#[from] crate::net::tap::TapError),
-    #[error("cannot set up virtio-net: {0}")]
-    Net(String),
-    #[error("cannot wire the serial port's interrupt: {0}")]
-    SerialIrq(String),
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    #[error(transparent)]
+    Irq(#[from] IrqError),
+    #[error("cannot set up device {name}")]
+    Device {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot set up the serial port")]
+    Serial(#[source] std::io::Error),
     #[error("the guest did not finish within {0:?}")]
     Timeout(Duration),
     #[error("a vCPU thread died: {0}")]
@@ -96,6 +104,9 @@ pub struct MachineConfig {
     pub pci_config_io: bool,
     /// A virtio-net device on a tap, if any.
     pub net: Option<NetConfig>,
+    /// The lab's devices: the doorbell (00:01.0) and the idle port. Off unless a lab or
+    /// `--lab` asks for them.
+    pub lab_devices: bool,
 }
 
 /// `--net tap=NAME[,mac=..]` and `--net-tx`.
@@ -130,6 +141,7 @@ impl MachineConfig {
             ecam: EcamMode::Mapped,
             pci_config_io: true,
             net: None,
+            lab_devices: false,
         }
     }
 }
@@ -165,7 +177,9 @@ pub struct Machine {
     pub buses: Arc<SharedBuses>,
     pub ioeventfds: Arc<IoeventfdRegistry>,
     pub pci: Arc<PciRoot>,
-    /// The doorbell, PCI function 00:01.0.
+    /// PCI slots and BAR space for the devices still to come.
+    pub allocators: Allocators,
+    /// The doorbell, PCI function 00:01.0 when the lab devices are plugged in.
     pub doorbell: Arc<Doorbell>,
     pub gsi_router: Arc<GsiRouter>,
     /// virtio-net, PCI function 00:02.0, when configured.
@@ -197,9 +211,9 @@ impl Machine {
 
         let regions: Vec<_> =
             map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
-        let memory = GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.to_string()))?;
+        let memory = GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?;
         for (slot, region) in memory.iter().enumerate() {
-            let host = memory.get_host_address(region.start_addr()).map_err(|e| MachineError::Memory(e.to_string()))?;
+            let host = memory.get_host_address(region.start_addr()).map_err(|e| MachineError::Memory(e.into()))?;
             // Transparent huge pages where the host offers them: fewer TLB misses for the
             // guest and for every copy to or from guest buffers. Only advice: ignore failure.
             // SAFETY: the range is exactly this region's mapping, owned by `memory`.
@@ -227,7 +241,7 @@ impl Machine {
         let gsi_router = Arc::new(GsiRouter::new(vm.clone()));
         let shadow =
             EcamShadow::new(vm.clone(), layout::ECAM_GPA, layout::ECAM_FIRST_SLOT).map_err(PciError::Shadow)?;
-        let pci = Arc::new(PciRoot::new(buses.clone(), ioeventfds.clone(), shadow, config.ecam)?);
+        let pci = Arc::new(PciRoot::new(buses.clone(), ioeventfds.clone(), shadow, config.ecam, map.pci_windows())?);
         let mut machine = Machine {
             kvm,
             map,
@@ -239,6 +253,7 @@ impl Machine {
             control: control.clone(),
             buses,
             pci: pci.clone(),
+            allocators: Allocators::new(&map.pci_windows())?,
             doorbell: Arc::new(Doorbell::default()),
             gsi_router,
             net: None,
@@ -247,13 +262,13 @@ impl Machine {
             entry,
             started,
         };
-        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| MachineError::SerialIrq(e.to_string()))?;
+        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(MachineError::Serial)?;
         machine.vm.register_irqfd(&serial_irq, layout::COM1_IRQ).map_err(ioctl("KVM_IRQFD (COM1)"))?;
         let irq = serial::IrqLine::new(Some(serial_irq), Some(machine.gsi_router.clone()));
-        let serial = Arc::new(Serial::new(config.serial_out, irq).map_err(|e| MachineError::SerialIrq(e.to_string()))?);
+        let serial = Arc::new(Serial::new(config.serial_out, irq).map_err(MachineError::Serial)?);
         machine.serial = Some(serial.clone());
         if let Some(input) = config.serial_in {
-            serial.spawn_input(input).map_err(|e| MachineError::SerialIrq(e.to_string()))?;
+            serial.spawn_input(input).map_err(MachineError::Serial)?;
         }
         machine.add_pio_device("serial", layout::COM1_PORT, serial::SERIAL_LEN, serial)?;
         let debug_exit = Arc::new(DebugExit::new(control.clone()));
@@ -266,34 +281,53 @@ impl Machine {
             machine.add_pio_device("pci-cf8", CF8_PORT, CF8_LEN, Arc::new(Cf8Device::new(pci.clone())))?;
         }
         machine.add_mmio_device("pci-ecam", layout::ECAM_GPA, ECAM_SIZE, Arc::new(EcamDevice::new(pci.clone())))?;
-        let idle = Arc::new(crate::devices::idle::Idle::new(machine.gsi_router.clone()));
-        machine.add_pio_device("idle", abi::IDLE_PORT as u16, crate::devices::idle::IDLE_LEN, idle)?;
         pci.add(0, 0, crate::pci::host_bridge())?;
-        let mmio = (machine.register_device("doorbell-mmio"), abi::DOORBELL_MMIO_GPA);
-        let pio = (machine.register_device("doorbell-pio"), abi::DOORBELL_PIO_PORT);
-        pci.add(abi::DOORBELL_PCI_DEVICE as u8, 0, doorbell::pci_function(machine.doorbell.clone(), mmio, pio))?;
+        if config.lab_devices {
+            machine.add_lab_devices()?;
+        }
         if let Some(net) = &config.net {
             machine.add_virtio_net(net)?;
         }
         Ok(machine)
     }
 
-    /// virtio-net at 00:02.0: BAR0 at the start of the PCI window, one MSI-X vector per
-    /// queue plus one for config changes, every queue's notify address an ioeventfd.
+    /// The lab's own devices, where the lab payloads expect them: the idle port and the
+    /// doorbell at 00:01.0 with its BARs at the ABI's addresses (taken from the allocators,
+    /// so nothing else lands there).
+    fn add_lab_devices(&mut self) -> Result<(), MachineError> {
+        let idle = Arc::new(crate::devices::idle::Idle::new(self.gsi_router.clone()));
+        self.add_pio_device("idle", abi::IDLE_PORT as u16, crate::devices::idle::IDLE_LEN, idle)?;
+        let slot = abi::DOORBELL_PCI_DEVICE as u8;
+        self.allocators.reserve_slot(slot)?;
+        self.allocators.reserve_bar(doorbell::MMIO_BAR, abi::DOORBELL_MMIO_GPA)?;
+        self.allocators.reserve_bar(doorbell::PIO_BAR, abi::DOORBELL_PIO_PORT)?;
+        let mmio = (self.register_device("doorbell-mmio"), abi::DOORBELL_MMIO_GPA);
+        let pio = (self.register_device("doorbell-pio"), abi::DOORBELL_PIO_PORT);
+        self.pci.add(slot, 0, doorbell::pci_function(self.doorbell.clone(), mmio, pio))?;
+        Ok(())
+    }
+
+    /// Plugs a virtio device in: a free PCI slot, BAR0 from the 32-bit window, one MSI-X
+    /// vector per queue plus one for config changes, every queue's notify address an
+    /// ioeventfd wherever the guest puts BAR0.
+    pub fn add_virtio(&mut self, name: &str, device: Box<dyn VirtioDevice>) -> Result<Arc<VirtioPci>, MachineError> {
+        let vectors = device.queue_max_sizes().len() + 1;
+        let msix = Msix::new(self.gsi_router.clone(), vectors)?;
+        let device_error = |source| MachineError::Device { name: name.into(), source };
+        let transport = Arc::new(VirtioPci::new(device, self.memory.clone(), msix).map_err(device_error)?);
+        let slot = self.allocators.slot()?;
+        let bar0 = self.allocators.bar(virtio::pci::BAR0)?;
+        let id = self.register_device(name);
+        self.pci.add(slot, 0, transport.pci_function(name, id, bar0).map_err(device_error)?)?;
+        Ok(transport)
+    }
+
     fn add_virtio_net(&mut self, net: &NetConfig) -> Result<(), MachineError> {
         let tap = Tap::open(&net.tap)?;
         let tap_name = tap.name().to_string();
         let device = VirtioNet::new(tap, net.mac, net.tx);
         let stats = device.stats.clone();
-        let msix = Msix::new(self.gsi_router.clone(), 3).map_err(MachineError::Net)?;
-        let transport = Arc::new(
-            VirtioPci::new(Box::new(device), self.memory.clone(), msix)
-                .map_err(|e| MachineError::Net(e.to_string()))?,
-        );
-        let bar0 = layout::PCI_MMIO32_START;
-        let id = self.register_device("virtio-net");
-        let function = transport.pci_function("virtio-net", id, bar0).map_err(|e| MachineError::Net(e.to_string()))?;
-        self.pci.add(VIRTIO_NET_PCI_DEVICE, 0, function)?;
+        let transport = self.add_virtio("virtio-net", Box::new(device))?;
         self.net = Some(NetHandle { stats, transport, tap_name });
         Ok(())
     }
@@ -311,6 +345,7 @@ impl Machine {
         len: u64,
         device: Arc<dyn BusDevice>,
     ) -> Result<DeviceId, MachineError> {
+        self.allocators.reserve_ports(port, len)?;
         self.add_device(name, |b, id| b.pio.insert(PioAddress(port), len, id, device))
     }
 
@@ -435,7 +470,7 @@ impl Drop for Machine {
 /// The shared page: magic, the end of RAM below 4 GiB, then the payload's parameters.
 fn write_shared_page(memory: &GuestMemoryMmap, mem_size: u64, params: &[u64]) -> Result<(), MachineError> {
     let max_params = (abi::SHARED_RESULT_SLOT - abi::SHARED_PARAM_SLOT) as usize;
-    let write = |i, v: u64| memory.write_obj(v, shared_slot(i)).map_err(|e| MachineError::Memory(e.to_string()));
+    let write = |i, v: u64| memory.write_obj(v, shared_slot(i)).map_err(|e| MachineError::Memory(e.into()));
     write(0, abi::SHARED_MAGIC)?;
     write(abi::SHARED_MEM_END_SLOT, mem_size)?;
     for (i, &p) in params.iter().take(max_params).enumerate() {

@@ -1,7 +1,7 @@
 //! Stand-ins for KVM in unit tests: they record what would have been asked of it.
 
 use crate::ioeventfd::{IoeventfdKey, IoeventfdSink};
-use crate::irq::{IrqSink, MsiMessage, Route};
+use crate::irq::{IrqError, IrqSink, MsiMessage, Route};
 use crate::pci::ecam::MemslotSink;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -30,13 +30,13 @@ pub struct FakeKvm {
 }
 
 impl IrqSink for FakeKvm {
-    fn set_routes(&self, routes: &[(u32, Route)]) -> Result<(), String> {
+    fn set_routes(&self, routes: &[(u32, Route)]) -> Result<(), IrqError> {
         *self.routes.lock().unwrap() = routes.to_vec();
         self.route_updates.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    fn register_irqfd(&self, _fd: &EventFd, gsi: u32) -> Result<(), String> {
+    fn register_irqfd(&self, _fd: &EventFd, gsi: u32) -> Result<(), IrqError> {
         self.irqfds.lock().unwrap().push(gsi);
         Ok(())
     }

@@ -42,6 +42,10 @@ u64 param(u32 index, u64 fallback) {
 	return v ? v : fallback;
 }
 
+void lab_op(u64 op, u64 step) {
+	if (have_vmm_params() && shared[SHARED_LAB_SLOT]) outl(LAB_CONTROL_PORT, (u32)((op << 16) | step));
+}
+
 u64 guest_mem_end(void) { return have_vmm_params() ? shared[SHARED_MEM_END_SLOT] : 128ULL << 20; }
 
 void set_result(u32 index, u64 value) { shared[SHARED_RESULT_SLOT + index] = value; }

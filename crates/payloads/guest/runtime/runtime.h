@@ -50,6 +50,9 @@ static inline void idle_wait(u32 us) { outl(IDLE_PORT, us); }
 u64 param(u32 index, u64 fallback);
 void set_result(u32 index, u64 value);
 int have_vmm_params(void);
+/* Tells the lab (if one answers on its control port) that step `step` begins, ends or
+ * reaches its measured part (LAB_OP_*). Outside a lab it does nothing. */
+void lab_op(u64 op, u64 step);
 u64 guest_mem_end(void);
 
 /* Small deterministic PRNG (xorshift64*). */

@@ -60,10 +60,15 @@ impl Doorbell {
 
 /// The doorbell as PCI function: BAR0 its MMIO registers, BAR1 its port-I/O registers,
 /// at the addresses the VMM assigns, decode already enabled (as firmware would leave it).
+/// BAR0: the MMIO ring register and count.
+pub const MMIO_BAR: BarSpec = BarSpec { kind: BarKind::Memory32, size: DOORBELL_MMIO_LEN };
+/// BAR1: the port-I/O ring register and count.
+pub const PIO_BAR: BarSpec = BarSpec { kind: BarKind::Io, size: DOORBELL_PIO_LEN };
+
 pub fn pci_function(bell: Arc<Doorbell>, mmio: (DeviceId, u64), pio: (DeviceId, u64)) -> PciFunction {
     let mut config = ConfigSpace::new(PciIds::exitless(0x0d00, [0xff, 0x00, 0x00]));
-    config.set_bar(0, BarSpec { kind: BarKind::Memory32, size: DOORBELL_MMIO_LEN }, mmio.1);
-    config.set_bar(1, BarSpec { kind: BarKind::Io, size: DOORBELL_PIO_LEN }, pio.1);
+    config.set_bar(0, MMIO_BAR, mmio.1);
+    config.set_bar(1, PIO_BAR, pio.1);
     let _ = config.add_capability(0x09, &[8, b'd', b'o', b'o', b'r', b'b', b'l']); // vendor-specific: length, tag
     config.write(COMMAND, &(COMMAND_IO | COMMAND_MEMORY).to_le_bytes());
     PciFunction::new("doorbell", config).with_bar(0, mmio.0, bell.clone()).with_bar(1, pio.0, bell)

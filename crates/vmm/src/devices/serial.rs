@@ -127,7 +127,10 @@ mod tests {
     fn input_reaches_the_receive_register_and_raises_the_interrupt() {
         let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let router = Arc::new(GsiRouter::new(Arc::new(crate::testing::FakeKvm::default())));
-        let serial = Arc::new(Serial::new(Box::new(Sink::default()), IrqLine::new(Some(irq.try_clone().unwrap()), Some(router.clone()))).unwrap());
+        let serial = Arc::new(
+            Serial::new(Box::new(Sink::default()), IrqLine::new(Some(irq.try_clone().unwrap()), Some(router.clone())))
+                .unwrap(),
+        );
         serial.write(1, &[1]); // IER: received data available
         serial.spawn_input(Box::new(std::io::Cursor::new(b"ok".to_vec()))).unwrap();
         let mut got = Vec::new();

@@ -32,6 +32,8 @@ pub const BAR_COUNT: usize = 6;
 pub enum BarKind {
     Io,
     Memory32,
+    /// A 64-bit memory BAR: this register and the next one hold its address.
+    Memory64,
 }
 
 /// A BAR as the VMM defines it: kind and size (a power of two).
@@ -42,17 +44,27 @@ pub struct BarSpec {
 }
 
 impl BarSpec {
-    /// Bits of the BAR register that hold the address.
-    fn address_mask(&self) -> u32 {
-        !(self.size as u32 - 1) & if self.kind == BarKind::Io { !0x3 } else { !0xf }
+    /// Bits of the BAR register(s) that hold the address.
+    fn address_mask(&self) -> u64 {
+        let mask = !(self.size - 1);
+        match self.kind {
+            BarKind::Io => mask & 0xffff_fffc,
+            BarKind::Memory32 => mask & 0xffff_fff0,
+            BarKind::Memory64 => mask & !0xf,
+        }
     }
 
     fn flag_bits(&self) -> u32 {
-        if self.kind == BarKind::Io {
-            0x1
-        } else {
-            0x0
+        match self.kind {
+            BarKind::Io => 0x1,
+            BarKind::Memory32 => 0x0,
+            BarKind::Memory64 => 0x4,
         }
+    }
+
+    /// Whether the command register's memory (not I/O) decode bit governs it.
+    pub fn is_memory(&self) -> bool {
+        self.kind != BarKind::Io
     }
 }
 
@@ -115,13 +127,21 @@ impl ConfigSpace {
         c
     }
 
-    /// Declares BAR `index` at `address`; the address bits become writable.
+    /// Declares BAR `index` at `address`; the address bits become writable. A 64-bit BAR
+    /// takes register `index + 1` as well.
     pub fn set_bar(&mut self, index: usize, spec: BarSpec, address: u64) {
-        assert!(index < BAR_COUNT && spec.size.is_power_of_two() && spec.size >= 4, "VMM bug: bad BAR {spec:?}");
+        let regs = if spec.kind == BarKind::Memory64 { 2 } else { 1 };
+        let fits = index + regs <= BAR_COUNT && spec.size.is_power_of_two() && spec.size >= 4;
+        assert!(fits, "VMM bug: bad BAR {index} {spec:?}");
         self.bars[index] = Some(spec);
         let reg = BAR0 + 4 * index;
-        self.set32(reg, (address as u32 & spec.address_mask()) | spec.flag_bits());
-        self.writable[reg..reg + 4].copy_from_slice(&spec.address_mask().to_le_bytes());
+        let (value, mask) = (address & spec.address_mask(), spec.address_mask());
+        self.set32(reg, value as u32 | spec.flag_bits());
+        self.writable[reg..reg + 4].copy_from_slice(&(mask as u32).to_le_bytes());
+        if regs == 2 {
+            self.set32(reg + 4, (value >> 32) as u32);
+            self.writable[reg + 4..reg + 8].copy_from_slice(&((mask >> 32) as u32).to_le_bytes());
+        }
     }
 
     /// Appends a capability with `id` and `body` (after the id/next bytes) to the list;
@@ -186,14 +206,16 @@ impl ConfigSpace {
     /// The address BAR `index` holds now (after sizing, that is the size mask).
     pub fn bar_address(&self, index: usize) -> Option<u64> {
         let spec = self.bar(index)?;
-        Some(u64::from(self.get32(BAR0 + 4 * index) & spec.address_mask()))
+        let reg = BAR0 + 4 * index;
+        let high = if spec.kind == BarKind::Memory64 { u64::from(self.get32(reg + 4)) << 32 } else { 0 };
+        Some((high | u64::from(self.get32(reg))) & spec.address_mask())
     }
 
     /// Whether the function decodes accesses to this BAR (its command register bit is set).
     pub fn bar_enabled(&self, index: usize) -> bool {
         let bit = match self.bar(index) {
-            Some(BarSpec { kind: BarKind::Io, .. }) => COMMAND_IO,
-            Some(BarSpec { kind: BarKind::Memory32, .. }) => COMMAND_MEMORY,
+            Some(spec) if spec.is_memory() => COMMAND_MEMORY,
+            Some(_) => COMMAND_IO,
             None => return false,
         };
         self.command() & bit != 0
@@ -228,6 +250,24 @@ mod tests {
         let mut d = [0u8; 4];
         c.read(at, &mut d);
         u32::from_le_bytes(d)
+    }
+
+    #[test]
+    fn a_64_bit_bar_spans_two_registers_and_sizes_both() {
+        let mut c = ConfigSpace::new(ids());
+        c.set_bar(2, BarSpec { kind: BarKind::Memory64, size: 1 << 32 }, 0x40_0000_0000);
+        assert_eq!(read32(&c, BAR0 + 8), 0x4, "64-bit memory type, address bits clear");
+        assert_eq!(read32(&c, BAR0 + 12), 0x40);
+        assert_eq!(c.bar_address(2), Some(0x40_0000_0000));
+        c.write(BAR0 + 8, &[0xff; 4]);
+        c.write(BAR0 + 12, &[0xff; 4]);
+        assert_eq!(read32(&c, BAR0 + 8), 0x4, "4 GiB: no low address bits");
+        assert_eq!(read32(&c, BAR0 + 12), 0xffff_ffff);
+        c.write(BAR0 + 12, &0x12u32.to_le_bytes());
+        c.write(BAR0 + 8, &0u32.to_le_bytes());
+        assert_eq!(c.bar_address(2), Some(0x12_0000_0000));
+        c.write(COMMAND, &[0x2, 0]);
+        assert!(c.bar_enabled(2));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! mask bit, the function mask, or MSI-X disabled) is not written to its irqfd but marked
 //! pending in the PBA, and delivered as soon as it is unmasked.
 
-use crate::irq::{GsiRouter, MsiMessage};
+use crate::irq::{GsiRouter, IrqError, MsiMessage};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use vmm_sys_util::eventfd::EventFd;
@@ -45,10 +45,10 @@ pub struct Msix {
 
 impl Msix {
     /// `count` vectors, each with an irqfd on a GSI of its own; all masked, as at reset.
-    pub fn new(router: Arc<GsiRouter>, count: usize) -> Result<Msix, String> {
+    pub fn new(router: Arc<GsiRouter>, count: usize) -> Result<Msix, IrqError> {
         let mut vectors = Vec::with_capacity(count);
         for _ in 0..count {
-            let irqfd = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
+            let irqfd = EventFd::new(libc::EFD_NONBLOCK).map_err(IrqError::Eventfd)?;
             let gsi = router.allocate(&irqfd)?;
             let mut raw = [0u8; MSIX_ENTRY_SIZE];
             raw[12] = 1;
@@ -63,6 +63,11 @@ impl Msix {
 
     pub fn is_empty(&self) -> bool {
         self.vectors.is_empty()
+    }
+
+    /// Each vector's GSI, in vector order.
+    pub fn gsis(&self) -> Vec<u32> {
+        self.vectors.iter().map(|v| v.gsi).collect()
     }
 
     fn blocked(&self, v: &Vector) -> bool {

@@ -7,7 +7,7 @@ use super::ecam::EcamShadow;
 use super::FUNCTIONS;
 use crate::bus::{BusDevice, DeviceId, MmioAddress, PioAddress, SharedBuses};
 use crate::ioeventfd::{IoSpace, IoeventfdKey, IoeventfdRegistry};
-use exitless_payloads::abi;
+use crate::layout::PciWindows;
 use std::sync::{Arc, Mutex};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -103,6 +103,8 @@ pub struct PciRoot {
     bar_warnings: std::sync::atomic::AtomicU32,
     buses: Arc<SharedBuses>,
     ioeventfds: Arc<IoeventfdRegistry>,
+    /// Where BARs may be decoded.
+    windows: PciWindows,
 }
 
 impl PciRoot {
@@ -111,11 +113,12 @@ impl PciRoot {
         ioeventfds: Arc<IoeventfdRegistry>,
         shadow: EcamShadow,
         mode: EcamMode,
+        windows: PciWindows,
     ) -> Result<Self, PciError> {
         let mut functions = Vec::with_capacity(FUNCTIONS);
         functions.resize_with(FUNCTIONS, || None);
         let state = Mutex::new(PciState { functions, shadow, mode: EcamMode::Trapped });
-        let root = PciRoot { state, bar_warnings: Default::default(), buses, ioeventfds };
+        let root = PciRoot { state, bar_warnings: Default::default(), buses, ioeventfds, windows };
         root.set_ecam_mode(mode)?;
         Ok(root)
     }
@@ -191,11 +194,14 @@ impl PciRoot {
         for bar in 0..BAR_COUNT {
             let (Some(spec), Some(handler)) = (function.config.bar(bar), function.bars[bar].as_mut()) else { continue };
             let address = function.config.bar_address(bar).unwrap_or(0);
-            let (space, window) = match spec.kind {
-                BarKind::Io => (IoSpace::Pio, abi::PCI_IO_WINDOW_START..0x1_0000),
-                BarKind::Memory32 => (IoSpace::Mmio, abi::PCI_MMIO_WINDOW_START..abi::ECAM_GPA),
+            let w = &self.windows;
+            let (space, windows) = match spec.kind {
+                BarKind::Io => (IoSpace::Pio, [&w.io, &w.io]),
+                BarKind::Memory32 => (IoSpace::Mmio, [&w.mmio32, &w.mmio32]),
+                BarKind::Memory64 => (IoSpace::Mmio, [&w.mmio32, &w.mmio64]),
             };
-            let fits = window.contains(&address) && address + spec.size <= window.end;
+            let end = address.checked_add(spec.size);
+            let fits = windows.iter().any(|w| w.start <= address && end.is_some_and(|end| end <= w.end));
             let wanted = (function.config.bar_enabled(bar) && fits).then_some(address);
             if wanted == handler.mapped {
                 continue;

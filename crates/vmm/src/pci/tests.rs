@@ -43,7 +43,16 @@ fn rig(mode: EcamMode) -> Rig {
     let buses = Arc::new(SharedBuses::new(BusSet::default()));
     let ioeventfds = Arc::new(IoeventfdRegistry::new(kvm.clone(), IoeventfdLimits::default()));
     let shadow = EcamShadow::new(kvm.clone(), ECAM, 1).unwrap();
-    let root = Arc::new(PciRoot::new(buses.clone(), ioeventfds.clone(), shadow, mode).unwrap());
+    let root = Arc::new(
+        PciRoot::new(
+            buses.clone(),
+            ioeventfds.clone(),
+            shadow,
+            mode,
+            crate::layout::MemoryMap::new(256 << 20).unwrap().pci_windows(),
+        )
+        .unwrap(),
+    );
     root.add(0, 0, host_bridge()).unwrap();
     root.add(1, 0, doorbell_function(false)).unwrap();
     Rig { kvm, buses, ioeventfds, root }

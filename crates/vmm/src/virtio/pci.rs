@@ -19,6 +19,8 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 pub const BAR_SIZE: u64 = 0x8000;
+/// BAR0, which holds every structure.
+pub const BAR0: BarSpec = BarSpec { kind: BarKind::Memory32, size: BAR_SIZE };
 const COMMON: u64 = 0x0000;
 const COMMON_LEN: u64 = 0x3c;
 const ISR: u64 = 0x1000;
@@ -43,6 +45,16 @@ const PCI_CFG_BAR: usize = 4;
 const PCI_CFG_OFFSET: usize = 8;
 const PCI_CFG_LENGTH: usize = 12;
 const PCI_CFG_DATA: usize = 16;
+
+/// The PCI class for a virtio device type (virtio 1.2 leaves it to the device; these are
+/// what Linux and QEMU use).
+fn class_code(device_type: u16) -> [u8; 3] {
+    match device_type {
+        1 => [0x02, 0x00, 0x00], // network: Ethernet
+        2 => [0x01, 0x80, 0x00], // mass storage: other
+        _ => [0xff, 0x00, 0x00],
+    }
+}
 
 /// What the driver wrote for one queue.
 #[derive(Clone, Copy, Default)]
@@ -143,13 +155,13 @@ impl VirtioPci {
         let ids = PciIds {
             vendor: VIRTIO_VENDOR,
             device: 0x1040 + device_type,
-            class: [0x02, 0x00, 0x00],
+            class: class_code(device_type),
             revision: 1,
             subsystem_vendor: VIRTIO_VENDOR,
             subsystem: 0x40,
         };
         let mut config = ConfigSpace::new(ids);
-        config.set_bar(0, BarSpec { kind: BarKind::Memory32, size: BAR_SIZE }, bar0);
+        config.set_bar(0, BAR0, bar0);
         let cap = |cfg_type: u8, offset: u64, len: u64, extra: &[u8]| {
             let mut body = vec![16 + extra.len() as u8, cfg_type, 0, 0, 0, 0];
             body.extend_from_slice(&(offset as u32).to_le_bytes());
@@ -215,6 +227,11 @@ impl VirtioPci {
 
     pub fn status(&self) -> u8 {
         self.status.get()
+    }
+
+    /// The GSI behind each MSI-X vector.
+    pub fn vector_gsis(&self) -> Vec<u32> {
+        self.msix.lock().unwrap_or_else(|e| e.into_inner()).gsis()
     }
 
     /// Interrupts the device has asked for since activation.
@@ -473,9 +490,9 @@ impl ConfigHook for VirtioPci {
 mod tests {
     use super::*;
     use crate::bus::DeviceId;
-    use crate::virtio::STATUS_FAILED;
     use crate::irq::GsiRouter;
     use crate::testing::FakeKvm;
+    use crate::virtio::STATUS_FAILED;
     use vm_memory::GuestAddress;
 
     /// A device that only records what the transport asks of it.

@@ -7,6 +7,8 @@
 //! moves RIP past it, and lets the guest go on. Anything else still ends the run, with the
 //! instruction named. Each kind completed is counted in the exit profile.
 
+mod sse;
+
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::VcpuFd;
@@ -26,12 +28,14 @@ pub enum Completed {
     Rdrand,
     /// `ldmxcsr`/`stmxcsr`, through the vCPU's FPU state.
     Mxcsr,
-    /// Moves between XMM registers and general registers or memory, and XMM zeroing.
+    /// Moves between XMM registers and general registers or memory.
     SseMove,
+    /// Other SSE instructions, run on the host CPU with the guest's XMM state (see sse.rs).
+    SseOnHost,
 }
 
 impl Completed {
-    pub const ALL: [Completed; 7] = [
+    pub const ALL: [Completed; 8] = [
         Completed::Int3,
         Completed::ClacStac,
         Completed::Popcnt,
@@ -39,6 +43,7 @@ impl Completed {
         Completed::Rdrand,
         Completed::Mxcsr,
         Completed::SseMove,
+        Completed::SseOnHost,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +55,7 @@ impl Completed {
             Completed::Rdrand => "rdrand/rdseed",
             Completed::Mxcsr => "ldmxcsr/stmxcsr",
             Completed::SseMove => "sse-move",
+            Completed::SseOnHost => "sse-on-host",
         }
     }
 }
@@ -320,10 +326,7 @@ fn execute(cpu: &mut Cpu, insn: &Instruction) -> Result<Completed> {
         | Mnemonic::Movaps
         | Mnemonic::Movups
         | Mnemonic::Movapd
-        | Mnemonic::Movupd
-        | Mnemonic::Pxor
-        | Mnemonic::Xorps
-        | Mnemonic::Xorpd) => {
+        | Mnemonic::Movupd) => {
             let (dst, src) = (cpu.operand(insn, 0)?, cpu.operand(insn, 1)?);
             let mut fpu = cpu.vcpu.get_fpu().map_err(|e| NotCompleted(format!("KVM_GET_FPU: {e}")))?;
             let width = match m {
@@ -331,14 +334,7 @@ fn execute(cpu: &mut Cpu, insn: &Instruction) -> Result<Completed> {
                 Mnemonic::Movq => 8,
                 _ => 16,
             };
-            let value = match (m, &dst, &src) {
-                // Only the zeroing idiom: xor of a register with itself.
-                (Mnemonic::Pxor | Mnemonic::Xorps | Mnemonic::Xorpd, Operand::Xmm(a), Operand::Xmm(b)) if a == b => {
-                    [0; 16]
-                }
-                (Mnemonic::Pxor | Mnemonic::Xorps | Mnemonic::Xorpd, ..) => return fail("xor of two values"),
-                _ => cpu.read(&src, &fpu.xmm)?,
-            };
+            let value = cpu.read(&src, &fpu.xmm)?;
             // A GPR destination of movd/movq takes the low bytes; 32-bit ones zero-extend.
             let mut v = [0u8; 16];
             v[..width].copy_from_slice(&value[..width]);
@@ -348,8 +344,35 @@ fn execute(cpu: &mut Cpu, insn: &Instruction) -> Result<Completed> {
             }
             Ok(Completed::SseMove)
         }
-        _ => fail("not an instruction the VMM completes"),
+        _ => sse_on_host(cpu, insn),
     }
+}
+
+/// An SSE instruction that only touches XMM registers and one memory operand, run on the
+/// host with the guest's registers and memory bytes.
+fn sse_on_host(cpu: &mut Cpu, insn: &Instruction) -> Result<Completed> {
+    let plan = sse::plan(insn).map_err(|why| NotCompleted(format!("not an instruction the VMM completes ({why})")))?;
+    let mut fpu = cpu.vcpu.get_fpu().map_err(|e| NotCompleted(format!("KVM_GET_FPU: {e}")))?;
+    let mut buf = [0u8; 16];
+    let memory = match plan.memory {
+        Some(m) => match cpu.operand(insn, m.operand)? {
+            Operand::Mem { gva, .. } if m.aligned && gva % 16 != 0 => {
+                return fail(format!("misaligned {gva:#x} (#GP)"))
+            }
+            Operand::Mem { gva, .. } => Some((gva, m)),
+            _ => return fail("memory operand"),
+        },
+        None => None,
+    };
+    if let Some((gva, m)) = memory.filter(|(_, m)| m.read) {
+        guest_access(cpu.vcpu, cpu.mem, gva, &mut buf[..m.size], false)?;
+    }
+    sse::run(&plan, &mut fpu, &mut buf).map_err(NotCompleted)?;
+    if let Some((gva, m)) = memory.filter(|(_, m)| m.write) {
+        guest_access(cpu.vcpu, cpu.mem, gva, &mut buf[..m.size], true)?;
+    }
+    cpu.vcpu.set_fpu(&fpu).map_err(|e| NotCompleted(format!("KVM_SET_FPU: {e}")))?;
+    Ok(Completed::SseOnHost)
 }
 
 #[cfg(test)]

@@ -1,0 +1,85 @@
+//! The device manager in real KVM: devices from the allocators, lab devices only on request.
+
+mod common;
+use common::*;
+use exitless_vmm::virtio::{Activation, ActiveQueue, VirtioDevice, VIRTIO_F_VERSION_1};
+use exitless_vmm::{Machine, MachineConfig};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A virtio device of any type that does nothing: enough for the guest to enumerate it.
+struct Inert(u16);
+
+impl VirtioDevice for Inert {
+    fn device_type(&self) -> u16 {
+        self.0
+    }
+    fn features(&self) -> u64 {
+        VIRTIO_F_VERSION_1
+    }
+    fn queue_max_sizes(&self) -> Vec<u16> {
+        vec![64, 64]
+    }
+    fn read_config(&self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+    fn activate(&mut self, _queues: Vec<ActiveQueue>, _activation: Activation) -> Result<(), String> {
+        Ok(())
+    }
+    fn reset(&mut self) {}
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn two_virtio_functions_get_their_own_slot_bar_and_vectors() {
+    if !kvm_or_skip("two_virtio_functions_get_their_own_slot_bar_and_vectors") {
+        return;
+    }
+    let out = Captured::default();
+    let pciscan = exitless_payloads::find("pciscan").unwrap().elf;
+    let config = MachineConfig { params: vec![10], serial_out: Box::new(out.clone()), ..MachineConfig::new(pciscan) };
+    let mut machine = Machine::new(config).unwrap();
+    let net = machine.add_virtio("virtio-net", Box::new(Inert(1))).unwrap();
+    let blk = machine.add_virtio("virtio-blk", Box::new(Inert(2))).unwrap();
+    let (net_gsis, blk_gsis) = (net.vector_gsis(), blk.vector_gsis());
+    assert_eq!((net_gsis.len(), blk_gsis.len()), (3, 3), "a vector per queue plus config");
+    assert!(net_gsis.iter().all(|g| !blk_gsis.contains(g)), "{net_gsis:?} {blk_gsis:?}");
+    machine.run(Some(Duration::from_secs(60))).unwrap();
+
+    let text = String::from_utf8_lossy(&out.0.lock().unwrap()).into_owned();
+    let line = |id: &str| text.lines().find(|l| l.contains(id)).unwrap_or_else(|| panic!("{id} missing: {text}"));
+    let (net_line, blk_line) = (line("1af4:1041 class 020000"), line("1af4:1042 class 018000"));
+    let bar0 = |l: &str| l.rsplit(' ').next().unwrap().to_string();
+    assert_ne!(bar0(net_line), bar0(blk_line), "distinct BARs: {text}");
+    assert_ne!(&net_line[..16], &blk_line[..16], "distinct slots: {text}");
+    assert!(!text.contains("e1e5:0d00"), "no lab doorbell unless asked: {text}");
+}
+
+#[test]
+fn a_plain_run_has_no_lab_devices_and_lab_adds_them() {
+    if !kvm_or_skip("a_plain_run_has_no_lab_devices_and_lab_adds_them") {
+        return;
+    }
+    let (out, json) = run_json(&["--payload", "pciscan", "--params", "10"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for lab_only in ["doorbell-mmio", "doorbell-pio", "idle"] {
+        assert!(json["devices"].get(lab_only).is_none(), "{lab_only}: {json}");
+    }
+    assert!(!stdout(&out).contains("e1e5:0d00"), "{}", stdout(&out));
+    assert_eq!(json["devices"]["unclaimed-pio"]["writes"], 0, "the guest left the lab port alone: {json}");
+    let (out, _) = run_json(&["--payload", "pciscan", "--params", "10", "--lab"]);
+    assert!(stdout(&out).contains("00:01.0 e1e5:0d00"), "{}", stdout(&out));
+}

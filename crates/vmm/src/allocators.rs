@@ -1,0 +1,153 @@
+//! Where devices get their resources: PCI slots on bus 0, and BAR space in the host
+//! bridge's I/O, 32-bit and 64-bit MMIO windows (rust-vmm's vm-allocator). GSIs come from
+//! the GSI router, which owns the routing table they index. Built from the memory map,
+//! so two devices never collide and no device carries an address of its own.
+
+use crate::layout::PciWindows;
+use crate::pci::{BarKind, BarSpec};
+use vm_allocator::{AddressAllocator, AllocPolicy};
+
+/// PCI device numbers on bus 0 (device 0 is the host bridge).
+const SLOTS: u8 = 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AllocError {
+    #[error("no free PCI slot on bus 0")]
+    NoSlot,
+    #[error("PCI slot 00:{0:02x} is taken or out of range")]
+    SlotTaken(u8),
+    #[error("no room for a {size:#x}-byte {kind:?} BAR{}", at.map(|a| format!(" at {a:#x}")).unwrap_or_default())]
+    Bar {
+        kind: BarKind,
+        size: u64,
+        at: Option<u64>,
+        #[source]
+        source: vm_allocator::Error,
+    },
+    #[error("the PCI window {0:#x?} is not valid")]
+    Window(std::ops::Range<u64>, #[source] vm_allocator::Error),
+}
+
+pub struct Allocators {
+    /// Bit n: device n is taken.
+    slots: u32,
+    io: AddressAllocator,
+    mmio32: AddressAllocator,
+    mmio64: AddressAllocator,
+}
+
+impl Allocators {
+    pub fn new(windows: &PciWindows) -> Result<Self, AllocError> {
+        let range = |r: std::ops::Range<u64>| {
+            AddressAllocator::new(r.start, r.end - r.start).map_err(|e| AllocError::Window(r.clone(), e))
+        };
+        Ok(Allocators {
+            slots: 1, // the host bridge
+            io: range(windows.io.clone())?,
+            mmio32: range(windows.mmio32.clone())?,
+            mmio64: range(windows.mmio64.clone())?,
+        })
+    }
+
+    /// The lowest free device number on bus 0.
+    pub fn slot(&mut self) -> Result<u8, AllocError> {
+        let free = (0..SLOTS).find(|&n| self.slots & 1 << n == 0).ok_or(AllocError::NoSlot)?;
+        self.slots |= 1 << free;
+        Ok(free)
+    }
+
+    /// Takes device number `n` (a device whose guest expects it there).
+    pub fn reserve_slot(&mut self, n: u8) -> Result<(), AllocError> {
+        if n >= SLOTS || self.slots & 1 << n != 0 {
+            return Err(AllocError::SlotTaken(n));
+        }
+        self.slots |= 1 << n;
+        Ok(())
+    }
+
+    /// A naturally aligned place for `bar` in its window.
+    pub fn bar(&mut self, bar: BarSpec) -> Result<u64, AllocError> {
+        self.take(bar, AllocPolicy::FirstMatch, None)
+    }
+
+    /// Takes the ports of a legacy device, where they fall in the I/O window.
+    pub fn reserve_ports(&mut self, port: u16, len: u64) -> Result<(), AllocError> {
+        let (start, end) = (u64::from(port), u64::from(port) + len);
+        if end <= self.io.base() || start > self.io.end() {
+            return Ok(());
+        }
+        let kind = BarKind::Io;
+        self.io.allocate(len, 1, AllocPolicy::ExactMatch(start)).map(drop).map_err(|source| AllocError::Bar {
+            kind,
+            size: len,
+            at: Some(start),
+            source,
+        })
+    }
+
+    /// Takes exactly `[at, at + size)` for `bar` (a device at an address its guest knows).
+    pub fn reserve_bar(&mut self, bar: BarSpec, at: u64) -> Result<(), AllocError> {
+        self.take(bar, AllocPolicy::ExactMatch(at), Some(at)).map(drop)
+    }
+
+    fn take(&mut self, bar: BarSpec, policy: AllocPolicy, at: Option<u64>) -> Result<u64, AllocError> {
+        let window = match bar.kind {
+            BarKind::Io => &mut self.io,
+            BarKind::Memory32 => &mut self.mmio32,
+            BarKind::Memory64 => &mut self.mmio64,
+        };
+        window.allocate(bar.size, bar.size, policy).map(|range| range.start()).map_err(|source| AllocError::Bar {
+            kind: bar.kind,
+            size: bar.size,
+            at,
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::MemoryMap;
+
+    fn allocators() -> (Allocators, PciWindows) {
+        let windows = MemoryMap::new(8 << 30).unwrap().pci_windows();
+        (Allocators::new(&windows).unwrap(), windows)
+    }
+
+    #[test]
+    fn slots_are_handed_out_once_and_run_out() {
+        let (mut a, _) = allocators();
+        a.reserve_slot(1).unwrap();
+        assert!(matches!(a.reserve_slot(1), Err(AllocError::SlotTaken(1))));
+        assert!(matches!(a.reserve_slot(0), Err(AllocError::SlotTaken(0))), "the host bridge's");
+        assert_eq!(a.slot().unwrap(), 2);
+        assert_eq!(a.slot().unwrap(), 3);
+        for _ in 4..32 {
+            a.slot().unwrap();
+        }
+        assert!(matches!(a.slot(), Err(AllocError::NoSlot)));
+    }
+
+    #[test]
+    fn bars_are_aligned_disjoint_and_inside_their_window() {
+        let (mut a, w) = allocators();
+        let mem32 = BarSpec { kind: BarKind::Memory32, size: 0x8000 };
+        let mem64 = BarSpec { kind: BarKind::Memory64, size: 1 << 30 };
+        let io = BarSpec { kind: BarKind::Io, size: 0x20 };
+        a.reserve_bar(BarSpec { kind: BarKind::Memory32, size: 0x1000 }, w.mmio32.start).unwrap();
+        let (x, y) = (a.bar(mem32).unwrap(), a.bar(mem32).unwrap());
+        assert!(x % 0x8000 == 0 && y % 0x8000 == 0 && x != y, "{x:#x} {y:#x}");
+        assert!(w.mmio32.contains(&x) && x > w.mmio32.start, "after the reserved page: {x:#x}");
+        let big = a.bar(mem64).unwrap();
+        assert!(w.mmio64.contains(&big) && big % (1 << 30) == 0 && big >= 8 << 30);
+        a.reserve_ports(0x400, 0x20).unwrap();
+        a.reserve_ports(0x3f8, 8).unwrap(); // outside the window: nothing to take
+        let port = a.bar(io).unwrap();
+        assert!(port > 0x400 && port % 0x20 == 0, "{port:#x}");
+        assert!(a.reserve_ports(port as u16 + 4, 4).is_err(), "inside a BAR");
+        assert!(a.reserve_bar(mem32, x).is_err(), "taken");
+        let huge = BarSpec { kind: BarKind::Memory32, size: 1 << 30 };
+        assert!(matches!(a.bar(huge), Err(AllocError::Bar { .. })), "larger than what is left");
+    }
+}
