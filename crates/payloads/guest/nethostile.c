@@ -50,15 +50,28 @@ int main(void) {
 	}
 	u64 c = net.common;
 
-	/* Features never offered. */
+	/* Features never offered are masked off; after FEATURES_OK nothing changes them; and
+	 * a driver without VERSION_1 does not get FEATURES_OK. */
 	vnet_set_status(&net, 0);
 	vnet_set_status(&net, VS_ACK | VS_DRIVER);
+	u32 offered[2], accepted[2];
 	for (u32 sel = 0; sel < 2; sel++) {
+		mmio_write(c + VC_DFSELECT, 4, sel);
+		offered[sel] = (u32)mmio_read(c + VC_DF, 4);
 		mmio_write(c + VC_GFSELECT, 4, sel);
 		mmio_write(c + VC_GF, 4, 0xffffffff);
+		accepted[sel] = (u32)mmio_read(c + VC_GF, 4);
 	}
+	check(accepted[0] == offered[0] && accepted[1] == offered[1], "features never offered are masked off");
 	vnet_set_status(&net, VS_ACK | VS_DRIVER | VS_FEATURES_OK);
-	check(!(vnet_status(&net) & VS_FEATURES_OK), "features never offered are refused");
+	mmio_write(c + VC_GFSELECT, 4, 1);
+	mmio_write(c + VC_GF, 4, 0);
+	check((vnet_status(&net) & VS_FEATURES_OK) && (mmio_read(c + VC_GF, 4) & 1),
+	      "features are frozen at FEATURES_OK");
+	vnet_set_status(&net, 0);
+	vnet_set_status(&net, VS_ACK | VS_DRIVER);
+	vnet_set_status(&net, VS_ACK | VS_DRIVER | VS_FEATURES_OK);
+	check(!(vnet_status(&net) & VS_FEATURES_OK), "a driver without VERSION_1 gets no FEATURES_OK");
 
 	/* Queue sizes out of range. */
 	mmio_write(c + VC_Q_SELECT, 2, 1);

@@ -34,6 +34,9 @@ pub struct Allocators {
     io: AddressAllocator,
     mmio32: AddressAllocator,
     mmio64: AddressAllocator,
+    /// Every range handed out, per window (I/O, 32-bit, 64-bit): vm-allocator 0.1.4's
+    /// exact-address allocation does not check that the range is still free.
+    taken: [Vec<std::ops::Range<u64>>; 3],
 }
 
 impl Allocators {
@@ -46,6 +49,7 @@ impl Allocators {
             io: range(windows.io.clone())?,
             mmio32: range(windows.mmio32.clone())?,
             mmio64: range(windows.mmio64.clone())?,
+            taken: Default::default(),
         })
     }
 
@@ -67,7 +71,7 @@ impl Allocators {
 
     /// A naturally aligned place for `bar` in its window.
     pub fn bar(&mut self, bar: BarSpec) -> Result<u64, AllocError> {
-        self.take(bar, AllocPolicy::FirstMatch, None)
+        self.take(bar.kind, bar.size, bar.size, AllocPolicy::FirstMatch)
     }
 
     /// Takes the ports of a legacy device, where they fall in the I/O window.
@@ -76,32 +80,33 @@ impl Allocators {
         if end <= self.io.base() || start > self.io.end() {
             return Ok(());
         }
-        let kind = BarKind::Io;
-        self.io.allocate(len, 1, AllocPolicy::ExactMatch(start)).map(drop).map_err(|source| AllocError::Bar {
-            kind,
-            size: len,
-            at: Some(start),
-            source,
-        })
+        self.take(BarKind::Io, len, 1, AllocPolicy::ExactMatch(start)).map(drop)
     }
 
     /// Takes exactly `[at, at + size)` for `bar` (a device at an address its guest knows).
     pub fn reserve_bar(&mut self, bar: BarSpec, at: u64) -> Result<(), AllocError> {
-        self.take(bar, AllocPolicy::ExactMatch(at), Some(at)).map(drop)
+        self.take(bar.kind, bar.size, bar.size, AllocPolicy::ExactMatch(at)).map(drop)
     }
 
-    fn take(&mut self, bar: BarSpec, policy: AllocPolicy, at: Option<u64>) -> Result<u64, AllocError> {
-        let window = match bar.kind {
-            BarKind::Io => &mut self.io,
-            BarKind::Memory32 => &mut self.mmio32,
-            BarKind::Memory64 => &mut self.mmio64,
+    fn take(&mut self, kind: BarKind, size: u64, align: u64, policy: AllocPolicy) -> Result<u64, AllocError> {
+        let (window, taken) = match kind {
+            BarKind::Io => (&mut self.io, &mut self.taken[0]),
+            BarKind::Memory32 => (&mut self.mmio32, &mut self.taken[1]),
+            BarKind::Memory64 => (&mut self.mmio64, &mut self.taken[2]),
         };
-        window.allocate(bar.size, bar.size, policy).map(|range| range.start()).map_err(|source| AllocError::Bar {
-            kind: bar.kind,
-            size: bar.size,
-            at,
-            source,
-        })
+        let at = match policy {
+            AllocPolicy::ExactMatch(at) => Some(at),
+            _ => None,
+        };
+        let error = |source| AllocError::Bar { kind, size, at, source };
+        if let Some(at) = at {
+            if taken.iter().any(|r| r.start < at.saturating_add(size) && at < r.end) {
+                return Err(error(vm_allocator::Error::ResourceNotAvailable));
+            }
+        }
+        let start = window.allocate(size, align, policy).map_err(error)?.start();
+        taken.push(start..start + size);
+        Ok(start)
     }
 }
 
