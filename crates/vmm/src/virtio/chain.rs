@@ -5,18 +5,14 @@
 use virtio_queue::DescriptorChain;
 use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap};
 
-/// One buffer of a chain, as host memory.
+/// One buffer of a chain, checked to lie inside guest memory. It holds the guest address,
+/// not a host pointer: a host pointer is taken only where guest memory is borrowed (see
+/// `host_iovecs`), so none outlives the borrow.
 #[derive(Clone, Copy, Debug)]
 pub struct Segment {
-    pub ptr: *mut u8,
-    pub len: usize,
-    /// Guest address, for copies through vm-memory.
     pub addr: u64,
+    pub len: usize,
 }
-
-// SAFETY: a Segment is a pointer into guest memory, which every device thread may touch;
-// it is only dereferenced while that memory is mapped.
-unsafe impl Send for Segment {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ChainError {
@@ -50,14 +46,27 @@ pub fn segments(
         if total > max_len {
             return Err(ChainError::TooLong(max_len));
         }
-        let slice = mem.get_slice(desc.addr(), len as usize).map_err(|_| ChainError::OutsideMemory(addr, len))?;
-        out.push(Segment { ptr: slice.ptr_guard_mut().as_ptr(), len: len as usize, addr });
+        mem.get_slice(desc.addr(), len as usize).map_err(|_| ChainError::OutsideMemory(addr, len))?;
+        out.push(Segment { addr, len: len as usize });
         ended = !desc.has_next();
     }
     if !ended {
         return Err(ChainError::Unterminated);
     }
     Ok(total)
+}
+
+/// The segments as iovecs into `mem`'s mapping, valid while `mem` is borrowed; `None` if
+/// one is no longer inside guest memory or there are more than `iov` holds.
+pub fn host_iovecs(mem: &GuestMemoryMmap, segs: &[Segment], iov: &mut [libc::iovec]) -> Option<usize> {
+    if segs.len() > iov.len() {
+        return None;
+    }
+    for (v, s) in iov.iter_mut().zip(segs) {
+        let slice = mem.get_slice(vm_memory::GuestAddress(s.addr), s.len).ok()?;
+        *v = libc::iovec { iov_base: slice.ptr_guard_mut().as_ptr().cast(), iov_len: s.len };
+    }
+    Some(segs.len())
 }
 
 /// Copies the segments' bytes into `buf` (which must hold them all).

@@ -429,16 +429,18 @@ impl FrameIo {
             self.tap.write_frame(&[std::io::IoSlice::new(&self.buf[..n])])
         } else {
             let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOVECS];
-            for (v, s) in iov.iter_mut().zip(&self.segs) {
-                *v = libc::iovec { iov_base: s.ptr.cast(), iov_len: s.len };
-            }
-            // SAFETY: every iovec was built by chain::segments from a slice of guest memory
-            // that `mem` keeps mapped; the kernel only reads them during this call.
-            let r = unsafe { libc::writev(self.tap.as_raw_fd(), iov.as_ptr(), self.segs.len() as i32) };
-            if r < 0 {
-                Err(std::io::Error::last_os_error())
-            } else {
-                Ok(r as usize)
+            match chain::host_iovecs(mem, &self.segs, &mut iov) {
+                Some(n) => {
+                    // SAFETY: the iovecs point into slices of `mem`, which stays borrowed (so
+                    // mapped) for this whole call; the kernel only reads them during writev.
+                    let r = unsafe { libc::writev(self.tap.as_raw_fd(), iov.as_ptr(), n as i32) };
+                    if r < 0 {
+                        Err(std::io::Error::last_os_error())
+                    } else {
+                        Ok(r as usize)
+                    }
+                }
+                None => Err(std::io::Error::other("a TX buffer left guest memory")),
             }
         };
         match written {
