@@ -70,10 +70,17 @@ grep -a "emulate\|KVM could not" exitless.err | head -n 3 || true
 
 if command -v qemu-system-x86_64 >/dev/null; then
   start=$(date +%s.%N)
-  set +e
+  # QEMU pauses a VM on a KVM internal error rather than exiting: watch for it.
   timeout "$timeout" qemu-system-x86_64 -machine q35,accel=kvm -cpu qemu64,-cx16 -m 512M -smp "$vcpus" \
     -bios /usr/share/qemu/qboot.rom -nodefaults -no-reboot -display none -serial stdio \
-    -kernel "$kernel" -initrd "$initrd" -append "$cmdline" </dev/null >qemu.log 2>qemu.err
+    -kernel "$kernel" -initrd "$initrd" -append "$cmdline" </dev/null >qemu.log 2>qemu.err &
+  qemu=$!
+  while kill -0 "$qemu" 2>/dev/null; do
+    if grep -q "KVM internal error" qemu.err; then kill "$qemu"; fi
+    sleep 1
+  done
+  set +e
+  wait "$qemu"
   status=$?
   set -e
   t=$(printf '%.1f' "$(echo "$(date +%s.%N) - $start" | bc)")
