@@ -50,6 +50,10 @@ pub struct RunArgs {
     /// doorbell, pciscan and net payloads use.
     #[arg(long)]
     pub lab: bool,
+    /// Plug in QEMU's test devices as kvm-unit-tests expects them: fw_cfg (ports
+    /// 0x510-0x511), pc-testdev and pci-testdev (1b36:0005).
+    #[arg(long)]
+    pub testdevs: bool,
     /// Write the exit profile as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,

@@ -93,6 +93,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         serial_out: Box::new(LiveStdout),
         ecam: args.ecam,
         lab_devices: args.lab,
+        test_devices: args.testdevs,
         net: args.net.clone().map(|(tap, mac)| exitless_vmm::NetConfig { tap, mac, tx: args.net_tx }),
         ..MachineConfig::new(image)
     })?;

@@ -62,6 +62,8 @@ pub const PCI_MMIO32_END: u64 = abi::ECAM_GPA;
 pub const ECAM_GPA: u64 = abi::ECAM_GPA;
 pub const ECAM_SIZE: u64 = crate::pci::ecam::ECAM_SIZE;
 pub const IOAPIC_GPA: u64 = 0xfec0_0000;
+/// QEMU's pc-testdev scratch memory (with `--testdevs`), where kvm-unit-tests expects it.
+pub const PC_TESTDEV_IOMEM_GPA: u64 = 0xff00_0000;
 pub const LAPIC_GPA: u64 = abi::LAPIC_GPA;
 /// KVM's real-mode TSS pages (Intel needs them before an irqchip), just below the BIOS area.
 pub const TSS_GPA: u64 = 0xfffb_d000;

@@ -12,6 +12,7 @@ use crate::net::Tap;
 use crate::pci::cf8::{Cf8Device, CF8_LEN, CF8_PORT};
 use crate::pci::ecam::{EcamDevice, EcamShadow, ECAM_SIZE};
 use crate::pci::msix::Msix;
+use crate::pci::testdev::PciTestdev;
 use crate::pci::{EcamMode, PciError, PciRoot};
 use crate::stats::ExitStats;
 use crate::vcpu::{cycles, Vcpu, VcpuError};
@@ -107,6 +108,8 @@ pub struct MachineConfig {
     /// The lab's devices: the doorbell (00:01.0) and the idle port. Off unless a lab or
     /// `--lab` asks for them.
     pub lab_devices: bool,
+    /// QEMU's test devices, for kvm-unit-tests: fw_cfg, pc-testdev and pci-testdev.
+    pub test_devices: bool,
 }
 
 /// `--net tap=NAME[,mac=..]` and `--net-tx`.
@@ -142,6 +145,7 @@ impl MachineConfig {
             pci_config_io: true,
             net: None,
             lab_devices: false,
+            test_devices: false,
         }
     }
 }
@@ -285,6 +289,9 @@ impl Machine {
         if config.lab_devices {
             machine.add_lab_devices()?;
         }
+        if config.test_devices {
+            machine.add_test_devices(config.mem_size, config.vcpus)?;
+        }
         if let Some(net) = &config.net {
             machine.add_virtio_net(net)?;
         }
@@ -304,6 +311,26 @@ impl Machine {
         let mmio = (self.register_device("doorbell-mmio"), abi::DOORBELL_MMIO_GPA);
         let pio = (self.register_device("doorbell-pio"), abi::DOORBELL_PIO_PORT);
         self.pci.add(slot, 0, doorbell::pci_function(self.doorbell.clone(), mmio, pio))?;
+        Ok(())
+    }
+
+    /// The devices kvm-unit-tests finds on QEMU's PC machine, where it looks for them.
+    fn add_test_devices(&mut self, mem_size: u64, vcpus: u8) -> Result<(), MachineError> {
+        use crate::devices::{fw_cfg, pc_testdev};
+        let cfg = Arc::new(fw_cfg::FwCfg::new(mem_size, vcpus));
+        self.add_pio_device("fw-cfg", fw_cfg::FW_CFG_PORT, fw_cfg::FW_CFG_LEN, cfg)?;
+        let ports = Arc::new(pc_testdev::PcTestdevPorts::default());
+        self.add_pio_device("pc-testdev", pc_testdev::SCRATCH_PORT, pc_testdev::PORTS_LEN, ports)?;
+        let irq = Arc::new(pc_testdev::PcTestdevIrq(self.vm.clone()));
+        self.add_pio_device("pc-testdev-irq", pc_testdev::IRQ_PORT, pc_testdev::IRQ_LINES, irq)?;
+        let iomem = Arc::new(pc_testdev::PcTestdevIomem::default());
+        self.add_mmio_device("pc-testdev-iomem", layout::PC_TESTDEV_IOMEM_GPA, pc_testdev::IOMEM_LEN, iomem)?;
+        let testdev = PciTestdev::new();
+        let slot = self.allocators.slot()?;
+        let (mem, io) = (self.allocators.bar(PciTestdev::MEM_BAR)?, self.allocators.bar(PciTestdev::IO_BAR)?);
+        let ids = (self.register_device("pci-testdev-mem"), self.register_device("pci-testdev-io"));
+        self.pci.add(slot, 0, testdev.pci_function(ids, mem, io))?;
+        testdev.attach(&self.pci, usize::from(slot) << 3);
         Ok(())
     }
 

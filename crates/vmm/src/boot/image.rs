@@ -9,6 +9,8 @@ pub enum Kind {
     Elf,
     /// A bzImage (Linux boot protocol 2.12+ with a 64-bit entry point).
     BzImage { cmdline_max: usize },
+    /// A 32-bit ELF with a multiboot header (kvm-unit-tests' `.flat` files).
+    Multiboot,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -17,7 +19,9 @@ pub enum ImageError {
     Truncated(usize),
     #[error("the image is neither an ELF file nor a bzImage")]
     Unknown,
-    #[error("the ELF image is {0}; exitless boots 64-bit x86 executables (ELFCLASS64, EM_X86_64, ET_EXEC)")]
+    #[error(transparent)]
+    Multiboot(#[from] super::multiboot::MultibootError),
+    #[error("the ELF image is {0}; exitless boots 64-bit x86 executables (ELFCLASS64, EM_X86_64, ET_EXEC) and 32-bit multiboot ones")]
     ElfKind(&'static str),
     #[error("the ELF image has no loadable segment")]
     NoSegments,
@@ -50,6 +54,10 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 pub fn identify(image: &[u8], map: &MemoryMap) -> Result<Kind, ImageError> {
     if image.len() < 0x270 {
         return Err(ImageError::Truncated(image.len()));
+    }
+    if image.starts_with(b"\x7fELF") && image[4] == 1 && super::multiboot::has_header(image) {
+        super::multiboot::check(image, map)?;
+        return Ok(Kind::Multiboot);
     }
     if image.starts_with(b"\x7fELF") {
         check_elf(image, map)?;

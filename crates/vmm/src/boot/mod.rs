@@ -6,6 +6,7 @@
 
 pub mod cpu;
 pub mod image;
+pub mod multiboot;
 pub mod pvh;
 pub mod regs;
 pub mod zero_page;
@@ -47,6 +48,9 @@ pub enum EntryPoint {
     /// 64-bit long mode with identity-mapped low 4 GiB, `%rsi` = zero page (the 64-bit Linux
     /// boot protocol: a bzImage, or an ELF without a PVH note).
     Long64(u64),
+    /// 32-bit protected mode, paging off, `%eax` = the multiboot magic, `%ebx` = its
+    /// information structure.
+    Multiboot(u64),
 }
 
 /// What the guest is handed besides its image.
@@ -69,6 +73,7 @@ pub fn load(mem: &GuestMemoryMmap, map: &MemoryMap, image: &[u8], spec: &BootSpe
     let kind = image::identify(image, map)?;
     let highmem = Some(GuestAddress(layout::HIGH_RAM_START));
     let (loaded, cmdline_max) = match kind {
+        Kind::Multiboot => return load_multiboot(mem, map, image, spec),
         Kind::Elf => (Elf::load(mem, None, &mut Cursor::new(image), highmem), layout::CMDLINE_MAX),
         Kind::BzImage { cmdline_max } => {
             (BzImage::load(mem, None, &mut Cursor::new(image), highmem), cmdline_max.min(layout::CMDLINE_MAX))
@@ -93,12 +98,37 @@ pub fn load(mem: &GuestMemoryMmap, map: &MemoryMap, image: &[u8], spec: &BootSpe
             zero_page::write(mem, None, &boot)?;
             Ok(EntryPoint::Long64(loaded.kernel_load.0))
         }
-        (Kind::BzImage { .. }, _) => {
+        (_, _) => {
             zero_page::write(mem, loaded.setup_header, &boot)?;
             // The 64-bit entry point is 0x200 past the start of the protected-mode kernel.
             Ok(EntryPoint::Long64(loaded.kernel_load.0 + 0x200))
         }
     }
+}
+
+/// A multiboot image: its segments, then the initrd as a module on the next page.
+fn load_multiboot(
+    mem: &GuestMemoryMmap,
+    map: &MemoryMap,
+    image: &[u8],
+    spec: &BootSpec,
+) -> Result<EntryPoint, LoadError> {
+    let (entry, end) = multiboot::load(mem, map, image)?;
+    write_cmdline(mem, spec.cmdline, layout::CMDLINE_MAX)?;
+    let initrd = match spec.initrd {
+        Some(bytes) => {
+            let size = bytes.len() as u64;
+            let top = map.low_ram_end();
+            if end.checked_add(size).is_none_or(|e| e > top) {
+                return Err(LoadError::InitrdTooBig { size, kernel_end: end, limit: top });
+            }
+            mem.write_slice(bytes, GuestAddress(end))?;
+            Some(Placed { addr: end, size })
+        }
+        None => None,
+    };
+    multiboot::write_info(mem, map, initrd)?;
+    Ok(EntryPoint::Multiboot(entry))
 }
 
 fn write_cmdline(mem: &GuestMemoryMmap, cmdline: &str, max: usize) -> Result<(), LoadError> {

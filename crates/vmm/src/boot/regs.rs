@@ -52,7 +52,7 @@ pub fn setup(vcpu: &VcpuFd, mem: &GuestMemoryMmap, entry: EntryPoint) -> Result<
     let mut sregs: kvm_sregs = vcpu.get_sregs()?;
     let mut regs = kvm_regs { rflags: 0x2, ..Default::default() };
     match entry {
-        EntryPoint::Pvh(rip) => {
+        EntryPoint::Pvh(rip) | EntryPoint::Multiboot(rip) => {
             sregs.cs = segment(0x08, true, false);
             let data = segment(0x10, false, false);
             (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
@@ -60,7 +60,11 @@ pub fn setup(vcpu: &VcpuFd, mem: &GuestMemoryMmap, entry: EntryPoint) -> Result<
             sregs.cr4 = 0;
             sregs.efer = 0;
             regs.rip = rip;
+            // Both hand over a structure in %ebx; multiboot also says so in %eax.
             regs.rbx = START_INFO_GPA;
+            if matches!(entry, EntryPoint::Multiboot(_)) {
+                regs.rax = u64::from(super::multiboot::BOOTLOADER_MAGIC);
+            }
         }
         EntryPoint::Long64(rip) => {
             write_long_mode_tables(mem)?;

@@ -4,8 +4,10 @@ pub mod acpi_pm;
 pub mod console_out;
 pub mod debug_exit;
 pub mod doorbell;
+pub mod fw_cfg;
 pub mod i8042;
 pub mod idle;
+pub mod pc_testdev;
 pub mod serial;
 
 pub use acpi_pm::AcpiPm;

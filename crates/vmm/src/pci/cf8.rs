@@ -28,7 +28,9 @@ impl Cf8Device {
         if a & ENABLE == 0 || (a >> 16) & 0xff != 0 {
             return None;
         }
-        Some((((a >> 8) & 0xff) as usize, (a & 0xfc) as usize + lane))
+        // The latch's low two bits select the byte too, OR'd with the data port's lane, as
+        // QEMU does (kvm-unit-tests reads the device ID with 0xCF8 = ...|2, then inw 0xCFC).
+        Some((((a >> 8) & 0xff) as usize, (a & 0xff) as usize | lane))
     }
 }
 
@@ -36,7 +38,7 @@ impl BusDevice for Cf8Device {
     fn read(&self, offset: u64, data: &mut [u8]) {
         match offset {
             // The latch answers dword accesses only.
-            0 if data.len() == 4 => data.copy_from_slice(&self.address.load(Ordering::Acquire).to_le_bytes()),
+            0 if data.len() == 4 => data.copy_from_slice(&(self.address.load(Ordering::Acquire) & !0x3).to_le_bytes()),
             4..=7 => match self.target(offset as usize - 4) {
                 Some((index, reg)) => self.root.config_read(index, reg, data),
                 None => data.fill(0xff),
@@ -49,7 +51,7 @@ impl BusDevice for Cf8Device {
         match offset {
             0 if data.len() == 4 => {
                 let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
-                self.address.store(v & !0x3, Ordering::Release);
+                self.address.store(v, Ordering::Release);
             }
             4..=7 => {
                 if let Some((index, reg)) = self.target(offset as usize - 4) {

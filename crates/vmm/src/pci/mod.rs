@@ -6,6 +6,7 @@ pub mod config;
 pub mod ecam;
 pub mod msix;
 pub mod root;
+pub mod testdev;
 
 pub use config::{BarKind, BarSpec, ConfigSpace, PciIds};
 pub use root::{ConfigHook, EcamMode, PciError, PciFunction, PciRoot};

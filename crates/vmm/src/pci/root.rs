@@ -225,15 +225,7 @@ impl PciRoot {
             match placed {
                 Ok(()) => {
                     handler.mapped = Some(new);
-                    let mut still_parked = Vec::new();
-                    for (key, fd) in handler.parked.drain(..) {
-                        let at = IoeventfdKey { addr: key.addr + new, ..key };
-                        if let Err(e) = self.ioeventfds.register(at, &fd) {
-                            self.warn(format_args!("{} BAR{bar}: ioeventfd not registered: {e}", function.name));
-                            still_parked.push((key, fd));
-                        }
-                    }
-                    handler.parked = still_parked;
+                    self.register_parked(&function.name, bar, handler, new);
                 }
                 // The bus says why (an overlap, say): the BAR stays off the bus.
                 Err(e) => self.warn(format_args!("{} BAR{bar} at {new:#x}: {e}; left off the bus", function.name)),
@@ -248,6 +240,35 @@ impl PciRoot {
         } else if n == MAX_BAR_WARNINGS {
             tracing::warn!("further BAR placement problems are not reported");
         }
+    }
+
+    /// Replaces the ioeventfds of BAR `bar` of function `index` (offsets in `key.addr`):
+    /// the old ones leave KVM, the new ones are registered wherever the BAR is decoded.
+    pub fn set_bar_ioeventfds(&self, index: usize, bar: usize, ioeventfds: Vec<(IoeventfdKey, EventFd)>) {
+        let mut state = self.lock();
+        let Some(function) = state.functions.get_mut(index).and_then(Option::as_mut) else { return };
+        let (Some(spec), Some(handler)) = (function.config.bar(bar), function.bars[bar].as_mut()) else { return };
+        let space = if spec.is_memory() { IoSpace::Mmio } else { IoSpace::Pio };
+        handler.parked = ioeventfds;
+        if let Some(base) = handler.mapped {
+            if let Err(e) = self.ioeventfds.take_range(space, base, spec.size) {
+                self.warn(format_args!("{} BAR{bar}: old ioeventfds stay: {e}", function.name));
+            }
+            self.register_parked(&function.name, bar, handler, base);
+        }
+    }
+
+    /// Registers a mapped BAR's parked ioeventfds at `base`; those KVM refuses stay parked.
+    fn register_parked(&self, name: &str, bar: usize, handler: &mut BarHandler, base: u64) {
+        let mut still_parked = Vec::new();
+        for (key, fd) in handler.parked.drain(..) {
+            let at = IoeventfdKey { addr: key.addr + base, ..key };
+            if let Err(e) = self.ioeventfds.register(at, &fd) {
+                self.warn(format_args!("{name} BAR{bar}: ioeventfd not registered: {e}"));
+                still_parked.push((key, fd));
+            }
+        }
+        handler.parked = still_parked;
     }
 
     /// Where BAR `bar` of function `index` is decoded now (for tests and the lab).

@@ -86,6 +86,8 @@ fn mechanism_one_reads_every_size_and_lane() {
     let mut byte = [0u8; 1];
     cf8.read(1, &mut byte);
     assert_eq!(byte, [0xff]);
+    // The latch's low bits pick the register byte, as under QEMU.
+    assert_eq!(cf8_read(&cf8, dev1 | 2, 0, 2), 0x0d00, "device ID through 0xCF8 = ...|2");
 }
 
 #[test]
