@@ -23,6 +23,11 @@ const PAYLOADS: &[(&str, &str)] = &[
     ("smp", "starts every other vCPU with INIT/SIPI; each checks in on the serial port"),
 ];
 
+/// 32-bit multiboot payloads (what kvm-unit-tests' flat files look like): name, one line.
+/// Each is `guest/multiboot/<name>.c` with `start.S`, linked at 4 MiB.
+const MULTIBOOT: &[(&str, &str)] =
+    &[("mbcheck", "a 32-bit multiboot guest: checks the multiboot info and QEMU's test devices (--testdevs)")];
+
 /// Payloads also built as a bzImage (Linux boot protocol 2.12, 64-bit entry).
 const BZIMAGES: &[&str] = &["bootcheck"];
 
@@ -89,7 +94,29 @@ fn main() {
             "None".into()
         };
         table.push_str(&format!(
-            "    Payload {{ name: {name:?}, about: {about:?}, elf: include_bytes!({:?}), bzimage: {bzimage} }},\n",
+            "    Payload {{ name: {name:?}, about: {about:?}, elf: include_bytes!({:?}), bzimage: {bzimage}, multiboot: false }},\n",
+            elf.display().to_string()
+        ));
+    }
+    for (name, about) in MULTIBOOT {
+        let elf = out.join(format!("{name}.elf"));
+        let dir = guest.join("multiboot");
+        let mut cmd = Command::new(&cc);
+        cmd.args(["-m32", "-O2", "-ffreestanding", "-fno-pic", "-fno-pie", "-fno-stack-protector"])
+            .args(["-mgeneral-regs-only", "-fno-asynchronous-unwind-tables", "-fcf-protection=none"])
+            .args(["-nostdlib", "-static", "-no-pie", "-Wall", "-Wextra", "-Werror", "-Wl,--build-id=none"])
+            .arg("-I")
+            .arg(&out)
+            .arg("-T")
+            .arg(dir.join("mb.ld"))
+            .arg("-o")
+            .arg(&elf)
+            .arg(dir.join("start.S"))
+            .arg(dir.join(format!("{name}.c")));
+        let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
+        assert!(status.success(), "compiling multiboot payload {name} failed (does {cc} take -m32?): {cmd:?}");
+        table.push_str(&format!(
+            "    Payload {{ name: {name:?}, about: {about:?}, elf: include_bytes!({:?}), bzimage: None, multiboot: true }},\n",
             elf.display().to_string()
         ));
     }

@@ -1,5 +1,5 @@
 //! Built-in guest payloads: freestanding C programs with a tiny runtime, compiled by
-//! build.rs into PVH-bootable ELF images and embedded here.
+//! build.rs into PVH-bootable ELF images (and a few 32-bit multiboot ones) and embedded here.
 
 pub mod abi;
 
@@ -13,6 +13,8 @@ pub struct Payload {
     pub elf: &'static [u8],
     /// The same payload as a bzImage, for those built that way too.
     pub bzimage: Option<&'static [u8]>,
+    /// A 32-bit multiboot ELF rather than a 64-bit PVH one.
+    pub multiboot: bool,
 }
 
 include!(concat!(env!("OUT_DIR"), "/payloads.rs"));
@@ -32,7 +34,7 @@ mod tests {
     #[test]
     fn every_payload_is_an_elf_with_a_pvh_note() {
         assert!(find(DEFAULT_PAYLOAD).is_some());
-        for p in PAYLOADS {
+        for p in PAYLOADS.iter().filter(|p| !p.multiboot) {
             assert_eq!(&p.elf[..4], b"\x7fELF", "{}", p.name);
             // XEN_ELFNOTE_PHYS32_ENTRY = 18, name "Xen".
             let note = [4u8, 0, 0, 0, 8, 0, 0, 0, 18, 0, 0, 0, b'X', b'e', b'n', 0];

@@ -50,10 +50,11 @@ pub fn tempdir() -> std::path::PathBuf {
 }
 
 /// `exitless ARGS` fails with exactly one line on stderr, starting `exitless: `.
-pub fn assert_one_line_error(args: &[&str]) {
+pub fn assert_one_line_error(args: &[&str]) -> Output {
     let out = exitless(args);
     let err = stderr(&out);
     assert!(!out.status.success(), "{args:?} succeeded");
     assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
     assert!(err.starts_with("exitless: "), "{args:?}: {err}");
+    out
 }

@@ -1,0 +1,49 @@
+//! Multiboot guests (kvm-unit-tests' format) and QEMU's test devices, from inside a guest.
+
+mod common;
+use common::*;
+
+#[test]
+fn a_multiboot_guest_sees_its_info_initrd_and_the_test_devices() {
+    if !kvm_or_skip("a_multiboot_guest_sees_its_info_initrd_and_the_test_devices") {
+        return;
+    }
+    let bytes: Vec<u8> = (0..5000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let sum: u64 = bytes.iter().map(|&b| u64::from(b)).sum();
+    let initrd = tempdir().join("env");
+    std::fs::write(&initrd, &bytes).unwrap();
+    let params = format!("{},2,5000,{sum}", 300u64 << 20);
+    let args = ["--payload", "mbcheck", "--testdevs", "--mem", "300M", "--vcpus", "2", "--params", &params];
+    let mut all = args.to_vec();
+    all.extend(["--initrd", initrd.to_str().unwrap(), "--cmdline", "mbcheck.flat -v x"]);
+    let (out, json) = run_json(&all);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}\n{}", stderr(&out));
+    assert!(text.contains("mbcheck: all checks passed"), "{text}");
+    assert!(text.contains("mbcheck: cmdline [mbcheck.flat -v x]"), "{text}");
+    assert_eq!(json["devices"]["pci-testdev-io"]["writes"].as_u64(), Some(2), "select + one counted write: {json}");
+}
+
+#[test]
+fn without_testdevs_the_test_devices_are_absent() {
+    if !kvm_or_skip("without_testdevs_the_test_devices_are_absent") {
+        return;
+    }
+    let (out, json) = run_json(&["--payload", "mbcheck", "--params", &format!("{},1", 128u64 << 20)]);
+    assert!(!out.status.success());
+    assert!(stdout(&out).contains("mbcheck: FAIL fw_cfg signature QEMU"), "{}", stdout(&out));
+    assert!(json["devices"].get("fw-cfg").is_none(), "{json}");
+}
+
+#[test]
+fn foreign_or_broken_multiboot_images_are_refused() {
+    let mut elf = exitless_payloads::find("mbcheck").unwrap().elf.to_vec();
+    // Cut right after the multiboot header: the header is valid, the segments are not there.
+    let magic = 0x1bad_b002u32.to_le_bytes();
+    let header = elf.windows(4).position(|w| w == magic).unwrap();
+    elf.truncate(header + 12);
+    let path = tempdir().join("cut.flat");
+    std::fs::write(&path, &elf).unwrap();
+    let out = assert_one_line_error(&["run", "--kernel", path.to_str().unwrap()]);
+    assert!(stderr(&out).contains("segment"), "{}", stderr(&out));
+}

@@ -1,0 +1,120 @@
+/* Checks what a multiboot loader with QEMU's test devices hands a kvm-unit-tests guest:
+ * the boot magic, the information structure (memory sizes, memory map against the RAM
+ * size, command line, the initrd as the one module), fw_cfg (signature, RAM size, CPU
+ * count), pc-testdev's scratch register and pci-testdev's test headers. Parameters (the
+ * shared page, as for every payload): RAM size, vCPUs, initrd size, initrd byte sum.
+ * Exits 0 when every check holds. 32-bit protected mode, paging off. */
+#include "abi.h"
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+static inline void outb(u16 p, u8 v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(p)); }
+static inline void outw(u16 p, u16 v) { __asm__ volatile("outw %0, %1" ::"a"(v), "Nd"(p)); }
+static inline void outl(u16 p, u32 v) { __asm__ volatile("outl %0, %1" ::"a"(v), "Nd"(p)); }
+static inline u8 inb(u16 p) { u8 v; __asm__ volatile("inb %1, %0" : "=a"(v) : "Nd"(p)); return v; }
+static inline u16 inw(u16 p) { u16 v; __asm__ volatile("inw %1, %0" : "=a"(v) : "Nd"(p)); return v; }
+static inline u32 inl(u16 p) { u32 v; __asm__ volatile("inl %1, %0" : "=a"(v) : "Nd"(p)); return v; }
+
+static void putc(char c) {
+	while (!(inb(SERIAL_PORT + 5) & 0x20)) {}
+	outb(SERIAL_PORT, (u8)c);
+}
+static void puts(const char *s) { while (*s) putc(*s++); }
+static void putx(u64 v) {
+	char buf[17];
+	int i = 16;
+	buf[i] = 0;
+	do { buf[--i] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v && i);
+	puts("0x");
+	puts(buf + i);
+}
+
+static int failures;
+static void check(int ok, const char *what) {
+	puts(ok ? "mbcheck: ok   " : "mbcheck: FAIL ");
+	puts(what);
+	putc('\n');
+	if (!ok) failures++;
+}
+
+struct mb_info {
+	u32 flags, mem_lower, mem_upper, boot_device, cmdline, mods_count, mods_addr, syms[4], mmap_length, mmap_addr;
+};
+struct mb_module { u32 start, end, string, reserved; };
+struct mb_mmap { u32 size; u64 addr, len; u32 type; } __attribute__((packed));
+
+static u64 param(u32 i) {
+	volatile u64 *shared = (volatile u64 *)(u32)SHARED_PAGE_GPA;
+	return shared[0] == SHARED_MAGIC ? shared[SHARED_PARAM_SLOT + i] : 0;
+}
+
+static u64 fw_cfg(u16 key, int bytes) {
+	u64 v = 0;
+	outw(0x510, key);
+	for (int i = 0; i < bytes; i++) v |= (u64)inb(0x511) << (8 * i);
+	return v;
+}
+
+static u32 cf8(u32 fn, u32 reg) {
+	outl(0xcf8, 0x80000000u | fn << 8 | reg);
+	return inl(0xcfc);
+}
+
+/* pci-testdev: finds it, then selects test 0 of its I/O BAR and reads the header's name. */
+static int pci_testdev_ok(void) {
+	for (u32 fn = 0; fn < 256; fn++) {
+		if (cf8(fn, 0) != 0x00051b36) continue;
+		outl(0xcf8, 0x80000000u | fn << 8 | 2); /* the device ID through 0xCF8's low bits */
+		if (inw(0xcfc) != 0x0005) return 0;
+		u16 io = (u16)(cf8(fn, 0x14) & ~3u);
+		outb(io, 0);
+		const char *want = "portio-no-eventfd";
+		for (u32 i = 0; want[i]; i++)
+			if (inb((u16)(io + 16 + i)) != (u8)want[i]) return 0;
+		u32 offset = inl((u16)(io + 4));
+		outb((u16)(io + offset), 0xfa);
+		return offset == 128 + 3 && inl((u16)(io + 12)) == 1; /* one write reached the VMM */
+	}
+	return 0;
+}
+
+int main32(u32 magic, struct mb_info *info) {
+	u64 mem = param(0), vcpus = param(1), initrd_size = param(2), initrd_sum = param(3);
+	check(magic == 0x2badb002, "EAX holds the multiboot magic");
+	check((info->flags & 0x45) == 0x45, "info has memory, command line and memory map");
+	puts("mbcheck: cmdline [");
+	puts((const char *)info->cmdline);
+	puts("]\n");
+	u64 ram = 0;
+	for (u32 at = 0; at < info->mmap_length;) {
+		struct mb_mmap *e = (struct mb_mmap *)(info->mmap_addr + at);
+		if (e->type == 1) ram += e->len;
+		at += e->size + 4;
+	}
+	puts("mbcheck: memory map RAM ");
+	putx(ram);
+	putc('\n');
+	u64 below_hole = mem < MMIO_HOLE_START ? mem : MMIO_HOLE_START;
+	check(ram + (0x100000 - 0x9fc00) == mem, "RAM in the memory map = --mem less 640K-1M");
+	check((u64)info->mem_upper * 1024 + 0x100000 == below_hole, "mem_upper = RAM from 1 MiB to the hole");
+	check(info->mem_lower == 639, "mem_lower = 639 KiB");
+	if (initrd_size) {
+		struct mb_module *m = (struct mb_module *)info->mods_addr;
+		u64 sum = 0;
+		for (u32 a = m->start; a < m->end; a++) sum += *(u8 *)a;
+		check(info->mods_count == 1 && m->end - m->start == initrd_size && sum == initrd_sum,
+		      "the initrd is the one module, byte for byte");
+	}
+	check(fw_cfg(0, 4) == 0x554d4551, "fw_cfg signature QEMU");
+	check(fw_cfg(3, 8) == mem, "fw_cfg RAM size = --mem");
+	check(fw_cfg(5, 2) == vcpus, "fw_cfg CPU count = --vcpus");
+	outl(0xe0, 0x12345678);
+	outb(0xe8 + 3, 0xab);
+	check(inl(0xe0) == 0xab345678, "pc-testdev scratch register");
+	check(pci_testdev_ok(), "pci-testdev: found, test header, a write counted");
+	puts(failures ? "mbcheck: SOME CHECKS FAILED\n" : "mbcheck: all checks passed\n");
+	return failures ? 1 : 0;
+}
