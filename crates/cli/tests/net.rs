@@ -10,11 +10,8 @@ fn net_or_skip(test: &str) -> bool {
     if !kvm_or_skip(test) {
         return false;
     }
-    if !exitless_lab::netns::available() {
-        eprintln!("SKIPPED {test}: needs root, /dev/net/tun and iproute2 for a tap in a network namespace");
-        return false;
-    }
-    true
+    exitless_lab::netns::available()
+        || skip_or_fail(test, "needs root, /dev/net/tun and iproute2 for a tap in a network namespace")
 }
 
 #[test]

@@ -31,11 +31,6 @@ const ECX_MONITOR: u32 = 1 << 3;
 const ECX_VMX: u32 = 1 << 5;
 const ECX_TM2: u32 = 1 << 8;
 const ECX_PDCM: u32 = 1 << 15;
-const ECX_PCLMULQDQ: u32 = 1 << 1;
-const ECX_SSSE3: u32 = 1 << 9;
-const ECX_SSE41: u32 = 1 << 19;
-const ECX_SSE42: u32 = 1 << 20;
-const ECX_AES: u32 = 1 << 25;
 // CPUID leaf 1 EDX.
 const EDX_HTT: u32 = 1 << 28;
 const EDX_ACPI: u32 = 1 << 22;
@@ -47,13 +42,7 @@ const EBX7_AVX512F: u32 = 1 << 16;
 /// Features hidden from every guest. CX16 (`cmpxchg16b`), XSAVE and AVX because KVM cannot
 /// emulate those instructions at CPL0 on a nested host like this one; MONITOR, VMX and the
 /// thermal/performance bits because this VMM offers none of them.
-const LEAF1_ECX_HIDDEN: u32 =
-    ECX_CX16 | ECX_XSAVE | ECX_OSXSAVE | ECX_AVX | ECX_MONITOR | ECX_VMX | ECX_TM2 | ECX_PDCM | SIMD_EXTENSIONS;
-/// SSE extensions a kernel uses only in its own FPU sections (crypto, checksums), where it
-/// falls back on plain code without them. KVM here cannot emulate them at CPL0; the VMM
-/// completes them on the host (emulate/sse.rs), but at one exit each that is slower than
-/// the plain code (Linux's BLAKE2s self-test took minutes).
-const SIMD_EXTENSIONS: u32 = ECX_SSSE3 | ECX_SSE41 | ECX_SSE42 | ECX_AES | ECX_PCLMULQDQ;
+const LEAF1_ECX_HIDDEN: u32 = ECX_CX16 | ECX_XSAVE | ECX_OSXSAVE | ECX_AVX | ECX_MONITOR | ECX_VMX | ECX_TM2 | ECX_PDCM;
 const LEAF1_EDX_HIDDEN: u32 = EDX_ACPI | EDX_TM;
 const LEAF7_EBX_HIDDEN: u32 = EBX7_AVX2 | EBX7_AVX512F;
 
