@@ -349,9 +349,14 @@ fn parse_u64(s: &str) -> Result<u64, String> {
     parsed.map_err(|_| format!("'{s}' is not a number"))
 }
 
+/// The longest time any option takes (a year): beyond it a Duration would overflow, and
+/// no run needs it.
+const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+
 fn parse_seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        Ok(v) if v > 0.0 && v <= MAX_SECONDS => Ok(v),
+        Ok(v) if v > MAX_SECONDS => Err(format!("'{s}' seconds is more than a year (at most {MAX_SECONDS})")),
         _ => Err(format!("'{s}' is not a positive number of seconds")),
     }
 }

@@ -111,7 +111,9 @@ fn payloads(args: PayloadsArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
     for p in exitless_payloads::PAYLOADS {
-        println!("{:<10} {}", p.name, p.about);
+        let line = format!("{:<10} {}\n", p.name, p.about);
+        std::io::Write::write_all(&mut std::io::stdout(), line.as_bytes())
+            .map_err(|e| format!("cannot write to standard output: {e}"))?;
         if let Some(dir) = &args.out {
             let images = [Some(("elf", p.elf)), p.bzimage.map(|b| ("bzImage", b))];
             for (ext, bytes) in images.into_iter().flatten() {

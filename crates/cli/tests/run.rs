@@ -105,3 +105,24 @@ fn bad_command_lines_get_one_line_and_a_nonzero_status() {
         assert_one_line_error(args);
     }
 }
+
+#[test]
+fn absurd_timeouts_are_one_line_errors_not_panics() {
+    for cmd in
+        [&["run", "--timeout", "1e20"][..], &["bench", "doorbell", "--timeout", "1e20"], &["run", "--timeout", "inf"]]
+    {
+        assert_one_line_error(cmd);
+    }
+}
+
+#[test]
+fn a_full_stdout_is_an_error_not_a_panic() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("SKIPPED a_full_stdout_is_an_error_not_a_panic: no /dev/full");
+        return;
+    };
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_exitless")).arg("payloads").stdout(full).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("exitless: cannot write to standard output") && !err.contains("panicked"), "{err}");
+}

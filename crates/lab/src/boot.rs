@@ -20,8 +20,8 @@ pub enum BootBenchError {
     Spawn(std::io::Error),
     #[error("`exitless run` failed: {0}")]
     Run(String),
-    #[error("cannot write {0}: {1}")]
-    Write(PathBuf, std::io::Error),
+    #[error(transparent)]
+    Write(#[from] crate::report::WriteError),
 }
 
 /// One run: ms to the first stdout byte, and the run's own report of VMM memory.
@@ -62,14 +62,15 @@ pub fn run(opts: &Options) -> Result<(), BootBenchError> {
     }
     let _ = std::fs::remove_file(&report);
     let (first_ms, rss_kib) = (median(&first), median(&rss));
-    println!("boot lab: {} runs, {} MiB guest, medians", opts.runs, opts.mem >> 20);
-    println!("  {:<40} {:>10}", "metric", "value");
-    println!("  {:<40} {:>10.1}", "process start to first serial byte (ms)", first_ms);
-    println!("  {:<40} {:>10.0}", "VMM resident memory beyond guest RAM (KiB)", rss_kib);
+    let mut table = format!("boot lab: {} runs, {} MiB guest, medians\n", opts.runs, opts.mem >> 20);
+    table += &format!("  {:<40} {:>10}\n", "metric", "value");
+    table += &format!("  {:<40} {:>10.1}\n", "process start to first serial byte (ms)", first_ms);
+    table += &format!("  {:<40} {:>10.0}\n", "VMM resident memory beyond guest RAM (KiB)", rss_kib);
+    crate::report::print_table(&table)?;
     if let Some(path) = &opts.json {
         let value = json!({"bench": "boot", "runs": opts.runs, "mem_mib": opts.mem >> 20,
             "first_byte_ms": first_ms, "vmm_rss_kib": rss_kib, "first_byte_ms_all": first});
-        std::fs::write(path, value.to_string() + "\n").map_err(|e| BootBenchError::Write(path.clone(), e))?;
+        std::fs::write(path, value.to_string() + "\n").map_err(|e| crate::report::WriteError(path.clone(), e))?;
     }
     Ok(())
 }

@@ -510,7 +510,7 @@ pub fn json(rows_in: &[Row], opts: &Options, tsc_khz: f64) -> serde_json::Value 
 /// Measures, prints the table, and writes the JSON and SVG files asked for.
 pub fn run(opts: &Options) -> Result<Vec<Row>, DoorbellError> {
     let (rows, tsc_khz) = measure(opts)?;
-    print!("{}", table(&rows, opts, tsc_khz));
+    crate::report::print_table(&table(&rows, opts, tsc_khz))?;
     opts.outputs.write(
         || json(&rows, opts, tsc_khz),
         || {

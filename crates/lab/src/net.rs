@@ -373,7 +373,7 @@ pub fn json(rows: &[Row]) -> serde_json::Value {
 
 pub fn run(opts: &Options) -> Result<Vec<Row>, NetBenchError> {
     let rows = measure(opts)?;
-    print!("{}", table(&rows, opts));
+    crate::report::print_table(&table(&rows, opts))?;
     opts.outputs.write(
         || json(&rows),
         || {

@@ -213,7 +213,7 @@ pub fn json(rows: &[Row]) -> serde_json::Value {
 
 pub fn run(opts: &Options) -> Result<Vec<Row>, PciBenchError> {
     let rows = measure(opts)?;
-    print!("{}", table(&rows));
+    crate::report::print_table(&table(&rows))?;
     opts.outputs.write(
         || json(&rows),
         || {

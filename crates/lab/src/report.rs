@@ -35,6 +35,14 @@ pub fn targets_json(targets: &[Target]) -> Vec<Value> {
 #[error("cannot write {0}: {1}")]
 pub struct WriteError(pub PathBuf, pub std::io::Error);
 
+/// Prints a lab's table; a stdout that cannot take it (a full disk, a closed pipe) is an
+/// error with its cause, not a panic.
+pub fn print_table(text: &str) -> Result<(), WriteError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes()).and_then(|()| out.flush()).map_err(|e| WriteError("standard output".into(), e))
+}
+
 /// `--json FILE` and `--svg FILE`, both optional.
 #[derive(Clone, Debug, Default)]
 pub struct Outputs {
