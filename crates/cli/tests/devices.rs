@@ -2,7 +2,7 @@
 
 mod common;
 use common::*;
-use exitless_vmm::virtio::{Activation, ActiveQueue, VirtioDevice, VIRTIO_F_VERSION_1};
+use exitless_vmm::virtio::{ActivateError, Activation, ActiveQueue, VirtioDevice, VIRTIO_F_VERSION_1};
 use exitless_vmm::{Machine, MachineConfig};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -24,7 +24,7 @@ impl VirtioDevice for Inert {
     fn read_config(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
     }
-    fn activate(&mut self, _queues: Vec<ActiveQueue>, _activation: Activation) -> Result<(), String> {
+    fn activate(&mut self, _queues: Vec<ActiveQueue>, _activation: Activation) -> Result<(), ActivateError> {
         Ok(())
     }
     fn reset(&mut self) {}

@@ -33,9 +33,22 @@ pub trait VirtioDevice: Send {
     fn queue_max_sizes(&self) -> Vec<u16>;
     fn read_config(&self, offset: u64, data: &mut [u8]);
     /// Starts the device on the driver's queues (DRIVER_OK).
-    fn activate(&mut self, queues: Vec<ActiveQueue>, activation: Activation) -> Result<(), String>;
+    fn activate(&mut self, queues: Vec<ActiveQueue>, activation: Activation) -> Result<(), ActivateError>;
     /// Stops the device and forgets its queues (the driver wrote status 0).
     fn reset(&mut self);
+}
+
+/// Why a device could not start on what the driver set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ActivateError {
+    #[error("queue {index}: {source:?}")]
+    Queue { index: usize, source: virtio_queue::Error },
+    #[error("queue {0}'s rings are not inside guest memory")]
+    RingsOutsideMemory(usize),
+    #[error("the device needs {want} queues, the driver set up {have}")]
+    QueueCount { want: usize, have: usize },
+    #[error("cannot start the device thread")]
+    Thread(#[source] std::io::Error),
 }
 
 /// A queue as the driver set it up, with the eventfd its notifications arrive on.

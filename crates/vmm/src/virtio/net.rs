@@ -9,7 +9,7 @@
 //! notifications off while it drains a queue and asks for one interrupt per batch.
 
 use super::chain::{self, ChainError, Segment};
-use super::{Activation, ActiveQueue, Interrupt, VirtioDevice, STATUS_NEEDS_RESET};
+use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice, STATUS_NEEDS_RESET};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 use crate::net::tap::{Tap, VNET_HDR_LEN};
 use std::os::fd::AsRawFd;
@@ -144,15 +144,15 @@ impl VirtioDevice for VirtioNet {
         }
     }
 
-    fn activate(&mut self, queues: Vec<ActiveQueue>, activation: Activation) -> Result<(), String> {
+    fn activate(&mut self, queues: Vec<ActiveQueue>, activation: Activation) -> Result<(), ActivateError> {
         self.stop();
-        let stop = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| e.to_string())?;
-        let stop_worker = stop.try_clone().map_err(|e| e.to_string())?;
+        let stop = EventFd::new(libc::EFD_NONBLOCK).map_err(ActivateError::Thread)?;
+        let stop_worker = stop.try_clone().map_err(ActivateError::Thread)?;
         let mut worker = Worker::new(self.tap.clone(), self.tx_mode, self.stats.clone(), queues, activation)?;
         let thread = std::thread::Builder::new()
             .name("virtio-net".into())
             .spawn(move || worker.run(&stop_worker))
-            .map_err(|e| e.to_string())?;
+            .map_err(ActivateError::Thread)?;
         self.worker = Some((stop, thread));
         Ok(())
     }
@@ -197,9 +197,9 @@ impl Worker {
         stats: Arc<NetStats>,
         queues: Vec<ActiveQueue>,
         a: Activation,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ActivateError> {
         if queues.len() != 2 {
-            return Err("virtio-net needs exactly two queues".into());
+            return Err(ActivateError::QueueCount { want: 2, have: queues.len() });
         }
         let (queues, kicks) = queues.into_iter().map(|q| (q.queue, q.kick)).unzip();
         let io =

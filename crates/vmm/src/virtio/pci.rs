@@ -5,7 +5,7 @@
 //! (queue n at 0x3000 + 4n; the VMM registers each as a zero-length ioeventfd, so a kick
 //! never exits to userspace), MSI-X table 0x4000, PBA 0x5000.
 
-use super::{Activation, ActiveQueue, DeviceStatus, Interrupt, VirtioDevice, NO_VECTOR};
+use super::{ActivateError, Activation, ActiveQueue, DeviceStatus, Interrupt, VirtioDevice, NO_VECTOR};
 use super::{STATUS_DRIVER_OK, STATUS_FEATURES_OK, STATUS_NEEDS_RESET, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use crate::bus::{BusDevice, DeviceId};
 use crate::ioeventfd::IoeventfdKey;
@@ -363,7 +363,7 @@ impl VirtioPci {
 
     /// DRIVER_OK: builds the queues from what the driver wrote, checks them, and starts
     /// the device (synchronously, on this vCPU's exit).
-    fn activate(&self, t: &mut Transport) -> Result<(), String> {
+    fn activate(&self, t: &mut Transport) -> Result<(), ActivateError> {
         let event_idx = t.driver_features & VIRTIO_F_EVENT_IDX != 0;
         let interrupt = Arc::new(Interrupt {
             msix: self.msix.clone(),
@@ -375,15 +375,16 @@ impl VirtioPci {
         *self.interrupt.lock().unwrap_or_else(|e| e.into_inner()) = Some(interrupt.clone());
         let mut active = Vec::new();
         for (i, regs) in t.queues.iter().enumerate() {
-            let mut queue = Queue::new(regs.max).map_err(|e| format!("queue {i}: {e:?}"))?;
-            queue.try_set_size(regs.size).map_err(|e| format!("queue {i} size: {e:?}"))?;
+            let queue_error = |source| ActivateError::Queue { index: i, source };
+            let mut queue = Queue::new(regs.max).map_err(queue_error)?;
+            queue.try_set_size(regs.size).map_err(queue_error)?;
             queue.set_desc_table_address(Some(regs.desc as u32), Some((regs.desc >> 32) as u32));
             queue.set_avail_ring_address(Some(regs.driver as u32), Some((regs.driver >> 32) as u32));
             queue.set_used_ring_address(Some(regs.device as u32), Some((regs.device >> 32) as u32));
             queue.set_event_idx(event_idx);
             queue.set_ready(regs.enabled);
             if regs.enabled && !queue.is_valid(&t.mem) {
-                return Err(format!("queue {i}'s rings are not inside guest memory"));
+                return Err(ActivateError::RingsOutsideMemory(i));
             }
             active.push(ActiveQueue { queue, kick: self.kicks[i].clone() });
         }
@@ -514,7 +515,7 @@ mod tests {
         fn read_config(&self, _offset: u64, data: &mut [u8]) {
             data.fill(0xab);
         }
-        fn activate(&mut self, _queues: Vec<ActiveQueue>, _activation: Activation) -> Result<(), String> {
+        fn activate(&mut self, _queues: Vec<ActiveQueue>, _activation: Activation) -> Result<(), ActivateError> {
             self.activations.fetch_add(1, Ordering::Relaxed);
             Ok(())
         }
