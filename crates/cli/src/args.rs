@@ -5,7 +5,12 @@ use std::borrow::Cow;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "exitless", version, about = "A KVM VMM whose guest I/O avoids heavyweight exits")]
+#[command(
+    name = "exitless",
+    version,
+    about = "A KVM VMM whose guest I/O avoids heavyweight exits",
+    arg_required_else_help = true
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -18,7 +23,7 @@ pub enum Command {
     /// List the built-in guest payloads.
     Payloads(PayloadsArgs),
     /// Run a lab benchmark.
-    #[command(subcommand)]
+    #[command(subcommand, arg_required_else_help = true)]
     Bench(BenchCommand),
 }
 

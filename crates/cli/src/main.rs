@@ -17,6 +17,11 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
+        // `exitless` or `exitless bench` alone: the list of commands, not a one-liner.
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
         Err(e) => {
             // One line, not clap's usage block: what was wrong, up to the usage text.
             let msg = e.to_string();

@@ -126,3 +126,13 @@ fn a_full_stdout_is_an_error_not_a_panic() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.starts_with("exitless: cannot write to standard output") && !err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn no_command_lists_the_commands() {
+    for args in [&[][..], &["bench"]] {
+        let out = exitless(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = stderr(&out);
+        assert!(err.contains("Commands:") && err.contains("doorbell") == (args.len() == 1), "{args:?}: {err}");
+    }
+}
