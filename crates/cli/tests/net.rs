@@ -95,3 +95,39 @@ fn bad_net_options_are_one_line_errors() {
         assert_one_line_error(args);
     }
 }
+
+#[test]
+fn stale_lab_namespaces_of_dead_runs_are_removed() {
+    if !net_or_skip("stale_lab_namespaces_of_dead_runs_are_removed") {
+        return;
+    }
+    // A pid above the kernel's maximum: no such process can exist.
+    let stale = "exitless-4194999";
+    assert!(std::process::Command::new("ip").args(["netns", "add", stale]).status().unwrap().success());
+    exitless_lab::netns::remove_stale();
+    assert!(!std::path::Path::new(&format!("/var/run/netns/{stale}")).exists());
+}
+
+#[test]
+fn a_terminated_net_bench_removes_its_namespace() {
+    if !net_or_skip("a_terminated_net_bench_removes_its_namespace") {
+        return;
+    }
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(["bench", "net", "--sizes", "256", "--seconds", "30", "--repeat", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ns = format!("/var/run/netns/exitless-{}", child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !std::path::Path::new(&ns).exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(std::path::Path::new(&ns).exists(), "the bench never made {ns}");
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    assert!(!std::path::Path::new(&ns).exists(), "{ns} left behind");
+}

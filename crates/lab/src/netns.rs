@@ -4,6 +4,7 @@
 
 use std::os::fd::AsRawFd;
 use std::process::Command;
+use std::sync::{Mutex, Once};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
@@ -23,15 +24,68 @@ fn ip(args: &[&str]) -> Result<(), NetnsError> {
     }
 }
 
-/// Deleted when dropped.
+/// Deleted when dropped, and when the process gets SIGINT, SIGTERM or SIGHUP; a run killed
+/// with SIGKILL leaves it behind, and the next run removes it ([`remove_stale`]).
 pub struct Netns {
     pub name: String,
 }
 
+/// Namespaces this process made and has not removed yet.
+static LIVE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static SIGNAL_WATCH: Once = Once::new();
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in this thread (threads started later inherit that)
+/// and starts a thread that takes them: it removes the live namespaces and exits 128+sig.
+fn watch_signals() {
+    SIGNAL_WATCH.call_once(|| {
+        // SAFETY: a sigset on our stack, filled by sigemptyset/sigaddset, then applied to
+        // this thread's mask only.
+        let set = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut set, sig);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            set
+        };
+        let _ = std::thread::Builder::new().name("netns-signals".into()).spawn(move || {
+            let mut sig = 0;
+            // SAFETY: waits for one of the blocked signals in `set`.
+            if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
+                for name in LIVE.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+                    let _ = ip(&["netns", "del", &name]);
+                }
+                std::process::exit(128 + sig);
+            }
+        });
+    });
+}
+
+/// Removes namespaces named `exitless-<pid>` or `exitless-echo-<pid>` whose process is gone
+/// (left by a run that was killed with SIGKILL).
+pub fn remove_stale() {
+    let Ok(entries) = std::fs::read_dir("/var/run/netns") else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name.strip_prefix("exitless-echo-").or_else(|| name.strip_prefix("exitless-"));
+        let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            match ip(&["netns", "del", &name]) {
+                Ok(()) => eprintln!("exitless: removed network namespace {name} left by a killed run"),
+                Err(e) => eprintln!("exitless: cannot remove stale network namespace {name}: {e}"),
+            }
+        }
+    }
+}
+
 impl Netns {
     pub fn create(name: &str) -> Result<Netns, NetnsError> {
-        let _ = ip(&["netns", "del", name]); // a leftover from a killed run
+        watch_signals();
+        remove_stale();
+        let _ = ip(&["netns", "del", name]); // our own pid's leftover (a reused pid)
         ip(&["netns", "add", name])?;
+        LIVE.lock().unwrap_or_else(|e| e.into_inner()).push(name.into());
         Ok(Netns { name: name.into() })
     }
 
@@ -55,6 +109,7 @@ pub fn enter_current_thread(name: &str) -> Result<(), NetnsError> {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        LIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|n| *n != self.name);
         if let Err(e) = ip(&["netns", "del", &self.name]) {
             eprintln!("exitless: could not remove network namespace {}: {e}", self.name);
         }
