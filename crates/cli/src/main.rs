@@ -82,6 +82,10 @@ impl Write for LiveStdout {
 }
 
 fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if let Some(path) = &args.json {
+        // A path that cannot be written is found now, not after the run.
+        std::fs::File::create(path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
     let image = args.image()?;
     let initrd = args.initrd()?;
     // A terminal on stdin becomes the guest's console keyboard: raw, so keys reach the guest
@@ -102,11 +106,16 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         net: args.net.clone().map(|(tap, mac)| exitless_vmm::NetConfig { tap, mac, tx: args.net_tx }),
         ..MachineConfig::new(image)
     })?;
-    let report = machine.run(args.timeout.map(std::time::Duration::from_secs_f64))?;
+    let (report, error) = machine.run_to_end(args.timeout.map(std::time::Duration::from_secs_f64))?;
     eprint!("{}", report::profile(&report));
     if let Some(path) = &args.json {
-        std::fs::write(path, report::json(&report).to_string() + "\n")
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        // Written for crashed and timed-out guests too, with the error in it.
+        let mut json = report::json(&report);
+        json["error"] = error.as_ref().map(|e| with_causes(e)).into();
+        std::fs::write(path, json.to_string() + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    if let Some(e) = error {
+        return Err(e.into());
     }
     Ok(ExitCode::from(u8::try_from(report.exit_status).unwrap_or(u8::MAX)))
 }

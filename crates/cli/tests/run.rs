@@ -60,10 +60,19 @@ fn a_guest_that_never_exits_is_stopped_by_the_timeout() {
         return;
     }
     let start = std::time::Instant::now();
-    let out = exitless(&["run", "--payload", "crash", "--params", "2", "--timeout", "0.5"]);
+    let (out, json) = run_json(&["--payload", "crash", "--params", "2", "--timeout", "0.5"]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("did not finish within"), "{}", stderr(&out));
     assert!(start.elapsed().as_secs() < 30);
+    // The report is written all the same, with the error and the exits so far.
+    assert!(json["error"].as_str().is_some_and(|e| e.contains("did not finish")), "{json}");
+    assert!(json["devices"]["serial"]["writes"].as_u64().unwrap_or(0) > 0, "{json}");
+}
+
+#[test]
+fn an_unwritable_json_path_is_refused_before_the_run() {
+    let out = assert_one_line_error(&["run", "--json", "/nonexistent-dir/report.json"]);
+    assert!(stderr(&out).contains("cannot write /nonexistent-dir/report.json"), "{}", stderr(&out));
 }
 
 #[test]

@@ -429,6 +429,15 @@ impl Machine {
     /// Runs every vCPU on a thread of its own until the guest stops, a vCPU fails, or
     /// `timeout` passes; then stops the others.
     pub fn run(self, timeout: Option<Duration>) -> Result<RunReport, MachineError> {
+        match self.run_to_end(timeout)? {
+            (_, Some(e)) => Err(e),
+            (report, None) => Ok(report),
+        }
+    }
+
+    /// Like [`Machine::run`], but a guest that crashed or timed out still yields its
+    /// report (the exit profile is most wanted then) beside the error.
+    pub fn run_to_end(self, timeout: Option<Duration>) -> Result<(RunReport, Option<MachineError>), MachineError> {
         let vcpus = (0..self.vcpu_count).map(|id| self.create_vcpu(id)).collect::<Result<Vec<_>, _>>()?;
         let threads = crate::vcpu_threads::VcpuThreads::spawn(vcpus, self.control.clone())
             .map_err(|e| MachineError::VcpuThread(e.to_string()))?;
@@ -438,16 +447,16 @@ impl Machine {
         for s in &outcome.stats {
             stats.merge(s);
         }
-        if let Some(e) = outcome.error {
-            return Err(e.into());
-        }
-        if let Some(panicked) = outcome.panicked {
-            return Err(MachineError::VcpuThread(format!("vCPU {panicked} panicked")));
-        }
-        if outcome.timed_out {
-            return Err(MachineError::Timeout(timeout.unwrap_or_default()));
-        }
-        Ok(self.report(stats, outcome.stats))
+        let error = if let Some(e) = outcome.error {
+            Some(e.into())
+        } else if let Some(panicked) = outcome.panicked {
+            Some(MachineError::VcpuThread(format!("vCPU {panicked} panicked")))
+        } else if outcome.timed_out {
+            Some(MachineError::Timeout(timeout.unwrap_or_default()))
+        } else {
+            None
+        };
+        Ok((self.report(stats, outcome.stats), error))
     }
 
     /// Builds the report after the vCPUs stopped.

@@ -39,7 +39,10 @@ pub fn stderr(o: &Output) -> String {
 pub fn run_json(args: &[&str]) -> (Output, serde_json::Value) {
     let dir = tempdir();
     let path = dir.join("report.json");
-    let mut all = vec!["run", "--timeout", "60", "--json", path.to_str().unwrap()];
+    let mut all = vec!["run", "--json", path.to_str().unwrap()];
+    if !args.contains(&"--timeout") {
+        all.extend(["--timeout", "60"]);
+    }
     all.extend_from_slice(args);
     let out = exitless(&all);
     let json =
