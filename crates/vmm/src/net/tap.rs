@@ -92,10 +92,14 @@ impl Tap {
         if unsafe { libc::ioctl(sock.as_raw_fd(), SIOCGIFFLAGS, &mut flags as *mut IfReq) } < 0 {
             return Err(err("SIOCGIFFLAGS"));
         }
+        // A tap made beforehand and already up needs no privilege at all.
+        if flags.flags & IFF_UP != 0 {
+            return Ok(());
+        }
         flags.flags |= IFF_UP;
         // SAFETY: as above.
         if unsafe { libc::ioctl(sock.as_raw_fd(), SIOCSIFFLAGS, &flags as *const IfReq) } < 0 {
-            return Err(err("SIOCSIFFLAGS"));
+            return Err(err("SIOCSIFFLAGS: bringing it up needs CAP_NET_ADMIN, or run `ip link set <tap> up` first"));
         }
         Ok(())
     }
