@@ -49,7 +49,7 @@ pub struct RunArgs {
     pub vcpus: u8,
     /// PCI config access through ports 0xCF8/0xCFC: `off` makes Linux's type-1 probe fail,
     /// so it reads all of config space through ECAM (and the read-only mapped window).
-    #[arg(long, default_value = "on", value_parser = parse_on_off)]
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub pci_config_io: bool,
     /// Plug in the lab's devices (the doorbell at 00:01.0 and the idle port), which the
     /// doorbell, pciscan and net payloads use.
@@ -59,6 +59,9 @@ pub struct RunArgs {
     /// 0x510-0x511), pc-testdev and pci-testdev (1b36:0005).
     #[arg(long)]
     pub testdevs: bool,
+    /// Run without seccomp filters (for debugging: every thread may then make any call).
+    #[arg(long)]
+    pub no_seccomp: bool,
     /// Write the exit profile as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,

@@ -86,6 +86,9 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         // A path that cannot be written is found now, not after the run.
         std::fs::File::create(path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
+    if args.no_seccomp {
+        exitless_vmm::seccomp::disable();
+    }
     let image = args.image()?;
     let initrd = args.initrd()?;
     // A terminal on stdin becomes the guest's console keyboard: raw, so keys reach the guest
@@ -103,6 +106,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         ecam: args.ecam,
         lab_devices: args.lab,
         test_devices: args.testdevs,
+        confine_caller: true,
         net: args.net.clone().map(|(tap, mac)| exitless_vmm::NetConfig { tap, mac, tx: args.net_tx }),
         ..MachineConfig::new(image)
     })?;

@@ -83,3 +83,17 @@ fn hostile_config_traffic_leaves_identity_and_enumeration_intact() {
 fn a_bad_ecam_mode_is_a_one_line_error() {
     assert_one_line_error(&["run", "--ecam", "sideways"]);
 }
+
+#[test]
+fn pci_config_io_off_removes_the_cf8_mechanism() {
+    if !kvm_or_skip("pci_config_io_off_removes_the_cf8_mechanism") {
+        return;
+    }
+    let (out, json) = run_json(&["--payload", "pciscan", "--params", "10", "--pci-config-io", "off"]);
+    assert!(json["devices"].get("pci-cf8").is_none(), "{json}");
+    // The guest's 0xCF8 probe reads all-ones and finds nothing; ECAM still finds the bridge.
+    assert!(stdout(&out).contains("step 1 (ecam): 1 functions"), "{}", stdout(&out));
+    let (_, json) = run_json(&["--payload", "pciscan", "--params", "10", "--pci-config-io", "on"]);
+    assert!(json["devices"].get("pci-cf8").is_some(), "{json}");
+    assert_one_line_error(&["run", "--pci-config-io", "maybe"]);
+}

@@ -145,3 +145,50 @@ fn no_command_lists_the_commands() {
         assert!(err.contains("Commands:") && err.contains("doorbell") == (args.len() == 1), "{args:?}: {err}");
     }
 }
+
+/// `Seccomp:` from each thread's /proc status of process `pid`, by thread name.
+fn seccomp_modes(pid: u32) -> Vec<(String, String)> {
+    let mut modes = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).unwrap_or("").trim().to_string();
+        modes.push((field("Name:"), field("Seccomp:")));
+    }
+    modes
+}
+
+#[test]
+fn every_thread_of_a_running_vm_is_under_seccomp() {
+    if !kvm_or_skip("every_thread_of_a_running_vm_is_under_seccomp") {
+        return;
+    }
+    for (extra, want) in [(None, "2"), (Some("--no-seccomp"), "0")] {
+        let mut args = vec!["run", "--payload", "crash", "--params", "2", "--vcpus", "2", "--timeout", "20"];
+        args.extend(extra);
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .args(&args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Wait until both vCPUs run (the guest spins forever at CPL3).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut modes = seccomp_modes(child.id());
+        while modes.iter().filter(|(n, _)| n.starts_with("vcpu")).count() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            modes = seccomp_modes(child.id());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        modes = seccomp_modes(child.id());
+        let _ = child.kill();
+        let _ = child.wait();
+        for name in ["exitless", "vcpu0", "vcpu1", "console-out", "serial-in"] {
+            assert!(modes.iter().any(|(n, _)| n == name), "{name} missing: {modes:?}");
+        }
+        // KVM's own worker (kvm-nx-lpage-recovery) shows up among a VM's tasks; it is a
+        // kernel thread, not ours to filter.
+        let ours = modes.iter().filter(|(n, _)| !n.starts_with("kvm-"));
+        assert!(ours.clone().all(|(_, m)| m == want), "{extra:?}: {modes:?}");
+    }
+}

@@ -17,6 +17,7 @@ pub mod layout;
 pub mod machine;
 pub mod net;
 pub mod pci;
+pub mod seccomp;
 pub mod stats;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -74,6 +74,8 @@ pub enum MachineError {
     Serial(#[source] std::io::Error),
     #[error("the guest did not finish within {0:?}")]
     Timeout(Duration),
+    #[error(transparent)]
+    Seccomp(#[from] crate::seccomp::SeccompError),
     #[error("a vCPU thread died: {0}")]
     VcpuThread(String),
 }
@@ -110,6 +112,9 @@ pub struct MachineConfig {
     pub lab_devices: bool,
     /// QEMU's test devices, for kvm-unit-tests: fw_cfg, pc-testdev and pci-testdev.
     pub test_devices: bool,
+    /// Whether [`Machine::run`] confines its calling thread too (seccomp, `ThreadKind::Main`)
+    /// once the vCPUs run: the CLI's main thread, not a library caller's.
+    pub confine_caller: bool,
 }
 
 /// `--net tap=NAME[,mac=..]` and `--net-tx`.
@@ -146,6 +151,7 @@ impl MachineConfig {
             net: None,
             lab_devices: false,
             test_devices: false,
+            confine_caller: false,
         }
     }
 }
@@ -191,6 +197,7 @@ pub struct Machine {
     /// COM1, whose queued output is drained before a run returns.
     serial: Option<Arc<Serial>>,
     devices: Vec<String>,
+    confine_caller: bool,
     entry: EntryPoint,
     started: (Instant, u64),
 }
@@ -263,6 +270,7 @@ impl Machine {
             net: None,
             serial: None,
             devices: Vec::new(),
+            confine_caller: config.confine_caller,
             entry,
             started,
         };
@@ -441,13 +449,20 @@ impl Machine {
         let vcpus = (0..self.vcpu_count).map(|id| self.create_vcpu(id)).collect::<Result<Vec<_>, _>>()?;
         let threads = crate::vcpu_threads::VcpuThreads::spawn(vcpus, self.control.clone())
             .map_err(|e| MachineError::VcpuThread(e.to_string()))?;
+        // From here the main thread only waits, reports and tears down.
+        let confined = match self.confine_caller {
+            true => crate::seccomp::confine(crate::seccomp::ThreadKind::Main),
+            false => Ok(()),
+        };
         let outcome = threads.wait(timeout);
         self.drain_console();
         let mut stats = ExitStats::new(self.devices.len());
         for s in &outcome.stats {
             stats.merge(s);
         }
-        let error = if let Some(e) = outcome.error {
+        let error = if let Err(e) = confined {
+            Some(e.into())
+        } else if let Some(e) = outcome.error {
             Some(e.into())
         } else if let Some(panicked) = outcome.panicked {
             Some(MachineError::VcpuThread(format!("vCPU {panicked} panicked")))

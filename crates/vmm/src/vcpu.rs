@@ -30,6 +30,8 @@ pub enum VcpuError {
     Run(u8, #[source] kvm_ioctls::Error),
     #[error("guest stopped on vCPU {vcpu}: {what}\n{regs}")]
     GuestFault { vcpu: u8, what: String, regs: String },
+    #[error(transparent)]
+    Seccomp(#[from] crate::seccomp::SeccompError),
 }
 
 /// What one [`Vcpu::step`] ended with.

@@ -3,6 +3,7 @@
 //! `KVM_RUN` is kicked with a signal until it returns.
 
 use crate::control::RunControl;
+use crate::seccomp::ThreadKind;
 use crate::stats::ExitStats;
 use crate::vcpu::{Vcpu, VcpuError};
 use crate::watchdog::{install_kick_handler, kick_signal};
@@ -42,7 +43,7 @@ impl VcpuThreads {
             let (tx, stop) = (tx.clone(), control.clone());
             let id = vcpu.id();
             let thread = std::thread::Builder::new().name(format!("vcpu{id}")).spawn(move || {
-                let result = vcpu.run();
+                let result = crate::seccomp::confine(ThreadKind::Vcpu).map_err(Into::into).and_then(|()| vcpu.run());
                 // Whatever ended this vCPU ends the others too.
                 stop.request_stop();
                 let _ = tx.send((id, result, vcpu.exits.stats));

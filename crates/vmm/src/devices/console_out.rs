@@ -45,22 +45,28 @@ impl ConsoleOut {
     pub fn spawn(mut out: Box<dyn Write + Send>) -> std::io::Result<ConsoleOut> {
         let queue = Arc::new(Queue::default());
         let q = queue.clone();
-        std::thread::Builder::new().name("console-out".into()).spawn(move || loop {
-            let batch = {
-                let mut p = q.lock();
-                while p.bytes.is_empty() && !p.closed {
-                    p = q.ready.wait(p).unwrap_or_else(|e| e.into_inner());
-                }
-                if p.bytes.is_empty() {
-                    return;
-                }
-                p.writing = true;
-                std::mem::take(&mut p.bytes)
-            };
-            // A consumer that went away (closed pipe) just loses the output.
-            let _ = out.write_all(&batch).and_then(|()| out.flush());
-            q.lock().writing = false;
-            q.written.notify_all();
+        std::thread::Builder::new().name("console-out".into()).spawn(move || {
+            if let Err(e) = crate::seccomp::confine(crate::seccomp::ThreadKind::ConsoleOut) {
+                // Output is lost rather than written by an unconfined thread.
+                return tracing::error!("console output off: {e}");
+            }
+            loop {
+                let batch = {
+                    let mut p = q.lock();
+                    while p.bytes.is_empty() && !p.closed {
+                        p = q.ready.wait(p).unwrap_or_else(|e| e.into_inner());
+                    }
+                    if p.bytes.is_empty() {
+                        return;
+                    }
+                    p.writing = true;
+                    std::mem::take(&mut p.bytes)
+                };
+                // A consumer that went away (closed pipe) just loses the output.
+                let _ = out.write_all(&batch).and_then(|()| out.flush());
+                q.lock().writing = false;
+                q.written.notify_all();
+            }
         })?;
         Ok(ConsoleOut { queue })
     }

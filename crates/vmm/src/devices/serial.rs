@@ -61,6 +61,9 @@ impl Serial {
     pub fn spawn_input(self: &Arc<Self>, mut input: Box<dyn Read + Send>) -> std::io::Result<()> {
         let serial = Arc::downgrade(self);
         std::thread::Builder::new().name("serial-in".into()).spawn(move || {
+            if let Err(e) = crate::seccomp::confine(crate::seccomp::ThreadKind::SerialIn) {
+                return tracing::error!("console input off: {e}");
+            }
             let mut buf = [0u8; 64];
             while let Ok(n @ 1..) = input.read(&mut buf) {
                 let mut pending = &buf[..n];

@@ -219,6 +219,9 @@ impl Worker {
     fn run(&mut self, stop: &EventFd) {
         // SAFETY: pthread_self has no preconditions.
         self.io.stats.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
+        if let Err(e) = crate::seccomp::confine(crate::seccomp::ThreadKind::Device) {
+            return tracing::error!("virtio-net: not starting its thread unconfined: {e}");
+        }
         let epoll = match self.epoll(stop) {
             Ok(e) => e,
             Err(e) => return tracing::error!("virtio-net: cannot start its thread: {e}"),

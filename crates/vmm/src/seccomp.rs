@@ -1,0 +1,244 @@
+//! seccomp filters (rust-vmm's seccompiler), one per kind of thread, installed by each
+//! thread itself before it touches guest input: if a guest ever found a hole in a device,
+//! the thread it reached could make only the system calls its job needs. A call outside
+//! the filter raises SIGSYS; the handler names the call on stderr and ends the process.
+//! `--no-seccomp` turns them off, for debugging.
+
+use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule, TargetArch};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Once;
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+static HANDLER: Once = Once::new();
+/// How a process stopped by its filter exits: 128 + SIGSYS.
+pub const EXIT_CODE: i32 = 128 + libc::SIGSYS;
+
+/// What a thread does, which decides what it may call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadKind {
+    /// Waits for the vCPUs, then writes the report.
+    Main,
+    /// KVM_RUN and the exit handlers (devices, emulation completions).
+    Vcpu,
+    /// A virtio device's thread: epoll on eventfds and its backend.
+    Device,
+    /// Writes the guest's console output.
+    ConsoleOut,
+    /// Feeds the console's input.
+    SerialIn,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("cannot build the {0:?} thread's seccomp filter")]
+    Build(ThreadKind, #[source] seccompiler::BackendError),
+    #[error("cannot compile the {0:?} thread's seccomp filter")]
+    Compile(ThreadKind, #[source] seccompiler::BackendError),
+    #[error("cannot install the {0:?} thread's seccomp filter")]
+    Install(ThreadKind, #[source] seccompiler::Error),
+}
+
+/// Turns filters off for the rest of the process (`--no-seccomp`).
+pub fn disable() {
+    ENABLED.store(false, Ordering::Release);
+}
+
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Acquire)
+}
+
+/// What every thread needs: memory, locks, time, its own exit, and writing diagnostics.
+const COMMON: &[i64] = &[
+    libc::SYS_read,
+    libc::SYS_write,
+    libc::SYS_futex,
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_mremap,
+    libc::SYS_mprotect, // glibc grows a thread's malloc arena with it
+    libc::SYS_madvise,
+    libc::SYS_brk,
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_nanosleep,
+    libc::SYS_sched_yield,
+    libc::SYS_close,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_sigaltstack,
+    libc::SYS_restart_syscall,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    libc::SYS_getpid,
+    libc::SYS_gettid,
+    // The SIGSYS handler names the thread (PR_GET_NAME).
+    libc::SYS_prctl,
+];
+
+fn allowed(kind: ThreadKind) -> Vec<i64> {
+    let mut calls = COMMON.to_vec();
+    calls.extend_from_slice(match kind {
+        // KVM_RUN and the vCPU/VM ioctls of exit handling (BAR moves, routes, memslots);
+        // getrandom for rdrand; tgkill for
+        // the stop kick; writev for string I/O to the console.
+        // A device starts on the vCPU exit that sets DRIVER_OK, and its thread inherits
+        // this filter under its own: so the device calls and thread creation are here too.
+        ThreadKind::Vcpu => &[
+            libc::SYS_ioctl,
+            libc::SYS_getrandom,
+            libc::SYS_tgkill,
+            libc::SYS_writev,
+            libc::SYS_readv,
+            libc::SYS_eventfd2,
+            libc::SYS_fcntl, // duplicating an eventfd (F_DUPFD_CLOEXEC) as an ioeventfd moves
+            libc::SYS_epoll_create1,
+            libc::SYS_epoll_wait,
+            libc::SYS_epoll_pwait,
+            libc::SYS_epoll_ctl,
+            libc::SYS_clone,
+            libc::SYS_clone3,
+            libc::SYS_set_robust_list,
+            libc::SYS_rseq,
+            libc::SYS_sched_getaffinity,
+            // The device thread then narrows itself to its own filter (filters only add up).
+            libc::SYS_seccomp,
+        ],
+        ThreadKind::Device => &[
+            libc::SYS_fcntl,
+            libc::SYS_epoll_create1,
+            libc::SYS_epoll_wait,
+            libc::SYS_epoll_pwait,
+            libc::SYS_epoll_ctl,
+            libc::SYS_readv,
+            libc::SYS_writev,
+        ],
+        ThreadKind::ConsoleOut | ThreadKind::SerialIn => &[],
+        // Joining threads, kicking vCPUs, reading /proc/self for the report, writing the
+        // JSON report, restoring the terminal (ioctl TCSETS), dropping KVM objects.
+        ThreadKind::Main => &[
+            libc::SYS_tgkill,
+            libc::SYS_openat,
+            libc::SYS_newfstatat,
+            libc::SYS_fstat,
+            libc::SYS_statx,
+            libc::SYS_lseek,
+            libc::SYS_fcntl,
+            libc::SYS_ioctl,
+            libc::SYS_getrandom,
+            libc::SYS_rt_sigaction,
+            libc::SYS_sched_getaffinity,
+            libc::SYS_poll,
+        ],
+    });
+    calls
+}
+
+fn program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
+    let rules: BTreeMap<i64, Vec<SeccompRule>> = allowed(kind).into_iter().map(|c| (c, vec![])).collect();
+    let filter = SeccompFilter::new(rules, SeccompAction::Trap, SeccompAction::Allow, TargetArch::x86_64)
+        .map_err(|e| SeccompError::Build(kind, e))?;
+    filter.try_into().map_err(|e| SeccompError::Compile(kind, e))
+}
+
+/// Confines the calling thread to what `kind` needs (nothing, with `--no-seccomp`).
+pub fn confine(kind: ThreadKind) -> Result<(), SeccompError> {
+    if !enabled() {
+        return Ok(());
+    }
+    HANDLER.call_once(install_sigsys_handler);
+    let program = program(kind)?;
+    seccompiler::apply_filter(&program).map_err(|e| SeccompError::Install(kind, e))
+}
+
+/// SIGSYS: says which call was refused, without allocating, and ends the process.
+extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel hands SIGSYS handlers a valid siginfo whose _sigsys member holds
+    // the call number at byte 24 (after signo, errno, code, padding and the call address).
+    let nr = unsafe { *(info as *const u8).add(24).cast::<i32>() };
+    let mut digits = [0u8; 10];
+    let (mut n, mut at) = (nr.unsigned_abs(), digits.len());
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 || at == 0 {
+            break;
+        }
+    }
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes into `name`.
+    unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    let name_len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let prefix: &[u8] = b"exitless: seccomp: thread ";
+    let middle: &[u8] = b" made system call ";
+    let suffix: &[u8] = b" it is not allowed; stopping\n";
+    // SAFETY: write and _exit are async-signal-safe; the buffers are live.
+    unsafe {
+        libc::write(2, prefix.as_ptr().cast(), prefix.len());
+        libc::write(2, name.as_ptr().cast(), name_len);
+        libc::write(2, middle.as_ptr().cast(), middle.len());
+        libc::write(2, digits[at..].as_ptr().cast(), digits.len() - at);
+        libc::write(2, suffix.as_ptr().cast(), suffix.len());
+        libc::_exit(EXIT_CODE);
+    }
+}
+
+fn install_sigsys_handler() {
+    // SAFETY: a zeroed sigaction with our handler and SA_SIGINFO is a valid argument.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_sigsys as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGSYS, &action, std::ptr::null_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs in a child process of the test binary (see the test below).
+    #[test]
+    fn seccomp_child() {
+        let Ok(kind) = std::env::var("EXITLESS_SECCOMP_CHILD") else { return };
+        let kind = if kind == "vcpu" { ThreadKind::Vcpu } else { ThreadKind::ConsoleOut };
+        std::thread::spawn(move || {
+            confine(kind).unwrap();
+            // Allowed: a write. Forbidden for both kinds: socket(2).
+            // SAFETY: plain syscalls with valid arguments.
+            unsafe {
+                libc::write(2, b"confined\n".as_ptr().cast(), 9);
+                libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+            }
+        })
+        .join()
+        .unwrap();
+        std::process::exit(0); // not reached when the filter works
+    }
+
+    #[test]
+    fn a_forbidden_call_stops_the_process_and_is_named() {
+        for kind in ["vcpu", "console"] {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "seccomp::tests::seccomp_child", "--nocapture", "--test-threads=1"])
+                .env("EXITLESS_SECCOMP_CHILD", kind)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(EXIT_CODE), "{kind}: {err}");
+            let socket = format!("system call {} it is not allowed", libc::SYS_socket);
+            assert!(err.contains("confined") && err.contains(&socket), "{kind}: {err}");
+        }
+    }
+
+    #[test]
+    fn every_kind_compiles() {
+        for kind in
+            [ThreadKind::Main, ThreadKind::Vcpu, ThreadKind::Device, ThreadKind::ConsoleOut, ThreadKind::SerialIn]
+        {
+            program(kind).unwrap();
+        }
+    }
+}
