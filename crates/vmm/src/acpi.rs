@@ -130,6 +130,24 @@ fn dsdt(map: &MemoryMap) -> Vec<u8> {
         ],
     )
     .to_aml_bytes(&mut dsdt);
+    // The ECAM window as a motherboard resource: Linux uses MCFG's window only if ACPI also
+    // reserves it this way (without 0xCF8 it checks, and otherwise says "not using MMCONFIG").
+    aml::Device::new(
+        "_SB_.MRES".into(),
+        vec![
+            &Name::new("_HID".into(), &EISAName::new("PNP0C02")),
+            &Name::new("_UID".into(), &aml::ONE),
+            &Name::new(
+                "_CRS".into(),
+                &aml::ResourceTemplate::new(vec![&aml::Memory32Fixed::new(
+                    false,
+                    layout::ECAM_GPA as u32,
+                    layout::ECAM_SIZE as u32,
+                )]),
+            ),
+        ],
+    )
+    .to_aml_bytes(&mut dsdt);
     Name::new(Path::new("_S5_"), &Package::new(vec![&5u8, &0u8, &0u8, &0u8])).to_aml_bytes(&mut dsdt);
     dsdt.as_slice().to_vec()
 }
@@ -261,5 +279,16 @@ mod tests {
         let fadt = table(entries[0]);
         let dsdt_at = u64::from_le_bytes(fadt[140..148].try_into().unwrap());
         assert_eq!(&table(dsdt_at)[..4], b"DSDT");
+    }
+
+    #[test]
+    fn the_ecam_window_is_a_motherboard_resource() {
+        let dsdt = dsdt(&MemoryMap::new(256 << 20).unwrap());
+        // PNP0C02 as an EISA ID, then a Memory32Fixed descriptor (0x86) for the window.
+        assert!(dsdt.windows(4).any(|w| w == [0x41, 0xd0, 0x0c, 0x02]), "no PNP0C02 device");
+        let mut fixed = vec![0x86, 9, 0, 0];
+        fixed.extend_from_slice(&(layout::ECAM_GPA as u32).to_le_bytes());
+        fixed.extend_from_slice(&(layout::ECAM_SIZE as u32).to_le_bytes());
+        assert!(dsdt.windows(fixed.len()).any(|w| w == fixed), "ECAM not in a _CRS");
     }
 }
