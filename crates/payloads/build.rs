@@ -15,6 +15,11 @@ const PAYLOADS: &[(&str, &str)] = &[
     ("nettx", "sends N frames of size S with sequence numbers through virtio-net (run by `exitless bench net`)"),
     ("netecho", "echoes every frame it receives through virtio-net until it has echoed N"),
     ("nethostile", "a virtio-net driver that breaks every rule: bad features, sizes, rings and chains"),
+    (
+        "blkbench",
+        "one block workload at one queue depth through virtio-blk, every block verified (run by `exitless bench blk`)",
+    ),
+    ("blkhostile", "a virtio-blk driver that sends every malformed request; each must fail and the disk keep working"),
     ("crash", "fails on purpose: triple fault (default) or spins forever (--params 2)"),
     (
         "bootcheck",

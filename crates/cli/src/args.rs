@@ -79,6 +79,11 @@ pub struct RunArgs {
     /// guest memory; chains under 256 bytes are copied either way).
     #[arg(long, default_value = "zerocopy", value_parser = parse_tx, requires = "net")]
     pub net_tx: exitless_vmm::virtio::net::TxMode,
+    /// A virtio-blk disk backed by FILE (repeatable): `readonly=on` refuses writes,
+    /// `id=NAME` is its serial (GET_ID, up to 20 bytes), `direct=on` bypasses the host
+    /// page cache (O_DIRECT) where the filesystem allows it.
+    #[arg(long, value_name = "path=FILE[,readonly=on][,id=NAME][,direct=on]", value_parser = parse_drive)]
+    pub drive: Vec<exitless_vmm::virtio::blk::DriveConfig>,
     /// Parameters for the payload, comma-separated integers (payload-specific).
     #[arg(long, value_delimiter = ',', value_parser = parse_u64)]
     pub params: Vec<u64>,
@@ -329,6 +334,23 @@ pub fn parse_net(s: &str) -> Result<(String, [u8; 6]), String> {
         }
     }
     Ok((tap.ok_or("--net needs tap=NAME")?, mac))
+}
+
+pub fn parse_drive(s: &str) -> Result<exitless_vmm::virtio::blk::DriveConfig, String> {
+    let mut drive = exitless_vmm::virtio::blk::DriveConfig::new("");
+    let mut path = None;
+    for part in s.split(',') {
+        match part.split_once('=') {
+            Some(("path", p)) if !p.is_empty() => path = Some(PathBuf::from(p)),
+            Some(("readonly", v)) => drive.readonly = parse_on_off(v)?,
+            Some(("direct", v)) => drive.direct = parse_on_off(v)?,
+            Some(("id", id)) if id.len() <= 20 => drive.id = Some(id.to_string()),
+            Some(("id", id)) => return Err(format!("id '{id}' is longer than 20 bytes (what GET_ID can return)")),
+            _ => return Err(format!("'{part}' is not path=FILE, readonly=on|off, id=NAME or direct=on|off")),
+        }
+    }
+    drive.path = path.ok_or("--drive needs path=FILE")?;
+    Ok(drive)
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {

@@ -108,6 +108,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         test_devices: args.testdevs,
         confine_caller: true,
         net: args.net.clone().map(|(tap, mac)| exitless_vmm::NetConfig { tap, mac, tx: args.net_tx }),
+        drives: args.drive.clone(),
         ..MachineConfig::new(image)
     })?;
     let (report, error) = machine.run_to_end(args.timeout.map(std::time::Duration::from_secs_f64))?;

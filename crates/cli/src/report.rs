@@ -52,6 +52,22 @@ pub fn profile(report: &RunReport) -> String {
             n.tx_frames, n.tx_copied, n.tx_dropped, n.rx_frames, n.rx_dropped, n.bad_chains, n.kicks, n.irqs
         );
     }
+    for (name, d) in &report.drives {
+        let _ = writeln!(
+            s,
+            "  {name}: {} reads ({} KiB), {} writes ({} KiB), {} flushes, {} discards, {} errors, {} malformed, {} kicks, {} irqs",
+            d.reads,
+            d.read_bytes >> 10,
+            d.writes,
+            d.write_bytes >> 10,
+            d.flushes,
+            d.discards,
+            d.errors,
+            d.bad_requests,
+            d.kicks,
+            d.irqs
+        );
+    }
     if let Some(kib) = report.vmm_rss_kib {
         let _ = writeln!(s, "  vmm resident memory beyond guest RAM: {kib} KiB");
     }
@@ -98,5 +114,10 @@ pub fn json(report: &RunReport) -> Value {
             "rx_frames": n.rx_frames, "rx_dropped": n.rx_dropped, "bad_chains": n.bad_chains,
             "kicks": n.kicks, "irqs": n.irqs,
         })),
+        "drives": report.drives.iter().map(|(name, d)| (name.clone(), json!({
+            "reads": d.reads, "writes": d.writes, "read_bytes": d.read_bytes, "write_bytes": d.write_bytes,
+            "flushes": d.flushes, "discards": d.discards, "errors": d.errors, "bad_requests": d.bad_requests,
+            "kicks": d.kicks, "irqs": d.irqs,
+        }))).collect::<Map<String, Value>>(),
     })
 }

@@ -8,7 +8,7 @@
 #include "runtime.h"
 #include "netbuf.h"
 
-static struct vnet net;
+static struct vdev net;
 static struct slots txs;
 
 static void post_rx(u16 slot) {
@@ -62,6 +62,6 @@ int main(void) {
 	}
 	set_result(0, echoed);
 	lab_op(LAB_OP_END, 0);
-	print("netecho: echoed %lu frames; rx interrupt %s\n", echoed, lapic_irr(VNET_IRQ_BASE + 1) ? "delivered" : "NOT delivered");
+	print("netecho: echoed %lu frames; rx interrupt %s\n", echoed, lapic_irr(VIRTIO_IRQ_BASE + 1) ? "delivered" : "NOT delivered");
 	return 0;
 }

@@ -8,7 +8,7 @@
 #include "runtime.h"
 #include "netbuf.h"
 
-static struct vnet net;
+static struct vdev net;
 static int failures;
 
 static void check(int ok, const char *what) {
@@ -22,7 +22,7 @@ static int bounced(u16 head) {
 	vq_push(&net.tx, head);
 	vq_kick(&net.tx);
 	for (u64 spin = 0; spin < 200000000ULL; spin++) {
-		if (net.tx.used->idx != before || (vnet_status(&net) & VS_NEEDS_RESET)) break;
+		if (net.tx.used->idx != before || (vdev_status(&net) & VS_NEEDS_RESET)) break;
 		__asm__ volatile("pause");
 	}
 	u32 len = 1;
@@ -44,7 +44,7 @@ static int good_frame(u16 slot) {
 int main(void) {
 	u64 seed = param(0, 0x5eed) | 1;
 	enter_user();
-	if (vnet_find(&net)) {
+	if (vdev_find(&net, VIRTIO_ID_NET)) {
 		print("nethostile: no virtio-net device\n");
 		return 2;
 	}
@@ -52,8 +52,8 @@ int main(void) {
 
 	/* Features never offered are masked off; after FEATURES_OK nothing changes them; and
 	 * a driver without VERSION_1 does not get FEATURES_OK. */
-	vnet_set_status(&net, 0);
-	vnet_set_status(&net, VS_ACK | VS_DRIVER);
+	vdev_set_status(&net, 0);
+	vdev_set_status(&net, VS_ACK | VS_DRIVER);
 	u32 offered[2], accepted[2];
 	for (u32 sel = 0; sel < 2; sel++) {
 		mmio_write(c + VC_DFSELECT, 4, sel);
@@ -63,15 +63,15 @@ int main(void) {
 		accepted[sel] = (u32)mmio_read(c + VC_GF, 4);
 	}
 	check(accepted[0] == offered[0] && accepted[1] == offered[1], "features never offered are masked off");
-	vnet_set_status(&net, VS_ACK | VS_DRIVER | VS_FEATURES_OK);
+	vdev_set_status(&net, VS_ACK | VS_DRIVER | VS_FEATURES_OK);
 	mmio_write(c + VC_GFSELECT, 4, 1);
 	mmio_write(c + VC_GF, 4, 0);
-	check((vnet_status(&net) & VS_FEATURES_OK) && (mmio_read(c + VC_GF, 4) & 1),
+	check((vdev_status(&net) & VS_FEATURES_OK) && (mmio_read(c + VC_GF, 4) & 1),
 	      "features are frozen at FEATURES_OK");
-	vnet_set_status(&net, 0);
-	vnet_set_status(&net, VS_ACK | VS_DRIVER);
-	vnet_set_status(&net, VS_ACK | VS_DRIVER | VS_FEATURES_OK);
-	check(!(vnet_status(&net) & VS_FEATURES_OK), "a driver without VERSION_1 gets no FEATURES_OK");
+	vdev_set_status(&net, 0);
+	vdev_set_status(&net, VS_ACK | VS_DRIVER);
+	vdev_set_status(&net, VS_ACK | VS_DRIVER | VS_FEATURES_OK);
+	check(!(vdev_status(&net) & VS_FEATURES_OK), "a driver without VERSION_1 gets no FEATURES_OK");
 
 	/* Queue sizes out of range. */
 	mmio_write(c + VC_Q_SELECT, 2, 1);
@@ -83,18 +83,18 @@ int main(void) {
 	mmio_write(c + VC_Q_SIZE, 2, 8); /* a queue that does not exist */
 
 	/* Rings outside guest memory: the device must ask for a reset, not run. */
-	vnet_set_status(&net, 0);
-	vnet_set_status(&net, VS_ACK | VS_DRIVER);
+	vdev_set_status(&net, 0);
+	vdev_set_status(&net, VS_ACK | VS_DRIVER);
 	mmio_write(c + VC_GFSELECT, 4, 1);
 	mmio_write(c + VC_GF, 4, 1); /* VERSION_1 */
-	vnet_set_status(&net, VS_ACK | VS_DRIVER | VS_FEATURES_OK);
+	vdev_set_status(&net, VS_ACK | VS_DRIVER | VS_FEATURES_OK);
 	mmio_write(c + VC_Q_SELECT, 2, 1);
 	mmio_write(c + VC_Q_DESC, 8, 0xfff000000000ULL);
 	mmio_write(c + VC_Q_DRIVER, 8, 0xfff000010000ULL);
 	mmio_write(c + VC_Q_DEVICE, 8, 0xfff000020000ULL);
 	mmio_write(c + VC_Q_ENABLE, 2, 1);
-	vnet_set_status(&net, VS_ACK | VS_DRIVER | VS_FEATURES_OK | VS_DRIVER_OK);
-	check(vnet_status(&net) & VS_NEEDS_RESET, "rings outside guest memory set NEEDS_RESET");
+	vdev_set_status(&net, VS_ACK | VS_DRIVER | VS_FEATURES_OK | VS_DRIVER_OK);
+	check(vdev_status(&net) & VS_NEEDS_RESET, "rings outside guest memory set NEEDS_RESET");
 
 	/* Bad chains on a properly set up device: each comes back used, unsent. */
 	reset_and_init();
@@ -131,16 +131,16 @@ int main(void) {
 	vq_push(&net.tx, 999);
 	vq_kick(&net.tx);
 	u64 spin = 0;
-	while (!(vnet_status(&net) & VS_NEEDS_RESET) && spin++ < 200000000ULL) __asm__ volatile("pause");
-	check(vnet_status(&net) & VS_NEEDS_RESET, "a head index past the queue sets NEEDS_RESET");
+	while (!(vdev_status(&net) & VS_NEEDS_RESET) && spin++ < 200000000ULL) __asm__ volatile("pause");
+	check(vdev_status(&net) & VS_NEEDS_RESET, "a head index past the queue sets NEEDS_RESET");
 
 	/* An avail index run far past the queue: NEEDS_RESET, not a device thread spinning. */
 	reset_and_init();
 	net.tx.avail->idx = (u16)(net.tx.avail_idx + 1000);
 	vq_kick(&net.tx);
 	spin = 0;
-	while (!(vnet_status(&net) & VS_NEEDS_RESET) && spin++ < 200000000ULL) __asm__ volatile("pause");
-	check(vnet_status(&net) & VS_NEEDS_RESET, "an avail index past the queue sets NEEDS_RESET");
+	while (!(vdev_status(&net) & VS_NEEDS_RESET) && spin++ < 200000000ULL) __asm__ volatile("pause");
+	check(vdev_status(&net) & VS_NEEDS_RESET, "an avail index past the queue sets NEEDS_RESET");
 
 	reset_and_init();
 	check(good_frame(0), "after a reset the device sends again");

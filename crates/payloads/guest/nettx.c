@@ -11,7 +11,7 @@
 #include "runtime.h"
 #include "netbuf.h"
 
-static struct vnet net;
+static struct vdev net;
 static struct slots txs;
 
 int main(void) {

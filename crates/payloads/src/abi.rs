@@ -59,6 +59,9 @@ pub const DOORBELL_MMIO_GPA: u64 = 0xd000_0000;
 
 /// virtio-net payloads: where their frame buffers live (TX slots, then RX slots).
 pub const NET_BUF_GPA: u64 = 0x0100_0000;
+/// virtio-blk payloads: where their request slots live (header, status, data each).
+/// No payload drives both a NIC and a disk, so this may share the net payloads' range.
+pub const BLK_BUF_GPA: u64 = 0x0100_0000;
 /// Ethertype of the labs' frames (IEEE local experimental).
 pub const LAB_ETHERTYPE: u64 = 0x88b5;
 

@@ -16,6 +16,7 @@ use crate::pci::testdev::PciTestdev;
 use crate::pci::{EcamMode, PciError, PciRoot};
 use crate::stats::ExitStats;
 use crate::vcpu::{cycles, Vcpu, VcpuError};
+use crate::virtio::blk::{BlkCounters, BlkStats, DriveConfig, VirtioBlk};
 use crate::virtio::net::{NetCounters, NetStats, TxMode, VirtioNet};
 use crate::virtio::pci::VirtioPci;
 use crate::virtio::{self, VirtioDevice};
@@ -60,6 +61,8 @@ pub enum MachineError {
     Pci(#[from] PciError),
     #[error(transparent)]
     Tap(#[from] crate::net::tap::TapError),
+    #[error(transparent)]
+    Drive(#[from] crate::virtio::blk::DiskError),
     #[error(transparent)]
     Alloc(#[from] AllocError),
     #[error(transparent)]
@@ -107,6 +110,8 @@ pub struct MachineConfig {
     pub pci_config_io: bool,
     /// A virtio-net device on a tap, if any.
     pub net: Option<NetConfig>,
+    /// virtio-blk devices, one per drive, in order.
+    pub drives: Vec<DriveConfig>,
     /// The lab's devices: the doorbell (00:01.0) and the idle port. Off unless a lab or
     /// `--lab` asks for them.
     pub lab_devices: bool,
@@ -123,6 +128,13 @@ pub struct NetConfig {
     pub tap: String,
     pub mac: [u8; 6],
     pub tx: TxMode,
+}
+
+/// A virtio-blk device of a machine, for the lab and the report.
+pub struct DriveHandle {
+    pub name: String,
+    pub stats: Arc<BlkStats>,
+    pub transport: Arc<VirtioPci>,
 }
 
 /// The virtio-net device of a machine, for the lab to watch.
@@ -149,6 +161,7 @@ impl MachineConfig {
             ecam: EcamMode::Mapped,
             pci_config_io: true,
             net: None,
+            drives: Vec::new(),
             lab_devices: false,
             test_devices: false,
             confine_caller: false,
@@ -174,6 +187,8 @@ pub struct RunReport {
     pub vmm_rss_kib: Option<u64>,
     /// virtio-net's counters, when the machine had one.
     pub net: Option<NetCounters>,
+    /// Each drive's name and virtio-blk counters.
+    pub drives: Vec<(String, BlkCounters)>,
 }
 
 pub struct Machine {
@@ -194,6 +209,8 @@ pub struct Machine {
     pub gsi_router: Arc<GsiRouter>,
     /// virtio-net, PCI function 00:02.0, when configured.
     pub net: Option<NetHandle>,
+    /// virtio-blk devices, one per drive.
+    pub drives: Vec<DriveHandle>,
     /// COM1, whose queued output is drained before a run returns.
     serial: Option<Arc<Serial>>,
     devices: Vec<String>,
@@ -268,6 +285,7 @@ impl Machine {
             doorbell: Arc::new(Doorbell::default()),
             gsi_router,
             net: None,
+            drives: Vec::new(),
             serial: None,
             devices: Vec::new(),
             confine_caller: config.confine_caller,
@@ -302,6 +320,9 @@ impl Machine {
         }
         if let Some(net) = &config.net {
             machine.add_virtio_net(net)?;
+        }
+        for drive in &config.drives {
+            machine.add_virtio_blk(drive)?;
         }
         Ok(machine)
     }
@@ -364,6 +385,23 @@ impl Machine {
         let stats = device.stats.clone();
         let transport = self.add_virtio("virtio-net", Box::new(device))?;
         self.net = Some(NetHandle { stats, transport, tap_name });
+        Ok(())
+    }
+
+    fn add_virtio_blk(&mut self, drive: &DriveConfig) -> Result<(), MachineError> {
+        let device = VirtioBlk::new(drive)?;
+        let name = format!("virtio-blk{}", self.drives.len());
+        tracing::info!(
+            "{name}: {} ({} bytes{}{}, {} engine)",
+            drive.path.display(),
+            device.disk().capacity,
+            if device.disk().readonly { ", read-only" } else { "" },
+            if device.disk().is_direct() { ", O_DIRECT" } else { "" },
+            device.engine_name()
+        );
+        let stats = device.stats.clone();
+        let transport = self.add_virtio(&name, Box::new(device))?;
+        self.drives.push(DriveHandle { name, stats, transport });
         Ok(())
     }
 
@@ -489,6 +527,7 @@ impl Machine {
             tsc_hz,
             vmm_rss_kib: guest_start.and_then(vmm_rss_kib),
             net: self.net.as_ref().map(|n| n.stats.snapshot()),
+            drives: self.drives.iter().map(|d| (d.name.clone(), d.stats.snapshot())).collect(),
         }
     }
 }

@@ -7,11 +7,11 @@ static u8 rings[2][3][4096] __attribute__((aligned(4096)));
 static u32 cfg8(u32 fn, u32 reg) { return pci_read(PCI_ECAM, fn, reg, 1); }
 static u32 cfg32(u32 fn, u32 reg) { return pci_read(PCI_ECAM, fn, reg, 4); }
 
-int vnet_find(struct vnet *n) {
+int vdev_find(struct vdev *n, u32 id) {
 	u32 found[8], count = pci_scan(PCI_ECAM, found, 8);
 	n->fn = 0xffffffff;
-	for (u32 i = 0; i < count; i++)
-		if (cfg32(found[i], 0) == 0x10411af4) n->fn = found[i];
+	for (u32 i = count; i-- > 0;)
+		if (cfg32(found[i], 0) == ((0x1040 + id) << 16 | 0x1af4)) n->fn = found[i];
 	if (n->fn == 0xffffffff) return -1;
 	n->bar0 = cfg32(n->fn, 0x10) & ~0xfULL;
 	pci_write(PCI_ECAM, n->fn, 4, 2, pci_read(PCI_ECAM, n->fn, 4, 2) | 2);
@@ -30,10 +30,10 @@ int vnet_find(struct vnet *n) {
 	return n->common && n->notify_base && n->device_cfg && n->msix_cap ? 0 : -2;
 }
 
-void vnet_set_status(struct vnet *n, u8 status) { mmio_write(n->common + VC_STATUS, 1, status); }
-u8 vnet_status(struct vnet *n) { return (u8)mmio_read(n->common + VC_STATUS, 1); }
+void vdev_set_status(struct vdev *n, u8 status) { mmio_write(n->common + VC_STATUS, 1, status); }
+u8 vdev_status(struct vdev *n) { return (u8)mmio_read(n->common + VC_STATUS, 1); }
 
-void vnet_setup_queue(struct vnet *n, struct vq *q, u16 index, u16 qsize, u16 vector) {
+void vdev_setup_queue(struct vdev *n, struct vq *q, u16 index, u16 qsize, u16 vector) {
 	u64 c = n->common;
 	q->index = index;
 	q->size = qsize;
@@ -56,12 +56,12 @@ void lapic_enable(void) { mmio_write(0xfee000f0, 4, 0x1ff); }
 
 int lapic_irr(u32 vector) { return (mmio_read(0xfee00200 + (vector / 32) * 16, 4) >> (vector % 32)) & 1; }
 
-int vnet_init(struct vnet *n, u64 wanted, u16 qsize) {
-	if (vnet_find(n)) return -1;
+int vdev_init(struct vdev *n, u32 id, u64 wanted, u16 nqueues, u16 qsize) {
+	if (nqueues > 2 || vdev_find(n, id)) return -1;
 	u64 c = n->common;
-	vnet_set_status(n, 0);
-	vnet_set_status(n, VS_ACK);
-	vnet_set_status(n, VS_ACK | VS_DRIVER);
+	vdev_set_status(n, 0);
+	vdev_set_status(n, VS_ACK);
+	vdev_set_status(n, VS_ACK | VS_DRIVER);
 	mmio_write(c + VC_DFSELECT, 4, 0);
 	u64 offered = mmio_read(c + VC_DF, 4);
 	mmio_write(c + VC_DFSELECT, 4, 1);
@@ -71,24 +71,24 @@ int vnet_init(struct vnet *n, u64 wanted, u16 qsize) {
 	mmio_write(c + VC_GF, 4, (u32)n->features);
 	mmio_write(c + VC_GFSELECT, 4, 1);
 	mmio_write(c + VC_GF, 4, (u32)(n->features >> 32));
-	vnet_set_status(n, VS_ACK | VS_DRIVER | VS_FEATURES_OK);
-	if (!(vnet_status(n) & VS_FEATURES_OK)) return -2;
-	for (u32 i = 0; i < 6; i++) n->mac[i] = (u8)mmio_read(n->device_cfg + i, 1);
-	/* MSI-X: vector i delivers IDT vector VNET_IRQ_BASE + i to APIC 0. */
+	vdev_set_status(n, VS_ACK | VS_DRIVER | VS_FEATURES_OK);
+	if (!(vdev_status(n) & VS_FEATURES_OK)) return -2;
+	if (id == VIRTIO_ID_NET)
+		for (u32 i = 0; i < 6; i++) n->mac[i] = (u8)mmio_read(n->device_cfg + i, 1);
+	/* MSI-X: vector i delivers IDT vector VIRTIO_IRQ_BASE + i to APIC 0. */
 	lapic_enable();
 	u64 table = n->bar0 + 0x4000;
-	for (u32 v = 0; v < 3; v++) {
+	for (u32 v = 0; v <= nqueues; v++) {
 		mmio_write(table + 16 * v, 4, 0xfee00000);
 		mmio_write(table + 16 * v + 4, 4, 0);
-		mmio_write(table + 16 * v + 8, 4, VNET_IRQ_BASE + v);
+		mmio_write(table + 16 * v + 8, 4, VIRTIO_IRQ_BASE + v);
 		mmio_write(table + 16 * v + 12, 4, 0);
 	}
 	pci_write(PCI_ECAM, n->fn, n->msix_cap + 2, 2, pci_read(PCI_ECAM, n->fn, n->msix_cap + 2, 2) | 0x8000);
 	mmio_write(c + VC_MSIX_CONFIG, 2, 0);
-	vnet_setup_queue(n, &n->rx, 0, qsize, 1);
-	vnet_setup_queue(n, &n->tx, 1, qsize, 2);
-	vnet_set_status(n, VS_ACK | VS_DRIVER | VS_FEATURES_OK | VS_DRIVER_OK);
-	return vnet_status(n) & VS_NEEDS_RESET ? -3 : 0;
+	for (u16 i = 0; i < nqueues; i++) vdev_setup_queue(n, &n->q[i], i, qsize, (u16)(i + 1));
+	vdev_set_status(n, VS_ACK | VS_DRIVER | VS_FEATURES_OK | VS_DRIVER_OK);
+	return vdev_status(n) & VS_NEEDS_RESET ? -3 : 0;
 }
 
 int vq_push(struct vq *q, u16 head) {

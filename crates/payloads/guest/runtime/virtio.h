@@ -1,5 +1,6 @@
-/* A minimal modern virtio-net driver for payloads: finds the device through ECAM,
- * negotiates, sets up the RX (0) and TX (1) split queues with EVENT_IDX and MSI-X. */
+/* A minimal modern virtio-pci driver for payloads: finds a device through ECAM,
+ * negotiates, sets up one or two split queues with EVENT_IDX and MSI-X. virtio-net's are
+ * RX (0) and TX (1); virtio-blk's one request queue is q[0]. */
 #pragma once
 #include "runtime.h"
 
@@ -26,14 +27,20 @@ struct vq {
 	u64 notify;
 };
 
-struct vnet {
+#define VIRTIO_ID_NET 1
+#define VIRTIO_ID_BLOCK 2
+
+struct vdev {
 	u32 fn;               /* bus-0 function index */
 	u64 bar0;
 	u64 common, isr, device_cfg, notify_base;
 	u32 notify_mult, msix_cap;
 	u64 features;
-	u8 mac[6];
-	struct vq rx, tx;
+	u8 mac[6];            /* virtio-net only */
+	union {
+		struct vq q[2];
+		struct { struct vq rx, tx; };
+	};
 };
 
 /* Common configuration registers (offsets in the common structure). */
@@ -60,19 +67,21 @@ struct vnet {
 #define VS_NEEDS_RESET 0x40
 
 /* MSI-X vectors the driver programs: config, rx, tx; delivered as these IDT vectors. */
-#define VNET_IRQ_BASE 0x40
+#define VIRTIO_IRQ_BASE 0x40
 
 static inline void mb(void) { __asm__ volatile("mfence" ::: "memory"); }
 static inline void barrier(void) { __asm__ volatile("" ::: "memory"); }
 
-/* Finds virtio-net and brings it to DRIVER_OK with `wanted` features (VERSION_1 always);
+/* Finds the first virtio device of type `id` and brings it to DRIVER_OK with `wanted`
+ * features (VERSION_1 always) and `nqueues` queues (MSI-X vector 1 + queue index each);
  * returns 0, or a negative step number on failure. */
-int vnet_init(struct vnet *n, u64 wanted, u16 qsize);
+int vdev_init(struct vdev *d, u32 id, u64 wanted, u16 nqueues, u16 qsize);
+static inline int vnet_init(struct vdev *n, u64 wanted, u16 qsize) { return vdev_init(n, VIRTIO_ID_NET, wanted, 2, qsize); }
 /* Negotiation steps, usable on their own by a hostile driver. */
-int vnet_find(struct vnet *n);
-void vnet_set_status(struct vnet *n, u8 status);
-u8 vnet_status(struct vnet *n);
-void vnet_setup_queue(struct vnet *n, struct vq *q, u16 index, u16 qsize, u16 vector);
+int vdev_find(struct vdev *d, u32 id);
+void vdev_set_status(struct vdev *d, u8 status);
+u8 vdev_status(struct vdev *d);
+void vdev_setup_queue(struct vdev *d, struct vq *q, u16 index, u16 qsize, u16 vector);
 
 /* Publishes descriptor chain `head`; returns 1 when the device asked for a kick. */
 int vq_push(struct vq *q, u16 head);

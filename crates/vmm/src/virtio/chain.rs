@@ -12,6 +12,8 @@ use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap};
 pub struct Segment {
     pub addr: u64,
     pub len: usize,
+    /// Device-writable (the guest expects data in it).
+    pub writable: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -35,19 +37,31 @@ pub fn segments(
     max_len: usize,
     out: &mut Vec<Segment>,
 ) -> Result<usize, ChainError> {
+    let total = walk(chain, mem, max_len, out)?;
+    if out.iter().any(|s| s.writable != writable) {
+        return Err(ChainError::WrongDirection);
+    }
+    Ok(total)
+}
+
+/// Fills `out` with the chain's buffers in order, whichever way each points; returns
+/// their total length.
+pub fn walk(
+    chain: DescriptorChain<&GuestMemoryMmap>,
+    mem: &GuestMemoryMmap,
+    max_len: usize,
+    out: &mut Vec<Segment>,
+) -> Result<usize, ChainError> {
     out.clear();
     let (mut total, mut ended) = (0usize, false);
     for desc in chain {
-        if desc.is_write_only() != writable {
-            return Err(ChainError::WrongDirection);
-        }
         let (addr, len) = (desc.addr().0, desc.len());
         total = total.saturating_add(len as usize);
         if total > max_len {
             return Err(ChainError::TooLong(max_len));
         }
         mem.get_slice(desc.addr(), len as usize).map_err(|_| ChainError::OutsideMemory(addr, len))?;
-        out.push(Segment { addr, len: len as usize });
+        out.push(Segment { addr, len: len as usize, writable: desc.is_write_only() });
         ended = !desc.has_next();
     }
     if !ended {
@@ -69,14 +83,15 @@ pub fn host_iovecs(mem: &GuestMemoryMmap, segs: &[Segment], iov: &mut [libc::iov
     Some(segs.len())
 }
 
-/// Copies the segments' bytes into `buf` (which must hold them all).
+/// Copies the segments' bytes into `buf`, as many as it holds; returns how many.
 pub fn gather(mem: &GuestMemoryMmap, segs: &[Segment], buf: &mut [u8]) -> usize {
     let mut at = 0;
     for s in segs {
-        if mem.read_slice(&mut buf[at..at + s.len], vm_memory::GuestAddress(s.addr)).is_err() {
+        let n = s.len.min(buf.len() - at);
+        if n == 0 || mem.read_slice(&mut buf[at..at + n], vm_memory::GuestAddress(s.addr)).is_err() {
             break;
         }
-        at += s.len;
+        at += n;
     }
     at
 }

@@ -1,5 +1,6 @@
 //! virtio 1.x (modern) over PCI: the transport, and the devices behind it.
 
+pub mod blk;
 pub mod chain;
 pub mod net;
 pub mod pci;

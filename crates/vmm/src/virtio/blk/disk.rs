@@ -1,0 +1,171 @@
+//! The file behind a drive: opened once, locked against a second writer, its size fixed
+//! as the disk's capacity, and (with `direct=on`) a second O_DIRECT descriptor used for
+//! every request whose buffers and offset meet the file's direct-I/O alignment.
+
+use super::request::{ID_LEN, SECTOR_SIZE};
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::PathBuf;
+
+/// `--drive path=FILE[,readonly=on][,id=NAME][,direct=on]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriveConfig {
+    pub path: PathBuf,
+    pub readonly: bool,
+    /// What GET_ID answers (at most 20 bytes); the file name when not given.
+    pub id: Option<String>,
+    /// Bypass the host page cache (O_DIRECT) where the filesystem allows it.
+    pub direct: bool,
+}
+
+impl DriveConfig {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        DriveConfig { path: path.into(), readonly: false, id: None, direct: false }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error("cannot open drive {0}: {1}")]
+    Open(PathBuf, #[source] std::io::Error),
+    #[error("drive {0} is in use by another process (it holds a lock on the file)")]
+    Locked(PathBuf),
+    #[error("drive {0} is smaller than one 512-byte sector")]
+    Empty(PathBuf),
+    #[error("drive {0} is not a regular file or block device")]
+    NotAFile(PathBuf),
+    #[error("drive id {0:?} is longer than 20 bytes")]
+    IdTooLong(String),
+}
+
+pub struct Disk {
+    file: File,
+    direct: Option<File>,
+    /// Direct-I/O alignment of memory and of offsets and lengths.
+    align: (u64, u64),
+    pub capacity: u64,
+    pub readonly: bool,
+    /// Whether holes can be punched and ranges zeroed (fallocate works on this file).
+    pub can_discard: bool,
+    pub id: [u8; ID_LEN],
+    pub path: PathBuf,
+}
+
+impl Disk {
+    pub fn open(config: &DriveConfig) -> Result<Disk, DiskError> {
+        let path = &config.path;
+        let open = |direct: bool| {
+            OpenOptions::new()
+                .read(true)
+                .write(!config.readonly)
+                .custom_flags(if direct { libc::O_DIRECT } else { 0 })
+                .open(path)
+        };
+        let file = open(false).map_err(|e| DiskError::Open(path.clone(), e))?;
+        let kind = file.metadata().map_err(|e| DiskError::Open(path.clone(), e))?.file_type();
+        if !kind.is_file() && !kind.is_block_device() {
+            return Err(DiskError::NotAFile(path.clone()));
+        }
+        let lock = if config.readonly { libc::LOCK_SH } else { libc::LOCK_EX };
+        // SAFETY: flock on a descriptor we own; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), lock | libc::LOCK_NB) } != 0 {
+            return Err(DiskError::Locked(path.clone()));
+        }
+        // SAFETY: lseek on a descriptor we own.
+        let size = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_END) };
+        let capacity = (size.max(0) as u64) / SECTOR_SIZE * SECTOR_SIZE;
+        if capacity == 0 {
+            return Err(DiskError::Empty(path.clone()));
+        }
+        let direct = match config.direct {
+            true => match open(true) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    tracing::warn!("drive {}: no O_DIRECT here ({e}); using the page cache", path.display());
+                    None
+                }
+            },
+            false => None,
+        };
+        let id = match &config.id {
+            Some(id) if id.len() > ID_LEN => return Err(DiskError::IdTooLong(id.clone())),
+            Some(id) => id.clone(),
+            None => path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        };
+        let mut id_bytes = [0u8; ID_LEN];
+        let n = id.len().min(ID_LEN);
+        id_bytes[..n].copy_from_slice(&id.as_bytes()[..n]);
+        let can_discard = !config.readonly && kind.is_file() && punch_hole_works(&file, size as u64);
+        let align = direct.as_ref().map_or((SECTOR_SIZE, SECTOR_SIZE), dio_alignment);
+        Ok(Disk {
+            file,
+            direct,
+            align,
+            capacity,
+            readonly: config.readonly,
+            can_discard,
+            id: id_bytes,
+            path: path.clone(),
+        })
+    }
+
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// The descriptor a transfer at `offset` over `iov` goes through: the O_DIRECT one
+    /// when everything is aligned as it needs, else the cached one.
+    pub fn fd_for(&self, offset: u64, iov: &[libc::iovec]) -> RawFd {
+        if let Some(direct) = &self.direct {
+            let (mem, off) = self.align;
+            let aligned = offset.is_multiple_of(off)
+                && iov
+                    .iter()
+                    .all(|v| (v.iov_base as u64).is_multiple_of(mem) && (v.iov_len as u64).is_multiple_of(off));
+            if aligned {
+                return direct.as_raw_fd();
+            }
+        }
+        self.file.as_raw_fd()
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// Deallocates (`unmap`) or zeroes `len` bytes at `offset`.
+    pub fn discard(&self, offset: u64, len: u64, unmap: bool) -> std::io::Result<()> {
+        let mode = if unmap {
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
+        } else {
+            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
+        };
+        // SAFETY: fallocate on a descriptor we own; the range was checked against capacity.
+        if unsafe { libc::fallocate(self.file.as_raw_fd(), mode, offset as i64, len as i64) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// Whether this file supports punching holes: tried past its end, where it changes nothing.
+fn punch_hole_works(file: &File, size: u64) -> bool {
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: fallocate on a descriptor we own, over a range past the end (KEEP_SIZE).
+    unsafe { libc::fallocate(file.as_raw_fd(), mode, size as i64, 4096) == 0 }
+}
+
+/// (memory alignment, offset alignment) for O_DIRECT on this file, from statx where the
+/// kernel reports it, else 4096 for both (safe on every common device).
+fn dio_alignment(file: &File) -> (u64, u64) {
+    // SAFETY: statx writes into the zeroed struct we pass; the path is empty with AT_EMPTY_PATH.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let r = unsafe { libc::statx(file.as_raw_fd(), c"".as_ptr(), libc::AT_EMPTY_PATH, libc::STATX_DIOALIGN, &mut stx) };
+    if r == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0 && stx.stx_dio_mem_align > 0 {
+        (u64::from(stx.stx_dio_mem_align), u64::from(stx.stx_dio_offset_align.max(1)))
+    } else {
+        (4096, 4096)
+    }
+}

@@ -1,0 +1,210 @@
+//! virtio-blk on a file: one request queue served by a device thread that waits (epoll)
+//! on the queue's kick eventfd and on the I/O engine's completions. Requests go to the
+//! file straight from guest memory, many in flight at once (io_uring); each is put on the
+//! used ring, and the guest interrupted (EVENT_IDX permitting), when its I/O completes.
+
+pub mod disk;
+pub mod engine;
+pub mod request;
+mod worker;
+
+use super::{ActivateError, Activation, ActiveQueue, VirtioDevice};
+use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
+pub use disk::{Disk, DiskError, DriveConfig};
+use engine::Engine;
+use request::SECTOR_SIZE;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use vmm_sys_util::eventfd::EventFd;
+
+pub const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
+pub const VIRTIO_BLK_F_RO: u64 = 1 << 5;
+pub const VIRTIO_BLK_F_BLK_SIZE: u64 = 1 << 6;
+pub const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
+pub const VIRTIO_BLK_F_DISCARD: u64 = 1 << 13;
+pub const VIRTIO_BLK_F_WRITE_ZEROES: u64 = 1 << 14;
+
+pub const QUEUE_SIZE: u16 = 256;
+/// The most data buffers one request may have (the chain also holds header and status).
+pub const SEG_MAX: u32 = QUEUE_SIZE as u32 - 2;
+/// The largest discard or write-zeroes range, in sectors (1 GiB).
+const MAX_DISCARD_SECTORS: u32 = 1 << 21;
+
+/// Counters the lab and the exit profile read while the device runs.
+#[derive(Default)]
+pub struct BlkStats {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub flushes: AtomicU64,
+    pub discards: AtomicU64,
+    /// Requests answered IOERR or UNSUPP: malformed, out of range, refused or failed.
+    pub errors: AtomicU64,
+    /// Chains that were not a well-formed request at all.
+    pub bad_requests: AtomicU64,
+    /// Guest notifications (kicks), as summed from the queue's eventfd.
+    pub kicks: AtomicU64,
+    /// Interrupts the device asked for.
+    pub irqs: AtomicU64,
+    /// The device thread's pthread id, for reading its CPU clock (0 until it starts).
+    pub thread: AtomicU64,
+}
+
+/// The counters of [`BlkStats`] at one instant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlkCounters {
+    pub reads: u64,
+    pub writes: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub flushes: u64,
+    pub discards: u64,
+    pub errors: u64,
+    pub bad_requests: u64,
+    pub kicks: u64,
+    pub irqs: u64,
+}
+
+impl BlkStats {
+    fn count_done(&self, kind: request::Kind, bytes: u64) {
+        let (count, moved) = match kind {
+            request::Kind::In => (&self.reads, Some(&self.read_bytes)),
+            request::Kind::Out => (&self.writes, Some(&self.write_bytes)),
+            _ => (&self.flushes, None),
+        };
+        count.fetch_add(1, Ordering::Relaxed);
+        if let Some(moved) = moved {
+            moved.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    pub fn snapshot(&self) -> BlkCounters {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        BlkCounters {
+            reads: get(&self.reads),
+            writes: get(&self.writes),
+            read_bytes: get(&self.read_bytes),
+            write_bytes: get(&self.write_bytes),
+            flushes: get(&self.flushes),
+            discards: get(&self.discards),
+            errors: get(&self.errors),
+            bad_requests: get(&self.bad_requests),
+            kicks: get(&self.kicks),
+            irqs: get(&self.irqs),
+        }
+    }
+}
+
+pub struct VirtioBlk {
+    disk: Arc<Disk>,
+    /// The I/O engine and request slots, kept across resets (made once, before any
+    /// seccomp filter); lent to the device thread while the device runs.
+    kept: Option<worker::Kept>,
+    pub stats: Arc<BlkStats>,
+    worker: Option<(EventFd, JoinHandle<worker::Kept>)>,
+}
+
+impl VirtioBlk {
+    pub fn new(config: &DriveConfig) -> Result<Self, DiskError> {
+        let disk = Arc::new(Disk::open(config)?);
+        Ok(VirtioBlk { disk, kept: Some(Self::fresh()), stats: Arc::default(), worker: None })
+    }
+
+    fn fresh() -> worker::Kept {
+        worker::Kept { engine: Engine::new(u32::from(QUEUE_SIZE)), slots: worker::Slots::new() }
+    }
+
+    pub fn disk(&self) -> &Disk {
+        &self.disk
+    }
+
+    /// "io_uring" or "sync".
+    pub fn engine_name(&self) -> &'static str {
+        self.kept.as_ref().map_or("none", |k| k.engine.name())
+    }
+
+    /// Stops the device thread once its requests in flight have completed.
+    fn stop(&mut self) {
+        if let Some((stop, thread)) = self.worker.take() {
+            let _ = stop.write(1);
+            self.kept = thread.join().ok();
+        }
+    }
+}
+
+impl Drop for VirtioBlk {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl VirtioDevice for VirtioBlk {
+    fn device_type(&self) -> u16 {
+        2
+    }
+
+    fn features(&self) -> u64 {
+        let mut f = VIRTIO_F_VERSION_1
+            | VIRTIO_F_EVENT_IDX
+            | VIRTIO_F_INDIRECT_DESC
+            | VIRTIO_BLK_F_SEG_MAX
+            | VIRTIO_BLK_F_BLK_SIZE
+            | VIRTIO_BLK_F_FLUSH;
+        if self.disk.readonly {
+            f |= VIRTIO_BLK_F_RO;
+        }
+        if self.disk.can_discard {
+            f |= VIRTIO_BLK_F_DISCARD | VIRTIO_BLK_F_WRITE_ZEROES;
+        }
+        f
+    }
+
+    fn queue_max_sizes(&self) -> Vec<u16> {
+        vec![QUEUE_SIZE]
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // struct virtio_blk_config, up to write_zeroes_may_unmap.
+        let mut c = [0u8; 60];
+        c[0..8].copy_from_slice(&(self.disk.capacity / SECTOR_SIZE).to_le_bytes());
+        c[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
+        c[20..24].copy_from_slice(&(SECTOR_SIZE as u32).to_le_bytes());
+        c[34..36].copy_from_slice(&1u16.to_le_bytes()); // num_queues
+        if self.disk.can_discard {
+            c[36..40].copy_from_slice(&MAX_DISCARD_SECTORS.to_le_bytes());
+            c[40..44].copy_from_slice(&1u32.to_le_bytes()); // max_discard_seg
+            c[44..48].copy_from_slice(&1u32.to_le_bytes()); // discard_sector_alignment
+            c[48..52].copy_from_slice(&MAX_DISCARD_SECTORS.to_le_bytes());
+            c[52..56].copy_from_slice(&1u32.to_le_bytes()); // max_write_zeroes_seg
+            c[56] = 1; // write_zeroes_may_unmap
+        }
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = c.get(offset as usize + i).copied().unwrap_or(0);
+        }
+    }
+
+    fn activate(&mut self, mut queues: Vec<ActiveQueue>, activation: Activation) -> Result<(), ActivateError> {
+        self.stop();
+        if queues.len() != 1 {
+            return Err(ActivateError::QueueCount { want: 1, have: queues.len() });
+        }
+        let queue = queues.remove(0);
+        let worker::Kept { engine, slots } = self.kept.take().unwrap_or_else(Self::fresh);
+        let stop = EventFd::new(libc::EFD_NONBLOCK).map_err(ActivateError::Thread)?;
+        let stop_worker = stop.try_clone().map_err(ActivateError::Thread)?;
+        let parts =
+            worker::Parts { queue, activation, disk: self.disk.clone(), stats: self.stats.clone(), engine, slots };
+        let thread = std::thread::Builder::new()
+            .name("virtio-blk".into())
+            .spawn(move || worker::run(parts, &stop_worker))
+            .map_err(ActivateError::Thread)?;
+        self.worker = Some((stop, thread));
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.stop();
+    }
+}
