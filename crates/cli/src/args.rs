@@ -153,6 +153,52 @@ pub enum BenchCommand {
     Pci(PciArgs),
     /// virtio-net TX through a tap, copy against zerocopy, per message size.
     Net(NetArgs),
+    /// virtio-blk: random 4K and sequential 64K reads and writes at qd 1 and 32, through
+    /// exitless and by the host itself on the same file (the floor).
+    Blk(BlkArgs),
+}
+
+#[derive(Args)]
+pub struct BlkArgs {
+    /// The file to run on (created or extended to --size, and overwritten with the lab's
+    /// pattern); a temporary file in /var/tmp when not given. Put it on a real filesystem.
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<PathBuf>,
+    /// The file's size.
+    #[arg(long, default_value = "1G", value_parser = parse_blk_size)]
+    pub size: u64,
+    /// Seconds of I/O per workload, queue depth, path and repeat.
+    #[arg(long, default_value_t = 2.0, value_parser = parse_seconds)]
+    pub seconds: f64,
+    /// Repeats; which path goes first alternates, and medians are reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeat: u32,
+    #[command(flatten)]
+    pub out: OutputArgs,
+    /// Give up on a guest that has not finished within this many seconds.
+    #[arg(long, default_value_t = 120.0, value_parser = parse_seconds)]
+    pub timeout: f64,
+}
+
+impl BlkArgs {
+    pub fn to_options(&self) -> exitless_lab::blk::Options {
+        exitless_lab::blk::Options {
+            file: self.file.clone(),
+            size: self.size,
+            seconds: self.seconds,
+            repeat: self.repeat,
+            outputs: self.out.outputs(),
+            timeout: std::time::Duration::from_secs_f64(self.timeout + self.seconds),
+        }
+    }
+}
+
+/// A disk size for the block lab: at least 1 MiB (so 64K blocks have room), whole MiBs.
+fn parse_blk_size(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => Ok(n),
+        _ => Err(format!("'{s}' is not a whole number of MiB, at least 1M")),
+    }
 }
 
 #[derive(Args)]

@@ -150,6 +150,9 @@ fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>
         BenchCommand::Net(a) => {
             exitless_lab::net::run(&a.to_options())?;
         }
+        BenchCommand::Blk(a) => {
+            exitless_lab::blk::run(&a.to_options())?;
+        }
         BenchCommand::Pci(a) => {
             exitless_lab::pci::run(&a.to_options())?;
         }

@@ -52,6 +52,9 @@ fn one_run(exe: &std::path::Path, mem: u64, report: &std::path::Path) -> Result<
 }
 
 pub fn run(opts: &Options) -> Result<(), BootBenchError> {
+    if let Some(path) = &opts.json {
+        std::fs::File::create(path).map_err(|e| crate::report::WriteError(path.clone(), e))?;
+    }
     let exe = std::env::current_exe().map_err(BootBenchError::Spawn)?;
     let report = std::env::temp_dir().join(format!("exitless-boot-{}.json", std::process::id()));
     let (mut first, mut rss) = (Vec::new(), Vec::new());

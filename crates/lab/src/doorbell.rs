@@ -509,6 +509,7 @@ pub fn json(rows_in: &[Row], opts: &Options, tsc_khz: f64) -> serde_json::Value 
 
 /// Measures, prints the table, and writes the JSON and SVG files asked for.
 pub fn run(opts: &Options) -> Result<Vec<Row>, DoorbellError> {
+    opts.outputs.check()?;
     let (rows, tsc_khz) = measure(opts)?;
     crate::report::print_table(&table(&rows, opts, tsc_khz))?;
     opts.outputs.write(

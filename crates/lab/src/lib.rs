@@ -1,5 +1,6 @@
 //! The labs: benchmarks that measure each exit-avoiding path against the slow one.
 
+pub mod blk;
 pub mod boot;
 pub mod control;
 pub mod doorbell;

@@ -372,6 +372,7 @@ pub fn json(rows: &[Row]) -> serde_json::Value {
 }
 
 pub fn run(opts: &Options) -> Result<Vec<Row>, NetBenchError> {
+    opts.outputs.check()?;
     let rows = measure(opts)?;
     crate::report::print_table(&table(&rows, opts))?;
     opts.outputs.write(

@@ -212,6 +212,7 @@ pub fn json(rows: &[Row]) -> serde_json::Value {
 }
 
 pub fn run(opts: &Options) -> Result<Vec<Row>, PciBenchError> {
+    opts.outputs.check()?;
     let rows = measure(opts)?;
     crate::report::print_table(&table(&rows))?;
     opts.outputs.write(

@@ -51,6 +51,15 @@ pub struct Outputs {
 }
 
 impl Outputs {
+    /// Creates the files asked for now, so a path that cannot be written is found before
+    /// minutes of measuring, not after.
+    pub fn check(&self) -> Result<(), WriteError> {
+        for path in self.json.iter().chain(&self.svg) {
+            std::fs::File::create(path).map_err(|e| WriteError(path.clone(), e))?;
+        }
+        Ok(())
+    }
+
     /// Writes the files asked for; the contents are only built when wanted.
     pub fn write(&self, json: impl FnOnce() -> Value, svg: impl FnOnce() -> String) -> Result<(), WriteError> {
         if let Some(path) = &self.json {

@@ -1,0 +1,113 @@
+//! The guest path: `blkbench` in a VM with the file as its virtio-blk drive (O_DIRECT),
+//! counting, over the guest's measured window, its userspace exits, kicks and interrupts,
+//! and the VMM's CPU outside the vCPU (device thread and io_uring workers).
+
+use super::host::process_cpu;
+use super::{BlkBenchError, RunResult, Workload};
+use crate::control::{drive, lab_machine, LabEvent, LabSteps};
+use exitless_vmm::machine::read_result;
+use exitless_vmm::stats::ExitKind;
+use exitless_vmm::vcpu::Vcpu;
+use exitless_vmm::virtio::blk::DriveConfig;
+use exitless_vmm::Machine;
+use std::path::Path;
+use std::time::Duration;
+
+#[derive(Clone, Copy)]
+struct Snapshot {
+    process_cpu: Duration,
+    vcpu_cpu: Duration,
+    kicks: u64,
+    irqs: u64,
+}
+
+/// CPU time of the calling thread (the lab drives vCPU 0 on it).
+fn thread_cpu() -> Duration {
+    // SAFETY: getrusage fills the zeroed struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn snapshot(machine: &Machine) -> Snapshot {
+    let d = machine.drives.first().map(|d| d.stats.snapshot()).unwrap_or_default();
+    Snapshot { process_cpu: process_cpu(), vcpu_cpu: thread_cpu(), kicks: d.kicks, irqs: d.irqs }
+}
+
+#[derive(Default)]
+struct Steps {
+    begin: Option<Snapshot>,
+    end: Option<(Snapshot, u64)>,
+}
+
+impl LabSteps for Steps {
+    type Error = BlkBenchError;
+
+    fn on_event(&mut self, machine: &Machine, vcpu: &mut Vcpu, event: LabEvent) -> Result<(), BlkBenchError> {
+        match event {
+            LabEvent::Begin(_) => {
+                vcpu.exits.stats.reset();
+                self.begin = Some(snapshot(machine));
+            }
+            LabEvent::End(_) => {
+                let s = &vcpu.exits.stats;
+                let exits = [ExitKind::IoIn, ExitKind::IoOut, ExitKind::MmioRead, ExitKind::MmioWrite]
+                    .iter()
+                    .map(|&k| s.exits(k))
+                    .sum();
+                self.end = Some((snapshot(machine), exits));
+            }
+            LabEvent::Mark(_) => {}
+        }
+        Ok(())
+    }
+}
+
+pub struct GuestRun<'a> {
+    pub file: &'a Path,
+    pub workload: Workload,
+    pub qd: usize,
+    pub seconds: f64,
+    pub stamp: u64,
+    pub seed: u64,
+    pub tsc_khz: u64,
+    pub timeout: Duration,
+}
+
+pub fn run(g: &GuestRun) -> Result<RunResult, BlkBenchError> {
+    let params = vec![
+        g.workload.index(),
+        g.workload.block() as u64,
+        g.qd as u64,
+        0,
+        (g.seconds * 1000.0) as u64,
+        g.tsc_khz,
+        g.stamp,
+        g.seed,
+    ];
+    let drive_config = DriveConfig { direct: true, ..DriveConfig::new(g.file) };
+    let (machine, control) = lab_machine("blkbench", params, |c| c.drives = vec![drive_config])?;
+    let mut steps = Steps::default();
+    drive(&machine, &control, g.timeout, &mut steps)?;
+    let status = machine.control.exit_status().unwrap_or(0);
+    if status > 1 {
+        return Err(BlkBenchError::Guest(status));
+    }
+    let (begin, (end, exits)) =
+        (steps.begin.ok_or(BlkBenchError::Missing("start"))?, steps.end.ok_or(BlkBenchError::Missing("end"))?);
+    let result = |i| read_result(&machine.memory, i);
+    let vmm_cpu = (end.process_cpu - begin.process_cpu).saturating_sub(end.vcpu_cpu - begin.vcpu_cpu);
+    Ok(RunResult {
+        requests: result(0),
+        seconds: result(1) as f64 / (g.tsc_khz as f64 * 1e3),
+        bad_sectors: result(2),
+        failed: result(5),
+        bytes: result(6),
+        exits,
+        kicks: end.kicks - begin.kicks,
+        irqs: end.irqs - begin.irqs,
+        vmm_cpu: vmm_cpu.as_secs_f64(),
+    })
+}
