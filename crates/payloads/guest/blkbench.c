@@ -6,9 +6,10 @@
  * interrupt after a quarter of what is in flight) only when nothing has completed.
  * Params: 0 = workload (0 randread, 1 randwrite, 2 seqread, 3 seqwrite), 1 = block bytes
  * (default 4096), 2 = queue depth (default 1), 3 = requests (default 1000; 0: no limit),
- * 4 = time limit in ms (0: none), 5 = TSC kHz, 6 = stamp for writes (default 1), 7 = seed.
+ * 4 = time limit in ms (0: none), 5 = TSC kHz, 6 = stamp for writes (default 1), 7 = seed,
+ * 8 = FLUSH afterwards (1), or FLUSH and then wait forever for the VMM to be killed (2).
  * Results: 0 = requests completed, 1 = cycles, 2 = sectors that failed verification,
- * 3 = kicks, 4 = idle waits, 5 = requests that failed, 6 = bytes moved.
+ * 3 = kicks, 4 = idle waits, 5 = requests that failed, 6 = bytes moved, 7 = FLUSH status.
  */
 #include "runtime.h"
 #include "blkreq.h"
@@ -19,12 +20,13 @@ static const char *names[] = {"randread", "randwrite", "seqread", "seqwrite"};
 int main(void) {
 	u64 workload = param(0, 0), bs = param(1, 4096), qd = param(2, 1), limit = param(3, 1000);
 	u64 limit_ms = param(4, 0), tsc_khz = param(5, 2000000), stamp = param(6, 1), seed = param(7, 42) | 1;
+	u64 flush = param(8, 0);
 	enter_user();
 	if (workload > 3 || bs < 512 || bs > BLK_MAX_DATA || bs % 512 || qd < 1 || qd > BLK_MAX_SLOTS) {
 		print("blkbench: bad parameters (workload %lu, block %lu, qd %lu)\n", workload, bs, qd);
 		return 2;
 	}
-	int err = vdev_init(&blk, VIRTIO_ID_BLOCK, VIRTIO_F_EVENT_IDX, 1, VQ_SIZE);
+	int err = vdev_init(&blk, VIRTIO_ID_BLOCK, VIRTIO_F_EVENT_IDX | VIRTIO_BLK_F_RO | VIRTIO_BLK_F_FLUSH, 1, VQ_SIZE);
 	if (err) {
 		print("blkbench: virtio-blk init failed at step %d\n", -err);
 		return 3;
@@ -71,5 +73,13 @@ int main(void) {
 	lab_op(LAB_OP_END, 0);
 	print("blkbench: %s %lu bytes qd %lu: %lu requests in %lu cycles, %lu kicks, %lu idle waits, %lu failed, %lu bad sectors\n",
 	      names[workload], bs, qd, done, cycles, kicks, idles, failed, bad);
+	if (flush) {
+		if (blk_queue(q, 0, BLK_T_FLUSH, 0, 0)) vq_kick(q);
+		blk_wait(q, 1, &idles);
+		set_result(7, blk_status(0));
+		print("blkbench: flushed, status %u\n", blk_status(0));
+		if (blk_status(0) != BLK_S_OK) failed++;
+		while (flush == 2) idle_wait(10000);
+	}
 	return failed || bad ? 1 : 0;
 }

@@ -21,7 +21,9 @@ static void check(int ok, const char *what) {
 }
 
 static int init(void) {
-	int err = vdev_init(&blk, VIRTIO_ID_BLOCK, VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC, 1, VQ_SIZE);
+	u64 wanted = VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | VIRTIO_BLK_F_RO | VIRTIO_BLK_F_FLUSH | VIRTIO_BLK_F_DISCARD |
+	             VIRTIO_BLK_F_WRITE_ZEROES;
+	int err = vdev_init(&blk, VIRTIO_ID_BLOCK, wanted, 1, VQ_SIZE);
 	if (err) print("blkhostile: init failed at step %d\n", -err);
 	q = &blk.q[0];
 	return err;
@@ -69,6 +71,41 @@ static void lay(u32 type, u64 sector, u32 len) {
 	q->desc[0] = (struct vring_desc){BLK_HDR(0), 16, VRING_DESC_F_NEXT, 1};
 	q->desc[1] = (struct vring_desc){BLK_DATA(0), len, (u16)(VRING_DESC_F_NEXT | in), 2};
 	q->desc[2] = (struct vring_desc){BLK_STATUS(0), 1, VRING_DESC_F_WRITE, 0};
+}
+
+/* Sends slot 0 as blk_queue laid it out and waits for it; returns its status. */
+static u8 roundtrip(void) {
+	vq_kick(q);
+	for (u64 spin = 0; spin < 200000000ULL && q->used->idx == q->last_used; spin++) __asm__ volatile("pause");
+	vq_pop_used(q, 0);
+	return blk_status(0);
+}
+
+static int good_id(void) {
+	volatile char *id = (volatile char *)BLK_DATA(0);
+	for (u32 i = 0; i < 21; i++) id[i] = 0;
+	blk_queue(q, 0, BLK_T_GET_ID, 0, 20);
+	if (roundtrip() != BLK_S_OK) return 0;
+	print("blkhostile: id [%s]\n", (const char *)BLK_DATA(0));
+	return id[0] != 0;
+}
+
+/* Writes sector `lba`, sends `type` (WRITE_ZEROES or DISCARD) over it, and reads it back:
+ * it must read as zeroes. */
+static int zeroes(u32 type, u64 lba) {
+	blk_fill((u8 *)BLK_DATA(0), lba, 1, 77);
+	blk_queue(q, 0, BLK_T_OUT, lba, 512);
+	if (roundtrip() != BLK_S_OK) return 0;
+	volatile u64 *range = (volatile u64 *)BLK_DATA(0);
+	range[0] = lba;
+	range[1] = 1; /* one sector, flags 0 */
+	blk_queue(q, 0, type, 0, 16);
+	if (roundtrip() != BLK_S_OK) return 0;
+	blk_queue(q, 0, BLK_T_IN, lba, 512);
+	if (roundtrip() != BLK_S_OK) return 0;
+	for (u32 i = 0; i < 64; i++)
+		if (((volatile u64 *)BLK_DATA(0))[i]) return 0;
+	return 1;
 }
 
 static struct vring_desc indirect[4] __attribute__((aligned(16)));
@@ -136,6 +173,12 @@ int main(void) {
 		lay(BLK_T_OUT, 0, 512);
 		expect("a write to a read-only drive: IOERR", BLK_S_IOERR);
 	}
+
+	/* The well-behaved requests beside the reads: GET_ID, and where offered WRITE_ZEROES
+	 * and DISCARD (a sector written, zeroed, and read back as zeroes). */
+	check(good_id(), "GET_ID answers the drive's id");
+	if (blk.features & VIRTIO_BLK_F_WRITE_ZEROES) check(zeroes(BLK_T_WRITE_ZEROES, 8), "WRITE_ZEROES zeroes a sector");
+	if (blk.features & VIRTIO_BLK_F_DISCARD) check(zeroes(BLK_T_DISCARD, 16), "DISCARD of a sector");
 
 	/* An avail index a whole ring ahead: the device must give up on the queue. */
 	bad_sent++;

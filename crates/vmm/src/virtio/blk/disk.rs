@@ -169,3 +169,31 @@ fn dio_alignment(file: &File) -> (u64, u64) {
         (4096, 4096)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_transfers_bypass_the_page_cache_and_others_do_not() {
+        let file = vmm_sys_util::tempfile::TempFile::new().unwrap();
+        file.as_file().set_len(1 << 20).unwrap();
+        let config = DriveConfig { direct: true, id: Some("x".into()), ..DriveConfig::new(file.as_path()) };
+        let disk = Disk::open(&config).unwrap();
+        assert_eq!(disk.capacity, 1 << 20);
+        assert_eq!(&disk.id[..2], b"x\0");
+        if !disk.is_direct() {
+            return eprintln!("SKIPPED: no O_DIRECT on this filesystem");
+        }
+        let mut buf = vec![0u8; 3 * 4096];
+        let at = buf.as_ptr().align_offset(4096);
+        let mut iov = |off: usize, len| [libc::iovec { iov_base: buf[at + off..].as_mut_ptr().cast(), iov_len: len }];
+        let (aligned, shifted, short) = (iov(0, 4096), iov(1, 4096), iov(0, 100));
+        assert_ne!(disk.fd_for(4096, &aligned), disk.fd());
+        assert_eq!(disk.fd_for(4096, &shifted), disk.fd());
+        assert_eq!(disk.fd_for(4096, &short), disk.fd());
+        assert_eq!(disk.fd_for(4097, &aligned), disk.fd());
+        // A second writer is refused while the first holds the file.
+        assert!(matches!(Disk::open(&config), Err(DiskError::Locked(_))));
+    }
+}

@@ -1,0 +1,175 @@
+//! virtio-blk from inside a guest: what it writes lands in the file, read-only drives
+//! refuse writes, a FLUSH survives SIGKILL, and a hostile driver changes nothing it should not.
+
+mod common;
+use common::*;
+use exitless_lab::blk::pattern;
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd;
+use std::process::{Command, Stdio};
+
+const DISK: usize = 4 << 20;
+
+/// A 4 MiB disk file holding the lab's pattern under `stamp`.
+fn disk(stamp: u64) -> std::path::PathBuf {
+    let path = tempdir().join("disk.img");
+    let mut bytes = vec![0u8; DISK];
+    pattern::fill(&mut bytes, 0, stamp);
+    std::fs::write(&path, &bytes).unwrap();
+    path
+}
+
+fn drive_arg(path: &std::path::Path, extra: &str) -> String {
+    format!("path={}{extra}", path.display())
+}
+
+/// blkbench parameters: workload, block bytes, qd, requests, time limit, TSC kHz, stamp, seed, flush.
+fn blkbench(path: &std::path::Path, extra: &str, params: &str) -> (std::process::Output, serde_json::Value) {
+    let drive = drive_arg(path, extra);
+    run_json(&["--payload", "blkbench", "--lab", "--drive", &drive, "--params", params])
+}
+
+#[test]
+fn what_the_guest_writes_is_in_the_file_byte_for_byte() {
+    if !kvm_or_skip("what_the_guest_writes_is_in_the_file_byte_for_byte") {
+        return;
+    }
+    let path = disk(0);
+    // Sequential 64K writes at qd 4 over the whole disk (64 of them), stamp 5, then FLUSH.
+    let (out, json) = blkbench(&path, ",direct=on", "3,65536,4,64,0,0,5,1,1");
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("blkbench: flushed, status 0"), "{}", stdout(&out));
+    let mut expected = vec![0u8; DISK];
+    pattern::fill(&mut expected, 0, 5);
+    let file = std::fs::read(&path).unwrap();
+    assert!(file == expected, "the file differs from what the guest wrote");
+    let d = &json["drives"]["virtio-blk0"];
+    assert_eq!(d["writes"].as_u64(), Some(64), "{json}");
+    assert_eq!(d["write_bytes"].as_u64(), Some(DISK as u64), "{json}");
+    assert_eq!(d["flushes"].as_u64(), Some(1), "{json}");
+    assert_eq!(d["errors"].as_u64(), Some(0), "{json}");
+}
+
+#[test]
+fn reads_at_depth_see_exactly_what_the_file_holds() {
+    if !kvm_or_skip("reads_at_depth_see_exactly_what_the_file_holds") {
+        return;
+    }
+    let path = disk(3);
+    let (out, json) = blkbench(&path, "", "0,4096,32,500");
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("500 requests"), "{}", stdout(&out));
+    assert_eq!(json["drives"]["virtio-blk0"]["reads"].as_u64(), Some(500), "{json}");
+    // One damaged sector in a file the guest reads end to end must be found.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[DISK / 2 + 100] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let (out, _) = blkbench(&path, "", "2,65536,8,64");
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("1 bad sectors"), "{}", stdout(&out));
+}
+
+#[test]
+fn a_read_only_drive_refuses_writes() {
+    if !kvm_or_skip("a_read_only_drive_refuses_writes") {
+        return;
+    }
+    let path = disk(2);
+    let before = std::fs::read(&path).unwrap();
+    let (out, json) = blkbench(&path, ",readonly=on", "1,4096,4,40");
+    assert_eq!(out.status.code(), Some(1), "every write fails: {}", stdout(&out));
+    assert!(stdout(&out).contains("40 failed"), "{}", stdout(&out));
+    let d = &json["drives"]["virtio-blk0"];
+    assert_eq!((d["writes"].as_u64(), d["errors"].as_u64()), (Some(0), Some(40)), "{json}");
+    assert!(std::fs::read(&path).unwrap() == before, "a read-only drive's file changed");
+}
+
+#[test]
+fn after_a_flush_the_data_survives_the_vmm_being_killed() {
+    if !kvm_or_skip("after_a_flush_the_data_survives_the_vmm_being_killed") {
+        return;
+    }
+    let path = disk(0);
+    let drive = drive_arg(&path, ",direct=on");
+    // Random 4K writes under stamp 9, FLUSH, then the guest waits to be killed.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(["run", "--payload", "blkbench", "--lab", "--timeout", "60", "--drive", &drive])
+        .args(["--params", "1,4096,8,300,0,0,9,7,2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut flushed = false;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.contains("blkbench: flushed") {
+            assert!(line.contains("status 0"), "{line}");
+            flushed = true;
+            break;
+        }
+    }
+    assert!(flushed, "the guest never reported its FLUSH");
+    // SAFETY: kill on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let status = child.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+    let (bad, stamped) = pattern::scan(std::fs::File::open(&path).unwrap(), 9).unwrap();
+    assert_eq!(bad, 0, "sectors without their pattern");
+    assert!(stamped >= 8 && stamped <= 300 * 8, "{stamped} sectors carry the guest's stamp");
+}
+
+#[test]
+fn the_hostile_driver_is_refused_and_counted_and_the_disk_keeps_working() {
+    if !kvm_or_skip("the_hostile_driver_is_refused_and_counted_and_the_disk_keeps_working") {
+        return;
+    }
+    for extra in [",id=hostile-disk", ",readonly=on"] {
+        let path = disk(1);
+        let drive = drive_arg(&path, extra);
+        let (out, json) = run_json(&["--payload", "blkhostile", "--drive", &drive]);
+        let text = stdout(&out);
+        assert!(out.status.success(), "{extra}: {text}\n{}", stderr(&out));
+        assert!(text.contains("0 checks failed"), "{text}");
+        let d = &json["drives"]["virtio-blk0"];
+        assert!(d["bad_requests"].as_u64().unwrap() >= 9, "{json}");
+        assert!(d["errors"].as_u64().unwrap() >= 8, "{json}");
+        if extra.contains("readonly") {
+            assert!(text.contains("a write to a read-only drive: IOERR: ok"), "{text}");
+            assert!(!text.contains("WRITE_ZEROES"), "a read-only drive offers no WRITE_ZEROES: {text}");
+        } else {
+            assert!(text.contains("blkhostile: id [hostile-disk]"), "{text}");
+            assert!(text.contains("WRITE_ZEROES zeroes a sector: ok"), "{text}");
+        }
+        // Nothing but the sectors WRITE_ZEROES and DISCARD were sent to (8 and 16) changed.
+        let bytes = std::fs::read(&path).unwrap();
+        for (lba, sector) in bytes.chunks(512).enumerate() {
+            let zeroed = !extra.contains("readonly") && (lba == 8 || lba == 16);
+            let ok =
+                if zeroed { sector.iter().all(|&b| b == 0) } else { pattern::stamp_of(sector, lba as u64) == Some(1) };
+            assert!(ok, "{extra}: sector {lba} changed");
+        }
+    }
+}
+
+#[test]
+fn bad_drives_are_refused_in_one_line() {
+    let missing = assert_one_line_error(&["run", "--drive", "path=/nonexistent/disk.img"]);
+    assert!(stderr(&missing).contains("cannot open drive /nonexistent/disk.img"), "{}", stderr(&missing));
+    let bad = assert_one_line_error(&["run", "--drive", "file=x"]);
+    assert!(stderr(&bad).contains("path=FILE"), "{}", stderr(&bad));
+    assert_one_line_error(&["run", "--drive", "path=x,id=abcdefghijklmnopqrstuvwxyz"]);
+    let empty = tempdir().join("empty.img");
+    std::fs::write(&empty, b"").unwrap();
+    let out = assert_one_line_error(&["run", "--drive", &drive_arg(&empty, "")]);
+    assert!(stderr(&out).contains("smaller than one 512-byte sector"), "{}", stderr(&out));
+    if !kvm_or_skip("bad_drives_are_refused_in_one_line (locked)") {
+        return;
+    }
+    // A drive another process writes to is refused, not shared.
+    let path = disk(0);
+    let file = std::fs::File::open(&path).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let out = assert_one_line_error(&["run", "--drive", &drive_arg(&path, "")]);
+    assert!(stderr(&out).contains("in use by another process"), "{}", stderr(&out));
+}
