@@ -76,6 +76,24 @@ fn an_unwritable_json_path_is_refused_before_the_run() {
 }
 
 #[test]
+fn a_bench_refuses_an_unwritable_output_before_measuring() {
+    // Each would measure for a minute or more before writing its outputs.
+    for bench in [&["bench", "pci"][..], &["bench", "doorbell"], &["bench", "blk"], &["bench", "boot"]] {
+        for flag in ["--json", "--svg"] {
+            if bench[1] == "boot" && flag == "--svg" {
+                continue;
+            }
+            let started = std::time::Instant::now();
+            let mut args = bench.to_vec();
+            args.extend([flag, "/nonexistent-dir/out"]);
+            let out = assert_one_line_error(&args);
+            assert!(stderr(&out).contains("/nonexistent-dir/out"), "{args:?}: {}", stderr(&out));
+            assert!(started.elapsed().as_secs() < 10, "{args:?} measured before refusing");
+        }
+    }
+}
+
+#[test]
 fn an_elf_without_a_pvh_note_boots_at_its_64_bit_entry() {
     if !kvm_or_skip("an_elf_without_a_pvh_note_boots_at_its_64_bit_entry") {
         return;

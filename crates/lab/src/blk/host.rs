@@ -7,23 +7,27 @@ use exitless_vmm::virtio::blk::engine::{Completion, Engine, Op};
 use exitless_vmm::virtio::blk::Disk;
 use std::time::{Duration, Instant};
 
-/// Page-aligned buffers, one block per slot.
+/// Buffers, one block per slot, in an anonymous mapping with transparent huge pages, as
+/// guest memory is (pinning a huge page for O_DIRECT costs less than pinning 4K ones):
+/// the floor gets the same memory the guest path does.
 struct Buffers {
-    mem: Vec<u8>,
-    start: usize,
+    mem: vm_memory::MmapRegion,
     block: usize,
 }
 
 impl Buffers {
     fn new(slots: usize, block: usize) -> Self {
-        let mem = vec![0u8; slots * block + 4096];
-        let start = mem.as_ptr().align_offset(4096);
-        Buffers { mem, start, block }
+        let len = (slots * block).next_multiple_of(2 << 20);
+        let mem = vm_memory::MmapRegion::new(len).expect("mmap of the host path's buffers");
+        // SAFETY: advice on a mapping this struct owns; failure only loses the advice.
+        unsafe { libc::madvise(mem.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+        Buffers { mem, block }
     }
 
     fn slot(&mut self, i: usize) -> &mut [u8] {
-        let at = self.start + i * self.block;
-        &mut self.mem[at..at + self.block]
+        assert!((i + 1) * self.block <= self.mem.size());
+        // SAFETY: in bounds (checked above) of a mapping owned by self and borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.mem.as_ptr().add(i * self.block), self.block) }
     }
 }
 
