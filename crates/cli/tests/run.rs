@@ -143,6 +143,19 @@ fn absurd_timeouts_are_one_line_errors_not_panics() {
 }
 
 #[test]
+fn messages_name_the_cause() {
+    // bench boot used to say only "the guest printed nothing": the child's reason is kept.
+    let out = assert_one_line_error(&["bench", "boot", "--runs", "1", "--mem", "0"]);
+    assert!(stderr(&out).contains("out of range: give between 4M"), "{}", stderr(&out));
+    let out = assert_one_line_error(&["run", "--mem", "5000001"]);
+    assert!(stderr(&out).contains("multiple of"), "{}", stderr(&out));
+    if kvm_or_skip("messages_name_the_cause (tap)") {
+        let out = assert_one_line_error(&["run", "--net", "tap=a/b"]);
+        assert!(stderr(&out).contains("holds '/'"), "{}", stderr(&out));
+    }
+}
+
+#[test]
 fn a_full_stdout_is_an_error_not_a_panic() {
     let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
         eprintln!("SKIPPED a_full_stdout_is_an_error_not_a_panic: no /dev/full");

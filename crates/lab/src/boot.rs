@@ -31,20 +31,32 @@ fn one_run(exe: &std::path::Path, mem: u64, report: &std::path::Path) -> Result<
         .args(["run", "--mem", &mem.to_string(), "--json"])
         .arg(report)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(BootBenchError::Spawn)?;
+    // The child's last stderr line says why, when it fails.
+    let mut stderr = child.stderr.take().ok_or_else(|| BootBenchError::Run("no stderr".into()))?;
+    let why = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text.lines().rev().find(|l| !l.trim().is_empty()).map(|l| l.trim().to_string())
+    });
+    let failed = |what: &str, why: std::thread::JoinHandle<Option<String>>| {
+        let why = why.join().ok().flatten().unwrap_or_default();
+        BootBenchError::Run(if why.is_empty() { what.to_string() } else { format!("{what}: {why}") })
+    };
     let mut stdout = child.stdout.take().ok_or_else(|| BootBenchError::Run("no stdout".into()))?;
     let mut first = [0u8; 1];
     let got = stdout.read(&mut first).map_err(|e| BootBenchError::Run(e.to_string()))?;
     let first_byte_ms = start.elapsed().as_secs_f64() * 1e3;
     if got == 0 {
-        return Err(BootBenchError::Run("the guest printed nothing".into()));
+        let _ = child.wait();
+        return Err(failed("the guest printed nothing", why));
     }
     std::io::copy(&mut stdout, &mut std::io::sink()).map_err(|e| BootBenchError::Run(e.to_string()))?;
     let status = child.wait().map_err(|e| BootBenchError::Run(e.to_string()))?;
     if !status.success() {
-        return Err(BootBenchError::Run(format!("exit status {status}")));
+        return Err(failed(&format!("exit status {status}"), why));
     }
     let text = std::fs::read_to_string(report).map_err(|e| BootBenchError::Run(e.to_string()))?;
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| BootBenchError::Run(e.to_string()))?;

@@ -41,6 +41,8 @@ pub enum NetBenchError {
     Missing(&'static str),
     #[error("the guest exited with status {0}")]
     Guest(u32),
+    #[error("the guest sent no frame in its window: nothing was measured")]
+    NothingSent,
     #[error(transparent)]
     Write(#[from] WriteError),
 }
@@ -189,6 +191,9 @@ fn run_one(netns: &Netns, size: usize, path: TxMode, opts: &Options, tsc_khz: u6
         return Err(NetBenchError::Guest(status));
     }
     let sent = read_result(&machine.memory, 0);
+    if sent == 0 {
+        return Err(NetBenchError::NothingSent);
+    }
     let seconds = read_result(&machine.memory, 1) as f64 / (tsc_khz as f64 * 1e3);
     let report: SinkReport = sink.finish(sent, Duration::from_secs(2));
     let (begin, (end, exits)) =

@@ -30,7 +30,7 @@ int main(void) {
 	vq_interrupt_after(&net.tx, 0xffff);
 	for (u16 i = 0; i < VQ_SIZE; i++) post_rx(i);
 	vq_interrupt_after(&net.rx, 1);
-	print("netecho: mac %02x:%02x:%02x:%02x:%02x:%02x, waiting for %lu frames\n", net.mac[0], net.mac[1], net.mac[2],
+	print("netecho: mac %02x:%02x:%02x:%02x:%02x:%02x, waiting for %lu frames of ethertype 0x88b5 to echo\n", net.mac[0], net.mac[1], net.mac[2],
 	      net.mac[3], net.mac[4], net.mac[5], want);
 	lab_op(LAB_OP_BEGIN, 0);
 	while (echoed < want) {

@@ -374,6 +374,7 @@ impl Machine {
         let slot = self.allocators.slot()?;
         let bar0 = self.allocators.bar(virtio::pci::BAR0)?;
         let id = self.register_device(name);
+        tracing::debug!("{name}: PCI 00:{slot:02x}.0, BAR0 at {bar0:#x}, {vectors} MSI-X vectors");
         self.pci.add(slot, 0, transport.pci_function(name, id, bar0).map_err(device_error)?)?;
         Ok(transport)
     }
@@ -419,6 +420,7 @@ impl Machine {
         device: Arc<dyn BusDevice>,
     ) -> Result<DeviceId, MachineError> {
         self.allocators.reserve_ports(port, len)?;
+        tracing::debug!("{name}: ports {port:#x}..{:#x}", u64::from(port) + len);
         self.add_device(name, |b, id| b.pio.insert(PioAddress(port), len, id, device))
     }
 
@@ -429,6 +431,7 @@ impl Machine {
         len: u64,
         device: Arc<dyn BusDevice>,
     ) -> Result<DeviceId, MachineError> {
+        tracing::debug!("{name}: MMIO {addr:#x}..{:#x}", addr + len);
         self.add_device(name, |b, id| b.mmio.insert(MmioAddress(addr), len, id, device))
     }
 

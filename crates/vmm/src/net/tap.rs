@@ -29,8 +29,8 @@ struct IfReq {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TapError {
-    #[error("tap name '{0}' is empty or longer than 15 bytes")]
-    Name(String),
+    #[error("tap name '{0}' is not an interface name: {1}")]
+    Name(String, &'static str),
     #[error("cannot open /dev/net/tun: {0}")]
     Open(std::io::Error),
     #[error("cannot set up tap {name}: {what}: {source}")]
@@ -46,8 +46,16 @@ impl Tap {
     /// Opens tap `name` (the kernel creates it if it does not exist), non-blocking, with
     /// a 12-byte virtio-net header and no offloads.
     pub fn open(name: &str) -> Result<Tap, TapError> {
-        if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains('/') {
-            return Err(TapError::Name(name.into()));
+        let bad = match name {
+            "" => Some("it is empty"),
+            n if n.len() >= libc::IFNAMSIZ => Some("it is longer than 15 bytes"),
+            n if n.contains(['/', ' ', ':']) || n == "." || n == ".." => {
+                Some("it holds '/', ':' or a space, or is . or ..")
+            }
+            _ => None,
+        };
+        if let Some(why) = bad {
+            return Err(TapError::Name(name.into(), why));
         }
         let file = OpenOptions::new()
             .read(true)

@@ -207,6 +207,7 @@ impl PciRoot {
                 continue;
             }
             if let Some(old) = handler.mapped.take() {
+                tracing::debug!("{} BAR{bar}: off the bus at {old:#x}", function.name);
                 let _ = self.buses.update(|b| match space {
                     IoSpace::Pio => b.pio.remove(PioAddress(old as u16)).map(drop),
                     IoSpace::Mmio => b.mmio.remove(MmioAddress(old)).map(drop),
@@ -224,6 +225,7 @@ impl PciRoot {
             });
             match placed {
                 Ok(()) => {
+                    tracing::debug!("{} BAR{bar}: on the bus at {new:#x} ({:#x} bytes)", function.name, spec.size);
                     handler.mapped = Some(new);
                     self.register_parked(&function.name, bar, handler, new);
                 }

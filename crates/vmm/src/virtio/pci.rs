@@ -350,6 +350,7 @@ impl VirtioPci {
             add &= !STATUS_FEATURES_OK;
         }
         let new = self.status.raise(add);
+        tracing::debug!("virtio type {}: status {old:#x} -> {new:#x}", t.device.device_type());
         if new & STATUS_DRIVER_OK != 0 && new & STATUS_FEATURES_OK != 0 && !t.active {
             if let Err(e) = self.activate(t) {
                 tracing::warn!("virtio: cannot start the device: {e}; it needs a reset");
@@ -364,6 +365,12 @@ impl VirtioPci {
     /// DRIVER_OK: builds the queues from what the driver wrote, checks them, and starts
     /// the device (synchronously, on this vCPU's exit).
     fn activate(&self, t: &mut Transport) -> Result<(), ActivateError> {
+        let sizes: Vec<u16> = t.queues.iter().filter(|q| q.enabled).map(|q| q.size).collect();
+        tracing::debug!(
+            "virtio type {}: DRIVER_OK, features {:#x}, queue sizes {sizes:?}",
+            t.device.device_type(),
+            t.driver_features
+        );
         let event_idx = t.driver_features & VIRTIO_F_EVENT_IDX != 0;
         let interrupt = Arc::new(Interrupt {
             msix: self.msix.clone(),
@@ -396,6 +403,7 @@ impl VirtioPci {
     }
 
     fn reset(&self, t: &mut Transport) {
+        tracing::debug!("virtio type {}: reset by the driver", t.device.device_type());
         t.device.reset();
         t.active = false;
         t.driver_features = 0;
