@@ -124,6 +124,7 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         // The ring is made before any filter; the thread only enters it (or, without
         // io_uring, makes the calls itself); fallocate serves discard and write-zeroes.
         ThreadKind::Block => &[
+            libc::SYS_fcntl, // std's debug builds check a descriptor with F_GETFD as it closes
             libc::SYS_epoll_create1,
             libc::SYS_epoll_wait,
             libc::SYS_epoll_pwait,
