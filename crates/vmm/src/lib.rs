@@ -10,6 +10,7 @@ pub mod bus;
 pub mod control;
 pub mod devices;
 pub mod emulate;
+pub mod fuzzing;
 pub mod ioeventfd;
 pub mod irq;
 pub mod kvm;
@@ -19,8 +20,9 @@ pub mod net;
 pub mod pci;
 pub mod seccomp;
 pub mod stats;
-#[cfg(test)]
-pub(crate) mod testing;
+/// Stand-ins for KVM: the unit tests' and the fuzz targets'.
+#[doc(hidden)]
+pub mod testing;
 pub mod vcpu;
 pub mod vcpu_threads;
 pub mod virtio;
