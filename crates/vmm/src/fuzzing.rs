@@ -16,9 +16,11 @@ use std::sync::Arc;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+/// A fuzz target's entry point.
+pub type Target = fn(&[u8]);
+
 /// The targets, by name (the corpus directories are named after them).
-pub const TARGETS: &[(&str, fn(&[u8]))] =
-    &[("loader", loader), ("blk_request", blk_request), ("pci_config", pci_config)];
+pub const TARGETS: &[(&str, Target)] = &[("loader", loader), ("blk_request", blk_request), ("pci_config", pci_config)];
 
 /// A file a user passes as `--kernel`: every image kind's loader, on 16 MiB of RAM.
 pub fn loader(data: &[u8]) {
