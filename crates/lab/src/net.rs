@@ -9,7 +9,6 @@ use crate::sink::{frame, Sink, SinkError, SinkReport};
 use crate::stats::median;
 use crate::svg;
 use exitless_vmm::machine::read_result;
-use exitless_vmm::stats::ExitKind;
 use exitless_vmm::vcpu::Vcpu;
 use exitless_vmm::virtio::net::TxMode;
 use exitless_vmm::{Machine, MachineError, NetConfig};
@@ -137,10 +136,7 @@ impl LabSteps for TxSteps {
             }
             LabEvent::End(_) => {
                 let s = &vcpu.exits.stats;
-                let exits = [ExitKind::IoIn, ExitKind::IoOut, ExitKind::MmioRead, ExitKind::MmioWrite]
-                    .iter()
-                    .map(|&k| s.exits(k))
-                    .sum();
+                let exits = s.io_exits();
                 self.end = Some((snapshot(machine), exits));
             }
             LabEvent::Mark(_) => {}

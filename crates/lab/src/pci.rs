@@ -8,7 +8,6 @@ use crate::svg;
 use exitless_payloads::abi::*;
 use exitless_vmm::machine::{read_result, shared_slot};
 use exitless_vmm::pci::EcamMode;
-use exitless_vmm::stats::ExitKind;
 use exitless_vmm::vcpu::Vcpu;
 use exitless_vmm::{Machine, MachineError};
 use serde_json::json;
@@ -103,10 +102,7 @@ impl LabSteps for PciSteps {
             LabEvent::End(i) => {
                 let method = *Method::ALL.get(i).ok_or(PciBenchError::UnknownStep(i))?;
                 let stats = &vcpu.exits.stats;
-                let exits: u64 = [ExitKind::IoIn, ExitKind::IoOut, ExitKind::MmioRead, ExitKind::MmioWrite]
-                    .iter()
-                    .map(|&k| stats.exits(k))
-                    .sum();
+                let exits = stats.io_exits();
                 let reads = read_result(&machine.memory, 2).max(1);
                 let seconds = read_result(&machine.memory, 0) as f64 / (self.tsc_khz * 1e3);
                 let row = self.rows.get_mut(i).ok_or(PciBenchError::UnknownStep(i))?;

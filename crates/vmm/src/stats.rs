@@ -109,6 +109,11 @@ impl ExitStats {
         self.count[kind as usize]
     }
 
+    /// Port and MMIO exits: the device accesses that reached userspace.
+    pub fn io_exits(&self) -> u64 {
+        [ExitKind::IoIn, ExitKind::IoOut, ExitKind::MmioRead, ExitKind::MmioWrite].iter().map(|&k| self.exits(k)).sum()
+    }
+
     /// Median VMM cycles per exit over `kinds` (bucket midpoint), `None` without exits.
     pub fn median_cycles(&self, kinds: &[ExitKind]) -> Option<f64> {
         let total: u64 = kinds.iter().map(|&k| self.count[k as usize]).sum();

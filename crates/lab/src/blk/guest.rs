@@ -6,7 +6,6 @@ use super::host::process_cpu;
 use super::{BlkBenchError, RunResult, Workload};
 use crate::control::{drive, lab_machine, LabEvent, LabSteps};
 use exitless_vmm::machine::read_result;
-use exitless_vmm::stats::ExitKind;
 use exitless_vmm::vcpu::Vcpu;
 use exitless_vmm::virtio::blk::DriveConfig;
 use exitless_vmm::Machine;
@@ -53,10 +52,7 @@ impl LabSteps for Steps {
             }
             LabEvent::End(_) => {
                 let s = &vcpu.exits.stats;
-                let exits = [ExitKind::IoIn, ExitKind::IoOut, ExitKind::MmioRead, ExitKind::MmioWrite]
-                    .iter()
-                    .map(|&k| s.exits(k))
-                    .sum();
+                let exits = s.io_exits();
                 self.end = Some((snapshot(machine), exits));
             }
             LabEvent::Mark(_) => {}
