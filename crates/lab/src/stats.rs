@@ -15,6 +15,17 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// User plus system CPU time from getrusage: `libc::RUSAGE_SELF` (the whole process, its
+/// io_uring workers included) or `libc::RUSAGE_THREAD` (the calling thread).
+pub fn cpu_time(who: libc::c_int) -> std::time::Duration {
+    // SAFETY: getrusage fills the zeroed struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(who, &mut ru) };
+    let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,9 +2,9 @@
 //! counting, over the guest's measured window, its userspace exits, kicks and interrupts,
 //! and the VMM's CPU outside the vCPU (device thread and io_uring workers).
 
-use super::host::process_cpu;
 use super::{BlkBenchError, RunResult, Workload};
 use crate::control::{drive, lab_machine, LabEvent, LabSteps};
+use crate::stats::cpu_time;
 use exitless_vmm::machine::read_result;
 use exitless_vmm::vcpu::Vcpu;
 use exitless_vmm::virtio::blk::DriveConfig;
@@ -20,19 +20,15 @@ struct Snapshot {
     irqs: u64,
 }
 
-/// CPU time of the calling thread (the lab drives vCPU 0 on it).
-fn thread_cpu() -> Duration {
-    // SAFETY: getrusage fills the zeroed struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 fn snapshot(machine: &Machine) -> Snapshot {
     let d = machine.drives.first().map(|d| d.stats.snapshot()).unwrap_or_default();
-    Snapshot { process_cpu: process_cpu(), vcpu_cpu: thread_cpu(), kicks: d.kicks, irqs: d.irqs }
+    // The lab drives vCPU 0 on this thread: its CPU is the vCPU's.
+    Snapshot {
+        process_cpu: cpu_time(libc::RUSAGE_SELF),
+        vcpu_cpu: cpu_time(libc::RUSAGE_THREAD),
+        kicks: d.kicks,
+        irqs: d.irqs,
+    }
 }
 
 #[derive(Default)]

@@ -3,6 +3,7 @@
 
 use super::pattern;
 use super::{RunResult, Workload};
+use crate::stats::cpu_time;
 use exitless_vmm::virtio::blk::engine::{Completion, Engine, Op};
 use exitless_vmm::virtio::blk::Disk;
 use std::time::{Duration, Instant};
@@ -29,16 +30,6 @@ impl Buffers {
         // SAFETY: in bounds (checked above) of a mapping owned by self and borrowed mutably.
         unsafe { std::slice::from_raw_parts_mut(self.mem.as_ptr().add(i * self.block), self.block) }
     }
-}
-
-/// Process CPU time (every thread, io_uring's workers included).
-pub fn process_cpu() -> Duration {
-    // SAFETY: getrusage fills the zeroed struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 /// The slots' buffers and iovecs, and where the next block is.
@@ -89,7 +80,7 @@ pub fn run(disk: &Disk, workload: Workload, qd: usize, seconds: f64, stamp: u64,
     };
     let mut engine = Engine::new(qd as u32);
     let mut r = RunResult::default();
-    let (t0, cpu0) = (Instant::now(), process_cpu());
+    let (t0, cpu0) = (Instant::now(), cpu_time(libc::RUSAGE_SELF));
     let deadline = t0 + Duration::from_secs_f64(seconds);
     let mut inflight = 0;
     for i in 0..qd {
@@ -118,7 +109,7 @@ pub fn run(disk: &Disk, workload: Workload, qd: usize, seconds: f64, stamp: u64,
     }
     r.seconds = t0.elapsed().as_secs_f64();
     r.bytes = r.requests * bs as u64;
-    r.vmm_cpu = (process_cpu() - cpu0).as_secs_f64();
+    r.vmm_cpu = (cpu_time(libc::RUSAGE_SELF) - cpu0).as_secs_f64();
     r
 }
 
