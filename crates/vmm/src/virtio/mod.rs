@@ -83,6 +83,23 @@ impl DeviceStatus {
     pub fn raise(&self, bits: u8) -> u8 {
         self.0.fetch_or(bits, Ordering::AcqRel) | bits
     }
+
+    /// A device thread gives up on what the driver set up: NEEDS_RESET, and a config
+    /// interrupt so the driver notices.
+    pub fn needs_reset(&self, interrupt: &Interrupt) {
+        self.raise(STATUS_NEEDS_RESET);
+        interrupt.signal_config();
+    }
+}
+
+/// Whether the driver's avail index is at most a queue's worth ahead of the device.
+/// virtio-queue refuses to pop past a bogus one, while `enable_notification` keeps
+/// reporting "more": a device thread that did not check would spin on it forever.
+pub fn avail_index_valid(queue: &Queue, mem: &GuestMemoryMmap) -> bool {
+    use virtio_queue::QueueT;
+    queue
+        .avail_idx(mem, Ordering::Acquire)
+        .is_ok_and(|idx| (idx - std::num::Wrapping(queue.next_avail())).0 <= queue.size())
 }
 
 /// Interrupts from a device: ISR bits for the record, MSI-X vectors for delivery.

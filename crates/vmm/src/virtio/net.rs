@@ -9,7 +9,7 @@
 //! notifications off while it drains a queue and asks for one interrupt per batch.
 
 use super::chain::{self, ChainError, Segment};
-use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice, STATUS_NEEDS_RESET};
+use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 use crate::net::tap::{Tap, VNET_HDR_LEN};
 use std::os::fd::AsRawFd;
@@ -281,18 +281,8 @@ impl Worker {
         if !self.broken {
             tracing::warn!("virtio-net: {what}; the device needs a reset");
             self.broken = true;
-            self.activation_status.raise(STATUS_NEEDS_RESET);
-            self.interrupt.signal_config();
+            self.activation_status.needs_reset(&self.interrupt);
         }
-    }
-
-    /// Whether the driver's avail index is at most a queue's worth ahead of the device.
-    /// virtio-queue refuses to pop past a bogus one, while `enable_notification` keeps
-    /// reporting "more": without this check the thread would spin on it forever.
-    fn avail_index_valid(&self, queue: usize) -> bool {
-        let q = &self.queues[queue];
-        q.avail_idx(&self.mem, std::sync::atomic::Ordering::Acquire)
-            .is_ok_and(|idx| (idx - std::num::Wrapping(q.next_avail())).0 <= q.size())
     }
 
     fn interrupt_if_needed(&mut self, queue: usize) {
@@ -336,7 +326,7 @@ impl Worker {
             }
             match self.queues[TX].enable_notification(&self.mem) {
                 // More arrived while notifications were off (unless the index is bogus).
-                Ok(true) if self.avail_index_valid(TX) => continue,
+                Ok(true) if super::avail_index_valid(&self.queues[TX], &self.mem) => continue,
                 Ok(true) => return self.fail("the TX avail index is not valid"),
                 Ok(false) => break,
                 Err(_) => return self.fail("cannot write the TX queue's avail_event"),
@@ -367,7 +357,7 @@ impl Worker {
                 self.rx_staged = Some(len);
                 match self.queues[RX].enable_notification(&self.mem) {
                     // Buffers arrived meanwhile (unless the index is bogus).
-                    Ok(true) if self.avail_index_valid(RX) => continue,
+                    Ok(true) if super::avail_index_valid(&self.queues[RX], &self.mem) => continue,
                     Ok(true) => return self.fail("the RX avail index is not valid"),
                     Ok(false) => break, // wait for the driver's kick
                     Err(_) => return self.fail("cannot write the RX queue's avail_event"),

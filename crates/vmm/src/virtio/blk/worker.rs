@@ -7,7 +7,7 @@ use super::disk::Disk;
 use super::engine::{Completion, Engine, Op};
 use super::request::{self, Kind, Parser, Range, Request, RequestError, SECTOR_SIZE};
 use super::{BlkStats, QUEUE_SIZE, SEG_MAX};
-use crate::virtio::{chain, Activation, ActiveQueue, DeviceStatus, Interrupt, STATUS_NEEDS_RESET};
+use crate::virtio::{chain, Activation, ActiveQueue, DeviceStatus, Interrupt};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -171,17 +171,8 @@ impl Worker {
         if !self.broken {
             tracing::warn!("virtio-blk: {what}; the device needs a reset");
             self.broken = true;
-            self.status.raise(STATUS_NEEDS_RESET);
-            self.interrupt.signal_config();
+            self.status.needs_reset(&self.interrupt);
         }
-    }
-
-    /// Whether the driver's avail index is at most a queue's worth ahead of the device
-    /// (a bogus one would make `enable_notification` report "more" forever).
-    fn avail_index_valid(&self) -> bool {
-        let q = &self.queue;
-        q.avail_idx(&self.mem, Ordering::Acquire)
-            .is_ok_and(|idx| (idx - std::num::Wrapping(q.next_avail())).0 <= q.size())
     }
 
     /// Starts every request the driver queued, while slots last.
@@ -206,7 +197,7 @@ impl Worker {
                 break;
             }
             match self.queue.enable_notification(&self.mem) {
-                Ok(true) if self.avail_index_valid() => continue,
+                Ok(true) if crate::virtio::avail_index_valid(&self.queue, &self.mem) => continue,
                 Ok(true) => return self.fail("the avail index is not valid"),
                 Ok(false) => break,
                 Err(_) => return self.fail("cannot write the queue's avail_event"),
