@@ -130,9 +130,13 @@ impl Engine {
         }
     }
 
-    /// Hands what was pushed to the kernel.
+    /// Hands what was pushed to the kernel (no system call when nothing was: the device
+    /// thread calls this after every kick and completion batch).
     pub fn submit(&mut self) {
         if let Engine::Uring { ring, .. } = self {
+            if ring.submission().is_empty() {
+                return;
+            }
             if let Err(e) = ring.submit() {
                 tracing::warn!("io_uring submit failed: {e}");
             }
