@@ -383,6 +383,7 @@ pub fn parse_net(s: &str) -> Result<(String, [u8; 6]), String> {
 }
 
 pub fn parse_drive(s: &str) -> Result<exitless_vmm::virtio::blk::DriveConfig, String> {
+    use exitless_vmm::virtio::blk::request::ID_LEN;
     let mut drive = exitless_vmm::virtio::blk::DriveConfig::new("");
     let mut path = None;
     for part in s.split(',') {
@@ -390,8 +391,10 @@ pub fn parse_drive(s: &str) -> Result<exitless_vmm::virtio::blk::DriveConfig, St
             Some(("path", p)) if !p.is_empty() => path = Some(PathBuf::from(p)),
             Some(("readonly", v)) => drive.readonly = parse_on_off(v)?,
             Some(("direct", v)) => drive.direct = parse_on_off(v)?,
-            Some(("id", id)) if id.len() <= 20 => drive.id = Some(id.to_string()),
-            Some(("id", id)) => return Err(format!("id '{id}' is longer than 20 bytes (what GET_ID can return)")),
+            Some(("id", id)) if id.len() <= ID_LEN => drive.id = Some(id.to_string()),
+            Some(("id", id)) => {
+                return Err(format!("id '{id}' is longer than {ID_LEN} bytes (what GET_ID can return)"))
+            }
             _ => return Err(format!("'{part}' is not path=FILE, readonly=on|off, id=NAME or direct=on|off")),
         }
     }
