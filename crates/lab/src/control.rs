@@ -76,6 +76,44 @@ pub trait LabSteps {
     fn on_event(&mut self, machine: &Machine, vcpu: &mut Vcpu, event: LabEvent) -> Result<(), Self::Error>;
 }
 
+/// The usual lab window: counters taken by `snapshot` when the guest announces Begin and
+/// End, and the exits to userspace between the two (the announcing exit not counted).
+pub struct Window<S, E> {
+    snapshot: fn(&Machine) -> S,
+    pub begin: Option<S>,
+    /// The counters at End, and the port and MMIO exits since Begin.
+    pub end: Option<(S, u64)>,
+    /// Run once at Begin (the echo lab starts its sender there).
+    pub on_begin: Option<Box<dyn FnOnce()>>,
+    error: std::marker::PhantomData<fn() -> E>,
+}
+
+impl<S, E> Window<S, E> {
+    pub fn new(snapshot: fn(&Machine) -> S) -> Self {
+        Window { snapshot, begin: None, end: None, on_begin: None, error: std::marker::PhantomData }
+    }
+}
+
+impl<S, E: From<MachineError>> LabSteps for Window<S, E> {
+    type Error = E;
+
+    fn on_event(&mut self, machine: &Machine, vcpu: &mut Vcpu, event: LabEvent) -> Result<(), E> {
+        match event {
+            LabEvent::Begin(_) => {
+                vcpu.exits.stats.reset();
+                vcpu.discard_pending();
+                self.begin = Some((self.snapshot)(machine));
+                if let Some(f) = self.on_begin.take() {
+                    f();
+                }
+            }
+            LabEvent::End(_) => self.end = Some(((self.snapshot)(machine), vcpu.exits.stats.io_exits())),
+            LabEvent::Mark(_) => {}
+        }
+        Ok(())
+    }
+}
+
 /// A guest console kept in memory (the labs read what a payload printed).
 #[derive(Clone, Default)]
 pub struct Console(Arc<std::sync::Mutex<Vec<u8>>>);

@@ -2,14 +2,13 @@
 //! both TX paths (copy, zerocopy) into a tap inside the lab's own network namespace,
 //! where a sink checks every frame. Also the echo round trip used by the tests.
 
-use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabSteps};
+use crate::control::{drive, guest_tsc_khz, lab_machine, Window};
 use crate::netns::{Netns, NetnsError};
 use crate::report::{targets_json, targets_text, Outputs, Target, WriteError};
 use crate::sink::{frame, Sink, SinkError, SinkReport};
 use crate::stats::median;
 use crate::svg;
 use exitless_vmm::machine::read_result;
-use exitless_vmm::vcpu::Vcpu;
 use exitless_vmm::virtio::net::TxMode;
 use exitless_vmm::{Machine, MachineError, NetConfig};
 use serde_json::json;
@@ -114,36 +113,7 @@ fn snapshot(machine: &Machine) -> Snapshot {
     }
 }
 
-#[derive(Default)]
-struct TxSteps {
-    begin: Option<Snapshot>,
-    end: Option<(Snapshot, u64)>,
-    on_begin: Option<Box<dyn FnOnce()>>,
-}
-
-impl LabSteps for TxSteps {
-    type Error = NetBenchError;
-
-    fn on_event(&mut self, machine: &Machine, vcpu: &mut Vcpu, event: LabEvent) -> Result<(), NetBenchError> {
-        match event {
-            LabEvent::Begin(_) => {
-                vcpu.exits.stats.reset();
-                vcpu.discard_pending();
-                self.begin = Some(snapshot(machine));
-                if let Some(f) = self.on_begin.take() {
-                    f();
-                }
-            }
-            LabEvent::End(_) => {
-                let s = &vcpu.exits.stats;
-                let exits = s.io_exits();
-                self.end = Some((snapshot(machine), exits));
-            }
-            LabEvent::Mark(_) => {}
-        }
-        Ok(())
-    }
-}
+type TxSteps = Window<Snapshot, NetBenchError>;
 
 fn tap_name() -> String {
     format!("exl{}", std::process::id() % 1_000_000)
@@ -181,7 +151,7 @@ fn boot_with(
 fn run_one(netns: &Netns, size: usize, path: TxMode, opts: &Options, tsc_khz: u64) -> Result<Row, NetBenchError> {
     let params = vec![size as u64, u64::MAX, (opts.seconds * 1000.0) as u64, tsc_khz];
     let (machine, control, sink) = boot(netns, "nettx", params, path, size)?;
-    let mut lab = TxSteps::default();
+    let mut lab = TxSteps::new(snapshot);
     drive(&machine, &control, opts.timeout, &mut lab)?;
     if let Some(status) = machine.control.exit_status().filter(|&s| s != 0) {
         return Err(NetBenchError::Guest(status));
@@ -279,16 +249,14 @@ pub fn echo(frames: u64, size: usize, timeout: Duration) -> Result<EchoReport, N
     let (machine, control, sink) =
         boot_with(&netns, "netecho", vec![frames], TxMode::Zerocopy, size, Some(console.clone()))?;
     let sender = sink.sender();
-    let mut lab = TxSteps {
-        on_begin: Some(Box::new(move || {
-            std::thread::spawn(move || {
-                for seq in 0..frames {
-                    let _ = sender.send(&frame([2, 0, 0, 0, 0, 1], size, seq));
-                }
-            });
-        })),
-        ..TxSteps::default()
-    };
+    let mut lab = TxSteps::new(snapshot);
+    lab.on_begin = Some(Box::new(move || {
+        std::thread::spawn(move || {
+            for seq in 0..frames {
+                let _ = sender.send(&frame([2, 0, 0, 0, 0, 1], size, seq));
+            }
+        });
+    }));
     drive(&machine, &control, timeout, &mut lab)?;
     if let Some(status) = machine.control.exit_status().filter(|&s| s != 0) {
         return Err(NetBenchError::Guest(status));

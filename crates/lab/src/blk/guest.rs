@@ -3,10 +3,9 @@
 //! and the VMM's CPU outside the vCPU (device thread and io_uring workers).
 
 use super::{BlkBenchError, RunResult, Workload};
-use crate::control::{drive, lab_machine, LabEvent, LabSteps};
+use crate::control::{drive, lab_machine, Window};
 use crate::stats::cpu_time;
 use exitless_vmm::machine::read_result;
-use exitless_vmm::vcpu::Vcpu;
 use exitless_vmm::virtio::blk::DriveConfig;
 use exitless_vmm::Machine;
 use std::path::Path;
@@ -28,32 +27,6 @@ fn snapshot(machine: &Machine) -> Snapshot {
         vcpu_cpu: cpu_time(libc::RUSAGE_THREAD),
         kicks: d.kicks,
         irqs: d.irqs,
-    }
-}
-
-#[derive(Default)]
-struct Steps {
-    begin: Option<Snapshot>,
-    end: Option<(Snapshot, u64)>,
-}
-
-impl LabSteps for Steps {
-    type Error = BlkBenchError;
-
-    fn on_event(&mut self, machine: &Machine, vcpu: &mut Vcpu, event: LabEvent) -> Result<(), BlkBenchError> {
-        match event {
-            LabEvent::Begin(_) => {
-                vcpu.exits.stats.reset();
-                self.begin = Some(snapshot(machine));
-            }
-            LabEvent::End(_) => {
-                let s = &vcpu.exits.stats;
-                let exits = s.io_exits();
-                self.end = Some((snapshot(machine), exits));
-            }
-            LabEvent::Mark(_) => {}
-        }
-        Ok(())
     }
 }
 
@@ -81,7 +54,7 @@ pub fn run(g: &GuestRun) -> Result<RunResult, BlkBenchError> {
     ];
     let drive_config = DriveConfig { direct: true, ..DriveConfig::new(g.file) };
     let (machine, control) = lab_machine("blkbench", params, |c| c.drives = vec![drive_config])?;
-    let mut steps = Steps::default();
+    let mut steps = Window::<Snapshot, BlkBenchError>::new(snapshot);
     drive(&machine, &control, g.timeout, &mut steps)?;
     let status = machine.control.exit_status().unwrap_or(0);
     if status > 1 {
