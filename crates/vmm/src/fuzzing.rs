@@ -10,8 +10,12 @@ use crate::layout::MemoryMap;
 use crate::pci::cf8::Cf8Device;
 use crate::pci::ecam::{EcamDevice, EcamShadow};
 use crate::pci::{host_bridge, EcamMode, PciRoot};
+use crate::irq::GsiRouter;
+use crate::pci::msix::Msix;
 use crate::testing::FakeKvm;
 use crate::virtio::blk::request::{self, Parser};
+use crate::virtio::{Activation, ActiveQueue, Interrupt};
+use vmm_sys_util::eventfd::EventFd;
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -20,7 +24,34 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 pub type Target = fn(&[u8]);
 
 /// The targets, by name (the corpus directories are named after them).
-pub const TARGETS: &[(&str, Target)] = &[("loader", loader), ("blk_request", blk_request), ("pci_config", pci_config)];
+pub const TARGETS: &[(&str, Target)] = &[
+    ("loader", loader),
+    ("blk_request", blk_request),
+    ("pci_config", pci_config),
+    ("virtio_net", virtio_net),
+    ("virtio_pci", virtio_pci),
+    ("bus_dispatch", bus_dispatch),
+];
+
+/// Fuzzed guest memory: 64 KiB at 0 holding the input (zeros past it).
+fn guest_memory(data: &[u8]) -> Option<GuestMemoryMmap> {
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).ok()?;
+    mem.write_slice(&data[..data.len().min(0x10000)], GuestAddress(0)).ok()?;
+    Some(mem)
+}
+
+/// A ready queue of 16 entries with EVENT_IDX, its rings at `base` (descriptors),
+/// `base + 0x800` (avail) and `base + 0x1000` (used).
+fn queue_at(base: u64) -> Option<Queue> {
+    let mut queue = Queue::new(16).ok()?;
+    queue.set_size(16);
+    queue.set_desc_table_address(Some(base as u32), Some(0));
+    queue.set_avail_ring_address(Some((base + 0x800) as u32), Some(0));
+    queue.set_used_ring_address(Some((base + 0x1000) as u32), Some(0));
+    queue.set_event_idx(true);
+    queue.set_ready(true);
+    Some(queue)
+}
 
 /// A file a user passes as `--kernel`: every image kind's loader, on 16 MiB of RAM.
 pub fn loader(data: &[u8]) {
@@ -35,18 +66,7 @@ pub fn loader(data: &[u8]) {
 /// 0x800, used ring at 0x1000) and buffers, all from the input: every chain the device
 /// would pop is parsed as a virtio-blk request, then returned.
 pub fn blk_request(data: &[u8]) {
-    let Ok(mem) = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]) else { return };
-    let _ = mem.write_slice(&data[..data.len().min(0x10000)], GuestAddress(0));
-    let mut queue = match Queue::new(16) {
-        Ok(q) => q,
-        Err(_) => return,
-    };
-    queue.set_size(16);
-    queue.set_desc_table_address(Some(0), Some(0));
-    queue.set_avail_ring_address(Some(0x800), Some(0));
-    queue.set_used_ring_address(Some(0x1000), Some(0));
-    queue.set_event_idx(true);
-    queue.set_ready(true);
+    let (Some(mem), Some(mut queue)) = (guest_memory(data), queue_at(0)) else { return };
     let mut parser = Parser::default();
     for _ in 0..64 {
         let Some(chain) = queue.pop_descriptor_chain(&mem) else { break };
@@ -88,6 +108,170 @@ pub fn pci_config(data: &[u8]) {
             // ECAM: bus 0, devices 0-3, any register of function 0.
             2 => ecam.write(device << 15 | (offset & 0xfff), &value[..size]),
             _ => ecam.read(device << 15 | (offset & 0xfff), &mut buf[..size]),
+        }
+    }
+}
+
+/// virtio-net's queue processing, as its device thread does it, over fuzzed guest memory:
+/// the RX queue's rings at 0 and the TX queue's at 0x2000 (16 entries each, EVENT_IDX,
+/// indirect tables allowed), and a stand-in tap (a datagram socket) holding up to three
+/// frames cut from the input (count in byte 0, length in byte 1) for RX. TX frames, zero
+/// copy or copied (byte 2), go out on the same socket.
+pub fn virtio_net(data: &[u8]) {
+    use crate::net::tap::{Tap, VNET_HDR_LEN};
+    use crate::virtio::net::{process_once, TxMode};
+    use std::os::fd::FromRawFd;
+    let (Some(mem), Some(rx), Some(tx)) = (guest_memory(data), queue_at(0), queue_at(0x2000)) else { return };
+    let mut fds = [0; 2];
+    // SAFETY: socketpair writes two fds into the array it is given; both are owned below.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK, 0, fds.as_mut_ptr()) } < 0 {
+        return;
+    }
+    // SAFETY: fresh fds from socketpair, owned by nothing else.
+    let (ours, peer) = unsafe { (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1])) };
+    let (count, len) = (data.first().map_or(0, |b| b % 4), VNET_HDR_LEN + usize::from(data.get(1).copied().unwrap_or(0)));
+    for _ in 0..count {
+        let _ = std::io::Write::write(&mut &peer, &data[..len.min(data.len())]);
+    }
+    let tx_mode = if data.get(2).is_some_and(|b| b & 1 == 1) { TxMode::Copy } else { TxMode::Zerocopy };
+    let Some((activation, kicks)) = activation(mem, 2) else { return };
+    let queues = [rx, tx].into_iter().zip(kicks).map(|(queue, kick)| ActiveQueue { queue, kick }).collect();
+    process_once(Tap::from_file(ours, "fuzz"), tx_mode, queues, activation);
+}
+
+/// What a device is activated with (no interrupt reaches anything), and `n` kick eventfds.
+fn activation(mem: GuestMemoryMmap, n: usize) -> Option<(Activation, Vec<Arc<EventFd>>)> {
+    let router = Arc::new(GsiRouter::new(Arc::new(FakeKvm::default())));
+    let msix = Msix::new(router, n + 1).ok()?;
+    let interrupt = Interrupt {
+        msix: Arc::new(std::sync::Mutex::new(msix)),
+        isr: Default::default(),
+        queue_vectors: (0..n as u16).collect(),
+        config_vector: n as u16,
+        signalled: Default::default(),
+    };
+    let kicks = (0..n).map(|_| EventFd::new(libc::EFD_NONBLOCK).map(Arc::new)).collect::<Result<_, _>>().ok()?;
+    let activation = Activation {
+        mem,
+        features: crate::virtio::VIRTIO_F_EVENT_IDX,
+        interrupt: Arc::new(interrupt),
+        status: Arc::default(),
+    };
+    Some((activation, kicks))
+}
+
+/// The virtio-pci transport: the input's first 4 KiB are guest memory (where the rings
+/// the driver points at lie, so activation checks them), the rest a list of 12-byte BAR0
+/// accesses (kind, size, offset, value): common config, ISR, device config, notify,
+/// MSI-X table and PBA, so feature negotiation, queue setup, activation, resets and
+/// vector changes all happen in any order.
+pub fn virtio_pci(data: &[u8]) {
+    use crate::virtio::pci::BAR_SIZE;
+    let Some(mem) = guest_memory(&data[..data.len().min(0x1000)]) else { return };
+    let (transport, _) = crate::testing::virtio_transport(mem);
+    for op in data.get(0x1000..).unwrap_or_default().chunks_exact(12) {
+        let size = [1usize, 2, 4, 8][usize::from(op[1] & 3)];
+        let offset = u64::from(u16::from_le_bytes([op[2], op[3]])) % BAR_SIZE;
+        let offset = offset.min(BAR_SIZE - size as u64);
+        if op[0] & 1 == 0 {
+            transport.write(offset, &op[4..4 + size]);
+        } else {
+            let mut buf = [0u8; 8];
+            transport.read(offset, &mut buf[..size]);
+        }
+    }
+}
+
+/// The buses' dispatch, checked against a plain list: the input is a list of 8-byte
+/// operations (insert, remove, lookup-and-access) on a PIO and an MMIO bus published
+/// through [`SharedBuses`]; every lookup must find exactly the range a linear scan finds
+/// (the whole access inside it) and hand the device the right offset. Panics on a mismatch.
+pub fn bus_dispatch(data: &[u8]) {
+    use crate::bus::{BusAddress, MmioAddress, PioAddress};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    /// Remembers the offset of the last access it saw.
+    struct Probe(AtomicU64);
+    impl BusDevice for Probe {
+        fn read(&self, offset: u64, data: &mut [u8]) {
+            self.0.store(offset, Ordering::Relaxed);
+            data.fill(0);
+        }
+        fn write(&self, offset: u64, _: &[u8]) {
+            self.0.store(offset, Ordering::Relaxed);
+        }
+    }
+    let buses = SharedBuses::new(BusSet::default());
+    // The model: (space, base, len, id) for every range the buses accepted.
+    let mut model: Vec<(u8, u64, u64, usize)> = Vec::new();
+    let probe = Arc::new(Probe(AtomicU64::new(u64::MAX)));
+    let max = [PioAddress::MAX, MmioAddress::MAX];
+    for (n, op) in data.chunks_exact(8).enumerate() {
+        let space = op[0] >> 7;
+        // Small addresses so ranges meet; the top ones so ends near the limit happen too.
+        let raw = u64::from(u32::from_le_bytes([op[1], op[2], op[3], 0]));
+        let addr = if op[0] & 0x40 != 0 { max[usize::from(space)] - raw % 64 } else { raw };
+        let len = u64::from(op[4]) | u64::from(op[5]) << 8;
+        let device: Arc<dyn BusDevice> = probe.clone();
+        match op[0] & 3 {
+            0 => {
+                let fits = addr <= max[usize::from(space)];
+                let inserted = fits
+                    && buses
+                        .update(|b| match space {
+                            0 => b.pio.insert(PioAddress(addr as u16), len, DeviceId(n), device),
+                            _ => b.mmio.insert(MmioAddress(addr), len, DeviceId(n), device),
+                        })
+                        .is_ok();
+                // A range's end must be representable, so MMIO's very last byte is never mapped.
+                let ok = fits
+                    && len > 0
+                    && addr.checked_add(len).is_some_and(|end| end - 1 <= max[usize::from(space)])
+                    && !model.iter().any(|&(s, b, l, _)| s == space && addr < b + l && b < addr + len);
+                assert_eq!(inserted, ok, "insert {space} {addr:#x}+{len:#x} against {model:x?}");
+                if ok {
+                    model.push((space, addr, len, n));
+                }
+            }
+            1 => {
+                let removed = buses
+                    .update(|b| match space {
+                        0 if addr <= PioAddress::MAX => b.pio.remove(PioAddress(addr as u16)).map(drop),
+                        0 => Err(crate::bus::BusError::NotFound(addr)),
+                        _ => b.mmio.remove(MmioAddress(addr)).map(drop),
+                    })
+                    .is_ok();
+                let at = model.iter().position(|&(s, b, _, _)| s == space && b == addr);
+                assert_eq!(removed, at.is_some(), "remove {space} {addr:#x}");
+                if let Some(at) = at {
+                    model.remove(at);
+                }
+            }
+            _ => {
+                let size = 1usize << (op[6] & 3);
+                let (set, _) = buses.snapshot();
+                let found = match space {
+                    0 if addr <= PioAddress::MAX => set.pio.lookup(PioAddress(addr as u16), size),
+                    0 => None,
+                    _ => set.mmio.lookup(MmioAddress(addr), size),
+                };
+                let expected = model.iter().find(|&&(s, b, l, _)| {
+                    s == space && addr >= b && (addr - b).checked_add(size as u64).is_some_and(|end| end <= l)
+                });
+                assert_eq!(
+                    found.map(|(e, off)| (e.id.0, off)),
+                    expected.map(|&(_, b, _, id)| (id, addr - b)),
+                    "lookup {space} {addr:#x}/{size}"
+                );
+                if let Some((entry, offset)) = found {
+                    let mut buf = [0u8; 8];
+                    if op[0] & 2 == 0 {
+                        entry.device.read(offset, &mut buf[..size]);
+                    } else {
+                        entry.device.write(offset, &buf[..size]);
+                    }
+                    assert_eq!(probe.0.load(Ordering::Relaxed), offset);
+                }
+            }
         }
     }
 }

@@ -4,7 +4,10 @@
 //! the filter raises SIGSYS; the handler names the call on stderr and ends the process.
 //! `--no-seccomp` turns them off, for debugging.
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule, TargetArch};
+use kvm_bindings::*;
+use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter};
+use seccompiler::{SeccompRule, TargetArch};
+use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
@@ -87,7 +90,6 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         // A device starts on the vCPU exit that sets DRIVER_OK, and its thread inherits
         // this filter under its own: so the device calls and thread creation are here too.
         ThreadKind::Vcpu => &[
-            libc::SYS_ioctl,
             libc::SYS_getrandom,
             libc::SYS_tgkill,
             libc::SYS_writev,
@@ -146,7 +148,6 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_statx,
             libc::SYS_lseek,
             libc::SYS_fcntl,
-            libc::SYS_ioctl,
             libc::SYS_getrandom,
             libc::SYS_rt_sigaction,
             libc::SYS_sched_getaffinity,
@@ -156,8 +157,72 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
     calls
 }
 
+// The ioctls a running VM makes, by request number (KVMIO is 0xAE).
+ioctl_io_nr!(KVM_RUN, KVMIO, 0x80);
+ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_regs);
+ioctl_iow_nr!(KVM_SET_REGS, KVMIO, 0x82, kvm_regs);
+ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_sregs);
+ioctl_iowr_nr!(KVM_TRANSLATE, KVMIO, 0x85, kvm_translation);
+ioctl_ior_nr!(KVM_GET_FPU, KVMIO, 0x8c, kvm_fpu);
+ioctl_iow_nr!(KVM_SET_FPU, KVMIO, 0x8d, kvm_fpu);
+ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
+ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
+ioctl_iow_nr!(KVM_SET_USER_MEMORY_REGION, KVMIO, 0x46, kvm_userspace_memory_region);
+ioctl_iow_nr!(KVM_IRQ_LINE, KVMIO, 0x61, kvm_irq_level);
+ioctl_iow_nr!(KVM_SET_GSI_ROUTING, KVMIO, 0x6a, kvm_irq_routing);
+ioctl_iow_nr!(KVM_IRQFD, KVMIO, 0x76, kvm_irqfd);
+ioctl_iow_nr!(KVM_IOEVENTFD, KVMIO, 0x79, kvm_ioeventfd);
+
+/// The ioctl requests a thread kind may make; `None` where it makes none.
+fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
+    // Exit handling moves BARs (memslots for the ECAM window, ioeventfds), reroutes
+    // MSI-X (GSI routing, irqfds) and raises pc-testdev lines; completing an instruction
+    // KVM could not emulate reads and writes registers, FPU state and pending events.
+    let vm = [KVM_SET_USER_MEMORY_REGION(), KVM_IOEVENTFD(), KVM_IRQFD(), KVM_SET_GSI_ROUTING(), KVM_IRQ_LINE()];
+    match kind {
+        ThreadKind::Vcpu => Some(
+            [
+                KVM_RUN(),
+                KVM_GET_REGS(),
+                KVM_SET_REGS(),
+                KVM_GET_SREGS(),
+                KVM_TRANSLATE(),
+                KVM_GET_FPU(),
+                KVM_SET_FPU(),
+                KVM_GET_VCPU_EVENTS(),
+                KVM_SET_VCPU_EVENTS(),
+            ]
+            .into_iter()
+            .chain(vm)
+            .map(|r| r as u32)
+            .collect(),
+        ),
+        // Restoring the terminal (TCGETS/TCSETS*); tearing down what the VM registered.
+        ThreadKind::Main => Some(
+            [libc::TCGETS, libc::TCSETS, libc::TCSETSW, libc::TCSETSF]
+                .into_iter()
+                .chain(vm.into_iter().map(u64::from))
+                .map(|r| r as u32)
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
 fn program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
-    let rules: BTreeMap<i64, Vec<SeccompRule>> = allowed(kind).into_iter().map(|c| (c, vec![])).collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowed(kind).into_iter().map(|c| (c, vec![])).collect();
+    if let Some(requests) = ioctls(kind) {
+        let build = |e| SeccompError::Build(kind, e);
+        let by_request = requests
+            .into_iter()
+            .map(|r| {
+                // The kernel takes the request as an unsigned int: compare the low 32 bits.
+                let cond = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, u64::from(r));
+                SeccompRule::new(vec![cond.map_err(build)?]).map_err(build)
+            })
+            .collect::<Result<_, _>>()?;
+        rules.insert(libc::SYS_ioctl, by_request);
+    }
     let filter = SeccompFilter::new(rules, SeccompAction::Trap, SeccompAction::Allow, TargetArch::x86_64)
         .map_err(|e| SeccompError::Build(kind, e))?;
     filter.try_into().map_err(|e| SeccompError::Compile(kind, e))
@@ -225,9 +290,20 @@ mod tests {
     #[test]
     fn seccomp_child() {
         let Ok(kind) = std::env::var("EXITLESS_SECCOMP_CHILD") else { return };
-        let kind = if kind == "vcpu" { ThreadKind::Vcpu } else { ThreadKind::ConsoleOut };
+        let ioctl = kind == "ioctl";
+        let kind = if kind == "console" { ThreadKind::ConsoleOut } else { ThreadKind::Vcpu };
         std::thread::spawn(move || {
             confine(kind).unwrap();
+            if ioctl {
+                // Allowed: KVM_RUN's number (on no descriptor: EBADF). Forbidden: TIOCSTI.
+                // SAFETY: ioctls on fd -1 touch no memory and fail.
+                unsafe {
+                    assert_eq!(libc::ioctl(-1, KVM_RUN(), 0), -1);
+                    libc::write(2, b"confined\n".as_ptr().cast(), 9);
+                    libc::ioctl(-1, libc::TIOCSTI, 0);
+                }
+                return;
+            }
             // Allowed: a write. Forbidden for both kinds: socket(2).
             // SAFETY: plain syscalls with valid arguments.
             unsafe {
@@ -242,7 +318,7 @@ mod tests {
 
     #[test]
     fn a_forbidden_call_stops_the_process_and_is_named() {
-        for kind in ["vcpu", "console"] {
+        for kind in ["vcpu", "console", "ioctl"] {
             let out = std::process::Command::new(std::env::current_exe().unwrap())
                 .args(["--exact", "seccomp::tests::seccomp_child", "--nocapture", "--test-threads=1"])
                 .env("EXITLESS_SECCOMP_CHILD", kind)
@@ -250,9 +326,21 @@ mod tests {
                 .unwrap();
             let err = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(EXIT_CODE), "{kind}: {err}");
-            let socket = format!("system call {} it is not allowed", libc::SYS_socket);
-            assert!(err.contains("confined") && err.contains(&socket), "{kind}: {err}");
+            let call = if kind == "ioctl" { libc::SYS_ioctl } else { libc::SYS_socket };
+            let named = format!("system call {call} it is not allowed");
+            assert!(err.contains("confined") && err.contains(&named), "{kind}: {err}");
         }
+    }
+
+    #[test]
+    fn ioctl_numbers_are_the_kernels() {
+        // As strace -Xraw shows them for a running VM.
+        assert_eq!(KVM_RUN(), 0xae80);
+        assert_eq!(KVM_GET_REGS(), 0x8090_ae81);
+        assert_eq!(KVM_SET_USER_MEMORY_REGION(), 0x4020_ae46);
+        assert_eq!(KVM_SET_GSI_ROUTING(), 0x4008_ae6a);
+        assert_eq!(KVM_IRQFD(), 0x4020_ae76);
+        assert_eq!(KVM_IOEVENTFD(), 0x4040_ae79);
     }
 
     #[test]

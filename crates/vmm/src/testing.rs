@@ -3,8 +3,13 @@
 use crate::ioeventfd::{IoeventfdKey, IoeventfdSink};
 use crate::irq::{IrqError, IrqSink, MsiMessage, Route};
 use crate::pci::ecam::MemslotSink;
+use crate::irq::GsiRouter;
+use crate::pci::msix::Msix;
+use crate::virtio::pci::VirtioPci;
+use crate::virtio::{ActivateError, Activation, ActiveQueue, VirtioDevice, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 impl FakeKvm {
@@ -58,4 +63,41 @@ impl MemslotSink for FakeKvm {
         }
         Ok(())
     }
+}
+
+/// A virtio device that only counts the transport's activations.
+#[derive(Default)]
+pub struct RecordingDevice {
+    pub activations: Arc<AtomicU64>,
+}
+
+impl VirtioDevice for RecordingDevice {
+    fn device_type(&self) -> u16 {
+        1
+    }
+    fn features(&self) -> u64 {
+        VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX
+    }
+    fn queue_max_sizes(&self) -> Vec<u16> {
+        vec![256, 256]
+    }
+    fn read_config(&self, _offset: u64, data: &mut [u8]) {
+        data.fill(0xab);
+    }
+    fn activate(&mut self, _queues: Vec<ActiveQueue>, _activation: Activation) -> Result<(), ActivateError> {
+        self.activations.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn reset(&mut self) {}
+}
+
+/// A virtio-pci transport (3 MSI-X vectors, routed nowhere) over `mem` around a
+/// [`RecordingDevice`], and that device's activation count.
+pub fn virtio_transport(mem: GuestMemoryMmap) -> (Arc<VirtioPci>, Arc<AtomicU64>) {
+    let router = Arc::new(GsiRouter::new(Arc::new(FakeKvm::default())));
+    let device = RecordingDevice::default();
+    let activations = device.activations.clone();
+    let msix = Msix::new(router, 3).expect("a fake router takes any route");
+    let transport = VirtioPci::new(Box::new(device), mem, msix).expect("eventfds for the kicks");
+    (Arc::new(transport), activations)
 }

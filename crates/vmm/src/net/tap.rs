@@ -112,6 +112,13 @@ impl Tap {
         Ok(())
     }
 
+    /// A stand-in tap on any frame-preserving descriptor (a datagram socket), for the
+    /// fuzz targets: frames read from it and written to it exactly as from a tap.
+    #[doc(hidden)]
+    pub fn from_file(file: File, name: &str) -> Tap {
+        Tap { file, name: name.into() }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

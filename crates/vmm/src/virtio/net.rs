@@ -390,6 +390,18 @@ impl Worker {
     }
 }
 
+/// One pass of the device thread's work, without the thread: the TX queue, then the RX
+/// queue (the fuzz target's entry into the queue processing).
+#[doc(hidden)]
+pub fn process_once(tap: Tap, tx_mode: TxMode, queues: Vec<ActiveQueue>, a: Activation) -> NetCounters {
+    let stats = Arc::new(NetStats::default());
+    if let Ok(mut worker) = Worker::new(Arc::new(tap), tx_mode, stats.clone(), queues, a) {
+        worker.process_tx();
+        worker.process_rx();
+    }
+    stats.snapshot()
+}
+
 impl FrameIo {
     fn bad_chain(&self, queue: &str, e: ChainError) {
         if self.stats.bad_chains.fetch_add(1, Ordering::Relaxed) == 0 {

@@ -504,39 +504,9 @@ mod tests {
     use crate::virtio::STATUS_FAILED;
     use vm_memory::GuestAddress;
 
-    /// A device that only records what the transport asks of it.
-    #[derive(Default)]
-    struct Dummy {
-        activations: Arc<AtomicU64>,
-    }
-
-    impl VirtioDevice for Dummy {
-        fn device_type(&self) -> u16 {
-            1
-        }
-        fn features(&self) -> u64 {
-            VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX
-        }
-        fn queue_max_sizes(&self) -> Vec<u16> {
-            vec![256, 256]
-        }
-        fn read_config(&self, _offset: u64, data: &mut [u8]) {
-            data.fill(0xab);
-        }
-        fn activate(&mut self, _queues: Vec<ActiveQueue>, _activation: Activation) -> Result<(), ActivateError> {
-            self.activations.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        }
-        fn reset(&mut self) {}
-    }
-
     fn transport() -> (Arc<VirtioPci>, Arc<AtomicU64>) {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let router = Arc::new(GsiRouter::new(Arc::new(FakeKvm::default())));
-        let dummy = Dummy::default();
-        let activations = dummy.activations.clone();
-        let t = VirtioPci::new(Box::new(dummy), mem, Msix::new(router, 3).unwrap()).unwrap();
-        (Arc::new(t), activations)
+        crate::testing::virtio_transport(mem)
     }
 
     fn w(t: &VirtioPci, at: u64, v: u64, size: usize) {
