@@ -82,7 +82,7 @@ pub struct RunArgs {
     /// A virtio-blk disk backed by FILE (repeatable): `readonly=on` refuses writes,
     /// `id=NAME` is its serial (GET_ID, up to 20 bytes), `direct=on` bypasses the host
     /// page cache (O_DIRECT) where the filesystem allows it.
-    #[arg(long, value_name = "path=FILE[,readonly=on][,id=NAME][,direct=on]", value_parser = parse_drive)]
+    #[arg(long, value_name = "path=FILE[,readonly=on][,id=NAME][,direct=on][,engine=pool]", value_parser = parse_drive)]
     pub drive: Vec<exitless_vmm::virtio::blk::DriveConfig>,
     /// Parameters for the payload, comma-separated integers (payload-specific).
     #[arg(long, value_delimiter = ',', value_parser = parse_u64)]
@@ -391,11 +391,17 @@ pub fn parse_drive(s: &str) -> Result<exitless_vmm::virtio::blk::DriveConfig, St
             Some(("path", p)) if !p.is_empty() => path = Some(PathBuf::from(p)),
             Some(("readonly", v)) => drive.readonly = parse_on_off(v)?,
             Some(("direct", v)) => drive.direct = parse_on_off(v)?,
+            Some(("engine", "io_uring")) => drive.thread_pool = false,
+            Some(("engine", "pool")) => drive.thread_pool = true,
             Some(("id", id)) if id.len() <= ID_LEN => drive.id = Some(id.to_string()),
             Some(("id", id)) => {
                 return Err(format!("id '{id}' is longer than {ID_LEN} bytes (what GET_ID can return)"))
             }
-            _ => return Err(format!("'{part}' is not path=FILE, readonly=on|off, id=NAME or direct=on|off")),
+            _ => {
+                return Err(format!(
+                    "'{part}' is not path=FILE, readonly=on|off, id=NAME, direct=on|off or engine=io_uring|pool"
+                ))
+            }
         }
     }
     drive.path = path.ok_or("--drive needs path=FILE")?;

@@ -55,7 +55,8 @@ pub fn profile(report: &RunReport) -> String {
     for (name, d) in &report.drives {
         let _ = writeln!(
             s,
-            "  {name}: {} reads ({} KiB), {} writes ({} KiB), {} flushes, {} discards, {} errors, {} malformed, {} kicks, {} irqs",
+            "  {name} ({}): {} reads ({} KiB), {} writes ({} KiB), {} flushes, {} discards, {} errors, {} malformed, {} kicks, {} irqs",
+            d.engine,
             d.reads,
             d.read_bytes >> 10,
             d.writes,
@@ -117,7 +118,7 @@ pub fn json(report: &RunReport) -> Value {
         "drives": report.drives.iter().map(|(name, d)| (name.clone(), json!({
             "reads": d.reads, "writes": d.writes, "read_bytes": d.read_bytes, "write_bytes": d.write_bytes,
             "flushes": d.flushes, "discards": d.discards, "errors": d.errors, "bad_requests": d.bad_requests,
-            "kicks": d.kicks, "irqs": d.irqs,
+            "kicks": d.kicks, "irqs": d.irqs, "engine": d.engine,
         }))).collect::<Map<String, Value>>(),
     })
 }

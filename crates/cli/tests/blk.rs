@@ -34,20 +34,24 @@ fn what_the_guest_writes_is_in_the_file_byte_for_byte() {
     if !kvm_or_skip("what_the_guest_writes_is_in_the_file_byte_for_byte") {
         return;
     }
-    let path = disk(0);
-    // Sequential 64K writes at qd 4 over the whole disk (64 of them), stamp 5, then FLUSH.
-    let (out, json) = blkbench(&path, ",direct=on", "3,65536,4,64,0,0,5,1,1");
-    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    assert!(stdout(&out).contains("blkbench: flushed, status 0"), "{}", stdout(&out));
-    let mut expected = vec![0u8; DISK];
-    pattern::fill(&mut expected, 0, 5);
-    let file = std::fs::read(&path).unwrap();
-    assert!(file == expected, "the file differs from what the guest wrote");
-    let d = &json["drives"]["virtio-blk0"];
-    assert_eq!(d["writes"].as_u64(), Some(64), "{json}");
-    assert_eq!(d["write_bytes"].as_u64(), Some(DISK as u64), "{json}");
-    assert_eq!(d["flushes"].as_u64(), Some(1), "{json}");
-    assert_eq!(d["errors"].as_u64(), Some(0), "{json}");
+    // Both engines: io_uring, and the thread pool that stands in where it is missing.
+    for (extra, engine) in [(",direct=on", "io_uring"), (",direct=on,engine=pool", "thread pool")] {
+        let path = disk(0);
+        // Sequential 64K writes at qd 4 over the whole disk (64 of them), stamp 5, then FLUSH.
+        let (out, json) = blkbench(&path, extra, "3,65536,4,64,0,0,5,1,1");
+        assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+        assert!(stdout(&out).contains("blkbench: flushed, status 0"), "{}", stdout(&out));
+        let mut expected = vec![0u8; DISK];
+        pattern::fill(&mut expected, 0, 5);
+        let file = std::fs::read(&path).unwrap();
+        assert!(file == expected, "{engine}: the file differs from what the guest wrote");
+        let d = &json["drives"]["virtio-blk0"];
+        assert_eq!(d["engine"].as_str(), Some(engine), "{json}");
+        assert_eq!(d["writes"].as_u64(), Some(64), "{json}");
+        assert_eq!(d["write_bytes"].as_u64(), Some(DISK as u64), "{json}");
+        assert_eq!(d["flushes"].as_u64(), Some(1), "{json}");
+        assert_eq!(d["errors"].as_u64(), Some(0), "{json}");
+    }
 }
 
 #[test]
@@ -56,10 +60,12 @@ fn reads_at_depth_see_exactly_what_the_file_holds() {
         return;
     }
     let path = disk(3);
-    let (out, json) = blkbench(&path, "", "0,4096,32,500");
-    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    assert!(stdout(&out).contains("500 requests"), "{}", stdout(&out));
-    assert_eq!(json["drives"]["virtio-blk0"]["reads"].as_u64(), Some(500), "{json}");
+    for extra in ["", ",engine=pool"] {
+        let (out, json) = blkbench(&path, extra, "0,4096,32,500");
+        assert!(out.status.success(), "{extra}: {}\n{}", stdout(&out), stderr(&out));
+        assert!(stdout(&out).contains("500 requests"), "{}", stdout(&out));
+        assert_eq!(json["drives"]["virtio-blk0"]["reads"].as_u64(), Some(500), "{json}");
+    }
     // One damaged sector in a file the guest reads end to end must be found.
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[DISK / 2 + 100] ^= 0x40;

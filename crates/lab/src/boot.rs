@@ -37,6 +37,7 @@ fn one_run(exe: &std::path::Path, mem: u64, report: &std::path::Path) -> Result<
     // The child's last stderr line says why, when it fails.
     let mut stderr = child.stderr.take().ok_or_else(|| BootBenchError::Run("no stderr".into()))?;
     let why = std::thread::spawn(move || {
+        exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Helper);
         let mut text = String::new();
         let _ = stderr.read_to_string(&mut text);
         text.lines().rev().find(|l| !l.trim().is_empty()).map(|l| l.trim().to_string())

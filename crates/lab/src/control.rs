@@ -3,6 +3,7 @@
 
 use exitless_payloads::abi::LAB_CONTROL_PORT;
 use exitless_vmm::bus::BusDevice;
+use exitless_vmm::seccomp::ThreadKind;
 use exitless_vmm::vcpu::{Step, Vcpu, VcpuError};
 use exitless_vmm::watchdog::Watchdog;
 use exitless_vmm::{Machine, MachineConfig, MachineError};
@@ -84,7 +85,7 @@ pub struct Window<S, E> {
     /// The counters at End, and the port and MMIO exits since Begin.
     pub end: Option<(S, u64)>,
     /// Run once at Begin (the echo lab starts its sender there).
-    pub on_begin: Option<Box<dyn FnOnce()>>,
+    pub on_begin: Option<Box<dyn FnOnce() + Send>>,
     error: std::marker::PhantomData<fn() -> E>,
 }
 
@@ -163,28 +164,47 @@ pub fn guest_tsc_khz() -> Result<u32, MachineError> {
     vcpu.get_tsc_khz().map_err(fail("KVM_GET_TSC_KHZ"))
 }
 
-/// Runs vCPU 0 on this thread until the guest exits, handing each announcement to `lab`.
+/// Runs vCPU 0 until the guest exits, handing each announcement to `lab`. The vCPU runs
+/// on its own thread under the lab's vCPU seccomp filter (a vCPU's, plus what the lab's
+/// `on_event` code needs), so a lab guest meets the confinement of `exitless run`.
 /// A guest that overruns `timeout` is stopped and reported.
-pub fn drive<L: LabSteps>(
+pub fn drive<L: LabSteps + Send>(
     machine: &Machine,
     control: &LabControl,
     timeout: Duration,
     lab: &mut L,
-) -> Result<(), L::Error> {
-    let mut vcpu = machine.create_vcpu(0)?;
-    let watchdog = Watchdog::arm_for_current_thread(machine.control.clone(), timeout);
-    let result = (|| loop {
-        if lab.step(&mut vcpu).map_err(MachineError::from)? == Step::Stopped {
-            return Ok(());
-        }
-        if let Some(event) = control.take() {
-            lab.on_event(machine, &mut vcpu, event)?;
-        }
-    })();
-    if watchdog.disarm() {
-        return Err(MachineError::Timeout(timeout).into());
-    }
-    result
+) -> Result<(), L::Error>
+where
+    L::Error: Send,
+{
+    let vcpu = machine.create_vcpu(0)?;
+    std::thread::scope(|scope| {
+        let run = move || {
+            let mut vcpu = vcpu;
+            let watchdog = Watchdog::arm_for_current_thread(machine.control.clone(), timeout);
+            let result =
+                exitless_vmm::seccomp::confine(ThreadKind::LabVcpu).map_err(MachineError::from).map_err(Into::into);
+            let result = result.and_then(|()| loop {
+                if lab.step(&mut vcpu).map_err(MachineError::from)? == Step::Stopped {
+                    return Ok(());
+                }
+                if let Some(event) = control.take() {
+                    lab.on_event(machine, &mut vcpu, event)?;
+                }
+            });
+            // The vCPU goes back to be freed unconfined: glibc may read
+            // /proc/sys/vm/overcommit_memory when a thread's heap shrinks.
+            if watchdog.disarm() {
+                return (vcpu, Err(MachineError::Timeout(timeout).into()));
+            }
+            (vcpu, result)
+        };
+        let thread = std::thread::Builder::new().name("vcpu0".into()).spawn_scoped(scope, run);
+        let thread = thread.map_err(|e| L::Error::from(MachineError::VcpuThread(e.to_string())))?;
+        let (vcpu, result) = thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        drop(vcpu);
+        result
+    })
 }
 
 #[cfg(test)]

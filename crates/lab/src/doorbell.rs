@@ -269,6 +269,7 @@ fn spawn_poller(
 ) -> std::io::Result<std::thread::JoinHandle<f64>> {
     let (seq_at, ack_at) = (shared_slot(POLL_SEQ_SLOT), shared_slot(POLL_ACK_SLOT));
     std::thread::Builder::new().name("poller".into()).spawn(move || {
+        exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Helper);
         let (wall, cpu) = (Instant::now(), own_cpu_time());
         let mut last = 0u64;
         while !stop.load(Ordering::Relaxed) {

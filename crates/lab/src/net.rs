@@ -248,14 +248,21 @@ pub fn echo(frames: u64, size: usize, timeout: Duration) -> Result<EchoReport, N
     let console = crate::control::Console::default();
     let (machine, control, sink) =
         boot_with(&netns, "netecho", vec![frames], TxMode::Zerocopy, size, Some(console.clone()))?;
+    // The sender starts now (the vCPU thread's filter would refuse it sendto) and waits
+    // for the guest's Begin.
     let sender = sink.sender();
+    let (go, start) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if !exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Helper) || start.recv().is_err() {
+            return;
+        }
+        for seq in 0..frames {
+            let _ = sender.send(&frame([2, 0, 0, 0, 0, 1], size, seq));
+        }
+    });
     let mut lab = TxSteps::new(snapshot);
     lab.on_begin = Some(Box::new(move || {
-        std::thread::spawn(move || {
-            for seq in 0..frames {
-                let _ = sender.send(&frame([2, 0, 0, 0, 0, 1], size, seq));
-            }
-        });
+        let _ = go.send(());
     }));
     drive(&machine, &control, timeout, &mut lab)?;
     if let Some(status) = machine.control.exit_status().filter(|&s| s != 0) {

@@ -6,19 +6,19 @@
 use crate::boot::{self, BootSpec};
 use crate::bus::{BusDevice, BusSet, DeviceId, SharedBuses};
 use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
+use crate::irq::GsiRouter;
 use crate::layout::MemoryMap;
 use crate::pci::cf8::Cf8Device;
 use crate::pci::ecam::{EcamDevice, EcamShadow};
-use crate::pci::{host_bridge, EcamMode, PciRoot};
-use crate::irq::GsiRouter;
 use crate::pci::msix::Msix;
+use crate::pci::{host_bridge, EcamMode, PciRoot};
 use crate::testing::FakeKvm;
 use crate::virtio::blk::request::{self, Parser};
 use crate::virtio::{Activation, ActiveQueue, Interrupt};
-use vmm_sys_util::eventfd::EventFd;
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
 
 /// A fuzz target's entry point.
 pub type Target = fn(&[u8]);
@@ -129,7 +129,8 @@ pub fn virtio_net(data: &[u8]) {
     }
     // SAFETY: fresh fds from socketpair, owned by nothing else.
     let (ours, peer) = unsafe { (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1])) };
-    let (count, len) = (data.first().map_or(0, |b| b % 4), VNET_HDR_LEN + usize::from(data.get(1).copied().unwrap_or(0)));
+    let (count, len) =
+        (data.first().map_or(0, |b| b % 4), VNET_HDR_LEN + usize::from(data.get(1).copied().unwrap_or(0)));
     for _ in 0..count {
         let _ = std::io::Write::write(&mut &peer, &data[..len.min(data.len())]);
     }

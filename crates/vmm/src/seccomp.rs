@@ -7,10 +7,10 @@
 use kvm_bindings::*;
 use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter};
 use seccompiler::{SeccompRule, TargetArch};
-use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
+use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
 static HANDLER: Once = Once::new();
@@ -24,6 +24,9 @@ pub enum ThreadKind {
     Main,
     /// KVM_RUN and the exit handlers (devices, emulation completions).
     Vcpu,
+    /// A lab benchmark's vCPU loop: a vCPU's calls plus what the lab does between two
+    /// runs (getrusage for its CPU time, coalesced ring (un)registration).
+    LabVcpu,
     /// A virtio device's thread: epoll on eventfds and its backend.
     Device,
     /// virtio-blk's thread: the Device calls plus its file I/O.
@@ -32,6 +35,10 @@ pub enum ThreadKind {
     ConsoleOut,
     /// Feeds the console's input.
     SerialIn,
+    /// Helpers beside a VM: the run watchdog (kicks the vCPUs with a signal) and the labs'
+    /// traffic threads (send and receive on a packet socket that already exists) and
+    /// memory pollers.
+    Helper,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +90,11 @@ const COMMON: &[i64] = &[
 
 fn allowed(kind: ThreadKind) -> Vec<i64> {
     let mut calls = COMMON.to_vec();
+    if kind == ThreadKind::LabVcpu {
+        let mut calls = allowed(ThreadKind::Vcpu);
+        calls.push(libc::SYS_getrusage);
+        return calls;
+    }
     calls.extend_from_slice(match kind {
         // KVM_RUN and the vCPU/VM ioctls of exit handling (BAR moves, routes, memslots);
         // getrandom for rdrand; tgkill for
@@ -137,7 +149,12 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_fdatasync,
             libc::SYS_fallocate,
         ],
-        ThreadKind::ConsoleOut | ThreadKind::SerialIn => &[],
+        ThreadKind::ConsoleOut | ThreadKind::SerialIn | ThreadKind::LabVcpu => &[],
+        // getrandom: std's HashMap seeds itself.
+        // getsockopt: the sink reads its socket's drop count.
+        ThreadKind::Helper => {
+            &[libc::SYS_tgkill, libc::SYS_sendto, libc::SYS_recvfrom, libc::SYS_getsockopt, libc::SYS_getrandom]
+        }
         // Joining threads, kicking vCPUs, reading /proc/self for the report, writing the
         // JSON report, restoring the terminal (ioctl TCSETS), dropping KVM objects.
         ThreadKind::Main => &[
@@ -172,6 +189,8 @@ ioctl_iow_nr!(KVM_IRQ_LINE, KVMIO, 0x61, kvm_irq_level);
 ioctl_iow_nr!(KVM_SET_GSI_ROUTING, KVMIO, 0x6a, kvm_irq_routing);
 ioctl_iow_nr!(KVM_IRQFD, KVMIO, 0x76, kvm_irqfd);
 ioctl_iow_nr!(KVM_IOEVENTFD, KVMIO, 0x79, kvm_ioeventfd);
+ioctl_iow_nr!(KVM_REGISTER_COALESCED_MMIO, KVMIO, 0x67, kvm_coalesced_mmio_zone);
+ioctl_iow_nr!(KVM_UNREGISTER_COALESCED_MMIO, KVMIO, 0x68, kvm_coalesced_mmio_zone);
 
 /// The ioctl requests a thread kind may make; `None` where it makes none.
 fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
@@ -197,6 +216,11 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
             .map(|r| r as u32)
             .collect(),
         ),
+        ThreadKind::LabVcpu => {
+            let mut requests = ioctls(ThreadKind::Vcpu)?;
+            requests.extend([KVM_REGISTER_COALESCED_MMIO() as u32, KVM_UNREGISTER_COALESCED_MMIO() as u32]);
+            Some(requests)
+        }
         // Restoring the terminal (TCGETS/TCSETS*); tearing down what the VM registered.
         ThreadKind::Main => Some(
             [libc::TCGETS, libc::TCSETS, libc::TCSETSW, libc::TCSETSF]
@@ -226,6 +250,12 @@ fn program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
     let filter = SeccompFilter::new(rules, SeccompAction::Trap, SeccompAction::Allow, TargetArch::x86_64)
         .map_err(|e| SeccompError::Build(kind, e))?;
     filter.try_into().map_err(|e| SeccompError::Compile(kind, e))
+}
+
+/// Confines the calling thread to what `kind` needs (nothing, with `--no-seccomp`), or
+/// says why it could not; for threads that should not run unconfined, see [`confine`].
+pub fn confine_or_log(kind: ThreadKind) -> bool {
+    confine(kind).map_err(|e| tracing::error!("{kind:?} thread: not running unconfined: {e}")).is_ok()
 }
 
 /// Confines the calling thread to what `kind` needs (nothing, with `--no-seccomp`).
@@ -348,10 +378,12 @@ mod tests {
         for kind in [
             ThreadKind::Main,
             ThreadKind::Vcpu,
+            ThreadKind::LabVcpu,
             ThreadKind::Device,
             ThreadKind::Block,
             ThreadKind::ConsoleOut,
             ThreadKind::SerialIn,
+            ThreadKind::Helper,
         ] {
             program(kind).unwrap();
         }

@@ -1,9 +1,9 @@
 //! Stand-ins for KVM in unit tests: they record what would have been asked of it.
 
 use crate::ioeventfd::{IoeventfdKey, IoeventfdSink};
+use crate::irq::GsiRouter;
 use crate::irq::{IrqError, IrqSink, MsiMessage, Route};
 use crate::pci::ecam::MemslotSink;
-use crate::irq::GsiRouter;
 use crate::pci::msix::Msix;
 use crate::virtio::pci::VirtioPci;
 use crate::virtio::{ActivateError, Activation, ActiveQueue, VirtioDevice, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};

@@ -36,6 +36,8 @@ impl Watchdog {
         let disarmed = Arc::new((Mutex::new(false), Condvar::new()));
         let flag = disarmed.clone();
         let thread = std::thread::spawn(move || {
+            // Unconfined it would still stop the run: only a weaker guard is lost.
+            crate::seccomp::confine_or_log(crate::seccomp::ThreadKind::Helper);
             let (lock, cvar) = &*flag;
             let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
             let (mut guard, result) =

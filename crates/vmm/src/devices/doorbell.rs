@@ -116,6 +116,9 @@ impl EventfdWorker {
         let stop = Arc::new(AtomicBool::new(false));
         let (epoll2, stop2) = (epoll.clone(), stop.clone());
         let thread = std::thread::Builder::new().name("doorbell".into()).spawn(move || {
+            if !crate::seccomp::confine_or_log(crate::seccomp::ThreadKind::Device) {
+                return;
+            }
             let mut events = vec![EpollEvent::default(); 16];
             while !stop2.load(Ordering::Acquire) {
                 let Ok(n) = epoll2.wait(-1, &mut events) else { continue };

@@ -499,8 +499,6 @@ impl ConfigHook for VirtioPci {
 mod tests {
     use super::*;
     use crate::bus::DeviceId;
-    use crate::irq::GsiRouter;
-    use crate::testing::FakeKvm;
     use crate::virtio::STATUS_FAILED;
     use vm_memory::GuestAddress;
 

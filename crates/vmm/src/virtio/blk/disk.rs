@@ -17,11 +17,14 @@ pub struct DriveConfig {
     pub id: Option<String>,
     /// Bypass the host page cache (O_DIRECT) where the filesystem allows it.
     pub direct: bool,
+    /// Use the thread pool even where io_uring exists (Firecracker's io_engine "Sync"
+    /// has the same role: a host whose io_uring is off or distrusted).
+    pub thread_pool: bool,
 }
 
 impl DriveConfig {
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        DriveConfig { path: path.into(), readonly: false, id: None, direct: false }
+        DriveConfig { path: path.into(), readonly: false, id: None, direct: false, thread_pool: false }
     }
 }
 

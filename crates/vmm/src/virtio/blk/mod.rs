@@ -50,6 +50,8 @@ pub struct BlkStats {
     pub irqs: AtomicU64,
     /// The device thread's pthread id, for reading its CPU clock (0 until it starts).
     pub thread: AtomicU64,
+    /// The I/O engine's name ("io_uring" or "thread pool").
+    pub engine: &'static str,
 }
 
 /// The counters of [`BlkStats`] at one instant.
@@ -65,6 +67,7 @@ pub struct BlkCounters {
     pub bad_requests: u64,
     pub kicks: u64,
     pub irqs: u64,
+    pub engine: &'static str,
 }
 
 impl BlkStats {
@@ -93,12 +96,14 @@ impl BlkStats {
             bad_requests: get(&self.bad_requests),
             kicks: get(&self.kicks),
             irqs: get(&self.irqs),
+            engine: self.engine,
         }
     }
 }
 
 pub struct VirtioBlk {
     disk: Arc<Disk>,
+    thread_pool: bool,
     /// The I/O engine and request slots, kept across resets (made once, before any
     /// seccomp filter); lent to the device thread while the device runs.
     kept: Option<worker::Kept>,
@@ -109,18 +114,24 @@ pub struct VirtioBlk {
 impl VirtioBlk {
     pub fn new(config: &DriveConfig) -> Result<Self, DiskError> {
         let disk = Arc::new(Disk::open(config)?);
-        Ok(VirtioBlk { disk, kept: Some(Self::fresh()), stats: Arc::default(), worker: None })
+        let kept = Self::fresh(config.thread_pool);
+        let stats = Arc::new(BlkStats { engine: kept.engine.name(), ..Default::default() });
+        Ok(VirtioBlk { disk, thread_pool: config.thread_pool, kept: Some(kept), stats, worker: None })
     }
 
-    fn fresh() -> worker::Kept {
-        worker::Kept { engine: Engine::new(u32::from(QUEUE_SIZE)), slots: worker::Slots::new() }
+    fn fresh(thread_pool: bool) -> worker::Kept {
+        let engine = match thread_pool {
+            true => Engine::pool(engine::POOL_THREADS),
+            false => Engine::new(u32::from(QUEUE_SIZE)),
+        };
+        worker::Kept { engine, slots: worker::Slots::new() }
     }
 
     pub fn disk(&self) -> &Disk {
         &self.disk
     }
 
-    /// "io_uring" or "sync".
+    /// "io_uring" or "thread pool".
     pub fn engine_name(&self) -> &'static str {
         self.kept.as_ref().map_or("none", |k| k.engine.name())
     }
@@ -191,7 +202,7 @@ impl VirtioDevice for VirtioBlk {
             return Err(ActivateError::QueueCount { want: 1, have: queues.len() });
         }
         let queue = queues.remove(0);
-        let worker::Kept { engine, slots } = self.kept.take().unwrap_or_else(Self::fresh);
+        let worker::Kept { engine, slots } = self.kept.take().unwrap_or_else(|| Self::fresh(self.thread_pool));
         let stop = EventFd::new(libc::EFD_NONBLOCK).map_err(ActivateError::Thread)?;
         let stop_worker = stop.try_clone().map_err(ActivateError::Thread)?;
         let parts =

@@ -125,9 +125,8 @@ impl Worker {
         let epoll = Epoll::new()?;
         epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_STOP))?;
         epoll.ctl(ControlOperation::Add, self.kick.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_KICK))?;
-        if let Some(done) = self.engine.eventfd() {
-            epoll.ctl(ControlOperation::Add, done.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_DONE))?;
-        }
+        let done = self.engine.eventfd();
+        epoll.ctl(ControlOperation::Add, done.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_DONE))?;
         Ok(epoll)
     }
 
