@@ -3,11 +3,13 @@
  * Writes fill each sector with its pattern (blkreq.h) under a stamp; reads check that
  * every sector carries its own pattern, whatever stamp wrote it (the lab fills the file
  * first). Keeps `qd` requests in flight, polling the used ring and sleeping (asking for an
- * interrupt after a quarter of what is in flight) only when nothing has completed.
+ * interrupt after a quarter of what is in flight) only when nothing has completed for
+ * the poll time (param 9).
  * Params: 0 = workload (0 randread, 1 randwrite, 2 seqread, 3 seqwrite), 1 = block bytes
  * (default 4096), 2 = queue depth (default 1), 3 = requests (default 1000; 0: no limit),
  * 4 = time limit in ms (0: none), 5 = TSC kHz, 6 = stamp for writes (default 1), 7 = seed,
- * 8 = FLUSH afterwards (1), or FLUSH and then wait forever for the VMM to be killed (2).
+ * 8 = FLUSH afterwards (1), or FLUSH and then wait forever for the VMM to be killed (2),
+ * 9 = microseconds to poll the used ring before sleeping (default 0: sleep at once).
  * Results: 0 = requests completed, 1 = cycles, 2 = sectors that failed verification,
  * 3 = kicks, 4 = idle waits, 5 = requests that failed, 6 = bytes moved, 7 = FLUSH status.
  */
@@ -20,7 +22,7 @@ static const char *names[] = {"randread", "randwrite", "seqread", "seqwrite"};
 int main(void) {
 	u64 workload = param(0, 0), bs = param(1, 4096), qd = param(2, 1), limit = param(3, 1000);
 	u64 limit_ms = param(4, 0), tsc_khz = param(5, 2000000), stamp = param(6, 1), seed = param(7, 42) | 1;
-	u64 flush = param(8, 0);
+	u64 flush = param(8, 0), spin = param(9, 0) * tsc_khz / 1000;
 	enter_user();
 	if (workload > 3 || bs < 512 || bs > BLK_MAX_DATA || bs % 512 || qd < 1 || qd > BLK_MAX_SLOTS) {
 		print("blkbench: bad parameters (workload %lu, block %lu, qd %lu)\n", workload, bs, qd);
@@ -56,7 +58,7 @@ int main(void) {
 	for (u64 i = 0; i < qd && (!limit || issued < limit); i++) ISSUE(i);
 	while (done < issued) {
 		u64 inflight = issued - done;
-		int i = blk_wait(q, (u16)(inflight / 4 + 1), &idles);
+		int i = blk_wait(q, (u16)(inflight / 4 + 1), spin, &idles);
 		done++;
 		if (blk_status((u16)i) != BLK_S_OK) failed++;
 		else if (!write) bad += blk_verify((const u8 *)BLK_DATA(i), lba[i], (u32)per);
@@ -75,7 +77,7 @@ int main(void) {
 	      names[workload], bs, qd, done, cycles, kicks, idles, failed, bad);
 	if (flush) {
 		if (blk_queue(q, 0, BLK_T_FLUSH, 0, 0)) vq_kick(q);
-		blk_wait(q, 1, &idles);
+		blk_wait(q, 1, 0, &idles);
 		set_result(7, blk_status(0));
 		print("blkbench: flushed, status %u\n", blk_status(0));
 		if (blk_status(0) != BLK_S_OK) failed++;

@@ -225,7 +225,7 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
         ThreadKind::Main => Some(
             [libc::TCGETS, libc::TCSETS, libc::TCSETSW, libc::TCSETSF]
                 .into_iter()
-                .chain(vm.into_iter().map(u64::from))
+                .chain(vm)
                 .map(|r| r as u32)
                 .collect(),
         ),

@@ -80,17 +80,24 @@ static inline u32 blk_verify(const u8 *buf, u64 lba, u32 sectors) {
 	return bad;
 }
 
-/* Waits for request completions: polls the used ring, and when nothing is there asks for
- * an interrupt after `batch` more completions and sleeps until it comes. Returns the
- * next used slot index (head / 3), counting sleeps in *idles. */
-static inline int blk_wait(struct vq *q, u16 batch, u64 *idles) {
+/* Waits for a request completion: polls the used ring for up to `spin` TSC cycles (at
+ * CPL3 that costs the host a busy vCPU, not exits), then asks for an interrupt after
+ * `batch` more completions and sleeps until it comes. Returns the next used slot index
+ * (head / 3), counting sleeps in *idles. */
+static inline int blk_wait(struct vq *q, u16 batch, u64 spin, u64 *idles) {
+	u64 until = rdtsc() + spin;
 	for (;;) {
 		int head = vq_pop_used(q, 0);
 		if (head >= 0) return head / 3;
+		if (rdtsc() < until) {
+			__asm__ volatile("pause");
+			continue;
+		}
 		u16 seen = q->used->idx;
 		vq_interrupt_after(q, batch ? batch : 1);
 		mb();
 		/* Sleep only if nothing was used meanwhile: otherwise the event may be past. */
 		if (q->used->idx == seen) idle_wait(2000), (*idles)++;
+		vq_interrupt_after(q, 0xffff); /* polling again: no interrupts */
 	}
 }
