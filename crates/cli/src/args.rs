@@ -173,6 +173,10 @@ pub struct BlkArgs {
     /// Repeats; which path goes first alternates, and medians are reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeat: u32,
+    /// Microseconds the guest driver polls its used ring before it sleeps for an
+    /// interrupt (0: sleep at once, one interrupt per wait).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub guest_poll_us: u64,
     #[command(flatten)]
     pub out: OutputArgs,
     /// Give up on a guest that has not finished within this many seconds.
@@ -187,6 +191,7 @@ impl BlkArgs {
             size: self.size,
             seconds: self.seconds,
             repeat: self.repeat,
+            guest_poll_us: self.guest_poll_us,
             outputs: self.out.outputs(),
             timeout: std::time::Duration::from_secs_f64(self.timeout + self.seconds),
         }

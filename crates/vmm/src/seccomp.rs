@@ -151,10 +151,16 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         ],
         ThreadKind::ConsoleOut | ThreadKind::SerialIn | ThreadKind::LabVcpu => &[],
         // getrandom: std's HashMap seeds itself.
-        // getsockopt: the sink reads its socket's drop count.
-        ThreadKind::Helper => {
-            &[libc::SYS_tgkill, libc::SYS_sendto, libc::SYS_recvfrom, libc::SYS_getsockopt, libc::SYS_getrandom]
-        }
+        // getsockopt: the sink reads its socket's drop count. fcntl: std's debug builds
+        // check a descriptor with F_GETFD as they close it.
+        ThreadKind::Helper => &[
+            libc::SYS_tgkill,
+            libc::SYS_sendto,
+            libc::SYS_recvfrom,
+            libc::SYS_getsockopt,
+            libc::SYS_getrandom,
+            libc::SYS_fcntl,
+        ],
         // Joining threads, kicking vCPUs, reading /proc/self for the report, writing the
         // JSON report, restoring the terminal (ioctl TCSETS), dropping KVM objects.
         ThreadKind::Main => &[

@@ -21,7 +21,7 @@ struct Snapshot {
 
 fn snapshot(machine: &Machine) -> Snapshot {
     let d = machine.drives.first().map(|d| d.stats.snapshot()).unwrap_or_default();
-    // The lab drives vCPU 0 on this thread: its CPU is the vCPU's.
+    // Taken on the vCPU's thread (the lab's events run there): its CPU is the vCPU's.
     Snapshot {
         process_cpu: cpu_time(libc::RUSAGE_SELF),
         vcpu_cpu: cpu_time(libc::RUSAGE_THREAD),
@@ -38,6 +38,7 @@ pub struct GuestRun<'a> {
     pub stamp: u64,
     pub seed: u64,
     pub tsc_khz: u64,
+    pub poll_us: u64,
     pub timeout: Duration,
 }
 
@@ -51,6 +52,8 @@ pub fn run(g: &GuestRun) -> Result<RunResult, BlkBenchError> {
         g.tsc_khz,
         g.stamp,
         g.seed,
+        0,
+        g.poll_us,
     ];
     let drive_config = DriveConfig { direct: true, ..DriveConfig::new(g.file) };
     let (machine, control) = lab_machine("blkbench", params, |c| c.drives = vec![drive_config])?;
@@ -74,5 +77,6 @@ pub fn run(g: &GuestRun) -> Result<RunResult, BlkBenchError> {
         kicks: end.kicks - begin.kicks,
         irqs: end.irqs - begin.irqs,
         vmm_cpu: vmm_cpu.as_secs_f64(),
+        vcpu_cpu: Some((end.vcpu_cpu - begin.vcpu_cpu).as_secs_f64()),
     })
 }

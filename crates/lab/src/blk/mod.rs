@@ -24,6 +24,8 @@ pub struct Options {
     pub size: u64,
     pub seconds: f64,
     pub repeat: u32,
+    /// How long the guest driver polls its used ring before it sleeps for an interrupt.
+    pub guest_poll_us: u64,
     pub outputs: Outputs,
     pub timeout: Duration,
 }
@@ -116,6 +118,8 @@ pub struct RunResult {
     pub irqs: u64,
     /// CPU seconds of the VMM outside the guest (guest path), or of the process (host).
     pub vmm_cpu: f64,
+    /// CPU seconds of the vCPU thread (guest path only): the guest's own work and polling.
+    pub vcpu_cpu: Option<f64>,
 }
 
 #[derive(Clone, Debug)]
@@ -129,6 +133,7 @@ pub struct Row {
     pub kicks_per_req: f64,
     pub irqs_per_req: f64,
     pub vmm_cpu_pct: f64,
+    pub vcpu_cpu_pct: Option<f64>,
     pub requests: u64,
     pub verified: bool,
 }
@@ -146,6 +151,7 @@ impl Row {
             kicks_per_req: r.kicks as f64 / reqs,
             irqs_per_req: r.irqs as f64 / reqs,
             vmm_cpu_pct: r.vmm_cpu / r.seconds * 100.0,
+            vcpu_cpu_pct: r.vcpu_cpu.map(|c| c / r.seconds * 100.0),
             requests: r.requests,
             verified: verified && r.requests > 0 && r.failed == 0 && r.bad_sectors == 0,
         }
@@ -228,6 +234,7 @@ pub struct Measured {
     pub rows: Vec<Row>,
     /// What the file was: path, filesystem, whether O_DIRECT was used, the engine.
     pub setup: String,
+    pub guest_poll_us: u64,
 }
 
 pub fn measure(opts: &Options) -> Result<Measured, BlkBenchError> {
@@ -268,6 +275,7 @@ pub fn measure(opts: &Options) -> Result<Measured, BlkBenchError> {
                             stamp,
                             seed,
                             tsc_khz,
+                            poll_us: opts.guest_poll_us,
                             timeout: opts.timeout,
                         })?,
                         Path::Host => {
@@ -285,7 +293,7 @@ pub fn measure(opts: &Options) -> Result<Measured, BlkBenchError> {
     if progress {
         eprint!("\r\x1b[K");
     }
-    Ok(Measured { rows, setup })
+    Ok(Measured { rows, setup, guest_poll_us: opts.guest_poll_us })
 }
 
 /// Medians of each figure over repeated runs; verified only if every run was.
@@ -298,6 +306,7 @@ fn median_row(runs: &[Row]) -> Row {
         kicks_per_req: med(|r| r.kicks_per_req),
         irqs_per_req: med(|r| r.irqs_per_req),
         vmm_cpu_pct: med(|r| r.vmm_cpu_pct),
+        vcpu_cpu_pct: runs[0].vcpu_cpu_pct.map(|_| med(|r| r.vcpu_cpu_pct.unwrap_or(0.0))),
         requests: runs.iter().map(|r| r.requests).sum(),
         verified: runs.iter().all(|r| r.verified),
         ..runs[0].clone()
@@ -322,17 +331,27 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
 
 pub fn table(m: &Measured, opts: &Options) -> String {
     let mut s = format!(
-        "blk lab: {} s per row, {} repeats interleaved (medians); file {}\n",
-        opts.seconds, opts.repeat, m.setup
+        "blk lab: {} s per row, {} repeats interleaved (medians); file {}; guest polls {} us before sleeping\n",
+        opts.seconds, opts.repeat, m.setup, opts.guest_poll_us
     );
     s += &format!(
-        "{:<13} {:>3} {:<6} {:>9} {:>8} {:>10} {:>10} {:>9} {:>10} {:>9}\n",
-        "workload", "qd", "path", "IOPS", "MB/s", "exits/req", "kicks/req", "irqs/req", "VMM CPU %", "verified"
+        "{:<13} {:>3} {:<6} {:>9} {:>8} {:>10} {:>10} {:>9} {:>10} {:>10} {:>9}\n",
+        "workload",
+        "qd",
+        "path",
+        "IOPS",
+        "MB/s",
+        "exits/req",
+        "kicks/req",
+        "irqs/req",
+        "VMM CPU %",
+        "vCPU CPU %",
+        "verified"
     );
     for r in &m.rows {
         let guest_only = |v: f64| if r.path == Path::Guest { format!("{v:.3}") } else { "-".into() };
         s += &format!(
-            "{:<13} {:>3} {:<6} {:>9.0} {:>8.1} {:>10} {:>10} {:>9} {:>10.1} {:>9}\n",
+            "{:<13} {:>3} {:<6} {:>9.0} {:>8.1} {:>10} {:>10} {:>9} {:>10.1} {:>10} {:>9}\n",
             r.workload.name(),
             r.qd,
             r.path.name(),
@@ -342,6 +361,7 @@ pub fn table(m: &Measured, opts: &Options) -> String {
             guest_only(r.kicks_per_req),
             guest_only(r.irqs_per_req),
             r.vmm_cpu_pct,
+            r.vcpu_cpu_pct.map_or("-".into(), |c| format!("{c:.1}")),
             if r.verified { "yes" } else { "NO" }
         );
     }
@@ -355,10 +375,11 @@ pub fn json(m: &Measured) -> serde_json::Value {
         .map(|r| {
             json!({"workload": r.workload.name(), "qd": r.qd, "path": r.path.name(), "iops": r.iops, "mb_s": r.mb_s,
                    "exits_per_req": r.exits_per_req, "irqs_per_req": r.irqs_per_req, "kicks_per_req": r.kicks_per_req,
-                   "vmm_cpu_pct": r.vmm_cpu_pct, "verified": r.verified, "requests": r.requests})
+                   "vmm_cpu_pct": r.vmm_cpu_pct, "vcpu_cpu_pct": r.vcpu_cpu_pct, "verified": r.verified,
+                   "requests": r.requests})
         })
         .collect();
-    json!({"bench": "blk", "file": m.setup, "rows": rows, "targets": targets_json(&targets(&m.rows))})
+    json!({"bench": "blk", "file": m.setup, "guest_poll_us": m.guest_poll_us, "rows": rows, "targets": targets_json(&targets(&m.rows))})
 }
 
 pub fn run(opts: &Options) -> Result<Measured, BlkBenchError> {
