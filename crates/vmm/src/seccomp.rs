@@ -269,9 +269,27 @@ pub fn confine(kind: ThreadKind) -> Result<(), SeccompError> {
     if !enabled() {
         return Ok(());
     }
-    HANDLER.call_once(install_sigsys_handler);
+    HANDLER.call_once(|| {
+        install_sigsys_handler();
+        keep_thread_heaps();
+    });
     let program = program(kind)?;
     seccompiler::apply_filter(&program).map_err(|e| SeccompError::Install(kind, e))
+}
+
+/// Two files glibc's malloc reads once per process, the first time it needs them, which a
+/// confined thread may not open: /sys/devices/system/cpu/online (to bound the number of
+/// arenas when a thread first allocates) and /proc/sys/vm/overcommit_memory (the first
+/// time it shrinks a thread's heap). Setting the arena bound here, unconfined, and a
+/// trim threshold larger than a thread heap can be (so one is never shrunk: freed memory
+/// stays for reuse) means neither is ever read.
+fn keep_thread_heaps() {
+    let arenas = std::thread::available_parallelism().map_or(2, |n| n.get()) * 8;
+    // SAFETY: mallopt only sets malloc tunables.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, arenas as i32);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+    }
 }
 
 /// SIGSYS: says which call was refused, without allocating, and ends the process.
