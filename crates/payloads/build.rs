@@ -26,6 +26,7 @@ const PAYLOADS: &[(&str, &str)] = &[
         "checks the boot protocol's data, e820 map, command line, initrd and ACPI tables (also as a bzImage)",
     ),
     ("smp", "starts every other vCPU with INIT/SIPI; each checks in on the serial port"),
+    ("wait", "says it is running, then halts until the VMM stops it (an idle microVM for the API and fleet)"),
 ];
 
 /// 32-bit multiboot payloads (what kvm-unit-tests' flat files look like): name, one line.

@@ -13,7 +13,50 @@ use std::path::PathBuf;
 )]
 pub struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub api: ApiArgs,
+}
+
+/// With no command: Firecracker's process interface (its flags, its REST API).
+#[derive(Args, Clone)]
+pub struct ApiArgs {
+    /// Serve Firecracker's REST API on this Unix socket (with no command).
+    #[arg(long, value_name = "PATH", default_value = "/run/firecracker.socket")]
+    pub api_sock: PathBuf,
+    /// The microVM's id (GET /).
+    #[arg(long, default_value = "anonymous-instance", value_parser = parse_instance_id)]
+    pub id: String,
+    /// Configure from this Firecracker JSON config file and boot at once.
+    #[arg(long, value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
+    /// Serve no API (needs --config-file).
+    #[arg(long, requires = "config_file")]
+    pub no_api: bool,
+    /// Write the VMM's log to FILE (or FIFO).
+    #[arg(long, value_name = "FILE")]
+    pub log_path: Option<PathBuf>,
+    /// Log level: Error, Warning, Info, Debug, Trace or Off.
+    #[arg(long)]
+    pub level: Option<String>,
+    /// Write metrics (JSON lines, exit counts included) to FILE (or FIFO).
+    #[arg(long, value_name = "FILE")]
+    pub metrics_path: Option<PathBuf>,
+    /// Accepted for the jailer's sake and ignored.
+    #[arg(long, hide = true)]
+    pub start_time_us: Option<u64>,
+    #[arg(long, hide = true)]
+    pub start_time_cpu_us: Option<u64>,
+    #[arg(long, hide = true)]
+    pub parent_cpu_time_us: Option<u64>,
+}
+
+/// Firecracker's rule for an instance id: 1 to 64 letters, digits and '-'.
+fn parse_instance_id(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 64 || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        return Err(format!("'{s}' is not an instance id: 1 to 64 letters, digits or '-'"));
+    }
+    Ok(s.to_string())
 }
 
 #[derive(Subcommand)]
@@ -91,7 +134,7 @@ pub struct RunArgs {
 
 /// Reads a file the guest is given, refusing one larger than guest RAM before reading it
 /// all (a file like /dev/zero never ends).
-fn read_bounded(what: &str, path: &std::path::Path, limit: u64) -> Result<Vec<u8>, String> {
+pub fn read_bounded(what: &str, path: &std::path::Path, limit: u64) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let file = std::fs::File::open(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
     let mut bytes = Vec::new();
@@ -413,7 +456,7 @@ pub fn parse_drive(s: &str) -> Result<exitless_vmm::virtio::blk::DriveConfig, St
     Ok(drive)
 }
 
-fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let bytes: Vec<u8> = s
         .split(':')
         .map(|b| u8::from_str_radix(b, 16))

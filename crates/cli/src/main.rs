@@ -1,5 +1,6 @@
 //! `exitless`: run a guest, list the built-in payloads, run the labs.
 
+mod api;
 mod args;
 mod report;
 mod terminal;
@@ -31,6 +32,22 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let Some(command) = cli.command else {
+        // Firecracker's process interface: its flags, its API.
+        let level = cli.api.level.as_deref().map(api::level_filter).transpose();
+        let level = match level {
+            Ok(l) => l.unwrap_or("warn,virtio_queue=off"),
+            Err(e) => {
+                eprintln!("exitless: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        api::init_logging(level);
+        return api::run(cli.api).unwrap_or_else(|e| {
+            eprintln!("exitless: {}", with_causes(e.as_ref()));
+            ExitCode::FAILURE
+        });
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
@@ -41,7 +58,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "warn,virtio_queue=off".into()),
         )
         .init();
-    let result = match cli.command {
+    let result = match command {
         Command::Run(args) => run(args),
         Command::Payloads(args) => payloads(args),
         Command::Bench(bench) => run_bench(bench),
@@ -67,7 +84,7 @@ fn with_causes(e: &dyn std::error::Error) -> String {
 }
 
 /// Serial output straight to stdout, flushed byte by byte so the console is live.
-struct LiveStdout;
+pub struct LiveStdout;
 
 impl Write for LiveStdout {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

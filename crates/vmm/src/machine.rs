@@ -14,7 +14,7 @@ use crate::pci::ecam::{EcamDevice, EcamShadow, ECAM_SIZE};
 use crate::pci::msix::Msix;
 use crate::pci::testdev::PciTestdev;
 use crate::pci::{EcamMode, PciError, PciRoot};
-use crate::stats::ExitStats;
+use crate::stats::{ExitStats, LiveStats};
 use crate::vcpu::{cycles, Vcpu, VcpuError};
 use crate::virtio::blk::{BlkCounters, BlkStats, DriveConfig, VirtioBlk};
 use crate::virtio::net::{NetCounters, NetStats, TxMode, VirtioNet};
@@ -217,6 +217,8 @@ pub struct Machine {
     confine_caller: bool,
     entry: EntryPoint,
     started: (Instant, u64),
+    /// Each vCPU's counters while the VM runs (for the API's live exit profile).
+    pub live: Arc<LiveStats>,
 }
 
 impl Machine {
@@ -291,6 +293,7 @@ impl Machine {
             confine_caller: config.confine_caller,
             entry,
             started,
+            live: Arc::new(LiveStats::new(usize::from(config.vcpus), 0)),
         };
         let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(MachineError::Serial)?;
         machine.vm.register_irqfd(&serial_irq, layout::COM1_IRQ).map_err(ioctl("KVM_IRQFD (COM1)"))?;
@@ -464,7 +467,7 @@ impl Machine {
             regs::setup(&fd, &self.memory, self.entry)?;
         }
         let run_size = self.kvm.get_vcpu_mmap_size().map_err(ioctl("KVM_GET_VCPU_MMAP_SIZE"))?;
-        Ok(Vcpu::new(
+        let mut vcpu = Vcpu::new(
             id,
             fd,
             run_size,
@@ -472,7 +475,19 @@ impl Machine {
             self.devices.len(),
             self.control.clone(),
             self.memory.clone(),
-        ))
+        );
+        vcpu.publish_to(self.live.clone());
+        Ok(vcpu)
+    }
+
+    /// The exit profile so far, while the VM runs (each vCPU's last publication).
+    pub fn live_report(&self) -> RunReport {
+        let vcpus = self.live.snapshot();
+        let mut stats = ExitStats::new(self.devices.len());
+        for v in &vcpus {
+            stats.merge(v);
+        }
+        self.report(stats, vcpus)
     }
 
     /// Runs every vCPU on a thread of its own until the guest stops, a vCPU fails, or
@@ -487,6 +502,12 @@ impl Machine {
     /// Like [`Machine::run`], but a guest that crashed or timed out still yields its
     /// report (the exit profile is most wanted then) beside the error.
     pub fn run_to_end(self, timeout: Option<Duration>) -> Result<(RunReport, Option<MachineError>), MachineError> {
+        self.run_shared(timeout)
+    }
+
+    /// [`Machine::run_to_end`] on a machine others hold too (the API reads its live
+    /// profile meanwhile).
+    pub fn run_shared(&self, timeout: Option<Duration>) -> Result<(RunReport, Option<MachineError>), MachineError> {
         let vcpus = (0..self.vcpu_count).map(|id| self.create_vcpu(id)).collect::<Result<Vec<_>, _>>()?;
         let threads = crate::vcpu_threads::VcpuThreads::spawn(vcpus, self.control.clone())
             .map_err(|e| MachineError::VcpuThread(e.to_string()))?;

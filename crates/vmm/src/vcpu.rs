@@ -8,7 +8,7 @@
 use crate::bus::{Bus, BusAddress, BusSet, MmioAddress, PioAddress, SharedBuses};
 use crate::control::{GuestStop, RunControl};
 use crate::emulate;
-use crate::stats::{DeviceCounts, ExitKind, ExitStats};
+use crate::stats::{DeviceCounts, ExitKind, ExitStats, LiveStats};
 use kvm_bindings::{kvm_run, KVM_EXIT_IO_OUT};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::collections::HashSet;
@@ -187,6 +187,8 @@ pub struct Vcpu {
     pending: Option<(ExitKind, u64)>,
     coalesced_ring: bool,
     pub exits: ExitHandler,
+    /// Where the counters are published while the VM runs, and when next.
+    live: Option<(Arc<LiveStats>, u64)>,
 }
 
 impl Vcpu {
@@ -208,6 +210,21 @@ impl Vcpu {
             pending: None,
             coalesced_ring: false,
             exits: ExitHandler::new(buses, devices),
+            live: None,
+        }
+    }
+
+    /// Publishes this vCPU's counters to `live` as it runs (see [`LiveStats`]).
+    pub fn publish_to(&mut self, live: Arc<LiveStats>) {
+        self.live = Some((live, 0));
+    }
+
+    fn publish(&mut self, force: bool) {
+        if let Some((live, next)) = &mut self.live {
+            let now = cycles();
+            if (force || now >= *next) && live.publish(usize::from(self.id), &self.exits.stats) {
+                *next = now + LiveStats::PERIOD_CYCLES;
+            }
         }
     }
 
@@ -240,8 +257,15 @@ impl Vcpu {
 
     /// Runs until the guest exits or the VMM stops it.
     pub fn run(&mut self) -> Result<(), VcpuError> {
-        while self.step()? == Step::Continue {}
-        Ok(())
+        let result = loop {
+            match self.step() {
+                Ok(Step::Continue) => self.publish(false),
+                Ok(Step::Stopped) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        self.publish(true);
+        result
     }
 
     /// One `KVM_RUN` and the handling of the exit it returns.

@@ -37,6 +37,22 @@ pub enum TapError {
     Ioctl { name: String, what: &'static str, source: std::io::Error },
 }
 
+/// Whether `name` can be an interface name, and which rule it breaks if not.
+pub fn check_name(name: &str) -> Result<(), TapError> {
+    let bad = match name {
+        "" => Some("it is empty"),
+        n if n.len() >= libc::IFNAMSIZ => Some("it is longer than 15 bytes"),
+        n if n.contains(['/', ' ', ':']) || n == "." || n == ".." => {
+            Some("it holds '/', ':' or a space, or is . or ..")
+        }
+        _ => None,
+    };
+    match bad {
+        Some(why) => Err(TapError::Name(name.into(), why)),
+        None => Ok(()),
+    }
+}
+
 pub struct Tap {
     file: File,
     name: String,
@@ -46,17 +62,7 @@ impl Tap {
     /// Opens tap `name` (the kernel creates it if it does not exist), non-blocking, with
     /// a 12-byte virtio-net header and no offloads.
     pub fn open(name: &str) -> Result<Tap, TapError> {
-        let bad = match name {
-            "" => Some("it is empty"),
-            n if n.len() >= libc::IFNAMSIZ => Some("it is longer than 15 bytes"),
-            n if n.contains(['/', ' ', ':']) || n == "." || n == ".." => {
-                Some("it holds '/', ':' or a space, or is . or ..")
-            }
-            _ => None,
-        };
-        if let Some(why) = bad {
-            return Err(TapError::Name(name.into(), why));
-        }
+        check_name(name)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)

@@ -1,0 +1,126 @@
+//! Firecracker's endpoints: method and path to an action on the microVM, answered as
+//! Firecracker answers (204 with no body for a change, 200 with JSON for a query, 400
+//! with `{"fault_message": ...}` for anything refused). Pure: no socket, so every case is
+//! tested directly.
+
+use super::metrics::Metrics;
+use super::model::{self, ActionType};
+use super::vm::{Fault, State, Vm};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+
+/// What goes back: a status and, unless 204, a JSON body.
+#[derive(Debug, PartialEq)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Option<Value>,
+}
+
+impl Reply {
+    fn ok(body: Value) -> Reply {
+        Reply { status: 200, body: Some(body) }
+    }
+    fn no_content() -> Reply {
+        Reply { status: 204, body: None }
+    }
+    pub fn fault(message: impl Into<String>) -> Reply {
+        Reply { status: 400, body: Some(json!({ "fault_message": message.into() })) }
+    }
+}
+
+/// What the caller does after replying.
+pub enum Then {
+    Nothing,
+    /// InstanceStart was accepted: run this machine, built from the configuration.
+    Start(Box<exitless_vmm::Machine>),
+    FlushMetrics,
+}
+
+const NOT_SUPPORTED: &[(&str, &str)] = &[
+    ("snapshot", "snapshots"),
+    ("mmds", "the microVM metadata service (MMDS)"),
+    ("vsock", "vsock devices"),
+    ("balloon", "balloon devices"),
+    ("entropy", "virtio-rng devices"),
+    ("cpu-config", "custom CPU templates"),
+    ("hotplug", "hotplug"),
+];
+
+/// Resource ids as Firecracker allows them: letters, digits and '_', at most 64.
+fn check_id(id: &str) -> Result<&str, Fault> {
+    if id.is_empty() || id.len() > 64 || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(Fault(format!("Invalid ID: '{id}' must be 1 to 64 letters, digits or underscores.")));
+    }
+    Ok(id)
+}
+
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Fault> {
+    serde_json::from_slice(body)
+        .map_err(|e| Fault(format!("An error occurred when deserializing the json body of a request: {e}.")))
+}
+
+pub fn handle(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) -> (Reply, Then) {
+    match route(vm, metrics, method, path, body) {
+        Ok(r) => r,
+        Err(Fault(message)) => (Reply::fault(message), Then::Nothing),
+    }
+}
+
+fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) -> Result<(Reply, Then), Fault> {
+    let path = path.split('?').next().unwrap_or_default();
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let done = |r: Result<(), Fault>| r.map(|()| (Reply::no_content(), Then::Nothing));
+    match (method, parts.as_slice()) {
+        ("GET", [""]) => Ok((
+            Reply::ok(json!({
+                "app_name": "exitless",
+                "id": vm.id,
+                "state": vm.state_name(),
+                "vmm_version": env!("CARGO_PKG_VERSION"),
+            })),
+            Then::Nothing,
+        )),
+        ("GET", ["version"]) => {
+            Ok((Reply::ok(json!({ "firecracker_version": env!("CARGO_PKG_VERSION") })), Then::Nothing))
+        }
+        ("GET", ["vm", "config"]) => Ok((Reply::ok(serde_json::to_value(&vm.config)?), Then::Nothing)),
+        ("GET", ["machine-config"]) => Ok((Reply::ok(serde_json::to_value(&vm.config.machine_config)?), Then::Nothing)),
+        ("GET", ["exits"]) => Ok((Reply::ok(vm.exits()), Then::Nothing)),
+        ("PUT", ["machine-config"]) => done(vm.set_machine_config(parse(body)?)),
+        ("PATCH", ["machine-config"]) => done(vm.update_machine_config(parse(body)?)),
+        ("PUT", ["boot-source"]) => done(vm.set_boot_source(parse(body)?)),
+        ("PUT", ["drives", id]) => done(vm.set_drive(check_id(id)?, parse(body)?)),
+        ("PUT", ["network-interfaces", id]) => done(vm.set_network_interface(check_id(id)?, parse(body)?)),
+        ("PUT", ["logger"]) => done(vm.set_logger(parse(body)?)),
+        ("PUT", ["metrics"]) => done(vm.set_metrics(parse(body)?, metrics)),
+        ("PUT", ["actions"]) => action(vm, metrics, parse(body)?),
+        ("PATCH", ["vm"]) => {
+            let v: model::Vm = parse(body)?;
+            Err(Fault(format!("exitless cannot set the microVM {:?} yet: pausing is not supported.", v.state)))
+        }
+        (_, [first, ..]) if NOT_SUPPORTED.iter().any(|(p, _)| p == first) => {
+            let what = NOT_SUPPORTED.iter().find(|(p, _)| p == first).map_or("", |(_, w)| w);
+            Err(Fault(format!("exitless does not support {what} (/{first}).")))
+        }
+        ("GET" | "PUT" | "PATCH", _) => Err(Fault(format!("Invalid request: {method} {path} is not an endpoint."))),
+        _ => Err(Fault(format!("Invalid request method: {method}."))),
+    }
+}
+
+fn action(vm: &mut Vm, metrics: &Metrics, a: model::Action) -> Result<(Reply, Then), Fault> {
+    match a.action_type {
+        ActionType::InstanceStart => match vm.state {
+            State::NotStarted => Ok((Reply::no_content(), Then::Start(Box::new(vm.build()?)))),
+            _ => Err(Fault("The microVM is already running: InstanceStart is allowed once.".into())),
+        },
+        ActionType::FlushMetrics => {
+            if !metrics.is_open() {
+                return Err(Fault("No metrics file: PUT /metrics first.".into()));
+            }
+            Ok((Reply::no_content(), Then::FlushMetrics))
+        }
+        ActionType::SendCtrlAltDel => {
+            Err(Fault("SendCtrlAltDel is not supported by exitless yet (its i8042 has no keyboard).".into()))
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! The microVM behind the API: its pre-boot configuration, and once started the running
+//! machine (shared with the thread that runs its vCPUs, so its exit profile can be read
+//! live). Every change is checked here; the HTTP layer only maps errors to 400s.
+
+use super::model::{
+    BootSource, Drive, Logger, MachineConfig, MachineConfigUpdate, Metrics, NetworkInterface, VmConfig,
+};
+use crate::report;
+use exitless_vmm::virtio::blk::DriveConfig;
+use exitless_vmm::{Machine, NetConfig};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Why a request was refused; the text goes back as Firecracker's `fault_message`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Fault(pub String);
+
+impl<T: std::fmt::Display> From<T> for Fault {
+    fn from(e: T) -> Self {
+        Fault(e.to_string())
+    }
+}
+
+const AFTER_START: &str = "The requested operation is not supported after starting the microVM.";
+/// Firecracker's bound on a microVM's vCPUs.
+const MAX_VCPUS: u8 = 32;
+
+pub enum State {
+    NotStarted,
+    Running {
+        machine: Arc<Machine>,
+        since: Instant,
+    },
+    /// The guest stopped; the process is on its way out.
+    Exited,
+}
+
+pub struct Vm {
+    pub id: String,
+    pub config: VmConfig,
+    pub state: State,
+}
+
+impl Vm {
+    pub fn new(id: String) -> Self {
+        Vm { id, config: VmConfig::default(), state: State::NotStarted }
+    }
+
+    pub fn state_name(&self) -> &'static str {
+        match self.state {
+            State::NotStarted => "Not started",
+            State::Running { .. } => "Running",
+            State::Exited => "Exited",
+        }
+    }
+
+    fn pre_boot(&self) -> Result<(), Fault> {
+        match self.state {
+            State::NotStarted => Ok(()),
+            _ => Err(Fault(AFTER_START.into())),
+        }
+    }
+
+    pub fn set_machine_config(&mut self, c: MachineConfig) -> Result<(), Fault> {
+        self.pre_boot()?;
+        if c.vcpu_count == 0 || c.vcpu_count > MAX_VCPUS {
+            return Err(Fault(format!("Invalid vCPU count: it must be between 1 and {MAX_VCPUS}.")));
+        }
+        if c.smt {
+            return Err(Fault("smt: exitless offers no SMT siblings; only false is accepted.".into()));
+        }
+        if c.track_dirty_pages {
+            return Err(Fault("track_dirty_pages: exitless has no snapshots; only false is accepted.".into()));
+        }
+        if c.cpu_template.as_deref().is_some_and(|t| t != "None") {
+            return Err(Fault("cpu_template: exitless offers no CPU templates.".into()));
+        }
+        if c.huge_pages.as_deref().is_some_and(|h| h != "None") {
+            return Err(Fault("huge_pages: exitless backs guest memory with normal pages only.".into()));
+        }
+        if c.mem_size_mib == 0 || c.mem_size_mib > 1 << 20 {
+            return Err(Fault("Invalid memory size: mem_size_mib must be between 1 and 1048576.".into()));
+        }
+        self.config.machine_config = c;
+        Ok(())
+    }
+
+    pub fn update_machine_config(&mut self, u: MachineConfigUpdate) -> Result<(), Fault> {
+        let c = self.config.machine_config.clone();
+        self.set_machine_config(MachineConfig {
+            vcpu_count: u.vcpu_count.unwrap_or(c.vcpu_count),
+            mem_size_mib: u.mem_size_mib.unwrap_or(c.mem_size_mib),
+            smt: u.smt.unwrap_or(c.smt),
+            track_dirty_pages: u.track_dirty_pages.unwrap_or(c.track_dirty_pages),
+            cpu_template: u.cpu_template.or(c.cpu_template),
+            huge_pages: u.huge_pages.or(c.huge_pages),
+        })
+    }
+
+    pub fn set_boot_source(&mut self, b: BootSource) -> Result<(), Fault> {
+        self.pre_boot()?;
+        if !std::path::Path::new(&b.kernel_image_path).is_file() {
+            return Err(Fault(format!("The kernel file cannot be opened: {} is not a file.", b.kernel_image_path)));
+        }
+        if let Some(initrd) = b.initrd_path.as_deref().filter(|p| !std::path::Path::new(p).is_file()) {
+            return Err(Fault(format!("The initrd file cannot be opened: {initrd} is not a file.")));
+        }
+        self.config.boot_source = Some(b);
+        Ok(())
+    }
+
+    pub fn set_drive(&mut self, id: &str, d: Drive) -> Result<(), Fault> {
+        self.pre_boot()?;
+        if d.drive_id != id {
+            return Err(Fault(format!(
+                "The id from the path ({id}) does not match the id from the body ({}).",
+                d.drive_id
+            )));
+        }
+        if d.rate_limiter.is_some() {
+            return Err(Fault("rate_limiter: exitless has no rate limiters.".into()));
+        }
+        if !matches!(d.io_engine.as_deref(), None | Some("Sync") | Some("Async")) {
+            return Err(Fault("io_engine must be Sync or Async.".into()));
+        }
+        if !matches!(d.cache_type.as_deref(), None | Some("Unsafe") | Some("Writeback")) {
+            return Err(Fault("cache_type must be Unsafe or Writeback.".into()));
+        }
+        if d.is_root_device && self.config.drives.iter().any(|o| o.is_root_device && o.drive_id != id) {
+            return Err(Fault("A root block device already exists!".into()));
+        }
+        if !std::path::Path::new(&d.path_on_host).exists() {
+            return Err(Fault(format!("Unable to open the block device backing file {}.", d.path_on_host)));
+        }
+        match self.config.drives.iter_mut().find(|o| o.drive_id == id) {
+            Some(old) => *old = d,
+            None => self.config.drives.push(d),
+        }
+        Ok(())
+    }
+
+    pub fn set_network_interface(&mut self, id: &str, n: NetworkInterface) -> Result<(), Fault> {
+        self.pre_boot()?;
+        if n.iface_id != id {
+            return Err(Fault(format!(
+                "The id from the path ({id}) does not match the id from the body ({}).",
+                n.iface_id
+            )));
+        }
+        if n.rx_rate_limiter.is_some() || n.tx_rate_limiter.is_some() {
+            return Err(Fault("rx_rate_limiter/tx_rate_limiter: exitless has no rate limiters.".into()));
+        }
+        if let Some(mac) = &n.guest_mac {
+            crate::args::parse_mac(mac).map_err(|e| Fault(format!("guest_mac: {e}")))?;
+        }
+        exitless_vmm::net::tap::check_name(&n.host_dev_name)?;
+        if self.config.network_interfaces.iter().any(|o| o.iface_id != id) {
+            return Err(Fault("exitless offers one network interface per microVM.".into()));
+        }
+        self.config.network_interfaces = vec![n];
+        Ok(())
+    }
+
+    pub fn set_logger(&mut self, l: Logger) -> Result<(), Fault> {
+        self.pre_boot()?;
+        super::logging::set(&l)?;
+        self.config.logger = Some(l);
+        Ok(())
+    }
+
+    pub fn set_metrics(&mut self, m: Metrics, metrics: &super::metrics::Metrics) -> Result<(), Fault> {
+        if self.config.metrics.is_some() {
+            return Err(Fault("Reinitialization of metrics not allowed.".into()));
+        }
+        metrics.open(&m.metrics_path)?;
+        self.config.metrics = Some(m);
+        Ok(())
+    }
+
+    /// Builds the machine from the configuration; the caller runs it.
+    pub fn build(&self) -> Result<Machine, Fault> {
+        self.pre_boot()?;
+        let boot =
+            self.config.boot_source.as_ref().ok_or_else(|| {
+                Fault("Cannot start microvm that was not configured: the boot source is missing.".into())
+            })?;
+        let mc = &self.config.machine_config;
+        let mem = mc.mem_size_mib << 20;
+        let image = crate::args::read_bounded("kernel", boot.kernel_image_path.as_ref(), mem)?;
+        let initrd =
+            boot.initrd_path.as_ref().map(|p| crate::args::read_bounded("initrd", p.as_ref(), mem)).transpose()?;
+        let net = match self.config.network_interfaces.first() {
+            Some(n) => Some(NetConfig {
+                tap: n.host_dev_name.clone(),
+                mac: n.guest_mac.as_deref().map(crate::args::parse_mac).transpose()?.unwrap_or(DEFAULT_MAC),
+                tx: exitless_vmm::virtio::net::TxMode::Zerocopy,
+            }),
+            None => None,
+        };
+        // The root device first: it becomes /dev/vda.
+        let mut drives: Vec<&Drive> = self.config.drives.iter().collect();
+        drives.sort_by_key(|d| !d.is_root_device);
+        let drives = drives
+            .into_iter()
+            .map(|d| DriveConfig {
+                readonly: d.is_read_only,
+                id: Some(d.drive_id.chars().take(exitless_vmm::virtio::blk::request::ID_LEN).collect()),
+                thread_pool: d.io_engine.as_deref() == Some("Sync"),
+                ..DriveConfig::new(&d.path_on_host)
+            })
+            .collect();
+        let config = exitless_vmm::MachineConfig {
+            mem_size: mem,
+            vcpus: mc.vcpu_count,
+            cmdline: boot.boot_args.clone().unwrap_or_else(|| exitless_vmm::boot::DEFAULT_CMDLINE.into()),
+            initrd,
+            serial_in: Some(Box::new(std::io::stdin())),
+            serial_out: Box::new(crate::LiveStdout),
+            // The thread that runs the machine then removes the socket and writes metrics.
+            confine_caller: false,
+            net,
+            drives,
+            ..exitless_vmm::MachineConfig::new(image)
+        };
+        Machine::new(config).map_err(|e| Fault(format!("Cannot start the microVM: {}", crate::with_causes(&e))))
+    }
+
+    /// The live exit profile (`GET /exits`).
+    pub fn exits(&self) -> serde_json::Value {
+        match &self.state {
+            State::Running { machine, since } => {
+                let mut json = report::json(&machine.live_report());
+                json["state"] = self.state_name().into();
+                json["uptime_ms"] = (since.elapsed().as_secs_f64() * 1e3).into();
+                json
+            }
+            _ => serde_json::json!({"state": self.state_name()}),
+        }
+    }
+}
+
+/// Firecracker leaves the MAC to the guest when none is given; exitless needs one for
+/// virtio-net's config space: a locally administered address.
+const DEFAULT_MAC: [u8; 6] = [0x06, 0x00, 0xac, 0x10, 0x00, 0x02];

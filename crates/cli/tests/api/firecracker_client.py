@@ -1,0 +1,120 @@
+"""Drives exitless through the unmodified PyPI client `firecracker-python` 0.0.5
+(`firecracker.api.Api`), as Firecracker tooling would: configure, start, check the guest's
+serial output and exit, and every bad request gets a 400 with a fault_message while the
+VMM keeps serving. Usage: firecracker_client.py EXITLESS PAYLOAD_DIR WORK_DIR"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+from firecracker.api import Api
+from firecracker.exceptions import APIError
+
+exitless, payloads, work = sys.argv[1:4]
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def start_vmm(name):
+    sock = os.path.join(work, name + ".sock")
+    if os.path.exists(sock):
+        os.unlink(sock)
+    proc = subprocess.Popen([exitless, "--api-sock", sock, "--id", name],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    for _ in range(500):
+        if os.path.exists(sock):
+            break
+        time.sleep(0.01)
+    return proc, sock, Api(sock)
+
+
+def refused(what, call, expect=None):
+    """The call must fail with a fault_message (naming `expect` if given)."""
+    try:
+        call()
+    except APIError as e:
+        text = str(e)
+        check("API fault:" in text and (expect is None or expect in text), f"{what}: 400 ({text[:110]})")
+        return
+    check(False, f"{what}: was accepted")
+
+
+def raw(api, method, path, data):
+    """A request the client would never build (broken JSON, huge bodies)."""
+    r = api.session.request(method, api.endpoint + path, data=data,
+                            headers={"Content-Type": "application/json"})
+    return r.status_code, r.json() if r.content else None
+
+
+# 1. Configure and boot the demo guest; it prints and exits 0, and so does the VMM.
+proc, sock, api = start_vmm("fc-demo")
+info = api.describe.get().json()
+check(info["app_name"] == "exitless" and info["id"] == "fc-demo" and info["state"] == "Not started",
+      f"GET / describes the instance: {info}")
+check("firecracker_version" in api.version.get().json(), "GET /version")
+api.machine_config.put(vcpu_count=1, mem_size_mib=64)
+check(api.machine_config.get().json()["mem_size_mib"] == 64, "PUT then GET /machine-config")
+api.boot.put(kernel_image_path=os.path.join(payloads, "demo.elf"), boot_args="console=ttyS0")
+
+# 2. Bad requests, each a 400 with a fault_message; the VMM keeps serving after each.
+refused("unknown field", lambda: api.machine_config.put(vcpu_count=1, mem_size_mib=64, turbo=True), "unknown field")
+refused("wrong type", lambda: api.machine_config.put(vcpu_count="two", mem_size_mib=64), "invalid type")
+refused("zero vCPUs", lambda: api.machine_config.put(vcpu_count=0, mem_size_mib=64), "vCPU")
+refused("missing kernel", lambda: api.boot.put(kernel_image_path="/nonexistent/vmlinux"), "kernel")
+refused("drive id with '/'", lambda: api.drive.put(drive_id="a/b", path_on_host="/dev/null", is_root_device=False,
+                                                  is_read_only=True))
+refused("drive id '..'", lambda: api.drive.put(drive_id="..", path_on_host="/dev/null", is_root_device=False,
+                                              is_read_only=True))
+refused("body and path ids differ", lambda: api.drive.request("PUT", "/drives/one", drive_id="two",
+                                                               path_on_host="/dev/null", is_root_device=False))
+refused("vsock", lambda: api.vsock.put(guest_cid=3, uds_path="/tmp/v.sock"), "does not support")
+refused("snapshot", lambda: api.create_snapshot.put(snapshot_path="/tmp/s", mem_file_path="/tmp/m"), "does not support")
+refused("mmds", lambda: api.mmds.put(latest={}), "does not support")
+status, body = raw(api, "PUT", "/machine-config", "{not json")
+check(status == 400 and "fault_message" in body, f"malformed JSON: {status} {body}")
+status, body = raw(api, "PUT", "/boot-source", json.dumps({"kernel_image_path": "x" * 60000}))
+check(status == 400 and "larger than" in body["fault_message"], f"oversized body: {status} {str(body)[:90]}")
+status, body = raw(api, "DELETE", "/machine-config", "")
+check(status == 400 and "fault_message" in body, f"unknown method: {status} {body}")
+check(api.describe.get().json()["state"] == "Not started", "still serving after every bad request")
+
+api.actions.put(action_type="InstanceStart")
+out, err = proc.communicate(timeout=60)
+out = out.decode(errors="replace")
+check("hello from CPL0" in out and "goodbye" in out, "the guest's serial output is on stdout")
+check(proc.returncode == 0, f"the VMM exits with the guest (status {proc.returncode})")
+check(not os.path.exists(sock), "the socket is removed when the VMM exits")
+
+# 3. A guest that keeps running: pre-boot changes and a second start are refused, and the
+#    live exit profile is there.
+proc, sock, api = start_vmm("fc-wait")
+api.machine_config.put(vcpu_count=2, mem_size_mib=64)
+api.boot.put(kernel_image_path=os.path.join(payloads, "wait.elf"))
+api.actions.put(action_type="InstanceStart")
+time.sleep(1.0)
+check(api.describe.get().json()["state"] == "Running", "GET / says Running after InstanceStart")
+refused("pre-boot resource after start", lambda: api.machine_config.put(vcpu_count=1, mem_size_mib=64), "after starting")
+refused("boot source after start", lambda: api.boot.put(kernel_image_path=os.path.join(payloads, "demo.elf")),
+        "after starting")
+refused("second InstanceStart", lambda: api.actions.put(action_type="InstanceStart"), "once")
+r = api.session.get(api.endpoint + "/exits")
+profile = r.json()
+# The guest printed its line (one string-I/O exit to the serial port) before it halted.
+check(r.status_code == 200 and profile["state"] == "Running" and len(profile["vcpus"]) == 2
+      and profile["devices"]["serial"]["writes"] >= 1 and "vmm_ns_per_exit_median" in profile,
+      f"GET /exits: the live profile ({json.dumps(profile)[:160]})")
+config = api.vm_config.get().json()
+check(config["machine-config"]["vcpu_count"] == 2 and config["boot-source"]["kernel_image_path"].endswith("wait.elf"),
+      "GET /vm/config")
+proc.kill()
+proc.wait()
+os.path.exists(sock) and os.unlink(sock)
+
+print(f"{len(failures)} failed" if failures else "all checks passed", flush=True)
+sys.exit(1 if failures else 0)
