@@ -68,6 +68,9 @@ pub enum Command {
     /// Run a lab benchmark.
     #[command(subcommand, arg_required_else_help = true)]
     Bench(BenchCommand),
+    /// A live view of a running microVM's exits per second, by reason and device (from
+    /// its API socket's GET /exits), refreshed like kvm_stat.
+    Top(TopArgs),
 }
 
 #[derive(Args, Clone)]
@@ -160,6 +163,19 @@ impl RunArgs {
             format!("no built-in payload '{name}' (have: {})", known.join(", "))
         })
     }
+}
+
+#[derive(Args)]
+pub struct TopArgs {
+    /// The microVM's API socket (`exitless --api-sock PATH`).
+    #[arg(long, value_name = "PATH")]
+    pub api_sock: PathBuf,
+    /// Seconds between refreshes.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_seconds)]
+    pub interval: f64,
+    /// Stop after this many refreshes (default: until interrupted or the VM is gone).
+    #[arg(long)]
+    pub iterations: Option<u64>,
 }
 
 #[derive(Args)]

@@ -4,6 +4,7 @@ mod api;
 mod args;
 mod report;
 mod terminal;
+mod top;
 
 use args::{BenchCommand, Cli, Command, PayloadsArgs, RunArgs};
 use clap::Parser;
@@ -62,6 +63,10 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args),
         Command::Payloads(args) => payloads(args),
         Command::Bench(bench) => run_bench(bench),
+        Command::Top(args) => {
+            let interval = std::time::Duration::from_secs_f64(args.interval.max(0.05));
+            top::run(&args.api_sock, interval, args.iterations).map(|()| ExitCode::SUCCESS).map_err(Into::into)
+        }
     };
     result.unwrap_or_else(|e| {
         eprintln!("exitless: {}", with_causes(e.as_ref()));

@@ -112,9 +112,16 @@ check(r.status_code == 200 and profile["state"] == "Running" and len(profile["vc
 config = api.vm_config.get().json()
 check(config["machine-config"]["vcpu_count"] == 2 and config["boot-source"]["kernel_image_path"].endswith("wait.elf"),
       "GET /vm/config")
+top = subprocess.run([exitless, "top", "--api-sock", sock, "--iterations", "1", "--interval", "0.2"],
+                     capture_output=True, text=True, timeout=30)
+check(top.returncode == 0 and "exitless top: Running (2 vCPUs" in top.stdout and "serial writes" in top.stdout,
+      f"exitless top shows the live view: {top.stdout[:120]!r}")
 proc.kill()
 proc.wait()
 os.path.exists(sock) and os.unlink(sock)
+top = subprocess.run([exitless, "top", "--api-sock", sock], capture_output=True, text=True, timeout=30)
+check(top.returncode != 0 and len(top.stderr.strip().splitlines()) == 1 and "cannot reach" in top.stderr,
+      f"exitless top on a gone socket: one line ({top.stderr.strip()!r})")
 
 print(f"{len(failures)} failed" if failures else "all checks passed", flush=True)
 sys.exit(1 if failures else 0)
