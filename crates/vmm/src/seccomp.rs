@@ -89,13 +89,9 @@ const COMMON: &[i64] = &[
 ];
 
 fn allowed(kind: ThreadKind) -> Vec<i64> {
-    let mut calls = COMMON.to_vec();
-    if kind == ThreadKind::LabVcpu {
-        let mut calls = allowed(ThreadKind::Vcpu);
-        calls.push(libc::SYS_getrusage);
-        return calls;
-    }
-    calls.extend_from_slice(match kind {
+    let extra: &[i64] = match kind {
+        // A vCPU's calls, and the lab's CPU-time reading between two runs.
+        ThreadKind::LabVcpu => return [allowed(ThreadKind::Vcpu), vec![libc::SYS_getrusage]].concat(),
         // KVM_RUN and the vCPU/VM ioctls of exit handling (BAR moves, routes, memslots);
         // getrandom for rdrand; tgkill for
         // the stop kick; writev for string I/O to the console.
@@ -149,7 +145,7 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_fdatasync,
             libc::SYS_fallocate,
         ],
-        ThreadKind::ConsoleOut | ThreadKind::SerialIn | ThreadKind::LabVcpu => &[],
+        ThreadKind::ConsoleOut | ThreadKind::SerialIn => &[],
         // getrandom: std's HashMap seeds itself.
         // getsockopt: the sink reads its socket's drop count. fcntl: std's debug builds
         // check a descriptor with F_GETFD as they close it.
@@ -176,8 +172,8 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_sched_getaffinity,
             libc::SYS_poll,
         ],
-    });
-    calls
+    };
+    [COMMON, extra].concat()
 }
 
 // The ioctls a running VM makes, by request number (KVMIO is 0xAE).

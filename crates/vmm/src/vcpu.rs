@@ -221,7 +221,8 @@ impl Vcpu {
 
     fn publish(&mut self, force: bool) {
         if let Some((live, next)) = &mut self.live {
-            let now = cycles();
+            // The exit just handled already read the TSC: no second read on every exit.
+            let now = self.pending.map_or_else(cycles, |(_, returned)| returned);
             if (force || now >= *next) && live.publish(usize::from(self.id), &self.exits.stats) {
                 *next = now + LiveStats::PERIOD_CYCLES;
             }

@@ -70,6 +70,9 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
     let path = path.split('?').next().unwrap_or_default();
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let done = |r: Result<(), Fault>| r.map(|()| (Reply::no_content(), Then::Nothing));
+    if let Some((first, what)) = parts.first().and_then(|f| NOT_SUPPORTED.iter().find(|(p, _)| p == f)) {
+        return Err(Fault(format!("exitless does not support {what} (/{first}).")));
+    }
     match (method, parts.as_slice()) {
         ("GET", [""]) => Ok((
             Reply::ok(json!({
@@ -97,10 +100,6 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PATCH", ["vm"]) => {
             let v: model::Vm = parse(body)?;
             Err(Fault(format!("exitless cannot set the microVM {:?} yet: pausing is not supported.", v.state)))
-        }
-        (_, [first, ..]) if NOT_SUPPORTED.iter().any(|(p, _)| p == first) => {
-            let what = NOT_SUPPORTED.iter().find(|(p, _)| p == first).map_or("", |(_, w)| w);
-            Err(Fault(format!("exitless does not support {what} (/{first}).")))
         }
         ("GET" | "PUT" | "PATCH", _) => Err(Fault(format!("Invalid request: {method} {path} is not an endpoint."))),
         _ => Err(Fault(format!("Invalid request method: {method}."))),

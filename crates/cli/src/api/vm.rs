@@ -111,12 +111,7 @@ impl Vm {
 
     pub fn set_drive(&mut self, id: &str, d: Drive) -> Result<(), Fault> {
         self.pre_boot()?;
-        if d.drive_id != id {
-            return Err(Fault(format!(
-                "The id from the path ({id}) does not match the id from the body ({}).",
-                d.drive_id
-            )));
-        }
+        same_id(id, &d.drive_id)?;
         if d.rate_limiter.is_some() {
             return Err(Fault("rate_limiter: exitless has no rate limiters.".into()));
         }
@@ -141,12 +136,7 @@ impl Vm {
 
     pub fn set_network_interface(&mut self, id: &str, n: NetworkInterface) -> Result<(), Fault> {
         self.pre_boot()?;
-        if n.iface_id != id {
-            return Err(Fault(format!(
-                "The id from the path ({id}) does not match the id from the body ({}).",
-                n.iface_id
-            )));
-        }
+        same_id(id, &n.iface_id)?;
         if n.rx_rate_limiter.is_some() || n.tx_rate_limiter.is_some() {
             return Err(Fault("rx_rate_limiter/tx_rate_limiter: exitless has no rate limiters.".into()));
         }
@@ -236,6 +226,14 @@ impl Vm {
             }
             _ => serde_json::json!({"state": self.state_name()}),
         }
+    }
+}
+
+/// A resource's id in the path must be the one in its body.
+fn same_id(path: &str, body: &str) -> Result<(), Fault> {
+    match path == body {
+        true => Ok(()),
+        false => Err(Fault(format!("The id from the path ({path}) does not match the id from the body ({body})."))),
     }
 }
 
