@@ -133,6 +133,14 @@ pub struct RunArgs {
     /// Parameters for the payload, comma-separated integers (payload-specific).
     #[arg(long, value_delimiter = ',', value_parser = parse_u64)]
     pub params: Vec<u64>,
+    /// Sample where each vCPU is in the guest HZ times a second; the exit profile then
+    /// lists where the guest spent its time (the busiest addresses, or functions with
+    /// `--guest-symbols`).
+    #[arg(long, value_name = "HZ", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub sample_guest: Option<u32>,
+    /// A System.map (or `nm` output) naming the guest kernel's functions, for `--sample-guest`.
+    #[arg(long, value_name = "FILE", requires = "sample_guest")]
+    pub guest_symbols: Option<PathBuf>,
 }
 
 /// Reads a file the guest is given, refusing one larger than guest RAM before reading it
@@ -149,6 +157,16 @@ pub fn read_bounded(what: &str, path: &std::path::Path, limit: u64) -> Result<Ve
 }
 
 impl RunArgs {
+    pub fn guest_symbols(&self) -> Result<exitless_vmm::guest_samples::Symbols, String> {
+        let Some(path) = &self.guest_symbols else { return Ok(Default::default()) };
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let symbols = exitless_vmm::guest_samples::Symbols::parse(&text);
+        if symbols.is_empty() {
+            return Err(format!("{} names no functions (expected System.map lines: ADDRESS T NAME)", path.display()));
+        }
+        Ok(symbols)
+    }
+
     pub fn initrd(&self) -> Result<Option<Vec<u8>>, String> {
         self.initrd.as_ref().map(|p| read_bounded("initrd", p, self.mem)).transpose()
     }

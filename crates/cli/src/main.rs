@@ -113,6 +113,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     }
     let image = args.image()?;
     let initrd = args.initrd()?;
+    let symbols = args.guest_symbols()?;
     // A terminal on stdin becomes the guest's console keyboard: raw, so keys reach the guest
     // as typed (Ctrl-C too); restored when this guard goes.
     let _raw = terminal::RawMode::enable_if_terminal();
@@ -131,13 +132,20 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         confine_caller: true,
         net: args.net.clone().map(|(tap, mac)| exitless_vmm::NetConfig { tap, mac, tx: args.net_tx }),
         drives: args.drive.clone(),
+        sample_every: args.sample_guest.map(|hz| std::time::Duration::from_secs_f64(1.0 / f64::from(hz))),
         ..MachineConfig::new(image)
     })?;
     let (report, error) = machine.run_to_end(args.timeout.map(std::time::Duration::from_secs_f64))?;
     eprint!("{}", report::profile(&report));
+    if args.sample_guest.is_some() {
+        eprint!("{}", report::samples(&report, &symbols));
+    }
     if let Some(path) = &args.json {
         // Written for crashed and timed-out guests too, with the error in it.
         let mut json = report::json(&report);
+        if args.sample_guest.is_some() {
+            json["guest_samples"] = report::samples_json(&report, &symbols);
+        }
         json["error"] = error.as_ref().map(|e| with_causes(e)).into();
         std::fs::write(path, json.to_string() + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }

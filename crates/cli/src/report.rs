@@ -1,6 +1,7 @@
 //! The exit profile printed after a run, and its JSON form.
 
 use exitless_vmm::emulate::Completed;
+use exitless_vmm::guest_samples::{GuestSamples, Symbols};
 use exitless_vmm::stats::{DeviceCounts, ExitKind, ExitStats};
 use exitless_vmm::RunReport;
 use serde_json::{json, Map, Value};
@@ -73,6 +74,39 @@ pub fn profile(report: &RunReport) -> String {
         let _ = writeln!(s, "  vmm resident memory beyond guest RAM: {kib} KiB");
     }
     s
+}
+
+/// How many of the top places the sample table shows, per vCPU.
+const TOP_SAMPLES: usize = 12;
+
+fn sample_rows(samples: &GuestSamples, symbols: &Symbols) -> Vec<(String, u64)> {
+    let mut rows = samples.top(|rip| if symbols.is_empty() { format!("{rip:#x}") } else { symbols.name(rip) });
+    rows.truncate(TOP_SAMPLES);
+    rows
+}
+
+/// Where each vCPU was when sampled (`--sample-guest`), busiest first.
+pub fn samples(report: &RunReport, symbols: &Symbols) -> String {
+    let mut s = String::new();
+    for (id, v) in report.samples.iter().enumerate() {
+        let _ = writeln!(s, "exitless: vcpu{id}: {} guest samples", v.total);
+        for (place, n) in sample_rows(v, symbols) {
+            let _ = writeln!(s, "  {:>6.1}%  {place}", n as f64 * 100.0 / v.total.max(1) as f64);
+        }
+    }
+    s
+}
+
+pub fn samples_json(report: &RunReport, symbols: &Symbols) -> Value {
+    report
+        .samples
+        .iter()
+        .map(|v| {
+            let top: Vec<Value> =
+                sample_rows(v, symbols).into_iter().map(|(p, n)| json!({"at": p, "samples": n})).collect();
+            json!({"total": v.total, "top": top})
+        })
+        .collect()
 }
 
 /// Exit counts by reason, for the total or one vCPU.

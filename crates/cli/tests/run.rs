@@ -223,3 +223,41 @@ fn every_thread_of_a_running_vm_is_under_seccomp() {
         assert!(ours.clone().all(|(_, m)| m == want), "{extra:?}: {modes:?}");
     }
 }
+
+#[test]
+fn sampling_names_where_a_busy_guest_spends_its_time() {
+    if !kvm_or_skip("sampling_names_where_a_busy_guest_spends_its_time") {
+        return;
+    }
+    let dir = tempdir();
+    let map = dir.join("System.map");
+    // One function covering all of the payload's code, one data symbol that must be ignored.
+    std::fs::write(&map, "0000000000100000 T payload_code\n0000000000000000 D not_code\n").unwrap();
+    let (out, json) = run_json(&[
+        "--payload",
+        "crash",
+        "--params",
+        "2",
+        "--timeout",
+        "1",
+        "--sample-guest",
+        "200",
+        "--guest-symbols",
+        map.to_str().unwrap(),
+    ]);
+    assert!(stderr(&out).contains("did not finish within"), "{}", stderr(&out));
+    let samples = &json["guest_samples"][0];
+    let total = samples["total"].as_u64().unwrap();
+    // 200 Hz for a second on a noisy host: many, not necessarily all, and never more.
+    assert!((20..=260).contains(&total), "{json}");
+    // The guest spins in its own code, above 1 MiB: every sample falls in payload_code.
+    assert_eq!(samples["top"][0]["at"], "payload_code", "{json}");
+    assert_eq!(samples["top"][0]["samples"].as_u64(), Some(total), "{json}");
+    assert!(stderr(&out).contains("100.0%  payload_code"), "{}", stderr(&out));
+
+    // Unsampled runs say nothing about samples; a map that names no function is refused.
+    let (_, json) = run_json(&["--payload", "crash", "--params", "2", "--timeout", "0.3"]);
+    assert!(json.get("guest_samples").is_none(), "{json}");
+    std::fs::write(&map, "garbage\n").unwrap();
+    assert_one_line_error(&["run", "--sample-guest", "10", "--guest-symbols", map.to_str().unwrap()]);
+}

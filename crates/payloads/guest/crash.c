@@ -1,27 +1,31 @@
 /* Fails on purpose, to exercise the VMM's error paths. Param 0: 1 (default) = triple
  * fault from CPL3 (a page fault with no IDT), 2 = spin forever with no exit, 3 = reset
  * through the i8042 (as `reboot=k`), 4 = ACPI soft-off (S5), 5 = ACPI reset register,
- * 6 = int3 at CPL0 with a #BP handler (an instruction KVM cannot emulate on a nested host),
+ * 6 = int3 twice and int $0x21 once at CPL0, each gate to a counting handler (instructions
+ * KVM cannot emulate on a nested host),
  * 7 = SSE arithmetic at CPL0 (paddq, pshufd, pxor from memory, movdqu to memory: KVM's
  * emulator knows none of them, so on a nested host the VMM completes them). */
 #include "runtime.h"
 
-/* An IDT whose #BP gate points at bp_handler, which counts and returns. */
+/* An IDT whose #BP and 0x21 gates point at bp_handler, which counts and returns. */
 static volatile u64 bp_hits;
-static u64 idt[2 * 4] __attribute__((aligned(16)));
+static u64 idt[2 * 0x22] __attribute__((aligned(16)));
 void bp_handler(void);
 __asm__(".text\nbp_handler:\n\tincq bp_hits(%rip)\n\tiretq\n");
 
 static int int3_survived(void) {
 	u64 h = (u64)bp_handler;
-	idt[2 * 3] = (h & 0xffff) | (0x08ULL << 16) | (0x8eULL << 40) | (((h >> 16) & 0xffff) << 48);
-	idt[2 * 3 + 1] = h >> 32;
+	for (int v = 3; v <= 0x21; v += 0x21 - 3) {
+		idt[2 * v] = (h & 0xffff) | (0x08ULL << 16) | (0x8eULL << 40) | (((h >> 16) & 0xffff) << 48);
+		idt[2 * v + 1] = h >> 32;
+	}
 	struct __attribute__((packed)) { u16 limit; u64 base; } ptr = {sizeof(idt) - 1, (u64)idt};
 	__asm__ volatile("lidt %0" ::"m"(ptr));
 	__asm__ volatile("int3");
 	__asm__ volatile("int3");
-	print("crash: int3 twice, #BP handler ran %lu times\n", bp_hits);
-	return bp_hits == 2 ? 0 : 1;
+	__asm__ volatile("int $0x21");
+	print("crash: int3 twice and int $0x21, handler ran %lu times\n", bp_hits);
+	return bp_hits == 3 ? 0 : 1;
 }
 
 static int sse_survived(void) {

@@ -11,6 +11,7 @@ pub mod control;
 pub mod devices;
 pub mod emulate;
 pub mod fuzzing;
+pub mod guest_samples;
 pub mod ioeventfd;
 pub mod irq;
 pub mod kvm;

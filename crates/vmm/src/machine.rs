@@ -5,6 +5,7 @@ use crate::boot::{self, cpu, regs, BootSpec, EntryPoint};
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
 use crate::control::{GuestStop, RunControl};
 use crate::devices::{debug_exit, doorbell, i8042, serial, AcpiPm, DebugExit, Doorbell, Serial, I8042};
+use crate::guest_samples::GuestSamples;
 use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
 use crate::irq::{GsiRouter, IrqError};
 use crate::layout::{self, LayoutError, MemoryMap};
@@ -120,6 +121,8 @@ pub struct MachineConfig {
     /// Whether [`Machine::run`] confines its calling thread too (seccomp, `ThreadKind::Main`)
     /// once the vCPUs run: the CLI's main thread, not a library caller's.
     pub confine_caller: bool,
+    /// How often to sample where each vCPU is in the guest (`--sample-guest`), if at all.
+    pub sample_every: Option<Duration>,
 }
 
 /// `--net tap=NAME[,mac=..]` and `--net-tx`.
@@ -165,6 +168,7 @@ impl MachineConfig {
             lab_devices: false,
             test_devices: false,
             confine_caller: false,
+            sample_every: None,
         }
     }
 }
@@ -189,6 +193,8 @@ pub struct RunReport {
     pub net: Option<NetCounters>,
     /// Each drive's name and virtio-blk counters.
     pub drives: Vec<(String, BlkCounters)>,
+    /// Each vCPU's guest RIP samples, by vCPU id (empty unless sampling was asked for).
+    pub samples: Vec<GuestSamples>,
 }
 
 pub struct Machine {
@@ -215,6 +221,7 @@ pub struct Machine {
     serial: Option<Arc<Serial>>,
     devices: Vec<String>,
     confine_caller: bool,
+    sample_every: Option<Duration>,
     entry: EntryPoint,
     started: (Instant, u64),
     /// Each vCPU's counters while the VM runs (for the API's live exit profile).
@@ -261,8 +268,9 @@ impl Machine {
 
         let rsdp = acpi::write_tables(&memory, &map, config.vcpus)?;
         let spec = BootSpec { cmdline: &config.cmdline, initrd: config.initrd.as_deref(), rsdp };
-        let entry = boot::load(&memory, &map, &config.image, &spec)?;
+        // Before the image: a multiboot image may be linked over it (and then owns the page).
         write_shared_page(&memory, map.low_ram_end(), &config.params)?;
+        let entry = boot::load(&memory, &map, &config.image, &spec)?;
 
         let control = Arc::new(RunControl::default());
         let vm = Arc::new(vm);
@@ -291,6 +299,7 @@ impl Machine {
             serial: None,
             devices: Vec::new(),
             confine_caller: config.confine_caller,
+            sample_every: config.sample_every,
             entry,
             started,
             live: Arc::new(LiveStats::new(usize::from(config.vcpus), 0)),
@@ -516,7 +525,7 @@ impl Machine {
             true => crate::seccomp::confine(crate::seccomp::ThreadKind::Main),
             false => Ok(()),
         };
-        let outcome = threads.wait(timeout);
+        let outcome = threads.wait(timeout, self.sample_every);
         self.drain_console();
         let mut stats = ExitStats::new(self.devices.len());
         for s in &outcome.stats {
@@ -533,7 +542,9 @@ impl Machine {
         } else {
             None
         };
-        Ok((self.report(stats, outcome.stats), error))
+        let mut report = self.report(stats, outcome.stats);
+        report.samples = outcome.samples;
+        Ok((report, error))
     }
 
     /// Builds the report after the vCPUs stopped.
@@ -552,6 +563,7 @@ impl Machine {
             vmm_rss_kib: guest_start.and_then(vmm_rss_kib),
             net: self.net.as_ref().map(|n| n.stats.snapshot()),
             drives: self.drives.iter().map(|d| (d.name.clone(), d.stats.snapshot())).collect(),
+            samples: Vec::new(),
         }
     }
 }

@@ -8,6 +8,7 @@
 use crate::bus::{Bus, BusAddress, BusSet, MmioAddress, PioAddress, SharedBuses};
 use crate::control::{GuestStop, RunControl};
 use crate::emulate;
+use crate::guest_samples::GuestSamples;
 use crate::stats::{DeviceCounts, ExitKind, ExitStats, LiveStats};
 use kvm_bindings::{kvm_run, KVM_EXIT_IO_OUT};
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -189,6 +190,8 @@ pub struct Vcpu {
     pub exits: ExitHandler,
     /// Where the counters are published while the VM runs, and when next.
     live: Option<(Arc<LiveStats>, u64)>,
+    /// Guest RIPs found when the VMM kicked this vCPU to sample it (`--sample-guest`).
+    pub samples: GuestSamples,
 }
 
 impl Vcpu {
@@ -211,6 +214,7 @@ impl Vcpu {
             coalesced_ring: false,
             exits: ExitHandler::new(buses, devices),
             live: None,
+            samples: GuestSamples::default(),
         }
     }
 
@@ -401,7 +405,15 @@ impl Vcpu {
     #[inline(never)]
     fn rare_exit(&mut self, exit: RareExit) -> Result<ExitKind, VcpuError> {
         let what = match exit {
-            RareExit::Kicked => return Ok(ExitKind::Intr),
+            RareExit::Kicked => {
+                // A kick that is not a stop is the sampler's (the only other sender).
+                if !self.control.should_stop() {
+                    if let Ok(regs) = self.fd.get_regs() {
+                        self.samples.record(regs.rip);
+                    }
+                }
+                return Ok(ExitKind::Intr);
+            }
             RareExit::RunFailed(e) => return Err(VcpuError::Run(self.id, e)),
             RareExit::Hlt => "halted with no way to wake up (HLT exit)".to_string(),
             RareExit::Shutdown => "shutdown: a triple fault, or an exception it could not deliver".to_string(),

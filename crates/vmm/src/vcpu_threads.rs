@@ -1,8 +1,10 @@
 //! One thread per vCPU, and stopping them all: when one vCPU ends (the guest stopped, or
 //! it failed) or the time is up, the stop flag is raised and every thread still inside
-//! `KVM_RUN` is kicked with a signal until it returns.
+//! `KVM_RUN` is kicked with a signal until it returns. With sampling on, the same kick,
+//! sent at a steady rate without the stop flag, makes each vCPU note where the guest was.
 
 use crate::control::RunControl;
+use crate::guest_samples::GuestSamples;
 use crate::seccomp::ThreadKind;
 use crate::stats::ExitStats;
 use crate::vcpu::{Vcpu, VcpuError};
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 /// How often a thread that has not stopped is kicked again.
 const KICK_INTERVAL: Duration = Duration::from_millis(10);
 
-type Finished = (u8, Result<(), VcpuError>, ExitStats);
+type Finished = (u8, Result<(), VcpuError>, ExitStats, GuestSamples);
 
 pub struct VcpuThreads {
     control: Arc<RunControl>,
@@ -32,6 +34,8 @@ pub struct Outcome {
     pub error: Option<VcpuError>,
     pub panicked: Option<u8>,
     pub timed_out: bool,
+    /// Each vCPU's guest RIP samples, by id.
+    pub samples: Vec<GuestSamples>,
 }
 
 impl VcpuThreads {
@@ -46,14 +50,14 @@ impl VcpuThreads {
                 let result = crate::seccomp::confine(ThreadKind::Vcpu).map_err(Into::into).and_then(|()| vcpu.run());
                 // Whatever ended this vCPU ends the others too.
                 stop.request_stop();
-                let _ = tx.send((id, result, vcpu.exits.stats));
+                let _ = tx.send((id, result, vcpu.exits.stats, std::mem::take(&mut vcpu.samples)));
             });
             match thread {
                 Ok(t) => threads.push(Some(t)),
                 Err(e) => {
                     control.request_stop();
                     let started = VcpuThreads { control, threads, finished };
-                    drop(started.wait(Some(Duration::ZERO)));
+                    drop(started.wait(Some(Duration::ZERO), None));
                     return Err(e);
                 }
             }
@@ -61,34 +65,50 @@ impl VcpuThreads {
         Ok(VcpuThreads { control, threads, finished })
     }
 
-    /// Waits for the first vCPU to end (or `timeout`), then stops and joins all of them.
-    pub fn wait(mut self, timeout: Option<Duration>) -> Outcome {
+    /// Waits for the first vCPU to end (or `timeout`), then stops and joins all of them;
+    /// meanwhile kicks the running ones every `sample_every`, if given, to sample them.
+    pub fn wait(mut self, timeout: Option<Duration>, sample_every: Option<Duration>) -> Outcome {
         let count = self.threads.len();
-        let mut outcome = Outcome { stats: Vec::new(), error: None, panicked: None, timed_out: false };
+        let mut outcome =
+            Outcome { stats: Vec::new(), error: None, panicked: None, timed_out: false, samples: Vec::new() };
         let mut stats: Vec<Option<ExitStats>> = (0..count).map(|_| None).collect();
+        let mut samples: Vec<GuestSamples> = vec![GuestSamples::default(); count];
         let mut done = 0;
         let deadline = timeout.map(|t| Instant::now() + t);
+        let mut next_sample = sample_every.map(|p| Instant::now() + p);
         while done < count {
             let wait = if self.control.should_stop() {
                 self.kick_running(&stats);
                 KICK_INTERVAL
             } else {
-                deadline.map_or(Duration::from_secs(3600), |d| d.saturating_duration_since(Instant::now()))
+                [deadline, next_sample]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .map_or(Duration::from_secs(3600), |d| d.saturating_duration_since(Instant::now()))
             };
             match self.finished.recv_timeout(wait) {
-                Ok((id, result, s)) => {
+                Ok((id, result, s, rips)) => {
                     done += 1;
                     if let Err(e) = result {
                         outcome.error.get_or_insert(e);
                     }
                     if let Some(slot) = stats.get_mut(usize::from(id)) {
                         *slot = Some(s);
+                        samples[usize::from(id)] = rips;
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) && !self.control.should_stop() {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) && !self.control.should_stop() {
                         outcome.timed_out = true;
                         self.control.request_stop();
+                    }
+                    if let (Some(next), Some(period)) = (&mut next_sample, sample_every) {
+                        if now >= *next && !self.control.should_stop() {
+                            self.kick_running(&stats);
+                            *next = (*next + period).max(now);
+                        }
                     }
                 }
                 // Every sender is gone: the remaining threads panicked.
@@ -103,6 +123,7 @@ impl VcpuThreads {
             }
         }
         outcome.stats = stats.into_iter().map(|s| s.unwrap_or_else(|| ExitStats::new(0))).collect();
+        outcome.samples = samples;
         outcome
     }
 

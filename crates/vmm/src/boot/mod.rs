@@ -106,7 +106,8 @@ pub fn load(mem: &GuestMemoryMmap, map: &MemoryMap, image: &[u8], spec: &BootSpe
     }
 }
 
-/// A multiboot image: its segments, then the initrd as a module on the next page.
+/// A multiboot image: its segments, then the initrd as a module on the next page (from
+/// 1 MiB up when the image lies in low RAM).
 fn load_multiboot(
     mem: &GuestMemoryMmap,
     map: &MemoryMap,
@@ -114,6 +115,7 @@ fn load_multiboot(
     spec: &BootSpec,
 ) -> Result<EntryPoint, LoadError> {
     let (entry, end) = multiboot::load(mem, map, image)?;
+    let end = end.max(layout::HIGH_RAM_START);
     write_cmdline(mem, spec.cmdline, layout::CMDLINE_MAX)?;
     let initrd = match spec.initrd {
         Some(bytes) => {

@@ -33,7 +33,7 @@ pub enum MultibootError {
     BadProgramHeaders,
     #[error("the ELF image has no loadable segment")]
     NoSegments,
-    #[error("ELF segment {index} ({addr:#x}+{size:#x}) is not in guest RAM between 1 MiB and {limit:#x}")]
+    #[error("ELF segment {index} ({addr:#x}+{size:#x}) is not in guest RAM below {limit:#x}, or covers what exitless places below 1 MiB (multiboot info {info:#x}-{info_end:#x}, command line {cmdline:#x}, ACPI tables {acpi:#x})", info = layout::START_INFO_GPA, info_end = layout::ZERO_PAGE_GPA, cmdline = layout::CMDLINE_GPA, acpi = layout::ACPI_START)]
     SegmentOutsideRam { index: usize, addr: u64, size: u64, limit: u64 },
     #[error("ELF segment {0} holds more file bytes than the file has, or more than its memory size")]
     SegmentBytes(usize),
@@ -100,8 +100,7 @@ fn parse(image: &[u8], map: &MemoryMap) -> Result<(u64, Vec<Segment>), Multiboot
         if file_size as u64 > mem_size || offset.checked_add(file_size).is_none_or(|end| end > image.len()) {
             return Err(MultibootError::SegmentBytes(index));
         }
-        // Below 1 MiB are the VMM's boot structures and the guest's real-mode area.
-        if addr < layout::HIGH_RAM_START || addr + mem_size > limit {
+        if !fits(addr, mem_size, limit) {
             return Err(MultibootError::SegmentOutsideRam { index, addr, size: mem_size, limit });
         }
         segments.push(Segment { offset, file_size, addr, mem_size });
@@ -110,6 +109,21 @@ fn parse(image: &[u8], map: &MemoryMap) -> Result<(u64, Vec<Segment>), Multiboot
         return Err(MultibootError::NoSegments);
     }
     Ok((u64::from(entry), segments))
+}
+
+/// Whether a segment lies in RAM and clear of what the VMM writes for a multiboot guest.
+/// Below 1 MiB that is the first page (real-mode IVT), the info structure with its module
+/// list and memory map, the command line, and the ACPI tables; the rest of low RAM is the
+/// guest's (kvm-unit-tests' realmode test is linked at 0x8000).
+fn fits(addr: u64, size: u64, limit: u64) -> bool {
+    let Some(end) = addr.checked_add(size) else { return false };
+    let in_ram =
+        (addr >= layout::PAGE_SIZE && end <= layout::LOW_RAM_END) || (addr >= layout::HIGH_RAM_START && end <= limit);
+    let reserved = [
+        (layout::START_INFO_GPA, layout::ZERO_PAGE_GPA),
+        (layout::CMDLINE_GPA, layout::CMDLINE_GPA + layout::CMDLINE_MAX as u64 + 1),
+    ];
+    in_ram && reserved.iter().all(|&(start, stop)| end <= start || addr >= stop)
 }
 
 /// Checks that `image` is a multiboot ELF that fits in `map`'s RAM.
@@ -219,10 +233,15 @@ mod tests {
     }
 
     #[test]
-    fn segments_must_be_in_ram_above_1m_and_whole() {
+    fn segments_must_be_in_ram_clear_of_the_boot_structures_and_whole() {
         let map = MemoryMap::new(64 << 20).unwrap();
         assert!(check(&image(0x40_0000, &[0xf4], 0), &map).is_ok());
-        assert!(matches!(check(&image(0x7000, &[0xf4], 0), &map), Err(MultibootError::SegmentOutsideRam { .. })));
+        for refused in [0x0, 0x5800, 0x6000, 0x1_ff00, 0x9_f000, 0xe_0000] {
+            let found = check(&image(refused, &[0xf4; 0x1000], 0), &map);
+            assert!(matches!(found, Err(MultibootError::SegmentOutsideRam { .. })), "{refused:#x}: {found:?}");
+        }
+        // Low RAM clear of the VMM's structures is the guest's, as realmode.flat needs.
+        assert_eq!(check(&image(0x8000, &[0xf4; 0x5000], 0), &map), Ok(()));
         assert!(matches!(check(&image(0x3ff_f000, &[0xf4], 0), &map), Err(MultibootError::SegmentOutsideRam { .. })));
         let mut truncated = image(0x40_0000, &[0xf4; 16], 0);
         truncated.truncate(0x108);

@@ -19,6 +19,9 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 pub enum Completed {
     /// `int3`: #BP injected after RIP was moved past it.
     Int3,
+    /// `int n`: vector n injected after RIP was moved past it (kvm-unit-tests raise
+    /// interrupts this way at CPL0).
+    IntN,
     /// `clac`/`stac`: EFLAGS.AC.
     ClacStac,
     Popcnt,
@@ -35,8 +38,9 @@ pub enum Completed {
 }
 
 impl Completed {
-    pub const ALL: [Completed; 8] = [
+    pub const ALL: [Completed; 9] = [
         Completed::Int3,
+        Completed::IntN,
         Completed::ClacStac,
         Completed::Popcnt,
         Completed::Fence,
@@ -49,6 +53,7 @@ impl Completed {
     pub fn name(self) -> &'static str {
         match self {
             Completed::Int3 => "int3",
+            Completed::IntN => "int n",
             Completed::ClacStac => "clac/stac",
             Completed::Popcnt => "popcnt",
             Completed::Fence => "fwait/fence",
@@ -253,12 +258,21 @@ pub fn complete(vcpu: &VcpuFd, mem: &GuestMemoryMmap) -> Result<Completed> {
         execute(&mut cpu, &insn).map_err(|NotCompleted(why)| NotCompleted(format!("{}: {why}", describe())))?;
     cpu.regs.rip = cpu.regs.rip.wrapping_add(insn.len() as u64);
     vcpu.set_regs(&cpu.regs).map_err(|e| NotCompleted(format!("KVM_SET_REGS: {e}")))?;
-    if completed == Completed::Int3 {
+    if matches!(completed, Completed::Int3 | Completed::IntN) {
         let mut events = vcpu.get_vcpu_events().map_err(|e| NotCompleted(format!("KVM_GET_VCPU_EVENTS: {e}")))?;
-        events.exception.injected = 1;
-        events.exception.nr = BP_VECTOR;
-        events.exception.has_error_code = 0;
-        events.exception.pending = 0;
+        if completed == Completed::Int3 {
+            events.exception.injected = 1;
+            events.exception.nr = BP_VECTOR;
+            events.exception.has_error_code = 0;
+            events.exception.pending = 0;
+        } else {
+            // Delivered like an external interrupt on the vector: RIP is already past the
+            // instruction (a "soft" injection would add the length again), and at CPL0 the
+            // gate's DPL check a software interrupt makes always passes.
+            events.interrupt.injected = 1;
+            events.interrupt.nr = insn.immediate8();
+            events.interrupt.soft = 0;
+        }
         vcpu.set_vcpu_events(&events).map_err(|e| NotCompleted(format!("KVM_SET_VCPU_EVENTS: {e}")))?;
     }
     Ok(completed)
@@ -279,6 +293,9 @@ fn execute(cpu: &mut Cpu, insn: &Instruction) -> Result<Completed> {
     let regs = &mut cpu.regs;
     match insn.mnemonic() {
         Mnemonic::Int3 => Ok(Completed::Int3),
+        Mnemonic::Int if insn.immediate8() == BP_VECTOR => Ok(Completed::Int3),
+        // At CPL3 the gate's DPL would have to be checked: KVM only gives up on CPL0 code here.
+        Mnemonic::Int if cpu.sregs.cs.dpl == 0 => Ok(Completed::IntN),
         Mnemonic::Clac => {
             regs.rflags &= !RFLAGS_AC;
             Ok(Completed::ClacStac)
