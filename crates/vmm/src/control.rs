@@ -1,6 +1,8 @@
-//! How a device or the VMM tells the vCPUs to stop, and why.
+//! How a device or the VMM tells the vCPUs to stop, and why; and how the API pauses them.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 const NO_STATUS: u64 = u64::MAX;
 const POWER_OFF: u64 = 1 << 32;
@@ -36,16 +38,44 @@ impl GuestStop {
     }
 }
 
+const STOP: u8 = 1;
+const PAUSE: u8 = 2;
+
+/// The vCPU threads as the pause gate sees them.
+#[derive(Default)]
+struct Gate {
+    /// Each running vCPU thread, by id, so a pause can kick it out of `KVM_RUN`.
+    threads: Vec<Option<libc::pthread_t>>,
+    parked: usize,
+}
+
 /// Shared by the vCPUs, the devices and the thread that waits for the machine.
 pub struct RunControl {
-    stop: AtomicBool,
+    /// STOP and PAUSE bits: a vCPU reads them with one load after every exit.
+    flags: AtomicU8,
     status: AtomicU64,
+    gate: Mutex<Gate>,
+    changed: Condvar,
 }
 
 impl Default for RunControl {
     fn default() -> Self {
-        RunControl { stop: AtomicBool::new(false), status: AtomicU64::new(NO_STATUS) }
+        RunControl {
+            flags: AtomicU8::new(0),
+            status: AtomicU64::new(NO_STATUS),
+            gate: Mutex::new(Gate::default()),
+            changed: Condvar::new(),
+        }
     }
+}
+
+/// The vCPUs did not all stop within the time a pause allows.
+#[derive(Debug, thiserror::Error)]
+#[error("{parked} of {running} vCPUs paused within {waited:?}")]
+pub struct PauseTimeout {
+    pub parked: usize,
+    pub running: usize,
+    pub waited: Duration,
 }
 
 impl RunControl {
@@ -57,7 +87,7 @@ impl RunControl {
             GuestStop::Reset => RESET,
         };
         let _ = self.status.compare_exchange(NO_STATUS, code, Ordering::AcqRel, Ordering::Acquire);
-        self.stop.store(true, Ordering::Release);
+        self.request_stop();
     }
 
     /// The guest asked to exit with `status`.
@@ -67,12 +97,87 @@ impl RunControl {
 
     /// The VMM wants the vCPUs out (timeout, error on another vCPU).
     pub fn request_stop(&self) {
-        self.stop.store(true, Ordering::Release);
+        self.flags.fetch_or(STOP, Ordering::AcqRel);
+        // A paused vCPU is parked, not in KVM_RUN: wake it to see the stop.
+        let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        self.changed.notify_all();
     }
 
     #[inline]
     pub fn should_stop(&self) -> bool {
-        self.stop.load(Ordering::Acquire)
+        self.flags.load(Ordering::Acquire) & STOP != 0
+    }
+
+    /// Whether a vCPU must stop or pause before it enters the guest again.
+    #[inline]
+    pub fn needs_attention(&self) -> bool {
+        self.flags.load(Ordering::Acquire) != 0
+    }
+
+    /// A vCPU thread starts: from now on a pause kicks it.
+    pub fn vcpu_started(&self, id: u8) {
+        let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = usize::from(id);
+        if gate.threads.len() <= slot {
+            gate.threads.resize(slot + 1, None);
+        }
+        // SAFETY: pthread_self has no preconditions.
+        gate.threads[slot] = Some(unsafe { libc::pthread_self() });
+        self.changed.notify_all();
+    }
+
+    /// A vCPU thread is about to end: never kick it again (its pthread_t dies with it).
+    pub fn vcpu_ended(&self, id: u8) {
+        let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = gate.threads.get_mut(usize::from(id)) {
+            *slot = None;
+        }
+        self.changed.notify_all();
+    }
+
+    /// Called by a vCPU out of `KVM_RUN` that saw PAUSE: waits until resumed or stopped.
+    pub fn park(&self) {
+        let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        gate.parked += 1;
+        self.changed.notify_all();
+        while self.flags.load(Ordering::Acquire) == PAUSE {
+            gate = self.changed.wait(gate).unwrap_or_else(|e| e.into_inner());
+        }
+        gate.parked -= 1;
+    }
+
+    /// Pauses every vCPU: raises PAUSE, kicks each running vCPU thread out of `KVM_RUN`
+    /// (with `signal`, whose handler must be installed) until all are parked or `limit` passes.
+    pub fn pause(&self, signal: libc::c_int, limit: Duration) -> Result<(), PauseTimeout> {
+        self.flags.fetch_or(PAUSE, Ordering::AcqRel);
+        let start = Instant::now();
+        let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let running = gate.threads.iter().flatten().count();
+            if gate.parked >= running || self.should_stop() {
+                return Ok(());
+            }
+            if start.elapsed() >= limit {
+                return Err(PauseTimeout { parked: gate.parked, running, waited: limit });
+            }
+            for &thread in gate.threads.iter().flatten() {
+                // SAFETY: a registered thread has not passed vcpu_ended (which takes this
+                // lock), so its pthread_t is still valid.
+                unsafe { libc::pthread_kill(thread, signal) };
+            }
+            gate = self.changed.wait_timeout(gate, Duration::from_millis(10)).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Lets paused vCPUs run again.
+    pub fn resume(&self) {
+        self.flags.fetch_and(!PAUSE, Ordering::AcqRel);
+        let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        self.changed.notify_all();
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.flags.load(Ordering::Acquire) & PAUSE != 0
     }
 
     pub fn guest_stopped(&self) -> Option<GuestStop> {
@@ -86,5 +191,59 @@ impl RunControl {
 
     pub fn exit_status(&self) -> Option<u32> {
         self.guest_stopped().map(GuestStop::status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+
+    /// A stand-in vCPU loop: counts "guest work" until stopped, parking when paused.
+    fn spin(control: Arc<RunControl>, id: u8, work: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            control.vcpu_started(id);
+            while !control.should_stop() {
+                if control.needs_attention() && !control.should_stop() {
+                    control.park();
+                }
+                work.fetch_add(1, Ordering::Relaxed);
+                std::thread::yield_now();
+            }
+            control.vcpu_ended(id);
+        })
+    }
+
+    #[test]
+    fn a_pause_holds_every_vcpu_until_resumed_and_a_stop_ends_it() {
+        crate::watchdog::install_kick_handler();
+        let control = Arc::new(RunControl::default());
+        let work = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..3).map(|id| spin(control.clone(), id, work.clone())).collect();
+        while control.gate.lock().unwrap().threads.iter().flatten().count() < 3 {
+            std::thread::yield_now();
+        }
+        for _ in 0..20 {
+            control.pause(crate::watchdog::kick_signal(), Duration::from_secs(10)).unwrap();
+            assert!(control.is_paused());
+            let before = work.load(Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(5));
+            assert_eq!(work.load(Ordering::Relaxed), before, "a parked vCPU did work");
+            control.resume();
+            let resumed = work.load(Ordering::Relaxed);
+            while work.load(Ordering::Relaxed) < resumed + 10 {
+                std::thread::yield_now();
+            }
+        }
+        // Stopping a paused machine wakes and ends every vCPU.
+        control.pause(crate::watchdog::kick_signal(), Duration::from_secs(10)).unwrap();
+        control.request_stop();
+        for t in threads {
+            t.join().unwrap();
+        }
+        // With no vCPU running, a pause has nothing to wait for.
+        let idle = RunControl::default();
+        assert!(idle.pause(crate::watchdog::kick_signal(), Duration::ZERO).is_ok());
     }
 }

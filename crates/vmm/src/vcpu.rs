@@ -283,8 +283,7 @@ impl Vcpu {
     /// the guest, with no accounting and no bus: the lab's floor for a userspace exit.
     #[inline]
     pub fn step_filtered(&mut self, mut consume: impl FnMut(&VcpuExit) -> bool) -> Result<Step, VcpuError> {
-        if self.control.should_stop() {
-            self.book_pending();
+        if self.control.needs_attention() && self.stop_or_park() {
             return Ok(Step::Stopped);
         }
         self.exits.refresh();
@@ -332,6 +331,17 @@ impl Vcpu {
             return Ok(Step::Stopped);
         }
         Ok(Step::Continue)
+    }
+
+    /// Stops (true), or waits out a pause and goes on (false unless stopped meanwhile).
+    #[cold]
+    fn stop_or_park(&mut self) -> bool {
+        self.book_pending();
+        if !self.control.should_stop() {
+            self.publish(true);
+            self.control.park();
+        }
+        self.control.should_stop()
     }
 
     /// Books the previous exit: VMM time ends as we go back into the guest.

@@ -20,6 +20,22 @@ const KICK_INTERVAL: Duration = Duration::from_millis(10);
 
 type Finished = (u8, Result<(), VcpuError>, ExitStats, GuestSamples);
 
+/// A vCPU thread known to the pause gate until it ends, even by a panic.
+struct Registered<'a>(&'a RunControl, u8);
+
+impl<'a> Registered<'a> {
+    fn new(control: &'a RunControl, id: u8) -> Self {
+        control.vcpu_started(id);
+        Registered(control, id)
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0.vcpu_ended(self.1);
+    }
+}
+
 pub struct VcpuThreads {
     control: Arc<RunControl>,
     threads: Vec<Option<JoinHandle<()>>>,
@@ -47,7 +63,9 @@ impl VcpuThreads {
             let (tx, stop) = (tx.clone(), control.clone());
             let id = vcpu.id();
             let thread = std::thread::Builder::new().name(format!("vcpu{id}")).spawn(move || {
+                let registered = Registered::new(&stop, id);
                 let result = crate::seccomp::confine(ThreadKind::Vcpu).map_err(Into::into).and_then(|()| vcpu.run());
+                drop(registered);
                 // Whatever ended this vCPU ends the others too.
                 stop.request_stop();
                 let _ = tx.send((id, result, vcpu.exits.stats, std::mem::take(&mut vcpu.samples)));

@@ -97,10 +97,7 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PUT", ["logger"]) => done(vm.set_logger(parse(body)?)),
         ("PUT", ["metrics"]) => done(vm.set_metrics(parse(body)?, metrics)),
         ("PUT", ["actions"]) => action(vm, metrics, parse(body)?),
-        ("PATCH", ["vm"]) => {
-            let v: model::Vm = parse(body)?;
-            Err(Fault(format!("exitless cannot set the microVM {:?} yet: pausing is not supported.", v.state)))
-        }
+        ("PATCH", ["vm"]) => done(vm.set_state(parse::<model::Vm>(body)?.state)),
         ("GET" | "PUT" | "PATCH", _) => Err(Fault(format!("Invalid request: {method} {path} is not an endpoint."))),
         _ => Err(Fault(format!("Invalid request method: {method}."))),
     }

@@ -3,7 +3,7 @@
 //! live). Every change is checked here; the HTTP layer only maps errors to 400s.
 
 use super::model::{
-    BootSource, Drive, Logger, MachineConfig, MachineConfigUpdate, Metrics, NetworkInterface, VmConfig,
+    BootSource, Drive, Logger, MachineConfig, MachineConfigUpdate, Metrics, NetworkInterface, VmConfig, VmState,
 };
 use crate::report;
 use exitless_vmm::virtio::blk::DriveConfig;
@@ -22,6 +22,8 @@ impl<T: std::fmt::Display> From<T> for Fault {
 }
 
 const AFTER_START: &str = "The requested operation is not supported after starting the microVM.";
+/// How long a pause may take: a vCPU leaves the guest within a kick or two.
+const PAUSE_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Firecracker's bound on a microVM's vCPUs.
 const MAX_VCPUS: u8 = 32;
 
@@ -49,6 +51,7 @@ impl Vm {
     pub fn state_name(&self) -> &'static str {
         match self.state {
             State::NotStarted => "Not started",
+            State::Running { ref machine, .. } if machine.control.is_paused() => "Paused",
             State::Running { .. } => "Running",
             State::Exited => "Exited",
         }
@@ -165,6 +168,26 @@ impl Vm {
         metrics.open(&m.metrics_path)?;
         self.config.metrics = Some(m);
         Ok(())
+    }
+
+    /// `PATCH /vm`: pauses every vCPU (each out of the guest, parked) or lets them run.
+    pub fn set_state(&mut self, state: VmState) -> Result<(), Fault> {
+        let State::Running { machine, .. } = &self.state else {
+            return Err(Fault(format!(
+                "The microVM is {}: only a running one can be paused or resumed.",
+                self.state_name()
+            )));
+        };
+        match state {
+            VmState::Paused => machine
+                .control
+                .pause(exitless_vmm::watchdog::kick_signal(), PAUSE_LIMIT)
+                .map_err(|e| Fault(format!("Failed to pause the vCPUs: {e}."))),
+            VmState::Resumed => {
+                machine.control.resume();
+                Ok(())
+            }
+        }
     }
 
     /// Builds the machine from the configuration; the caller runs it.

@@ -119,6 +119,45 @@ check(top.returncode == 0 and "exitless top: Running (2 vCPUs" in top.stdout and
 proc.kill()
 proc.wait()
 os.path.exists(sock) and os.unlink(sock)
+
+# 4. Pause and resume a guest that spins at CPL3 with no exits: while paused its vCPU
+#    thread gets no CPU time at all; resumed, it gets most of a core again.
+def vcpu_cpu_seconds(pid):
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            if f.read().strip() == "vcpu0":
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return None
+
+
+def cpu_over(pid, seconds):
+    before = vcpu_cpu_seconds(pid)
+    time.sleep(seconds)
+    return vcpu_cpu_seconds(pid) - before
+
+
+proc, sock, api = start_vmm("fc-pause")
+refused("pause before start", lambda: api.vm.patch(state="Paused"), "only a running one")
+api.machine_config.put(vcpu_count=1, mem_size_mib=64)
+api.boot.put(kernel_image_path=os.path.join(payloads, "wait.elf"), boot_args="spin")
+api.actions.put(action_type="InstanceStart")
+time.sleep(0.5)
+running = cpu_over(proc.pid, 1.0)
+api.vm.patch(state="Paused")
+check(api.describe.get().json()["state"] == "Paused", "GET / says Paused after PATCH /vm Paused")
+paused = cpu_over(proc.pid, 1.0)
+api.vm.patch(state="Resumed")
+check(api.describe.get().json()["state"] == "Running", "GET / says Running after PATCH /vm Resumed")
+resumed = cpu_over(proc.pid, 1.0)
+check(running > 0.2 and paused <= 0.02 and resumed > 0.2,
+      f"a paused vCPU gets no CPU (vcpu0 CPU s per s: running {running:.2f}, paused {paused:.2f}, resumed {resumed:.2f})")
+refused("an unknown state", lambda: api.vm.patch(state="Frozen"), "unknown variant")
+proc.kill()
+proc.wait()
+os.path.exists(sock) and os.unlink(sock)
+
 top = subprocess.run([exitless, "top", "--api-sock", sock], capture_output=True, text=True, timeout=30)
 check(top.returncode != 0 and len(top.stderr.strip().splitlines()) == 1 and "cannot reach" in top.stderr,
       f"exitless top on a gone socket: one line ({top.stderr.strip()!r})")
