@@ -4,7 +4,6 @@
 
 use std::os::fd::AsRawFd;
 use std::process::Command;
-use std::sync::{Mutex, Once};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
@@ -24,42 +23,12 @@ fn ip(args: &[&str]) -> Result<(), NetnsError> {
     }
 }
 
-/// Deleted when dropped, and when the process gets SIGINT, SIGTERM or SIGHUP; a run killed
-/// with SIGKILL leaves it behind, and the next run removes it ([`remove_stale`]).
+/// Deleted when dropped, and when the process gets SIGINT, SIGTERM or SIGHUP
+/// ([`exitless_vmm::termination`]); a run killed with SIGKILL leaves it behind, and the
+/// next run removes it ([`remove_stale`]).
 pub struct Netns {
     pub name: String,
-}
-
-/// Namespaces this process made and has not removed yet.
-static LIVE: Mutex<Vec<String>> = Mutex::new(Vec::new());
-static SIGNAL_WATCH: Once = Once::new();
-
-/// Blocks SIGINT, SIGTERM and SIGHUP in this thread (threads started later inherit that)
-/// and starts a thread that takes them: it removes the live namespaces and exits 128+sig.
-fn watch_signals() {
-    SIGNAL_WATCH.call_once(|| {
-        // SAFETY: a sigset on our stack, filled by sigemptyset/sigaddset, then applied to
-        // this thread's mask only.
-        let set = unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-                libc::sigaddset(&mut set, sig);
-            }
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-            set
-        };
-        let _ = std::thread::Builder::new().name("netns-signals".into()).spawn(move || {
-            let mut sig = 0;
-            // SAFETY: waits for one of the blocked signals in `set`.
-            if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
-                for name in LIVE.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-                    let _ = ip(&["netns", "del", &name]);
-                }
-                std::process::exit(128 + sig);
-            }
-        });
-    });
+    _on_signal: exitless_vmm::termination::Registration,
 }
 
 /// Removes namespaces named `exitless-<pid>` or `exitless-echo-<pid>` whose process is gone
@@ -81,12 +50,12 @@ pub fn remove_stale() {
 
 impl Netns {
     pub fn create(name: &str) -> Result<Netns, NetnsError> {
-        watch_signals();
+        let owned = name.to_string();
+        let on_signal = exitless_vmm::termination::on_signal(move || drop(ip(&["netns", "del", &owned])));
         remove_stale();
         let _ = ip(&["netns", "del", name]); // our own pid's leftover (a reused pid)
         ip(&["netns", "add", name])?;
-        LIVE.lock().unwrap_or_else(|e| e.into_inner()).push(name.into());
-        Ok(Netns { name: name.into() })
+        Ok(Netns { name: name.into(), _on_signal: on_signal })
     }
 
     /// Moves interface `ifname` into the namespace and brings it up with room for 64 KiB frames.
@@ -109,7 +78,6 @@ pub fn enter_current_thread(name: &str) -> Result<(), NetnsError> {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        LIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|n| *n != self.name);
         if let Err(e) = ip(&["netns", "del", &self.name]) {
             eprintln!("exitless: could not remove network namespace {}: {e}", self.name);
         }

@@ -21,6 +21,7 @@ pub mod net;
 pub mod pci;
 pub mod seccomp;
 pub mod stats;
+pub mod termination;
 /// Stand-ins for KVM: the unit tests' and the fuzz targets'.
 #[doc(hidden)]
 pub mod testing;

@@ -4,7 +4,8 @@
 //!
 //! One thread serves the socket; InstanceStart hands the built machine to a thread that
 //! runs it; when the guest stops, that thread writes the last metrics, removes the socket
-//! and ends the process with the guest's status, as Firecracker does.
+//! and ends the process with the guest's status, as Firecracker does. SIGINT, SIGTERM and
+//! SIGHUP remove the socket too (the process then exits 128 + the signal).
 
 mod logging;
 mod metrics;
@@ -33,6 +34,9 @@ struct Shared {
 }
 
 pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    // Before any thread starts (tiny_http starts one when it binds), so that every thread
+    // leaves the termination signals to the one that removes the socket.
+    exitless_vmm::termination::watch();
     if let Some(path) = &args.log_path {
         logging::to_file(&path.to_string_lossy(), args.level.as_deref())?;
     }
@@ -45,6 +49,11 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         Some(path) => Some(bind(path)?),
         None => None,
     };
+    let _remove_socket = shared.socket.clone().map(|path| {
+        exitless_vmm::termination::on_signal(move || {
+            let _ = std::fs::remove_file(&path);
+        })
+    });
     if let Some(file) = &args.config_file {
         let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
         let config: model::VmConfig = serde_json::from_str(&text)

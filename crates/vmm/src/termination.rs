@@ -1,0 +1,61 @@
+//! Cleaning up when the process is told to end: SIGINT, SIGTERM and SIGHUP are blocked in
+//! every thread and taken by one thread of their own, which runs each registered cleanup
+//! (remove an API socket, delete a network namespace) and exits 128 + the signal, as a
+//! process killed by it would report. SIGKILL cannot be caught: each user also removes
+//! what a killed run left behind when it next starts.
+
+use std::sync::{Mutex, Once};
+
+type Cleanup = Box<dyn Fn() + Send>;
+
+static CLEANUPS: Mutex<Vec<(u64, Cleanup)>> = Mutex::new(Vec::new());
+static WATCH: Once = Once::new();
+
+/// A registered cleanup; dropping it unregisters it (the thing was cleaned up normally).
+pub struct Registration(u64);
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        CLEANUPS.lock().unwrap_or_else(|e| e.into_inner()).retain(|(id, _)| *id != self.0);
+    }
+}
+
+/// Runs `cleanup` if a termination signal ends the process while the registration lives.
+/// The first call blocks the signals in the calling thread (threads it starts later
+/// inherit that): call it before starting threads.
+pub fn on_signal(cleanup: impl Fn() + Send + 'static) -> Registration {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    watch();
+    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    CLEANUPS.lock().unwrap_or_else(|e| e.into_inner()).push((id, Box::new(cleanup)));
+    Registration(id)
+}
+
+/// Blocks the termination signals in the calling thread (and so in every thread it starts
+/// later) and starts the thread that takes them. [`on_signal`] does it too; call this first
+/// where threads start before the first cleanup is known.
+pub fn watch() {
+    WATCH.call_once(|| {
+        // SAFETY: a sigset on our stack, filled by sigemptyset/sigaddset, then applied to
+        // this thread's mask only.
+        let set = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut set, sig);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            set
+        };
+        let _ = std::thread::Builder::new().name("signals".into()).spawn(move || {
+            let mut sig = 0;
+            // SAFETY: waits for one of the blocked signals in `set`.
+            if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
+                for (_, cleanup) in CLEANUPS.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+                    cleanup();
+                }
+                std::process::exit(128 + sig);
+            }
+        });
+    });
+}
