@@ -233,6 +233,9 @@ pub enum BenchCommand {
     /// virtio-blk: random 4K and sequential 64K reads and writes at qd 1 and 32, through
     /// exitless and by the host itself on the same file (the floor).
     Blk(BlkArgs),
+    /// Many microVMs at once, each an `exitless --api-sock` process booted through the API:
+    /// time until all run, VMM memory per VM, and a clean stop for every one.
+    Fleet(FleetArgs),
 }
 
 #[derive(Args)]
@@ -418,6 +421,33 @@ pub struct BootArgs {
 impl BootArgs {
     pub fn to_options(&self) -> exitless_lab::boot::Options {
         exitless_lab::boot::Options { runs: self.runs, mem: self.mem, json: self.json.clone() }
+    }
+}
+
+#[derive(Args)]
+pub struct FleetArgs {
+    /// How many microVMs.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub vms: u32,
+    /// Guest RAM per microVM, in MiB (mapped, barely touched by the idle guest).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub mem_mib: u32,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// How long one microVM may take to come up, or to stop.
+    #[arg(long, default_value_t = 60.0, value_parser = parse_seconds)]
+    pub timeout: f64,
+}
+
+impl FleetArgs {
+    pub fn to_options(&self) -> exitless_lab::fleet::Options {
+        exitless_lab::fleet::Options {
+            vms: self.vms,
+            mem_mib: self.mem_mib,
+            json: self.json.clone(),
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+        }
     }
 }
 

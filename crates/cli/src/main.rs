@@ -13,6 +13,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    exitless_vmm::seccomp::keep_thread_heaps();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
@@ -186,6 +187,7 @@ fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>
         BenchCommand::Pci(a) => {
             exitless_lab::pci::run(&a.to_options())?;
         }
+        BenchCommand::Fleet(a) => exitless_lab::fleet::run(&a.to_options())?,
         BenchCommand::Doorbell(a) => {
             exitless_lab::doorbell::run(&a.to_options()?)?;
         }

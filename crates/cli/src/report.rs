@@ -70,8 +70,9 @@ pub fn profile(report: &RunReport) -> String {
             d.irqs
         );
     }
-    if let Some(kib) = report.vmm_rss_kib {
-        let _ = writeln!(s, "  vmm resident memory beyond guest RAM: {kib} KiB");
+    if let Some(m) = report.vmm_memory {
+        let _ =
+            writeln!(s, "  vmm memory beyond guest RAM: {} KiB resident, {} KiB proportional", m.rss_kib, m.pss_kib);
     }
     s
 }
@@ -143,7 +144,8 @@ pub fn json(report: &RunReport) -> Value {
         "devices": devices,
         "vmm_ns_per_exit_median": vmm_ns,
         "elapsed_ms": report.elapsed.as_secs_f64() * 1e3,
-        "vmm_rss_kib": report.vmm_rss_kib,
+        "vmm_rss_kib": report.vmm_memory.map(|m| m.rss_kib),
+        "vmm_pss_kib": report.vmm_memory.map(|m| m.pss_kib),
         "net": report.net.map(|n| json!({
             "tx_frames": n.tx_frames, "tx_bytes": n.tx_bytes, "tx_copied": n.tx_copied, "tx_dropped": n.tx_dropped,
             "rx_frames": n.rx_frames, "rx_dropped": n.rx_dropped, "bad_chains": n.bad_chains,

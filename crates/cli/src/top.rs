@@ -4,26 +4,14 @@
 
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// One `GET /exits` (a plain HTTP/1.1 request; the body is everything after the headers,
-/// the server closes the connection).
+/// One `GET /exits`.
 pub fn fetch(sock: &Path) -> Result<Value, String> {
-    let gone = |e: std::io::Error| format!("cannot reach {}: {e} (is the microVM running?)", sock.display());
-    let mut stream = UnixStream::connect(sock).map_err(gone)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(gone)?;
-    stream.write_all(b"GET /exits HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").map_err(gone)?;
-    let mut reply = Vec::new();
-    stream.read_to_end(&mut reply).map_err(gone)?;
-    let text = String::from_utf8_lossy(&reply);
-    let (head, body) = text.split_once("\r\n\r\n").ok_or("the API answered with no headers")?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(format!("the API answered {}", head.lines().next().unwrap_or("nothing")));
-    }
-    serde_json::from_str(body).map_err(|e| format!("the API's /exits is not JSON: {e}"))
+    exitless_lab::api_client::expect_ok(sock, "GET", "/exits", None)?
+        .ok_or_else(|| "the API's /exits is not JSON".into())
 }
 
 /// Counters by name: `exit <reason>` and `<device> reads|writes`.

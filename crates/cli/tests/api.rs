@@ -81,3 +81,25 @@ fn a_config_file_boots_at_once_without_an_api() {
     // --no-api needs a config file.
     assert_one_line_error(&["--no-api"]);
 }
+
+#[test]
+fn a_small_fleet_starts_through_the_api_and_stops_leaving_nothing() {
+    if !kvm_or_skip("a_small_fleet_starts_through_the_api_and_stops_leaving_nothing") {
+        return;
+    }
+    let dir = tempdir();
+    let json_path = dir.join("fleet.json");
+    let out = exitless(&["bench", "fleet", "--vms", "4", "--json", json_path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    assert_eq!(json["vms"], 4);
+    // Every guest said it runs (or the bench would have failed), every VMM went on SIGTERM
+    // with its socket removed, and nothing is left in the fleet's directory.
+    assert_eq!(json["stopped_cleanly"], 4, "{json}");
+    assert_eq!(json["left_behind"].as_array().map(Vec::len), Some(0), "{json}");
+    assert_eq!(json["fleet_to_running_ms"].as_array().map(Vec::len), Some(4), "{json}");
+    // Memory comes from each VMM's own live report: present and plausible.
+    let (rss, pss) = (json["vmm_rss_kib_max"].as_f64().unwrap(), json["vmm_pss_kib_max"].as_f64().unwrap());
+    assert!(rss > 500.0 && rss < 200_000.0 && pss > 100.0 && pss <= rss, "{json}");
+    assert!(stdout(&out).contains("stopped cleanly by SIGTERM"), "{}", stdout(&out));
+}

@@ -1,9 +1,11 @@
 //! The labs: benchmarks that measure each exit-avoiding path against the slow one.
 
+pub mod api_client;
 pub mod blk;
 pub mod boot;
 pub mod control;
 pub mod doorbell;
+pub mod fleet;
 pub mod net;
 pub mod netns;
 pub mod pci;

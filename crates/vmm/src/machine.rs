@@ -173,6 +173,16 @@ impl MachineConfig {
     }
 }
 
+/// The VMM's own memory: the process's, less the guest RAM mapping's.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VmmMemory {
+    /// Resident (Firecracker's measure): shared code and libraries counted whole.
+    pub rss_kib: u64,
+    /// Proportional: pages shared with other processes (the same binary in a fleet) divided
+    /// among them, so what one more microVM costs.
+    pub pss_kib: u64,
+}
+
 /// The result of a run.
 pub struct RunReport {
     pub exit_status: u32,
@@ -187,8 +197,8 @@ pub struct RunReport {
     pub elapsed: Duration,
     /// Host TSC ticks per second, measured over the run (to turn cycles into time).
     pub tsc_hz: f64,
-    /// Resident memory of the VMM process beyond guest RAM, in KiB.
-    pub vmm_rss_kib: Option<u64>,
+    /// Memory of the VMM process beyond guest RAM.
+    pub vmm_memory: Option<VmmMemory>,
     /// virtio-net's counters, when the machine had one.
     pub net: Option<NetCounters>,
     /// Each drive's name and virtio-blk counters.
@@ -560,7 +570,7 @@ impl Machine {
             devices: self.devices.clone(),
             elapsed,
             tsc_hz,
-            vmm_rss_kib: guest_start.and_then(vmm_rss_kib),
+            vmm_memory: guest_start.and_then(vmm_memory_kib),
             net: self.net.as_ref().map(|n| n.stats.snapshot()),
             drives: self.drives.iter().map(|d| (d.name.clone(), d.stats.snapshot())).collect(),
             samples: Vec::new(),
@@ -616,21 +626,23 @@ pub fn read_result(memory: &GuestMemoryMmap, index: u64) -> u64 {
 }
 
 /// Process RSS minus the resident part of the guest RAM mapping that starts at `guest_start`.
-fn vmm_rss_kib(guest_start: usize) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let rss: u64 =
-        status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+fn vmm_memory_kib(guest_start: usize) -> Option<VmmMemory> {
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let kib = |v: &str| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok();
+    let (mut all, mut guest) = (VmmMemory::default(), VmmMemory::default());
     let mut in_guest = false;
     for line in smaps.lines() {
         if let Some((range, _)) = line.split_once(' ').filter(|(r, _)| r.contains('-') && !r.ends_with(':')) {
             in_guest = usize::from_str_radix(range.split('-').next()?, 16).ok() == Some(guest_start);
-        } else if in_guest {
-            if let Some(v) = line.strip_prefix("Rss:") {
-                let guest: u64 = v.trim().trim_end_matches("kB").trim().parse().ok()?;
-                return Some(rss.saturating_sub(guest));
-            }
+        } else if let Some(v) = line.strip_prefix("Rss:") {
+            let n = kib(v)?;
+            all.rss_kib += n;
+            guest.rss_kib += if in_guest { n } else { 0 };
+        } else if let Some(v) = line.strip_prefix("Pss:") {
+            let n = kib(v)?;
+            all.pss_kib += n;
+            guest.pss_kib += if in_guest { n } else { 0 };
         }
     }
-    Some(rss)
+    Some(VmmMemory { rss_kib: all.rss_kib - guest.rss_kib, pss_kib: all.pss_kib - guest.pss_kib })
 }

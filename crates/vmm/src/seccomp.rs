@@ -265,10 +265,8 @@ pub fn confine(kind: ThreadKind) -> Result<(), SeccompError> {
     if !enabled() {
         return Ok(());
     }
-    HANDLER.call_once(|| {
-        install_sigsys_handler();
-        keep_thread_heaps();
-    });
+    HANDLER.call_once(install_sigsys_handler);
+    keep_thread_heaps();
     let program = program(kind)?;
     seccompiler::apply_filter(&program).map_err(|e| SeccompError::Install(kind, e))
 }
@@ -279,13 +277,19 @@ pub fn confine(kind: ThreadKind) -> Result<(), SeccompError> {
 /// time it shrinks a thread's heap). Setting the arena bound here, unconfined, and a
 /// trim threshold larger than a thread heap can be (so one is never shrunk: freed memory
 /// stays for reuse) means neither is ever read.
-fn keep_thread_heaps() {
-    let arenas = std::thread::available_parallelism().map_or(2, |n| n.get()) * 8;
-    // SAFETY: mallopt only sets malloc tunables.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, arenas as i32);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
-    }
+/// Called by the first confinement, and by the CLI before it starts any thread (so that
+/// no thread makes an arena of its own before the bound is set).
+pub fn keep_thread_heaps() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Two: the VMM's threads barely allocate once running (the exit paths never do),
+        // and each arena a thread would otherwise make is resident memory in every VM.
+        // SAFETY: mallopt only sets malloc tunables.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+        }
+    });
 }
 
 /// SIGSYS: says which call was refused, without allocating, and ends the process.

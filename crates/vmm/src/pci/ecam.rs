@@ -12,9 +12,23 @@ use super::FUNCTIONS;
 use crate::bus::BusDevice;
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_READONLY};
 use kvm_ioctls::VmFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{Bytes, VolatileMemory};
+
+/// A 4 KiB memory file of all-ones bytes: what a read of an absent function returns.
+fn all_ones_page() -> std::io::Result<std::fs::File> {
+    // SAFETY: memfd_create with a NUL-terminated name; the fd is owned by the File below.
+    let fd = unsafe { libc::memfd_create(c"exitless-ecam-ones".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd from memfd_create that nothing else owns.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    std::io::Write::write_all(&mut file, &[0xff; CONFIG_SIZE])?;
+    Ok(file)
+}
 
 /// Bytes of the bus-0 ECAM window.
 pub const ECAM_SIZE: u64 = (FUNCTIONS * CONFIG_SIZE) as u64;
@@ -84,14 +98,33 @@ pub struct EcamShadow {
 }
 
 impl EcamShadow {
-    /// Pages for every function, all-ones (no function) until filled in.
+    /// Pages for every function, all-ones (no function) until filled in. Each page starts
+    /// as a private mapping of one shared all-ones page, so the 256 absent functions cost one
+    /// page, not 1 MiB per VM; the first store to a page copies it (copy-on-write) and the
+    /// copy is that function's own.
     pub fn new(sink: Arc<dyn MemslotSink>, gpa: u64, first_slot: u32) -> Result<Self, String> {
         let pages = MmapRegion::new(ECAM_SIZE as usize).map_err(|e| format!("cannot map ECAM shadow pages: {e}"))?;
-        let shadow = EcamShadow { pages, sink, gpa, first_slot, slots: Vec::new() };
+        let ones = all_ones_page().map_err(|e| format!("cannot make the ECAM all-ones page: {e}"))?;
         for index in 0..FUNCTIONS {
-            shadow.refresh(index, None);
+            // SAFETY: index < FUNCTIONS, so the page lies inside `pages`.
+            let at = unsafe { pages.as_ptr().add(index * CONFIG_SIZE) };
+            // SAFETY: MAP_FIXED over one page inside `pages`' own mapping (which nothing
+            // references yet), of a 4 KiB file we hold open; private, so stores copy.
+            let mapped = unsafe {
+                libc::mmap(
+                    at.cast(),
+                    CONFIG_SIZE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_FIXED,
+                    ones.as_raw_fd(),
+                    0,
+                )
+            };
+            if mapped != at.cast() {
+                return Err(format!("cannot map the ECAM all-ones page: {}", std::io::Error::last_os_error()));
+            }
         }
-        Ok(shadow)
+        Ok(EcamShadow { pages, sink, gpa, first_slot, slots: Vec::new() })
     }
 
     /// Rewrites function `index`'s page from its config space (None: all-ones), one aligned

@@ -1,0 +1,53 @@
+//! A client for exitless's Firecracker API on its Unix socket, as small as an orchestrator's:
+//! one HTTP/1.1 request per connection, `Connection: close`, the JSON body (if any) back.
+//! Used by `bench fleet` and `exitless top`.
+
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+/// A request's outcome: the status and the body, parsed when it is JSON.
+pub struct Reply {
+    pub status: u16,
+    pub body: Option<Value>,
+}
+
+pub fn request(sock: &Path, method: &str, path: &str, body: Option<&Value>) -> Result<Reply, String> {
+    let gone = |e: std::io::Error| format!("cannot reach {}: {e} (is the microVM running?)", sock.display());
+    let mut stream = UnixStream::connect(sock).map_err(gone)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(gone)?;
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body.as_bytes())).map_err(gone)?;
+    let mut reply = Vec::new();
+    stream.read_to_end(&mut reply).map_err(gone)?;
+    let text = String::from_utf8_lossy(&reply);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("the API answered with no headers")?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("the API answered {}", head.lines().next().unwrap_or("nothing")))?;
+    Ok(Reply { status, body: serde_json::from_str(body).ok() })
+}
+
+/// A request that must succeed (2xx); a refusal becomes its fault_message.
+pub fn expect_ok(sock: &Path, method: &str, path: &str, body: Option<&Value>) -> Result<Option<Value>, String> {
+    let reply = request(sock, method, path, body)?;
+    if !(200..300).contains(&reply.status) {
+        let why = reply.body.as_ref().and_then(|b| b["fault_message"].as_str().map(str::to_string));
+        return Err(format!("{method} {path}: {} {}", reply.status, why.unwrap_or_default()));
+    }
+    Ok(reply.body)
+}
+
+/// Whether the API answers connections yet: its socket file appears when bound, a moment
+/// before it listens (a connection in between is refused).
+pub fn listening(sock: &Path) -> bool {
+    UnixStream::connect(sock).is_ok()
+}
