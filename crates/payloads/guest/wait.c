@@ -1,20 +1,73 @@
 /* A guest that boots, says so, and then waits with nothing to do until the VMM stops it
  * (an orchestrator's idle microVM: `bench fleet` and the API tests start these). It halts
- * with interrupts off, so it costs no host CPU and makes no exit while it waits. With
- * "spin" on its command line it spins at CPL3 instead: all CPU, no exit (a busy guest whose
- * vCPU thread's CPU time shows whether it runs, as a pause must stop it). */
+ * with interrupts off, so it costs no host CPU and makes no exit while it waits. Words on
+ * its command line change what it waits for:
+ *   "spin": spins at CPL3 instead, all CPU and no exit (a busy guest whose vCPU thread's
+ *           CPU time shows whether it runs, as a pause must stop it);
+ *   "kbd":  halts with IRQ 1 routed through the IOAPIC to a handler that reads the PS/2
+ *           keyboard, and on Ctrl-Alt-Del resets through the i8042, as Linux does. */
 #include "runtime.h"
 
-static int cmdline_says_spin(void) {
+static int cmdline_has(const char *word) {
 	if (!boot_start_info) return 0;
 	const char *c = (const char *)*(u64 *)((u64)boot_start_info + 24); /* PVH cmdline_paddr */
-	for (; c && *c; c++)
-		if (c[0] == 's' && c[1] == 'p' && c[2] == 'i' && c[3] == 'n') return 1;
+	for (; c && *c; c++) {
+		int i = 0;
+		while (word[i] && c[i] == word[i]) i++;
+		if (!word[i]) return 1;
+	}
 	return 0;
 }
 
+#define KBD_VECTOR 0x21
+static u64 idt[2 * 256] __attribute__((aligned(16)));
+static volatile u8 keys[8];
+static volatile u32 nkeys;
+
+/* Called from kbd_isr: takes every byte the controller holds, then ends the interrupt. */
+void kbd_irq(void) {
+	while (inb(0x64) & 1) {
+		u8 b = inb(0x60);
+		if (nkeys < sizeof(keys)) keys[nkeys++] = b;
+	}
+	*(volatile u32 *)0xfee000b0ULL = 0; /* LAPIC EOI */
+}
+void kbd_isr(void);
+__asm__(".text\nkbd_isr:\n\tpush %rax\n\tpush %rcx\n\tpush %rdx\n\tpush %rsi\n\tpush %rdi\n\tpush %r8\n"
+	"\tpush %r9\n\tpush %r10\n\tpush %r11\n\tcall kbd_irq\n\tpop %r11\n\tpop %r10\n\tpop %r9\n\tpop %r8\n"
+	"\tpop %rdi\n\tpop %rsi\n\tpop %rdx\n\tpop %rcx\n\tpop %rax\n\tiretq\n");
+
+static void wait_for_ctrl_alt_del(void) {
+	u64 h = (u64)kbd_isr;
+	idt[2 * KBD_VECTOR] = (h & 0xffff) | (0x08ULL << 16) | (0x8eULL << 40) | (((h >> 16) & 0xffff) << 48);
+	idt[2 * KBD_VECTOR + 1] = h >> 32;
+	idt[2 * 0xff] = idt[2 * KBD_VECTOR]; /* a spurious interrupt reads nothing and returns */
+	idt[2 * 0xff + 1] = idt[2 * KBD_VECTOR + 1];
+	struct __attribute__((packed)) { u16 limit; u64 base; } ptr = {sizeof(idt) - 1, (u64)idt};
+	__asm__ volatile("lidt %0" ::"m"(ptr));
+	/* IRQ 1 also reaches the 8259 PIC, whose vectors nobody set: mask it, as Linux does. */
+	outb(0x21, 0xff);
+	outb(0xa1, 0xff);
+	*(volatile u32 *)0xfee000f0ULL = 0x1ff; /* LAPIC on, spurious vector 0xff */
+	volatile u32 *ioapic = (volatile u32 *)0xfec00000ULL;
+	ioapic[0] = 0x10 + 2 * 1 + 1; /* pin 1, high half: destination APIC 0 */
+	ioapic[4] = 0;
+	ioapic[0] = 0x10 + 2 * 1; /* low half: fixed, edge, active high, unmasked */
+	ioapic[4] = KBD_VECTOR;
+	print("wait: running; waiting for ctrl-alt-del\n");
+	kbd_irq(); /* keys sent before IRQ 1 was routed raised their edge unseen: take them now */
+	for (;;) {
+		__asm__ volatile("sti; hlt; cli");
+		if (nkeys >= 4 && keys[0] == 0x14 && keys[1] == 0x11 && keys[2] == 0xe0 && keys[3] == 0x71) {
+			print("wait: ctrl-alt-del; resetting\n");
+			outb(0x64, 0xfe);
+		}
+	}
+}
+
 int main(void) {
-	if (cmdline_says_spin()) {
+	if (cmdline_has("kbd")) wait_for_ctrl_alt_del();
+	if (cmdline_has("spin")) {
 		print("wait: running; spinning until stopped\n");
 		enter_user();
 		for (;;) __asm__ volatile("" ::: "memory");

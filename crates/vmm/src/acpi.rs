@@ -75,7 +75,8 @@ fn bytes(table: &dyn Aml) -> Vec<u8> {
     v
 }
 
-/// The DSDT: the PCI host bridge with its windows, COM1, and the S5 (soft-off) sleep type.
+/// The DSDT: the PCI host bridge with its windows, COM1, the PS/2 keyboard, and the S5
+/// (soft-off) sleep type.
 /// (Each object is built and serialized in one statement: AML objects borrow their parts.)
 fn dsdt(map: &MemoryMap) -> Vec<u8> {
     let (mmio64, mmio64_size) = map.pci_mmio64();
@@ -125,6 +126,23 @@ fn dsdt(map: &MemoryMap) -> Vec<u8> {
                 &aml::ResourceTemplate::new(vec![
                     &IO::new(layout::COM1_PORT, layout::COM1_PORT, 1, 8),
                     &Interrupt::new(true, true, false, false, layout::COM1_IRQ),
+                ]),
+            ),
+        ],
+    )
+    .to_aml_bytes(&mut dsdt);
+    // The PS/2 keyboard, so Linux's i8042 driver finds it through PNP (SendCtrlAltDel).
+    aml::Device::new(
+        "_SB_.PS2K".into(),
+        vec![
+            &Name::new("_HID".into(), &EISAName::new("PNP0303")),
+            &Name::new("_UID".into(), &aml::ZERO),
+            &Name::new(
+                "_CRS".into(),
+                &aml::ResourceTemplate::new(vec![
+                    &IO::new(layout::I8042_DATA_PORT, layout::I8042_DATA_PORT, 1, 1),
+                    &IO::new(layout::I8042_CMD_PORT, layout::I8042_CMD_PORT, 1, 1),
+                    &Interrupt::new(true, true, false, false, layout::I8042_IRQ),
                 ]),
             ),
         ],

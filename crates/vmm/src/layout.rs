@@ -88,6 +88,8 @@ pub const COM1_PORT: u16 = abi::SERIAL_PORT as u16;
 pub const COM1_IRQ: u32 = 4;
 /// The i8042 keyboard controller's data and command ports (only its reset line is modelled).
 pub const I8042_DATA_PORT: u16 = 0x60;
+/// The PS/2 keyboard's ISA interrupt.
+pub const I8042_IRQ: u32 = 1;
 pub const I8042_CMD_PORT: u16 = 0x64;
 
 // KVM memory slots: one per RAM region, then the ECAM shadow's.

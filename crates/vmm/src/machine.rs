@@ -229,6 +229,8 @@ pub struct Machine {
     pub drives: Vec<DriveHandle>,
     /// COM1, whose queued output is drained before a run returns.
     serial: Option<Arc<Serial>>,
+    /// The PS/2 controller, through which the API sends Ctrl-Alt-Del.
+    i8042: Option<Arc<I8042>>,
     devices: Vec<String>,
     confine_caller: bool,
     sample_every: Option<Duration>,
@@ -307,6 +309,7 @@ impl Machine {
             net: None,
             drives: Vec::new(),
             serial: None,
+            i8042: None,
             devices: Vec::new(),
             confine_caller: config.confine_caller,
             sample_every: config.sample_every,
@@ -325,7 +328,11 @@ impl Machine {
         machine.add_pio_device("serial", layout::COM1_PORT, serial::SERIAL_LEN, serial)?;
         let debug_exit = Arc::new(DebugExit::new(control.clone()));
         machine.add_pio_device("debug-exit", abi::DEBUG_EXIT_PORT as u16, debug_exit::DEBUG_EXIT_LEN, debug_exit)?;
-        let i8042 = Arc::new(I8042::new(control.clone()));
+        let keyboard_irq =
+            EventFd::new(libc::EFD_NONBLOCK).map_err(|source| MachineError::Device { name: "i8042".into(), source })?;
+        machine.vm.register_irqfd(&keyboard_irq, layout::I8042_IRQ).map_err(ioctl("KVM_IRQFD (i8042)"))?;
+        let i8042 = Arc::new(I8042::new(control.clone(), Some(keyboard_irq)));
+        machine.i8042 = Some(i8042.clone());
         machine.add_pio_device("i8042", layout::I8042_DATA_PORT, i8042::I8042_LEN, i8042)?;
         let pm = Arc::new(AcpiPm::new(control));
         machine.add_pio_device("acpi-pm", layout::ACPI_PM_PORT, layout::ACPI_PM_LEN, pm)?;
@@ -555,6 +562,12 @@ impl Machine {
         let mut report = self.report(stats, outcome.stats);
         report.samples = outcome.samples;
         Ok((report, error))
+    }
+
+    /// Presses Ctrl-Alt-Del on the guest's keyboard (the API's SendCtrlAltDel); false if
+    /// the guest is not taking keys (keyboard disabled, or its buffer full).
+    pub fn send_ctrl_alt_del(&self) -> bool {
+        self.i8042.as_ref().is_some_and(|k| k.ctrl_alt_del())
     }
 
     /// Builds the report after the vCPUs stopped.

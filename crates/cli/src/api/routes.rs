@@ -115,8 +115,6 @@ fn action(vm: &mut Vm, metrics: &Metrics, a: model::Action) -> Result<(Reply, Th
             }
             Ok((Reply::no_content(), Then::FlushMetrics))
         }
-        ActionType::SendCtrlAltDel => {
-            Err(Fault("SendCtrlAltDel is not supported by exitless yet (its i8042 has no keyboard).".into()))
-        }
+        ActionType::SendCtrlAltDel => vm.send_ctrl_alt_del().map(|()| (Reply::no_content(), Then::Nothing)),
     }
 }

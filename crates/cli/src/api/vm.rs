@@ -190,6 +190,17 @@ impl Vm {
         }
     }
 
+    /// `SendCtrlAltDel`: the three keys on the guest's PS/2 keyboard, with IRQ 1.
+    pub fn send_ctrl_alt_del(&self) -> Result<(), Fault> {
+        let State::Running { machine, .. } = &self.state else {
+            return Err(Fault(format!("The microVM is {}: SendCtrlAltDel needs a running one.", self.state_name())));
+        };
+        match machine.send_ctrl_alt_del() {
+            true => Ok(()),
+            false => Err(Fault("The guest is not taking keys: its keyboard is disabled or not read.".into())),
+        }
+    }
+
     /// Builds the machine from the configuration; the caller runs it.
     pub fn build(&self) -> Result<Machine, Fault> {
         self.pre_boot()?;

@@ -158,6 +158,20 @@ proc.kill()
 proc.wait()
 os.path.exists(sock) and os.unlink(sock)
 
+# 5. SendCtrlAltDel: the keys reach the guest's PS/2 keyboard with IRQ 1; this guest, like
+#    Linux, resets on them, and the VMM exits with it.
+proc, sock, api = start_vmm("fc-cad")
+refused("SendCtrlAltDel before start", lambda: api.actions.put(action_type="SendCtrlAltDel"), "running one")
+api.machine_config.put(vcpu_count=1, mem_size_mib=64)
+api.boot.put(kernel_image_path=os.path.join(payloads, "wait.elf"), boot_args="kbd")
+api.actions.put(action_type="InstanceStart")
+time.sleep(0.5)
+api.actions.put(action_type="SendCtrlAltDel")
+out, err = proc.communicate(timeout=60)
+out = out.decode(errors="replace")
+check("wait: ctrl-alt-del; resetting" in out and proc.returncode == 0 and "guest reset" in err.decode(errors="replace"),
+      f"SendCtrlAltDel resets a guest that reads its keyboard (status {proc.returncode}, {out.strip()[-40:]!r})")
+
 top = subprocess.run([exitless, "top", "--api-sock", sock], capture_output=True, text=True, timeout=30)
 check(top.returncode != 0 and len(top.stderr.strip().splitlines()) == 1 and "cannot reach" in top.stderr,
       f"exitless top on a gone socket: one line ({top.stderr.strip()!r})")
