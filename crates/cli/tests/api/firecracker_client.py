@@ -2,6 +2,7 @@
 (`firecracker.api.Api`), as Firecracker tooling would: configure, start, check the guest's
 serial output and exit, and every bad request gets a 400 with a fault_message while the
 VMM keeps serving. Usage: firecracker_client.py EXITLESS PAYLOAD_DIR WORK_DIR"""
+import atexit
 import json
 import os
 import subprocess
@@ -13,6 +14,9 @@ from firecracker.exceptions import APIError
 
 exitless, payloads, work = sys.argv[1:4]
 failures = []
+started = []
+# A check that raises must not leave VMMs behind.
+atexit.register(lambda: [p.kill() for p in started if p.poll() is None])
 
 
 def check(cond, what):
@@ -27,6 +31,7 @@ def start_vmm(name):
         os.unlink(sock)
     proc = subprocess.Popen([exitless, "--api-sock", sock, "--id", name],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    started.append(proc)
     for _ in range(500):
         if os.path.exists(sock):
             break
