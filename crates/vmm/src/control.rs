@@ -135,6 +135,20 @@ impl RunControl {
         self.changed.notify_all();
     }
 
+    /// Sends `signal` (whose handler must be installed) to every running vCPU thread, so
+    /// that one inside `KVM_RUN` returns from it.
+    pub fn kick_vcpus(&self, signal: libc::c_int) {
+        Self::kick(&self.gate.lock().unwrap_or_else(|e| e.into_inner()), signal);
+    }
+
+    fn kick(gate: &Gate, signal: libc::c_int) {
+        for &thread in gate.threads.iter().flatten() {
+            // SAFETY: a registered thread has not passed vcpu_ended (which takes the gate's
+            // lock, held by our caller), so its pthread_t is still valid.
+            unsafe { libc::pthread_kill(thread, signal) };
+        }
+    }
+
     /// Called by a vCPU out of `KVM_RUN` that saw PAUSE: waits until resumed or stopped.
     pub fn park(&self) {
         let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
@@ -160,11 +174,7 @@ impl RunControl {
             if start.elapsed() >= limit {
                 return Err(PauseTimeout { parked: gate.parked, running, waited: limit });
             }
-            for &thread in gate.threads.iter().flatten() {
-                // SAFETY: a registered thread has not passed vcpu_ended (which takes this
-                // lock), so its pthread_t is still valid.
-                unsafe { libc::pthread_kill(thread, signal) };
-            }
+            Self::kick(&gate, signal);
             gate = self.changed.wait_timeout(gate, Duration::from_millis(10)).unwrap_or_else(|e| e.into_inner()).0;
         }
     }

@@ -416,8 +416,8 @@ impl Vcpu {
     fn rare_exit(&mut self, exit: RareExit) -> Result<ExitKind, VcpuError> {
         let what = match exit {
             RareExit::Kicked => {
-                // A kick that is not a stop is the sampler's (the only other sender).
-                if !self.control.should_stop() {
+                // A kick with neither stop nor pause raised is the sampler's.
+                if !self.control.needs_attention() {
                     if let Ok(regs) = self.fd.get_regs() {
                         self.samples.record(regs.rip);
                     }

@@ -9,7 +9,6 @@ use crate::seccomp::ThreadKind;
 use crate::stats::ExitStats;
 use crate::vcpu::{Vcpu, VcpuError};
 use crate::watchdog::{install_kick_handler, kick_signal};
-use std::os::unix::thread::JoinHandleExt;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -96,7 +95,7 @@ impl VcpuThreads {
         let mut next_sample = sample_every.map(|p| Instant::now() + p);
         while done < count {
             let wait = if self.control.should_stop() {
-                self.kick_running(&stats);
+                self.control.kick_vcpus(kick_signal());
                 KICK_INTERVAL
             } else {
                 [deadline, next_sample]
@@ -124,7 +123,7 @@ impl VcpuThreads {
                     }
                     if let (Some(next), Some(period)) = (&mut next_sample, sample_every) {
                         if now >= *next && !self.control.should_stop() {
-                            self.kick_running(&stats);
+                            self.control.kick_vcpus(kick_signal());
                             *next = (*next + period).max(now);
                         }
                     }
@@ -143,15 +142,5 @@ impl VcpuThreads {
         outcome.stats = stats.into_iter().map(|s| s.unwrap_or_else(|| ExitStats::new(0))).collect();
         outcome.samples = samples;
         outcome
-    }
-
-    fn kick_running(&self, stats: &[Option<ExitStats>]) {
-        for (thread, done) in self.threads.iter().zip(stats) {
-            if let (Some(t), None) = (thread, done) {
-                // SAFETY: the thread has not been joined (its handle is still held), so its
-                // pthread_t is valid; the kick signal's handler is installed and does nothing.
-                unsafe { libc::pthread_kill(t.as_pthread_t(), kick_signal()) };
-            }
-        }
     }
 }

@@ -170,14 +170,17 @@ impl Vm {
         Ok(())
     }
 
+    /// The running machine, or a fault saying the microVM is not running and `why` it must be.
+    fn running(&self, why: &str) -> Result<&Machine, Fault> {
+        match &self.state {
+            State::Running { machine, .. } => Ok(machine),
+            _ => Err(Fault(format!("The microVM is {}: {why}.", self.state_name()))),
+        }
+    }
+
     /// `PATCH /vm`: pauses every vCPU (each out of the guest, parked) or lets them run.
     pub fn set_state(&mut self, state: VmState) -> Result<(), Fault> {
-        let State::Running { machine, .. } = &self.state else {
-            return Err(Fault(format!(
-                "The microVM is {}: only a running one can be paused or resumed.",
-                self.state_name()
-            )));
-        };
+        let machine = self.running("only a running one can be paused or resumed")?;
         match state {
             VmState::Paused => machine
                 .control
@@ -192,10 +195,7 @@ impl Vm {
 
     /// `SendCtrlAltDel`: the three keys on the guest's PS/2 keyboard, with IRQ 1.
     pub fn send_ctrl_alt_del(&self) -> Result<(), Fault> {
-        let State::Running { machine, .. } = &self.state else {
-            return Err(Fault(format!("The microVM is {}: SendCtrlAltDel needs a running one.", self.state_name())));
-        };
-        match machine.send_ctrl_alt_del() {
+        match self.running("SendCtrlAltDel needs a running one")?.send_ctrl_alt_del() {
             true => Ok(()),
             false => Err(Fault("The guest is not taking keys: its keyboard is disabled or not read.".into())),
         }

@@ -39,6 +39,19 @@ def start_vmm(name):
     return proc, sock, Api(sock)
 
 
+def boot_wait_guest(api, vcpus, **boot_args):
+    """Configures and starts the `wait` payload (boot_args: its command line, if any)."""
+    api.machine_config.put(vcpu_count=vcpus, mem_size_mib=64)
+    api.boot.put(kernel_image_path=os.path.join(payloads, "wait.elf"), **boot_args)
+    api.actions.put(action_type="InstanceStart")
+
+
+def kill_vmm(proc, sock):
+    proc.kill()
+    proc.wait()
+    os.path.exists(sock) and os.unlink(sock)
+
+
 def refused(what, call, expect=None):
     """The call must fail with a fault_message (naming `expect` if given)."""
     try:
@@ -99,9 +112,7 @@ check(not os.path.exists(sock), "the socket is removed when the VMM exits")
 # 3. A guest that keeps running: pre-boot changes and a second start are refused, and the
 #    live exit profile is there.
 proc, sock, api = start_vmm("fc-wait")
-api.machine_config.put(vcpu_count=2, mem_size_mib=64)
-api.boot.put(kernel_image_path=os.path.join(payloads, "wait.elf"))
-api.actions.put(action_type="InstanceStart")
+boot_wait_guest(api, 2)
 time.sleep(1.0)
 check(api.describe.get().json()["state"] == "Running", "GET / says Running after InstanceStart")
 refused("pre-boot resource after start", lambda: api.machine_config.put(vcpu_count=1, mem_size_mib=64), "after starting")
@@ -121,9 +132,7 @@ top = subprocess.run([exitless, "top", "--api-sock", sock, "--iterations", "1", 
                      capture_output=True, text=True, timeout=30)
 check(top.returncode == 0 and "exitless top: Running (2 vCPUs" in top.stdout and "serial writes" in top.stdout,
       f"exitless top shows the live view: {top.stdout[:120]!r}")
-proc.kill()
-proc.wait()
-os.path.exists(sock) and os.unlink(sock)
+kill_vmm(proc, sock)
 
 # 4. Pause and resume a guest that spins at CPL3 with no exits: while paused its vCPU
 #    thread gets no CPU time at all; resumed, it gets most of a core again.
@@ -145,9 +154,7 @@ def cpu_over(pid, seconds):
 
 proc, sock, api = start_vmm("fc-pause")
 refused("pause before start", lambda: api.vm.patch(state="Paused"), "only a running one")
-api.machine_config.put(vcpu_count=1, mem_size_mib=64)
-api.boot.put(kernel_image_path=os.path.join(payloads, "wait.elf"), boot_args="spin")
-api.actions.put(action_type="InstanceStart")
+boot_wait_guest(api, 1, boot_args="spin")
 time.sleep(0.5)
 running = cpu_over(proc.pid, 1.0)
 api.vm.patch(state="Paused")
@@ -159,17 +166,13 @@ resumed = cpu_over(proc.pid, 1.0)
 check(running > 0.2 and paused <= 0.02 and resumed > 0.2,
       f"a paused vCPU gets no CPU (vcpu0 CPU s per s: running {running:.2f}, paused {paused:.2f}, resumed {resumed:.2f})")
 refused("an unknown state", lambda: api.vm.patch(state="Frozen"), "unknown variant")
-proc.kill()
-proc.wait()
-os.path.exists(sock) and os.unlink(sock)
+kill_vmm(proc, sock)
 
 # 5. SendCtrlAltDel: the keys reach the guest's PS/2 keyboard with IRQ 1; this guest, like
 #    Linux, resets on them, and the VMM exits with it.
 proc, sock, api = start_vmm("fc-cad")
 refused("SendCtrlAltDel before start", lambda: api.actions.put(action_type="SendCtrlAltDel"), "running one")
-api.machine_config.put(vcpu_count=1, mem_size_mib=64)
-api.boot.put(kernel_image_path=os.path.join(payloads, "wait.elf"), boot_args="kbd")
-api.actions.put(action_type="InstanceStart")
+boot_wait_guest(api, 1, boot_args="kbd")
 time.sleep(0.5)
 api.actions.put(action_type="SendCtrlAltDel")
 out, err = proc.communicate(timeout=60)
