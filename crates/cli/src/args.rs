@@ -42,6 +42,9 @@ pub struct ApiArgs {
     /// Write metrics (JSON lines, exit counts included) to FILE (or FIFO).
     #[arg(long, value_name = "FILE")]
     pub metrics_path: Option<PathBuf>,
+    /// Run without seccomp filters (for debugging), as Firecracker's flag of that name.
+    #[arg(long)]
+    pub no_seccomp: bool,
     /// Accepted for the jailer's sake and ignored.
     #[arg(long, hide = true)]
     pub start_time_us: Option<u64>,

@@ -1,15 +1,10 @@
 //! `exitless`: run a guest, list the built-in payloads, run the labs.
 
-mod api;
-mod args;
-mod report;
-mod terminal;
-mod top;
+use exitless::{api, args, report, terminal, top, with_causes, LiveStdout};
 
 use args::{BenchCommand, Cli, Command, PayloadsArgs, RunArgs};
 use clap::Parser;
 use exitless_vmm::{Machine, MachineConfig};
-use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -73,35 +68,6 @@ fn main() -> ExitCode {
         eprintln!("exitless: {}", with_causes(e.as_ref()));
         ExitCode::FAILURE
     })
-}
-
-/// An error and the causes under it, on one line (a cause already quoted is not repeated).
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut line = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !line.contains(&text) {
-            line = format!("{line}: {text}");
-        }
-        cause = c.source();
-    }
-    line
-}
-
-/// Serial output straight to stdout, flushed byte by byte so the console is live.
-pub struct LiveStdout;
-
-impl Write for LiveStdout {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let mut out = std::io::stdout().lock();
-        out.write_all(buf)?;
-        out.flush()?;
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        std::io::stdout().flush()
-    }
 }
 
 fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {

@@ -103,3 +103,61 @@ fn a_small_fleet_starts_through_the_api_and_stops_leaving_nothing() {
     assert!(rss > 500.0 && rss < 200_000.0 && pss > 100.0 && pss <= rss, "{json}");
     assert!(stdout(&out).contains("stopped cleanly by SIGTERM"), "{}", stdout(&out));
 }
+
+#[test]
+fn every_thread_of_an_api_started_vm_is_under_seccomp() {
+    if !kvm_or_skip("every_thread_of_an_api_started_vm_is_under_seccomp") {
+        return;
+    }
+    use exitless_lab::api_client::{expect_ok, listening};
+    use serde_json::json;
+    let dir = tempdir();
+    let payloads = dir.join("payloads");
+    assert!(exitless(&["payloads", "--out", payloads.to_str().unwrap()]).status.success());
+    for (extra, want) in [(None, "2"), (Some("--no-seccomp"), "0")] {
+        let sock = dir.join("api-sock");
+        let mut args = vec!["--api-sock", sock.to_str().unwrap(), "--metrics-path"];
+        let metrics = dir.join("metrics");
+        args.push(metrics.to_str().unwrap());
+        args.extend(extra);
+        let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !listening(&sock) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let kernel = payloads.join("wait.elf");
+        let calls = [
+            ("PUT", "/machine-config", Some(json!({"vcpu_count": 2, "mem_size_mib": 64}))),
+            ("PUT", "/boot-source", Some(json!({"kernel_image_path": kernel, "boot_args": "spin"}))),
+            ("PUT", "/actions", Some(json!({"action_type": "InstanceStart"}))),
+            // Requests served after the start, under the API thread's filter.
+            ("GET", "/", None),
+            ("PATCH", "/vm", Some(json!({"state": "Paused"}))),
+            ("PATCH", "/vm", Some(json!({"state": "Resumed"}))),
+            ("PUT", "/actions", Some(json!({"action_type": "FlushMetrics"}))),
+            ("GET", "/vm/config", None),
+        ];
+        for (method, path, body) in &calls {
+            expect_ok(&sock, method, path, body.as_ref()).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        }
+        let modes = seccomp_modes(child.id());
+        for name in ["exitless", "vmm", "vcpu0", "vcpu1", "api-bind", "api-metrics", "signals", "console-out"] {
+            assert!(modes.iter().any(|(n, _)| n == name), "{name} missing: {modes:?}");
+        }
+        let ours = modes.iter().filter(|(n, _)| !n.starts_with("kvm-"));
+        assert!(ours.clone().all(|(_, m)| m == want), "{extra:?}: {modes:?}");
+        // SIGTERM: the confined signal thread removes the socket and ends the process.
+        // SAFETY: a signal to the child we started.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(128 + libc::SIGTERM), "{}", stderr(&out));
+        assert!(!sock.exists(), "{extra:?}: the socket is left behind");
+        assert!(std::fs::read_to_string(&metrics).unwrap().contains("\"exits\""));
+    }
+}

@@ -131,3 +131,46 @@ fn a_terminated_net_bench_removes_its_namespace() {
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
     assert!(!std::path::Path::new(&ns).exists(), "{ns} left behind");
 }
+
+/// Runs `exitless ARGS` as user 65534 (no capabilities, no groups) in a mount namespace of
+/// its own where /dev/kvm and /dev/net/tun are that user's (nodes made for the test and
+/// bound over the real ones, which stay untouched) unless `kvm_access` is false.
+fn as_nobody(args: &[&str], kvm_access: bool) -> std::process::Output {
+    let dir = tempdir();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let bin = dir.join("exitless");
+    std::fs::copy(env!("CARGO_BIN_EXE_exitless"), &bin).unwrap();
+    let owner = if kvm_access { "65534" } else { "0" };
+    let script = format!(
+        "set -e; for n in kvm:10:232 tun:10:200; do IFS=: read name major minor <<EOF\n$n\nEOF\n\
+         mknod {d}/$name c $major $minor; chown {owner} {d}/$name; chmod 600 {d}/$name; done; \
+         mount --bind {d}/kvm /dev/kvm; mount --bind {d}/tun /dev/net/tun; \
+         exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all {bin} \"$@\"",
+        d = dir.display(),
+        bin = bin.display()
+    );
+    std::process::Command::new("unshare").args(["-m", "bash", "-c", &script, "as_nobody"]).args(args).output().unwrap()
+}
+
+#[test]
+fn an_unprivileged_user_runs_a_vm_on_an_existing_tap() {
+    if !net_or_skip("an_unprivileged_user_runs_a_vm_on_an_existing_tap") {
+        return;
+    }
+    // A tap made by an administrator for user 65534, and brought up.
+    let tap = format!("exlnb{}", std::process::id() % 100_000);
+    let ip = |args: &[&str]| std::process::Command::new("ip").args(args).status().unwrap().success();
+    assert!(ip(&["tuntap", "add", "dev", &tap, "mode", "tap", "user", "65534"]));
+    assert!(ip(&["link", "set", "dev", &tap, "up"]));
+    let net = format!("tap={tap}");
+    let out = as_nobody(&["run", "--payload", "demo", "--net", &net, "--timeout", "20"], true);
+    let refused = as_nobody(&["run", "--payload", "demo"], false);
+    ip(&["link", "del", "dev", &tap]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("hello from CPL0"), "{}", stdout(&out));
+    // Without access to /dev/kvm: one line that says what is missing.
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    let err = stderr(&refused);
+    assert!(err.contains("cannot open /dev/kvm: permission denied: user 65534 needs read and write access"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

@@ -177,17 +177,6 @@ fn no_command_lists_the_commands() {
     }
 }
 
-/// `Seccomp:` from each thread's /proc status of process `pid`, by thread name.
-fn seccomp_modes(pid: u32) -> Vec<(String, String)> {
-    let mut modes = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
-        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).unwrap_or("").trim().to_string();
-        modes.push((field("Name:"), field("Seccomp:")));
-    }
-    modes
-}
-
 #[test]
 fn every_thread_of_a_running_vm_is_under_seccomp() {
     if !kvm_or_skip("every_thread_of_a_running_vm_is_under_seccomp") {

@@ -48,10 +48,21 @@ pub fn remove_stale() {
     }
 }
 
+/// What `ip netns del` does, without starting a process (the signal thread's filter allows
+/// no exec): detach the namespace's bind mount and remove its file.
+fn remove_on_signal(name: &str) {
+    let Ok(path) = std::ffi::CString::new(format!("/var/run/netns/{name}")) else { return };
+    // SAFETY: umount2 and unlink on a NUL-terminated path we own.
+    unsafe {
+        libc::umount2(path.as_ptr(), libc::MNT_DETACH);
+        libc::unlink(path.as_ptr());
+    }
+}
+
 impl Netns {
     pub fn create(name: &str) -> Result<Netns, NetnsError> {
         let owned = name.to_string();
-        let on_signal = exitless_vmm::termination::on_signal(move || drop(ip(&["netns", "del", &owned])));
+        let on_signal = exitless_vmm::termination::on_signal(move || remove_on_signal(&owned));
         remove_stale();
         let _ = ip(&["netns", "del", name]); // our own pid's leftover (a reused pid)
         ip(&["netns", "add", name])?;

@@ -4,8 +4,8 @@ use kvm_ioctls::{Cap, Kvm};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvmError {
-    #[error("cannot open /dev/kvm: {0} (is KVM available and are you allowed to use it?)")]
-    Open(#[source] kvm_ioctls::Error),
+    #[error("cannot open /dev/kvm: {0}")]
+    Open(String),
     #[error("KVM API version {0} is not the supported version 12")]
     ApiVersion(i32),
     #[error("KVM lacks capabilities exitless needs: {}", .0.join(", "))]
@@ -25,9 +25,25 @@ pub const REQUIRED_CAPS: &[(Cap, &str)] = &[
     (Cap::GetTscKhz, "KVM_CAP_GET_TSC_KHZ"),
 ];
 
+/// What a failed open of /dev/kvm means, and what to do about it.
+fn why_not(e: kvm_ioctls::Error) -> String {
+    match e.errno() {
+        libc::EACCES | libc::EPERM => {
+            // SAFETY: getuid cannot fail.
+            let uid = unsafe { libc::getuid() };
+            format!(
+                "permission denied: user {uid} needs read and write access to it (the group that owns it, \
+                 or an ACL: setfacl -m u:{uid}:rw /dev/kvm); no other privilege is needed"
+            )
+        }
+        libc::ENOENT => "no such device: load kvm_intel or kvm_amd (on a VM, enable nested virtualization)".into(),
+        _ => format!("{e} (is KVM available?)"),
+    }
+}
+
 /// Opens KVM and names every missing capability in one error.
 pub fn open() -> Result<Kvm, KvmError> {
-    let kvm = Kvm::new().map_err(KvmError::Open)?;
+    let kvm = Kvm::new().map_err(|e| KvmError::Open(why_not(e)))?;
     let version = kvm.get_api_version();
     if version != 12 {
         return Err(KvmError::ApiVersion(version));

@@ -35,6 +35,16 @@ pub enum ThreadKind {
     ConsoleOut,
     /// Feeds the console's input.
     SerialIn,
+    /// The API's request thread once its machine runs (it built the machine, unconfined,
+    /// before): it answers requests, kicks the vCPUs for a pause and writes metrics; also
+    /// the API's periodic metrics thread.
+    Api,
+    /// The HTTP server's own threads (accepting connections, reading requests), started by
+    /// a thread that installed this filter first, so they inherit it.
+    ApiSocket,
+    /// Takes SIGINT/SIGTERM/SIGHUP, runs the registered cleanups (removing a socket,
+    /// unmounting a network namespace) and ends the process.
+    Signals,
     /// Helpers beside a VM: the run watchdog (kicks the vCPUs with a signal) and the labs'
     /// traffic threads (send and receive on a packet socket that already exists) and
     /// memory pollers.
@@ -159,7 +169,9 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         ],
         // Joining threads, kicking vCPUs, reading /proc/self for the report, writing the
         // JSON report, restoring the terminal (ioctl TCSETS), dropping KVM objects.
+        // unlink: the API's machine thread removes the socket when the guest stops.
         ThreadKind::Main => &[
+            libc::SYS_unlink,
             libc::SYS_tgkill,
             libc::SYS_openat,
             libc::SYS_newfstatat,
@@ -172,6 +184,41 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_sched_getaffinity,
             libc::SYS_poll,
         ],
+        // Replies on the connections the HTTP threads accepted; tgkill for the pause kick;
+        // reading /proc/self (smaps) for the metrics' memory figures.
+        ThreadKind::Api => &[
+            libc::SYS_sendto,
+            libc::SYS_recvfrom,
+            libc::SYS_shutdown,
+            libc::SYS_tgkill,
+            libc::SYS_openat,
+            libc::SYS_newfstatat,
+            libc::SYS_statx,
+            libc::SYS_lseek,
+            libc::SYS_fcntl,
+            libc::SYS_getrandom,
+            libc::SYS_poll,
+        ],
+        // Binding the socket (once), accepting, a thread per connection reading requests.
+        ThreadKind::ApiSocket => &[
+            libc::SYS_socket,
+            libc::SYS_bind,
+            libc::SYS_listen,
+            libc::SYS_getsockname,
+            libc::SYS_accept4,
+            libc::SYS_recvfrom,
+            libc::SYS_sendto,
+            libc::SYS_shutdown,
+            libc::SYS_fcntl,
+            libc::SYS_poll,
+            libc::SYS_clone,
+            libc::SYS_clone3,
+            libc::SYS_set_robust_list,
+            libc::SYS_rseq,
+            libc::SYS_sched_getaffinity,
+        ],
+        // sigwait, then the cleanups: unlink a socket, detach and unlink a namespace's mount.
+        ThreadKind::Signals => &[libc::SYS_rt_sigtimedwait, libc::SYS_unlink, libc::SYS_umount2],
     };
     [COMMON, extra].concat()
 }
@@ -408,6 +455,9 @@ mod tests {
             ThreadKind::ConsoleOut,
             ThreadKind::SerialIn,
             ThreadKind::Helper,
+            ThreadKind::Api,
+            ThreadKind::ApiSocket,
+            ThreadKind::Signals,
         ] {
             program(kind).unwrap();
         }

@@ -48,6 +48,7 @@ pub fn watch() {
             set
         };
         let _ = std::thread::Builder::new().name("signals".into()).spawn(move || {
+            crate::seccomp::confine_or_log(crate::seccomp::ThreadKind::Signals);
             let mut sig = 0;
             // SAFETY: waits for one of the blocked signals in `set`.
             if unsafe { libc::sigwait(&set, &mut sig) } == 0 {

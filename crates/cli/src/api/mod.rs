@@ -7,6 +7,7 @@
 //! and ends the process with the guest's status, as Firecracker does. SIGINT, SIGTERM and
 //! SIGHUP remove the socket too (the process then exits 128 + the signal).
 
+pub mod fuzzing;
 mod logging;
 mod metrics;
 pub mod model;
@@ -34,6 +35,9 @@ struct Shared {
 }
 
 pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if args.no_seccomp {
+        exitless_vmm::seccomp::disable();
+    }
     // Before any thread starts (tiny_http starts one when it binds), so that every thread
     // leaves the termination signals to the one that removes the socket.
     exitless_vmm::termination::watch();
@@ -59,7 +63,7 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         let config: model::VmConfig = serde_json::from_str(&text)
             .map_err(|e| format!("{} is not a Firecracker config file: {e}", file.display()))?;
         let machine = configure(&shared, config).map_err(|vm::Fault(m)| format!("{}: {m}", file.display()))?;
-        start(&shared, machine);
+        start(&shared, machine)?;
     }
     match server {
         Some(server) => serve(&shared, &server),
@@ -71,6 +75,8 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
 }
 
 /// The socket, refusing to take over a path that exists (another VMM may be serving it).
+/// tiny_http starts its accepting thread as it binds, and that thread one per connection:
+/// binding from a thread that confined itself first puts them all under its filter.
 fn bind(path: &Path) -> Result<tiny_http::Server, String> {
     if path.exists() {
         return Err(format!(
@@ -78,7 +84,16 @@ fn bind(path: &Path) -> Result<tiny_http::Server, String> {
             path.display()
         ));
     }
-    tiny_http::Server::http_unix(path).map_err(|e| format!("cannot serve the API on {}: {e}", path.display()))
+    let path = path.to_path_buf();
+    let binder = std::thread::Builder::new().name("api-bind".into()).spawn(move || {
+        exitless_vmm::seccomp::confine(exitless_vmm::seccomp::ThreadKind::ApiSocket)
+            .map_err(|e| format!("cannot confine the API's threads: {e}"))?;
+        tiny_http::Server::http_unix(&path).map_err(|e| format!("cannot serve the API on {}: {e}", path.display()))
+    });
+    binder
+        .map_err(|e| format!("cannot start the API's thread: {e}"))?
+        .join()
+        .map_err(|_| "the API's thread failed while binding".to_string())?
 }
 
 /// A config file's resources, in Firecracker's order, then the machine built from them.
@@ -119,7 +134,7 @@ fn serve(shared: &Arc<Shared>, server: &tiny_http::Server) -> Result<ExitCode, B
         };
         tracing::info!("api: {method} {url} -> {}", reply.status);
         match then {
-            routes::Then::Start(machine) => start(shared, *machine),
+            routes::Then::Start(machine) => start(shared, *machine)?,
             routes::Then::FlushMetrics => flush_metrics(shared),
             routes::Then::Nothing => {}
         }
@@ -146,18 +161,28 @@ fn flush_metrics(shared: &Shared) {
     }
 }
 
-/// Runs `machine` on a thread of its own; when the guest stops, the process ends.
-fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) {
+/// Runs `machine` on a thread of its own; when the guest stops, the process ends. The
+/// calling thread built the machine; from here it only answers requests, under the Api
+/// filter (so does the metrics thread).
+fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), String> {
     let machine = Arc::new(machine);
     shared.vm.lock().unwrap_or_else(|e| e.into_inner()).state =
         State::Running { machine: machine.clone(), since: std::time::Instant::now() };
     let periodic = shared.clone();
-    std::thread::spawn(move || loop {
-        std::thread::sleep(metrics::PERIOD);
-        if periodic.metrics.is_open() {
-            flush_metrics(&periodic);
-        }
-    });
+    std::thread::Builder::new()
+        .name("api-metrics".into())
+        .spawn(move || {
+            if !exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Api) {
+                return;
+            }
+            loop {
+                std::thread::sleep(metrics::PERIOD);
+                if periodic.metrics.is_open() {
+                    flush_metrics(&periodic);
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
     let shared = shared.clone();
     let spawned = std::thread::Builder::new().name("vmm".into()).spawn(move || {
         let outcome = machine.run_shared(None);
@@ -191,4 +216,6 @@ fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) {
         eprintln!("exitless: cannot start the vmm thread: {e}");
         std::process::exit(1);
     }
+    exitless_vmm::seccomp::confine(exitless_vmm::seccomp::ThreadKind::Api)
+        .map_err(|e| format!("cannot confine the API thread: {e}"))
 }

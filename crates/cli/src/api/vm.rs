@@ -240,8 +240,9 @@ impl Vm {
             initrd,
             serial_in: Some(Box::new(std::io::stdin())),
             serial_out: Box::new(crate::LiveStdout),
-            // The thread that runs the machine then removes the socket and writes metrics.
-            confine_caller: false,
+            // The thread that runs the machine waits under the main thread's filter; when the
+            // guest stops it writes metrics and removes the socket, which that filter allows.
+            confine_caller: true,
             net,
             drives,
             ..exitless_vmm::MachineConfig::new(image)

@@ -72,3 +72,14 @@ pub fn assert_one_line_error(args: &[&str]) -> Output {
     assert!(err.starts_with("exitless: "), "{args:?}: {err}");
     out
 }
+
+/// `Seccomp:` from each thread's /proc status of process `pid`, by thread name.
+pub fn seccomp_modes(pid: u32) -> Vec<(String, String)> {
+    let mut modes = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).unwrap_or("").trim().to_string();
+        modes.push((field("Name:"), field("Seccomp:")));
+    }
+    modes
+}
