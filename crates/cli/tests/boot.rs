@@ -97,6 +97,24 @@ fn int3_and_int_n_kvm_cannot_emulate_are_completed_and_counted() {
 }
 
 #[test]
+fn a_system_call_the_host_leaves_at_cpl3_is_finished_by_the_vmm() {
+    if !kvm_or_skip("a_system_call_the_host_leaves_at_cpl3_is_finished_by_the_vmm") {
+        return;
+    }
+    // Two syscalls from CPL3 into a supervisor-only entry: the first returns by sysretq,
+    // the second ends the run with the entry's CS. 8 is CPL0's code segment; 14 would be
+    // the page fault a CPL3 fetch of the entry raises, where the switch did not happen.
+    let (out, json) = run_json(&["--payload", "crash", "--params", "8"]);
+    assert_eq!(out.status.code(), Some(8), "{}\n{}", stdout(&out), stderr(&out));
+    // An ordinary page fault before them reached the guest's handler past the VMM's watch.
+    assert!(stdout(&out).contains("1 ordinary page fault handled, then read the right bytes"), "{}", stdout(&out));
+    // Where the host switches privilege itself the VMM finishes none; here it finishes both.
+    let finished = json["completed_instructions"]["syscall-cpl-switch"].as_u64().unwrap_or(0);
+    assert!(finished == 0 || finished == 2, "{json}");
+    assert_eq!(json["exits"]["wrmsr"].as_u64(), Some(1), "the LSTAR write is trapped once: {json}");
+}
+
+#[test]
 fn sse_arithmetic_kvm_cannot_emulate_runs_on_the_host_and_is_counted() {
     if !kvm_or_skip("sse_arithmetic_kvm_cannot_emulate_runs_on_the_host_and_is_counted") {
         return;

@@ -255,6 +255,9 @@ impl Machine {
         let vm = kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?;
         vm.set_tss_address(layout::TSS_GPA as usize).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
         vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
+        if let Err(e) = crate::emulate::syscall::trap_lstar_writes(&vm) {
+            tracing::debug!("no watch on the guest's system-call entry (MSR filter): {e}");
+        }
         let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
         vm.create_pit2(pit).map_err(ioctl("KVM_CREATE_PIT2"))?;
 

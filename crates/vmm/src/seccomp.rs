@@ -233,6 +233,10 @@ ioctl_ior_nr!(KVM_GET_FPU, KVMIO, 0x8c, kvm_fpu);
 ioctl_iow_nr!(KVM_SET_FPU, KVMIO, 0x8d, kvm_fpu);
 ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
 ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
+ioctl_iow_nr!(KVM_SET_SREGS, KVMIO, 0x84, kvm_sregs);
+ioctl_iowr_nr!(KVM_GET_MSRS, KVMIO, 0x88, kvm_msrs);
+ioctl_iow_nr!(KVM_SET_MSRS, KVMIO, 0x89, kvm_msrs);
+ioctl_iow_nr!(KVM_SET_GUEST_DEBUG, KVMIO, 0x9b, kvm_guest_debug);
 ioctl_iow_nr!(KVM_SET_USER_MEMORY_REGION, KVMIO, 0x46, kvm_userspace_memory_region);
 ioctl_iow_nr!(KVM_IRQ_LINE, KVMIO, 0x61, kvm_irq_level);
 ioctl_iow_nr!(KVM_SET_GSI_ROUTING, KVMIO, 0x6a, kvm_irq_routing);
@@ -259,6 +263,11 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
                 KVM_SET_FPU(),
                 KVM_GET_VCPU_EVENTS(),
                 KVM_SET_VCPU_EVENTS(),
+                // Finishing a system call the host left at CPL3 (emulate::syscall).
+                KVM_SET_SREGS(),
+                KVM_GET_MSRS(),
+                KVM_SET_MSRS(),
+                KVM_SET_GUEST_DEBUG(),
             ]
             .into_iter()
             .chain(vm)

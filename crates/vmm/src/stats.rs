@@ -15,10 +15,14 @@ pub enum ExitKind {
     SystemEvent,
     /// An emulation failure the VMM completed itself (the others end the run).
     InternalError,
+    /// A trapped MSR write (the guest's system-call entry, LSTAR).
+    WrMsr,
+    /// A breakpoint the VMM set (on that entry).
+    Debug,
 }
 
 impl ExitKind {
-    pub const ALL: [ExitKind; 7] = [
+    pub const ALL: [ExitKind; 9] = [
         ExitKind::IoIn,
         ExitKind::IoOut,
         ExitKind::MmioRead,
@@ -26,6 +30,8 @@ impl ExitKind {
         ExitKind::Intr,
         ExitKind::SystemEvent,
         ExitKind::InternalError,
+        ExitKind::WrMsr,
+        ExitKind::Debug,
     ];
 
     pub fn name(self) -> &'static str {
@@ -37,6 +43,8 @@ impl ExitKind {
             ExitKind::Intr => "intr",
             ExitKind::SystemEvent => "system_event",
             ExitKind::InternalError => "internal_error",
+            ExitKind::WrMsr => "wrmsr",
+            ExitKind::Debug => "debug",
         }
     }
 }

@@ -156,6 +156,10 @@ enum RareExit {
     FailEntry(u64, u32),
     InternalError,
     SystemEvent(u32),
+    /// A breakpoint the VMM set (the system-call entry; emulate::syscall).
+    Debug,
+    /// A guest write of an MSR the VMM traps (LSTAR; emulate::syscall).
+    WriteMsr(u32, u64),
     Unexpected(String),
 }
 
@@ -171,6 +175,8 @@ impl From<Result<VcpuExit<'_>, kvm_ioctls::Error>> for RareExit {
             Ok(VcpuExit::FailEntry(reason, cpu)) => RareExit::FailEntry(reason, cpu),
             Ok(VcpuExit::InternalError) => RareExit::InternalError,
             Ok(VcpuExit::SystemEvent(event, _)) => RareExit::SystemEvent(event),
+            Ok(VcpuExit::Debug(_)) => RareExit::Debug,
+            Ok(VcpuExit::X86Wrmsr(exit)) => RareExit::WriteMsr(exit.index, exit.data),
             Ok(other) => RareExit::Unexpected(format!("{other:?}")),
         }
     }
@@ -192,6 +198,8 @@ pub struct Vcpu {
     live: Option<(Arc<LiveStats>, u64)>,
     /// Guest RIPs found when the VMM kicked this vCPU to sample it (`--sample-guest`).
     pub samples: GuestSamples,
+    /// Finishes system calls the host left at CPL3.
+    syscall: emulate::syscall::SyscallFixup,
 }
 
 impl Vcpu {
@@ -215,6 +223,7 @@ impl Vcpu {
             exits: ExitHandler::new(buses, devices),
             live: None,
             samples: GuestSamples::default(),
+            syscall: Default::default(),
         }
     }
 
@@ -456,6 +465,22 @@ impl Vcpu {
                 return Ok(ExitKind::SystemEvent);
             }
             RareExit::SystemEvent(event) => format!("system event {event} (3: crash)"),
+            RareExit::WriteMsr(emulate::syscall::MSR_LSTAR, value) => {
+                match self.syscall.lstar_written(&self.fd, &self.memory, value) {
+                    Ok(()) => return Ok(ExitKind::WrMsr),
+                    Err(why) => format!("cannot watch the system-call entry: {why}"),
+                }
+            }
+            RareExit::WriteMsr(index, _) => format!("a trapped write of MSR {index:#x} that exitless does not handle"),
+            RareExit::Debug => match self.syscall.at_breakpoint(&self.fd, &self.memory) {
+                Ok(finished) => {
+                    if finished {
+                        self.exits.stats.completed[emulate::Completed::Syscall as usize] += 1;
+                    }
+                    return Ok(ExitKind::Debug);
+                }
+                Err(why) => why,
+            },
             RareExit::Unexpected(what) => format!("unexpected exit {what}"),
         };
         Err(self.fault(&what))

@@ -8,6 +8,7 @@
 //! instruction named. Each kind completed is counted in the exit profile.
 
 mod sse;
+pub mod syscall;
 
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 use kvm_bindings::{kvm_regs, kvm_sregs};
@@ -35,10 +36,14 @@ pub enum Completed {
     SseMove,
     /// Other SSE instructions, run on the host CPU with the guest's XMM state (see sse.rs).
     SseOnHost,
+    /// `syscall` from CPL3 that the host left at CPL3: the switch to CPL0 (see syscall.rs).
+    Syscall,
+    /// `sysretq`: back to CPL3 at RCX with R11's flags.
+    Sysret,
 }
 
 impl Completed {
-    pub const ALL: [Completed; 9] = [
+    pub const ALL: [Completed; 11] = [
         Completed::Int3,
         Completed::IntN,
         Completed::ClacStac,
@@ -48,6 +53,8 @@ impl Completed {
         Completed::Mxcsr,
         Completed::SseMove,
         Completed::SseOnHost,
+        Completed::Syscall,
+        Completed::Sysret,
     ];
 
     pub fn name(self) -> &'static str {
@@ -61,6 +68,8 @@ impl Completed {
             Completed::Mxcsr => "ldmxcsr/stmxcsr",
             Completed::SseMove => "sse-move",
             Completed::SseOnHost => "sse-on-host",
+            Completed::Syscall => "syscall-cpl-switch",
+            Completed::Sysret => "sysret",
         }
     }
 }
@@ -82,7 +91,7 @@ fn fail<T>(what: impl Into<String>) -> Result<T> {
 }
 
 /// Guest-virtual memory access through the vCPU's page tables (KVM_TRANSLATE), page by page.
-fn guest_access(vcpu: &VcpuFd, mem: &GuestMemoryMmap, gva: u64, buf: &mut [u8], write: bool) -> Result<()> {
+pub(crate) fn guest_access(vcpu: &VcpuFd, mem: &GuestMemoryMmap, gva: u64, buf: &mut [u8], write: bool) -> Result<()> {
     let mut done = 0;
     while done < buf.len() {
         let va = gva.wrapping_add(done as u64);
@@ -251,6 +260,9 @@ pub fn complete(vcpu: &VcpuFd, mem: &GuestMemoryMmap) -> Result<Completed> {
     let insn = Decoder::with_ip(bitness, &bytes[..len], regs.rip, DecoderOptions::NONE).decode();
     if insn.is_invalid() {
         return fail(format!("undecodable bytes {:02x?} at {rip:#x}", &bytes[..len]));
+    }
+    if insn.mnemonic() == Mnemonic::Sysretq && sregs.cs.dpl == 0 {
+        return syscall::sysret(vcpu, regs, sregs).map_err(NotCompleted);
     }
     let mut cpu = Cpu { vcpu, mem, regs, sregs: &sregs };
     let describe = || format!("{:?} ({:02x?}) at {rip:#x}", insn.mnemonic(), &bytes[..insn.len()]);
