@@ -150,8 +150,8 @@ pub fn sysret(vcpu: &VcpuFd, mut regs: kvm_regs, mut sregs: kvm_sregs) -> Result
         return Err(format!("sysretq to the non-canonical address {:#x}", regs.rcx));
     }
     let base = ((read_msr(vcpu, MSR_STAR)? >> 48) & 0xfffc) as u16;
-    sregs.cs = flat_segment(base + 16 | 3, 3, true);
-    sregs.ss = flat_segment(base + 8 | 3, 3, false);
+    sregs.cs = flat_segment((base + 16) | 3, 3, true);
+    sregs.ss = flat_segment((base + 8) | 3, 3, false);
     regs.rip = regs.rcx;
     regs.rflags = (regs.r11 & 0x3c_7fd7) | 2;
     vcpu.set_sregs(&sregs).map_err(|e| format!("KVM_SET_SREGS: {e}"))?;
