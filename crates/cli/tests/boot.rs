@@ -115,6 +115,25 @@ fn a_system_call_the_host_leaves_at_cpl3_is_finished_by_the_vmm() {
 }
 
 #[test]
+fn a_vcpu_stuck_on_a_vmcall_the_host_never_completes_is_named_when_sampled() {
+    if !kvm_or_skip("a_vcpu_stuck_on_a_vmcall_the_host_never_completes_is_named_when_sampled") {
+        return;
+    }
+    let start = std::time::Instant::now();
+    let out = exitless(&["run", "--payload", "crash", "--params", "9", "--sample-guest", "10", "--timeout", "30"]);
+    let err = stderr(&out);
+    if stdout(&out).contains("vmcall returned") {
+        // A host whose KVM completes vmcall: the guest goes on, with KVM's answer.
+        assert_eq!(out.status.code(), Some(9), "{err}");
+        assert!(stdout(&out).contains("vmcall returned -1000"), "{}", stdout(&out));
+    } else {
+        // This nested host: 20 samples in a row on the vmcall (2 s), not the 30 s timeout.
+        assert!(err.contains("stuck on `vmcall` for 20 samples in a row"), "{err}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "{err}");
+    }
+}
+
+#[test]
 fn sse_arithmetic_kvm_cannot_emulate_runs_on_the_host_and_is_counted() {
     if !kvm_or_skip("sse_arithmetic_kvm_cannot_emulate_runs_on_the_host_and_is_counted") {
         return;

@@ -7,7 +7,9 @@
  * emulator knows none of them, so on a nested host the VMM completes them),
  * 8 = syscall from CPL3 twice to a supervisor-only entry, which returns by sysretq the
  * first time and ends the run with its CS as the status the second: 8 when the switch to CPL0 happened (by the CPU, or finished by the VMM), 14 when
- * the entry page faulted at CPL3 instead (this nested host, without the VMM's help). */
+ * the entry page faulted at CPL3 instead (this nested host, without the VMM's help),
+ * 9 = vmcall at CPL0 (KVM answers an unknown hypercall with -1000; this nested host never
+ * completes it, which --sample-guest finds). */
 #include "runtime.h"
 
 extern u64 pml4_table __asm__("pml4");
@@ -138,6 +140,12 @@ int main(void) {
 	if (mode == 6) return int3_survived();
 	if (mode == 7) return sse_survived();
 	if (mode == 8) syscall_from_user();
+	if (mode == 9) {
+		u64 ret = 0x12345; /* a hypercall number KVM does not know */
+		__asm__ volatile("vmcall" : "+a"(ret)::"memory");
+		print("crash: vmcall returned %ld\n", (long)ret);
+		return 9;
+	}
 	if (mode >= 3 && mode <= 5) {
 		print("crash: still running after mode %lu\n", mode);
 		return 3;

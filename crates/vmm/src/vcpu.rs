@@ -182,6 +182,10 @@ impl From<Result<VcpuExit<'_>, kvm_ioctls::Error>> for RareExit {
     }
 }
 
+/// Samples in a row on one `vmcall` after which a sampled vCPU is declared stuck (2 s at
+/// `--sample-guest 10`).
+const STUCK_SAMPLES: u32 = 20;
+
 /// One virtual CPU and its exit handler.
 pub struct Vcpu {
     id: u8,
@@ -428,7 +432,14 @@ impl Vcpu {
                 // A kick with neither stop nor pause raised is the sampler's.
                 if !self.control.needs_attention() {
                     if let Ok(regs) = self.fd.get_regs() {
-                        self.samples.record(regs.rip);
+                        if self.samples.record(regs.rip) == STUCK_SAMPLES {
+                            if let Some(what) = self.never_completed_at(regs.rip) {
+                                return Err(self.fault(&format!(
+                                    "stuck on `{what}` for {STUCK_SAMPLES} samples in a row: this host's KVM never \
+                                     completes it at CPL0 (the vCPU re-enters it forever)"
+                                )));
+                            }
+                        }
                     }
                 }
                 return Ok(ExitKind::Intr);
@@ -484,6 +495,19 @@ impl Vcpu {
             RareExit::Unexpected(what) => format!("unexpected exit {what}"),
         };
         Err(self.fault(&what))
+    }
+
+    /// The instruction at `rip` if it is one this host's KVM re-enters forever at CPL0
+    /// (`vmcall`, `vmmcall`): a guest sampled on it again and again will never get past.
+    fn never_completed_at(&self, rip: u64) -> Option<&'static str> {
+        let sregs = self.fd.get_sregs().ok()?;
+        let mut bytes = [0u8; 3];
+        emulate::guest_access(&self.fd, &self.memory, sregs.cs.base.wrapping_add(rip), &mut bytes, false).ok()?;
+        match bytes {
+            [0x0f, 0x01, 0xc1] => Some("vmcall"),
+            [0x0f, 0x01, 0xd9] => Some("vmmcall"),
+            _ => None,
+        }
     }
 
     fn fault(&self, what: &str) -> VcpuError {
