@@ -128,6 +128,11 @@ pub struct RunArgs {
     /// guest memory; chains under 256 bytes are copied either way).
     #[arg(long, default_value = "zerocopy", value_parser = parse_tx, requires = "net")]
     pub net_tx: exitless_vmm::virtio::net::TxMode,
+    /// How long device threads poll for more work before they sleep: `off`, microseconds,
+    /// or `adaptive` (a window that grows while polling finds work and shrinks to nothing
+    /// when it does not; docs/polling.md).
+    #[arg(long, value_name = "off|N|adaptive", default_value = "adaptive")]
+    pub poll_us: exitless_vmm::poll::PollMode,
     /// A virtio-blk disk backed by FILE (repeatable): `readonly=on` refuses writes,
     /// `id=NAME` is its serial (GET_ID, up to 20 bytes), `direct=on` bypasses the host
     /// page cache (O_DIRECT) where the filesystem allows it.

@@ -52,6 +52,12 @@ pub fn profile(report: &RunReport) -> String {
             "  virtio-net: tx {} frames ({} copied, {} dropped), rx {} ({} dropped), {} bad chains, {} kicks, {} irqs",
             n.tx_frames, n.tx_copied, n.tx_dropped, n.rx_frames, n.rx_dropped, n.bad_chains, n.kicks, n.irqs
         );
+        let p = n.poll;
+        let _ = writeln!(
+            s,
+            "  virtio-net thread: {} polls found work, {} sleeps, {} wake-ups, {} us polling in vain",
+            p.polls_found_work, p.sleeps, p.wakeups, p.idle_poll_us
+        );
     }
     for (name, d) in &report.drives {
         let _ = writeln!(
@@ -150,6 +156,8 @@ pub fn json(report: &RunReport) -> Value {
             "tx_frames": n.tx_frames, "tx_bytes": n.tx_bytes, "tx_copied": n.tx_copied, "tx_dropped": n.tx_dropped,
             "rx_frames": n.rx_frames, "rx_dropped": n.rx_dropped, "bad_chains": n.bad_chains,
             "kicks": n.kicks, "irqs": n.irqs,
+            "poll": {"polls_found_work": n.poll.polls_found_work, "sleeps": n.poll.sleeps,
+                     "wakeups": n.poll.wakeups, "idle_poll_us": n.poll.idle_poll_us},
         })),
         "drives": report.drives.iter().map(|(name, d)| (name.clone(), json!({
             "reads": d.reads, "writes": d.writes, "read_bytes": d.read_bytes, "write_bytes": d.write_bytes,

@@ -135,7 +135,8 @@ fn boot_with(
     console: Option<crate::control::Console>,
 ) -> Result<Booted, NetBenchError> {
     let tap = tap_name();
-    let net = NetConfig { tap: tap.clone(), mac: LAB_MAC, tx };
+    // The published rows were measured with the device thread sleeping after work.
+    let net = NetConfig { tap: tap.clone(), mac: LAB_MAC, tx, poll: exitless_vmm::poll::PollMode::Off };
     let (machine, control) = lab_machine(payload, params, |c| {
         c.net = Some(net);
         if let Some(console) = console {

@@ -19,6 +19,7 @@ pub mod layout;
 pub mod machine;
 pub mod net;
 pub mod pci;
+pub mod poll;
 pub mod seccomp;
 pub mod stats;
 pub mod termination;

@@ -131,6 +131,8 @@ pub struct NetConfig {
     pub tap: String,
     pub mac: [u8; 6],
     pub tx: TxMode,
+    /// How the device thread polls after work (`--poll-us`).
+    pub poll: crate::poll::PollMode,
 }
 
 /// A virtio-blk device of a machine, for the lab and the report.
@@ -414,7 +416,7 @@ impl Machine {
     fn add_virtio_net(&mut self, net: &NetConfig) -> Result<(), MachineError> {
         let tap = Tap::open(&net.tap)?;
         let tap_name = tap.name().to_string();
-        let device = VirtioNet::new(tap, net.mac, net.tx);
+        let device = VirtioNet::new(tap, net.mac, net.tx, net.poll);
         let stats = device.stats.clone();
         let transport = self.add_virtio("virtio-net", Box::new(device))?;
         self.net = Some(NetHandle { stats, transport, tap_name });

@@ -9,6 +9,7 @@
 use crate::bus::{BusDevice, DeviceId};
 use crate::pci::config::{COMMAND, COMMAND_IO, COMMAND_MEMORY};
 use crate::pci::{BarKind, BarSpec, ConfigSpace, PciFunction, PciIds};
+use crate::poll::{PollMode, PollStats, PollWindow, SharedPollMode};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -74,11 +75,11 @@ pub fn pci_function(bell: Arc<Doorbell>, mmio: (DeviceId, u64), pio: (DeviceId, 
     PciFunction::new("doorbell", config).with_bar(0, mmio.0, bell.clone()).with_bar(1, pio.0, bell)
 }
 
-/// Adds what an eventfd holds (the number of rings since the last read) to the count.
-fn drain(fd: &EventFd, doorbell: &Doorbell) {
-    if let Ok(n) = fd.read() {
-        doorbell.ring(n);
-    }
+/// Adds what an eventfd holds (the number of rings since the last read) to the count;
+/// true if it held any. The count read by the vCPU may race the device thread to the
+/// value: either adds it once.
+fn drain(fd: &EventFd, doorbell: &Doorbell) -> bool {
+    fd.read().map(|n| doorbell.ring(n)).is_ok()
 }
 
 impl BusDevice for Doorbell {
@@ -100,50 +101,83 @@ impl BusDevice for Doorbell {
 }
 
 /// The device thread of the ioeventfd wiring: waits on the doorbell's eventfds and adds
-/// what each read returns (one read may carry many rings).
+/// what each read returns (one read may carry many rings). After work it polls the
+/// eventfds for a while before it sleeps again (crate::poll), so a ring that comes soon
+/// wakes no one. The eventfds are level-triggered in epoll: a ring that lands between the
+/// last poll and the sleep makes epoll return at once, so none is lost.
 pub struct EventfdWorker {
     epoll: Arc<Epoll>,
     stop: Arc<AtomicBool>,
     wake: EventFd,
+    /// The watched eventfds (the thread's own duplicates, so a poll never reads a closed
+    /// descriptor), by the descriptor number the caller knows them by.
+    sources: Arc<Mutex<Vec<(i32, EventFd)>>>,
+    pub poll_mode: Arc<SharedPollMode>,
+    pub poll_stats: Arc<PollStats>,
     thread: Option<JoinHandle<()>>,
 }
 
+/// Reads every source once; true if any had rings.
+fn drain_all(sources: &Mutex<Vec<(i32, EventFd)>>, doorbell: &Doorbell) -> bool {
+    sources.lock().unwrap_or_else(|e| e.into_inner()).iter().fold(false, |found, (_, fd)| drain(fd, doorbell) | found)
+}
+
 impl EventfdWorker {
-    pub fn spawn(doorbell: Arc<Doorbell>) -> std::io::Result<Self> {
+    pub fn spawn(doorbell: Arc<Doorbell>, mode: PollMode) -> std::io::Result<Self> {
         let epoll = Arc::new(Epoll::new()?);
         let wake = EventFd::new(libc::EFD_NONBLOCK)?;
         epoll.ctl(ControlOperation::Add, wake.as_raw_fd(), EpollEvent::new(EventSet::IN, u64::MAX))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (epoll2, stop2) = (epoll.clone(), stop.clone());
+        let sources: Arc<Mutex<Vec<(i32, EventFd)>>> = Arc::default();
+        let (poll_mode, poll_stats) = (Arc::new(SharedPollMode::new(mode)), Arc::new(PollStats::default()));
+        let (epoll2, stop2, sources2) = (epoll.clone(), stop.clone(), sources.clone());
+        let (mode2, stats2) = (poll_mode.clone(), poll_stats.clone());
         let thread = std::thread::Builder::new().name("doorbell".into()).spawn(move || {
             if !crate::seccomp::confine_or_log(crate::seccomp::ThreadKind::Device) {
                 return;
             }
             let mut events = vec![EpollEvent::default(); 16];
+            let mut window = PollWindow::default();
             while !stop2.load(Ordering::Acquire) {
+                window.sleeping(&stats2);
                 let Ok(n) = epoll2.wait(-1, &mut events) else { continue };
-                for event in &events[..n] {
-                    if event.data() != u64::MAX {
-                        // The count read by the vCPU may race us to the value; either adds it once.
-                        let mut value = 0u64;
-                        // SAFETY: reading 8 bytes from an eventfd into a u64 we own.
-                        let r = unsafe { libc::read(event.data() as i32, (&mut value as *mut u64).cast(), 8) };
-                        if r == 8 {
-                            doorbell.ring(value);
-                        }
-                    }
+                if events[..n].iter().any(|e| e.data() != u64::MAX) {
+                    window.woke(mode2.get(), &stats2);
                 }
+                drain_all(&sources2, &doorbell);
+                while !stop2.load(Ordering::Relaxed)
+                    && window.poll(mode2.get(), &stats2, || drain_all(&sources2, &doorbell))
+                {}
             }
         })?;
-        Ok(EventfdWorker { epoll, stop, wake, thread: Some(thread) })
+        Ok(EventfdWorker { epoll, stop, wake, sources, poll_mode, poll_stats, thread: Some(thread) })
     }
 
     pub fn watch(&self, fd: &EventFd) -> std::io::Result<()> {
+        let own = fd.try_clone()?;
+        self.sources.lock().unwrap_or_else(|e| e.into_inner()).push((fd.as_raw_fd(), own));
         self.epoll.ctl(ControlOperation::Add, fd.as_raw_fd(), EpollEvent::new(EventSet::IN, fd.as_raw_fd() as u64))
     }
 
     pub fn unwatch(&self, fd: &EventFd) -> std::io::Result<()> {
+        self.sources.lock().unwrap_or_else(|e| e.into_inner()).retain(|(raw, _)| *raw != fd.as_raw_fd());
         self.epoll.ctl(ControlOperation::Delete, fd.as_raw_fd(), EpollEvent::default())
+    }
+
+    /// CPU time the device thread has used (its pthread CPU clock).
+    pub fn cpu_time(&self) -> Option<std::time::Duration> {
+        use std::os::unix::thread::JoinHandleExt;
+        let thread = self.thread.as_ref()?.as_pthread_t();
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: a live thread's handle (joined only in drop) and a clockid we own.
+        if unsafe { libc::pthread_getcpuclockid(thread, &mut clock) } != 0 {
+            return None;
+        }
+        // SAFETY: a zeroed timespec is valid for clock_gettime to fill.
+        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+        // SAFETY: the thread's CPU clock and a live timespec.
+        (unsafe { libc::clock_gettime(clock, &mut ts) } == 0)
+            .then(|| std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
     }
 }
 
@@ -184,7 +218,7 @@ mod tests {
     #[test]
     fn the_worker_counts_eventfd_signals() {
         let bell = Arc::new(Doorbell::default());
-        let worker = EventfdWorker::spawn(bell.clone()).unwrap();
+        let worker = EventfdWorker::spawn(bell.clone(), PollMode::Off).unwrap();
         let fd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
         worker.watch(&fd).unwrap();
         fd.write(3).unwrap();
@@ -195,5 +229,76 @@ mod tests {
         assert_eq!(bell.count(), 3);
         worker.unwatch(&fd).unwrap();
         drop(worker);
+    }
+
+    /// Rings `n` times from another thread at random moments around the poll window (spins
+    /// of 0-150 us, now and then a sleep), so that many rings land while the worker is
+    /// switching between polling and sleeping.
+    fn ring_at_awkward_moments(fd: &EventFd, n: u64) {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if i % 97 == 0 {
+                std::thread::sleep(std::time::Duration::from_micros(300 + x % 700));
+            } else {
+                let until = std::time::Instant::now() + std::time::Duration::from_nanos(x % 150_000);
+                while std::time::Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            }
+            fd.write(1).unwrap();
+        }
+    }
+
+    fn wait_for(bell: &Doorbell, n: u64) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while bell.rings.load(Ordering::Relaxed) != n && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn no_ring_is_lost_between_polling_and_sleeping_and_an_idle_worker_sleeps() {
+        for mode in [PollMode::Adaptive, PollMode::Fixed(std::time::Duration::from_micros(50)), PollMode::Off] {
+            let bell = Arc::new(Doorbell::default());
+            let worker = EventfdWorker::spawn(bell.clone(), mode).unwrap();
+            let fd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+            worker.watch(&fd).unwrap();
+            let n = 3000;
+            ring_at_awkward_moments(&fd, n);
+            // Counted by the worker alone (not `count`, which would read the eventfd itself).
+            wait_for(&bell, n);
+            assert_eq!(bell.rings.load(Ordering::Relaxed), n, "{mode:?}");
+            let c = worker.poll_stats.counts();
+            assert!(c.sleeps > 1 && c.wakeups > 0, "{mode:?}: {c:?}");
+            if mode == PollMode::Off {
+                assert_eq!((c.polls_found_work, c.idle_poll_us), (0, 0), "{c:?}");
+            }
+            // Idle: within the bound the thread is asleep and uses no CPU.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let before = worker.cpu_time().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let used = worker.cpu_time().unwrap() - before;
+            assert!(used < std::time::Duration::from_millis(3), "{mode:?}: {used:?} of CPU while idle");
+            worker.unwatch(&fd).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_ring_during_the_poll_window_is_found_without_a_wakeup() {
+        let bell = Arc::new(Doorbell::default());
+        let worker =
+            EventfdWorker::spawn(bell.clone(), PollMode::Fixed(std::time::Duration::from_millis(500))).unwrap();
+        let fd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        worker.watch(&fd).unwrap();
+        fd.write(1).unwrap(); // wakes it; it then polls for 500 ms
+        wait_for(&bell, 1);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        fd.write(1).unwrap(); // lands in the window
+        wait_for(&bell, 2);
+        let c = worker.poll_stats.counts();
+        assert_eq!((bell.rings.load(Ordering::Relaxed), c.polls_found_work, c.wakeups), (2, 1, 1), "{c:?}");
     }
 }

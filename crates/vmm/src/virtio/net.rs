@@ -12,6 +12,7 @@ use super::chain::{self, ChainError, Segment};
 use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 use crate::net::tap::{Tap, VNET_HDR_LEN};
+use crate::poll::{PollCounts, PollMode, PollStats, PollWindow};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -58,6 +59,8 @@ pub struct NetStats {
     pub irqs: AtomicU64,
     /// The device thread's pthread id, for reading its CPU clock (0 until it starts).
     pub thread: AtomicU64,
+    /// What polling after work found and cost (crate::poll).
+    pub poll: PollStats,
 }
 
 /// The counters of [`NetStats`] at one instant.
@@ -73,6 +76,7 @@ pub struct NetCounters {
     pub bad_chains: u64,
     pub kicks: u64,
     pub irqs: u64,
+    pub poll: PollCounts,
 }
 
 impl NetStats {
@@ -89,6 +93,7 @@ impl NetStats {
             bad_chains: get(&self.bad_chains),
             kicks: get(&self.kicks),
             irqs: get(&self.irqs),
+            poll: self.poll.counts(),
         }
     }
 }
@@ -97,13 +102,14 @@ pub struct VirtioNet {
     tap: Arc<Tap>,
     mac: [u8; 6],
     tx_mode: TxMode,
+    poll: PollMode,
     pub stats: Arc<NetStats>,
     worker: Option<(EventFd, JoinHandle<()>)>,
 }
 
 impl VirtioNet {
-    pub fn new(tap: Tap, mac: [u8; 6], tx_mode: TxMode) -> Self {
-        VirtioNet { tap: Arc::new(tap), mac, tx_mode, stats: Arc::default(), worker: None }
+    pub fn new(tap: Tap, mac: [u8; 6], tx_mode: TxMode, poll: PollMode) -> Self {
+        VirtioNet { tap: Arc::new(tap), mac, tx_mode, poll, stats: Arc::default(), worker: None }
     }
 
     fn stop(&mut self) {
@@ -149,6 +155,7 @@ impl VirtioDevice for VirtioNet {
         let stop = EventFd::new(libc::EFD_NONBLOCK).map_err(ActivateError::Thread)?;
         let stop_worker = stop.try_clone().map_err(ActivateError::Thread)?;
         let mut worker = Worker::new(self.tap.clone(), self.tx_mode, self.stats.clone(), queues, activation)?;
+        worker.poll = self.poll;
         let thread = std::thread::Builder::new()
             .name("virtio-net".into())
             .spawn(move || worker.run(&stop_worker))
@@ -178,6 +185,8 @@ struct Worker {
     /// A received frame waiting in `io.buf` for an RX buffer, and its length.
     rx_staged: Option<usize>,
     broken: bool,
+    poll: PollMode,
+    window: PollWindow,
 }
 
 /// The tap and the scratch space frames pass through (apart from the queues, so a chain
@@ -213,6 +222,8 @@ impl Worker {
             io,
             rx_staged: None,
             broken: false,
+            poll: PollMode::Off,
+            window: PollWindow::default(),
         })
     }
 
@@ -230,12 +241,15 @@ impl Worker {
         // Buffers may have been posted before the kicks were watched.
         self.process_tx();
         self.process_rx();
+        let stats = self.io.stats.clone();
         loop {
+            self.window.sleeping(&stats.poll);
             let n = match epoll.wait(-1, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return tracing::error!("virtio-net: epoll failed: {e}"),
             };
+            self.window.woke(self.poll, &stats.poll);
             for event in &events[..n] {
                 match event.data() {
                     TOKEN_STOP => return,
@@ -257,7 +271,31 @@ impl Worker {
                     }
                 }
             }
+            // Keep looking for a while before sleeping: kicks land on eventfds no one
+            // waits on (cheap for KVM), frames are read as they come. The kick eventfds
+            // and the tap stay in epoll, so what arrives after the last look wakes it.
+            let (mut window, mode) = (std::mem::take(&mut self.window), self.poll);
+            while window.poll(mode, &stats.poll, || self.poll_once()) {
+                if stop.read().is_ok() {
+                    return;
+                }
+            }
+            self.window = window;
         }
+    }
+
+    /// One look at every source: the kick eventfds, the TX ring, the tap. True if any
+    /// had work (which is done here).
+    fn poll_once(&mut self) -> bool {
+        let before = self.io.stats.snapshot();
+        let kicked =
+            [TX, RX].map(|q| self.kicks[q].read().map(|n| self.io.stats.kicks.fetch_add(n, Ordering::Relaxed)));
+        self.process_tx();
+        self.process_rx();
+        let after = self.io.stats.snapshot();
+        kicked.iter().any(Result::is_ok)
+            || (after.tx_frames, after.tx_dropped, after.rx_frames, after.rx_dropped, after.bad_chains)
+                != (before.tx_frames, before.tx_dropped, before.rx_frames, before.rx_dropped, before.bad_chains)
     }
 
     fn epoll(&self, stop: &EventFd) -> std::io::Result<Epoll> {
