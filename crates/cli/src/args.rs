@@ -310,9 +310,27 @@ pub struct NetArgs {
     /// Give up on a guest that has not finished within this many seconds.
     #[arg(long, default_value_t = 120.0, value_parser = parse_seconds)]
     pub timeout: f64,
+    /// Measure round trips instead (one frame in flight through a netecho guest), with the
+    /// device thread's polling off and adaptive.
+    #[arg(long)]
+    pub rtt: bool,
+    /// Round trips per run, with --rtt.
+    #[arg(long, default_value_t = 2000, requires = "rtt", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub rounds: u64,
 }
 
 impl NetArgs {
+    pub fn to_rtt_options(&self) -> exitless_lab::net_rtt::RttOptions {
+        exitless_lab::net_rtt::RttOptions {
+            rounds: self.rounds,
+            // One size: the first given (256 bytes by default).
+            size: self.sizes.first().copied().unwrap_or(256),
+            repeat: self.repeat,
+            outputs: self.out.outputs(),
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+        }
+    }
+
     pub fn to_options(&self) -> exitless_lab::net::Options {
         exitless_lab::net::Options {
             sizes: self.sizes.clone(),

@@ -149,6 +149,9 @@ fn payloads(args: PayloadsArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
 fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
     match bench {
         BenchCommand::Boot(a) => exitless_lab::boot::run(&a.to_options())?,
+        BenchCommand::Net(a) if a.rtt => {
+            exitless_lab::net_rtt::run(&a.to_rtt_options())?;
+        }
         BenchCommand::Net(a) => {
             exitless_lab::net::run(&a.to_options())?;
         }

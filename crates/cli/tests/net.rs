@@ -174,3 +174,29 @@ fn an_unprivileged_user_runs_a_vm_on_an_existing_tap() {
     assert!(err.contains("cannot open /dev/kvm: permission denied: user 65534 needs read and write access"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+#[test]
+fn round_trips_are_measured_with_polling_off_and_adaptive() {
+    if !net_or_skip("round_trips_are_measured_with_polling_off_and_adaptive") {
+        return;
+    }
+    let dir = tempdir();
+    let json_path = dir.join("rtt.json");
+    let out =
+        exitless(&["bench", "net", "--rtt", "--rounds", "100", "--repeat", "1", "--json", json_path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let json: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    let polls: Vec<_> = rows.iter().map(|r| r["poll"].as_str().unwrap()).collect();
+    assert_eq!(polls, ["off", "adaptive"], "{json}");
+    for r in rows {
+        // Every round trip came back (or the bench fails); times and CPU are measured.
+        assert_eq!(r["rounds"], 100, "{json}");
+        assert!(r["rtt_us"].as_f64().unwrap() > 0.0 && r["cpu_us_per_rtt"].as_f64().unwrap() > 0.0, "{json}");
+    }
+    // Sleeping after every piece of work, a round trip wakes the device thread twice
+    // (the frame from the tap, the guest's kick); never less.
+    let off_wakeups = rows[0]["wakeups_per_rtt"].as_f64().unwrap();
+    assert!((1.9..=2.5).contains(&off_wakeups), "{json}");
+    assert!(stdout(&out).contains("round trip >= 1.5x shorter with adaptive polling"), "{}", stdout(&out));
+}

@@ -7,6 +7,7 @@ pub mod control;
 pub mod doorbell;
 pub mod fleet;
 pub mod net;
+pub mod net_rtt;
 pub mod netns;
 pub mod pci;
 pub mod report;

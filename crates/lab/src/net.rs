@@ -9,6 +9,7 @@ use crate::sink::{frame, Sink, SinkError, SinkReport};
 use crate::stats::median;
 use crate::svg;
 use exitless_vmm::machine::read_result;
+use exitless_vmm::poll::PollMode;
 use exitless_vmm::virtio::net::TxMode;
 use exitless_vmm::{Machine, MachineError, NetConfig};
 use serde_json::json;
@@ -37,6 +38,8 @@ pub enum NetBenchError {
     Sink(#[from] SinkError),
     #[error("the guest never announced its {0}")]
     Missing(&'static str),
+    #[error("{0} frames of the round trips never came back")]
+    Lost(u64),
     #[error("the guest exited with status {0}")]
     Guest(u32),
     #[error("the guest sent no frame in its window: nothing was measured")]
@@ -74,22 +77,12 @@ pub fn path_name(p: TxMode) -> &'static str {
 }
 
 /// CPU time of the device thread so far.
-fn thread_cpu(machine: &Machine) -> Duration {
+pub(crate) fn thread_cpu(machine: &Machine) -> Duration {
     let Some(net) = &machine.net else { return Duration::ZERO };
-    let thread = net.stats.thread.load(Ordering::Acquire);
-    if thread == 0 {
-        return Duration::ZERO;
+    match net.stats.thread.load(Ordering::Acquire) {
+        0 => Duration::ZERO,
+        thread => exitless_vmm::poll::thread_cpu_time(thread as libc::pthread_t).unwrap_or_default(),
     }
-    let mut clock: libc::clockid_t = 0;
-    // SAFETY: `thread` is the live device thread's pthread_t (it runs until the machine is dropped).
-    if unsafe { libc::pthread_getcpuclockid(thread as libc::pthread_t, &mut clock) } != 0 {
-        return Duration::ZERO;
-    }
-    // SAFETY: zeroed timespec is valid for clock_gettime to fill.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: a clock id from pthread_getcpuclockid and a live timespec.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Counters at one instant, to take differences over the send window.
@@ -123,20 +116,20 @@ type Booted = (Machine, std::sync::Arc<crate::control::LabControl>, Sink);
 
 /// A guest with virtio-net on a tap that sits in `netns`, and a sink on it.
 fn boot(netns: &Netns, payload: &str, params: Vec<u64>, tx: TxMode, size: usize) -> Result<Booted, NetBenchError> {
-    boot_with(netns, payload, params, tx, size, None)
+    // The published TX rows were measured with the device thread sleeping after work.
+    boot_with(netns, payload, params, (tx, PollMode::Off), size, None)
 }
 
-fn boot_with(
+pub(crate) fn boot_with(
     netns: &Netns,
     payload: &str,
     params: Vec<u64>,
-    tx: TxMode,
+    (tx, poll): (TxMode, PollMode),
     size: usize,
     console: Option<crate::control::Console>,
 ) -> Result<Booted, NetBenchError> {
     let tap = tap_name();
-    // The published rows were measured with the device thread sleeping after work.
-    let net = NetConfig { tap: tap.clone(), mac: LAB_MAC, tx, poll: exitless_vmm::poll::PollMode::Off };
+    let net = NetConfig { tap: tap.clone(), mac: LAB_MAC, tx, poll };
     let (machine, control) = lab_machine(payload, params, |c| {
         c.net = Some(net);
         if let Some(console) = console {
@@ -248,7 +241,7 @@ pub fn echo(frames: u64, size: usize, timeout: Duration) -> Result<EchoReport, N
     let netns = Netns::create(&format!("exitless-echo-{}", std::process::id()))?;
     let console = crate::control::Console::default();
     let (machine, control, sink) =
-        boot_with(&netns, "netecho", vec![frames], TxMode::Zerocopy, size, Some(console.clone()))?;
+        boot_with(&netns, "netecho", vec![frames], (TxMode::Zerocopy, PollMode::Off), size, Some(console.clone()))?;
     // The sender starts now (the vCPU thread's filter would refuse it sendto) and waits
     // for the guest's Begin.
     let sender = sink.sender();

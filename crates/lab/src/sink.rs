@@ -139,6 +139,20 @@ impl Sink {
     pub fn frames(&self) -> u64 {
         self.shared.frames.load(Ordering::Acquire)
     }
+
+    /// A handle that reads [`Sink::frames`] from another thread.
+    pub fn frames_seen(&self) -> FramesSeen {
+        FramesSeen(self.shared.clone())
+    }
+}
+
+/// How many good frames the sink has received so far.
+pub struct FramesSeen(Arc<Shared>);
+
+impl FramesSeen {
+    pub fn get(&self) -> u64 {
+        self.0.frames.load(Ordering::Acquire)
+    }
 }
 
 /// Sends raw frames into the tap, towards the guest.

@@ -118,6 +118,21 @@ impl PollStats {
     }
 }
 
+/// CPU time a thread has used so far, from its pthread CPU clock (what a device thread's
+/// polling costs is read this way; clock_gettime is allowed under every filter).
+pub fn thread_cpu_time(thread: libc::pthread_t) -> Option<Duration> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: the caller's live thread (device threads run until their device is dropped)
+    // and a clockid we own.
+    if unsafe { libc::pthread_getcpuclockid(thread, &mut clock) } != 0 {
+        return None;
+    }
+    // SAFETY: a zeroed timespec is valid for clock_gettime to fill.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a clock id from pthread_getcpuclockid and a live timespec.
+    (unsafe { libc::clock_gettime(clock, &mut ts) } == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
 /// One device thread's window.
 #[derive(Debug, Default)]
 pub struct PollWindow {

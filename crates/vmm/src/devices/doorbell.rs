@@ -167,17 +167,7 @@ impl EventfdWorker {
     /// CPU time the device thread has used (its pthread CPU clock).
     pub fn cpu_time(&self) -> Option<std::time::Duration> {
         use std::os::unix::thread::JoinHandleExt;
-        let thread = self.thread.as_ref()?.as_pthread_t();
-        let mut clock: libc::clockid_t = 0;
-        // SAFETY: a live thread's handle (joined only in drop) and a clockid we own.
-        if unsafe { libc::pthread_getcpuclockid(thread, &mut clock) } != 0 {
-            return None;
-        }
-        // SAFETY: a zeroed timespec is valid for clock_gettime to fill.
-        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-        // SAFETY: the thread's CPU clock and a live timespec.
-        (unsafe { libc::clock_gettime(clock, &mut ts) } == 0)
-            .then(|| std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+        crate::poll::thread_cpu_time(self.thread.as_ref()?.as_pthread_t())
     }
 }
 

@@ -1,0 +1,173 @@
+//! Round trips through virtio-net (`bench net --rtt`): the host sends one frame into the
+//! tap, the `netecho` guest sends it back, the host sends the next (one frame in flight),
+//! with the device thread sleeping after work (`--poll-us off`) and polling (`adaptive`).
+//! A round trip wakes the device thread twice when it sleeps (the frame from the tap, the
+//! guest's TX kick); polling, the kick finds it awake.
+
+use crate::control::{drive, Window};
+use crate::net::{boot_with, thread_cpu, NetBenchError};
+use crate::netns::Netns;
+use crate::report::{targets_json, targets_text, Outputs, Target};
+use crate::sink::frame;
+use crate::stats::median;
+use exitless_vmm::poll::PollMode;
+use exitless_vmm::virtio::net::TxMode;
+use exitless_vmm::Machine;
+use serde_json::json;
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+pub struct RttOptions {
+    pub rounds: u64,
+    pub size: usize,
+    pub repeat: u32,
+    pub outputs: Outputs,
+    pub timeout: Duration,
+}
+
+/// One polling mode: medians over the repeats.
+pub struct RttRow {
+    pub poll: &'static str,
+    /// The median round trip, host send to host receive.
+    pub rtt_us: f64,
+    /// The device thread's CPU time per round trip.
+    pub cpu_us_per_rtt: f64,
+    /// Times the device thread woke from epoll per round trip.
+    pub wakeups_per_rtt: f64,
+    pub rounds: u64,
+}
+
+const MODES: [(&str, PollMode); 2] = [("off", PollMode::Off), ("adaptive", PollMode::Adaptive)];
+
+#[derive(Clone, Copy)]
+struct Counters {
+    cpu: Duration,
+    wakeups: u64,
+}
+
+fn counters(machine: &Machine) -> Counters {
+    let wakeups = machine.net.as_ref().map_or(0, |n| n.stats.poll.counts().wakeups);
+    Counters { cpu: thread_cpu(machine), wakeups }
+}
+
+/// One guest, `rounds` round trips: (median rtt in us, device CPU us per rtt, wake-ups per rtt).
+fn run_one(netns: &Netns, poll: PollMode, opts: &RttOptions) -> Result<(f64, f64, f64), NetBenchError> {
+    let (machine, control, sink) =
+        boot_with(netns, "netecho", vec![opts.rounds], (TxMode::Zerocopy, poll), opts.size, None)?;
+    let (sender, seen) = (sink.sender(), sink.frames_seen());
+    let (go, start) = std::sync::mpsc::channel::<()>();
+    let (rounds, size) = (opts.rounds, opts.size);
+    // Started now (the vCPU thread's filter would refuse it), it waits for the guest's Begin.
+    let pinger = std::thread::spawn(move || {
+        let mut rtts = Vec::with_capacity(rounds as usize);
+        if !exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Helper) || start.recv().is_err() {
+            return rtts;
+        }
+        for seq in 0..rounds {
+            let t = Instant::now();
+            if sender.send(&frame([2, 0, 0, 0, 0, 1], size, seq)).is_err() {
+                break;
+            }
+            while seen.get() <= seq {
+                if t.elapsed() > Duration::from_secs(2) {
+                    return rtts; // lost: the guest then waits for its timeout
+                }
+                std::hint::spin_loop();
+            }
+            rtts.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        rtts
+    });
+    let mut lab = Window::<Counters, NetBenchError>::new(counters);
+    lab.on_begin = Some(Box::new(move || {
+        let _ = go.send(());
+    }));
+    drive(&machine, &control, opts.timeout, &mut lab)?;
+    let rtts = pinger.join().unwrap_or_default();
+    let (begin, (end, _)) =
+        (lab.begin.ok_or(NetBenchError::Missing("start"))?, lab.end.ok_or(NetBenchError::Missing("end"))?);
+    if rtts.len() as u64 != opts.rounds {
+        return Err(NetBenchError::Lost(opts.rounds - rtts.len() as u64));
+    }
+    let n = opts.rounds as f64;
+    Ok((median(&rtts), (end.cpu - begin.cpu).as_secs_f64() * 1e6 / n, (end.wakeups - begin.wakeups) as f64 / n))
+}
+
+pub fn measure(opts: &RttOptions) -> Result<Vec<RttRow>, NetBenchError> {
+    let netns = Netns::create(&format!("exitless-{}", std::process::id()))?;
+    let progress = std::io::stderr().is_terminal();
+    let mut runs: [Vec<(f64, f64, f64)>; 2] = Default::default();
+    for r in 0..opts.repeat as usize {
+        for i in [r % 2, 1 - r % 2] {
+            if progress {
+                eprint!("\rnet rtt: poll {} run {}/{} ...\x1b[K", MODES[i].0, r + 1, opts.repeat);
+            }
+            runs[i].push(run_one(&netns, MODES[i].1, opts)?);
+        }
+    }
+    if progress {
+        eprint!("\r\x1b[K");
+    }
+    Ok(MODES
+        .iter()
+        .zip(&runs)
+        .map(|(&(poll, _), runs)| {
+            let med = |f: fn(&(f64, f64, f64)) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+            RttRow {
+                poll,
+                rtt_us: med(|r| r.0),
+                cpu_us_per_rtt: med(|r| r.1),
+                wakeups_per_rtt: med(|r| r.2),
+                rounds: opts.rounds * u64::from(opts.repeat),
+            }
+        })
+        .collect())
+}
+
+pub fn targets(rows: &[RttRow]) -> Vec<Target> {
+    let find = |p| rows.iter().find(|r| r.poll == p);
+    let mut out = Vec::new();
+    if let (Some(off), Some(adaptive)) = (find("off"), find("adaptive")) {
+        let x = off.rtt_us / adaptive.rtt_us;
+        out.push(Target::new("round trip >= 1.5x shorter with adaptive polling", format!("{x:.2}x"), x >= 1.5));
+    }
+    out
+}
+
+pub fn table(rows: &[RttRow], opts: &RttOptions) -> String {
+    let mut s = format!(
+        "net round trips: {} rounds of {}-byte frames per run, one in flight, {} repeats interleaved (medians)\n",
+        opts.rounds, opts.size, opts.repeat
+    );
+    s += &format!("{:<10} {:>10} {:>20} {:>14}\n", "poll", "rtt us", "device CPU us/rtt", "wake-ups/rtt");
+    for r in rows {
+        s += &format!("{:<10} {:>10.1} {:>20.1} {:>14.2}\n", r.poll, r.rtt_us, r.cpu_us_per_rtt, r.wakeups_per_rtt);
+    }
+    s += "rtt: host send to host receive through the tap and the netecho guest (median round trip).\n";
+    s += "device CPU: the virtio-net thread's CPU time, polling included.\n";
+    s + &targets_text(&targets(rows))
+}
+
+pub fn run(opts: &RttOptions) -> Result<Vec<RttRow>, NetBenchError> {
+    opts.outputs.check()?;
+    let rows = measure(opts)?;
+    crate::report::print_table(&table(&rows, opts))?;
+    let targets = targets_json(&targets(&rows));
+    opts.outputs.write(
+        || {
+            let rows: Vec<_> = rows
+                .iter()
+                .map(|r| {
+                    json!({"poll": r.poll, "rtt_us": r.rtt_us, "cpu_us_per_rtt": r.cpu_us_per_rtt,
+                                "wakeups_per_rtt": r.wakeups_per_rtt, "rounds": r.rounds})
+                })
+                .collect();
+            json!({"bench": "net-rtt", "size": opts.size, "repeat": opts.repeat, "rows": rows, "targets": targets})
+        },
+        || {
+            let bars: Vec<_> = rows.iter().map(|r| (format!("poll {}", r.poll), r.rtt_us)).collect();
+            crate::svg::bar_chart("net: round trip, us (shorter is better)", "us", &bars, false)
+        },
+    )?;
+    Ok(rows)
+}
