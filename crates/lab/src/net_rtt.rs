@@ -72,7 +72,9 @@ fn run_one(netns: &Netns, poll: PollMode, opts: &RttOptions) -> Result<(f64, f64
                 if t.elapsed() > Duration::from_secs(2) {
                     return rtts; // lost: the guest then waits for its timeout
                 }
-                std::hint::spin_loop();
+                // Yield, not spin: on 2 cores the vCPU (netecho spins) and the device
+                // thread need them more than the waiting host side.
+                std::thread::yield_now();
             }
             rtts.push(t.elapsed().as_secs_f64() * 1e6);
         }

@@ -173,7 +173,11 @@ impl PollWindow {
                 }
                 return false;
             }
-            std::hint::spin_loop();
+            // Yield rather than spin: on a small host the vCPU and the threads that feed
+            // the device (a tap's reader, the sender) need the same cores, and a poller
+            // that never lets go delays the very work it waits for. With nothing else
+            // runnable, sched_yield returns at once.
+            std::thread::yield_now();
         }
     }
 
