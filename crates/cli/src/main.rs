@@ -97,12 +97,8 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         lab_devices: args.lab,
         test_devices: args.testdevs,
         confine_caller: true,
-        net: args.net.clone().map(|(tap, mac)| exitless_vmm::NetConfig {
-            tap,
-            mac,
-            tx: args.net_tx,
-            poll: args.poll_us,
-        }),
+        net: args.net.clone().map(|(tap, mac)| exitless_vmm::NetConfig { tap, mac, tx: args.net_tx }),
+        poll: args.poll_us,
         drives: args.drive.clone(),
         sample_every: args.sample_guest.map(|hz| std::time::Duration::from_secs_f64(1.0 / f64::from(hz))),
         ..MachineConfig::new(image)

@@ -52,12 +52,7 @@ pub fn profile(report: &RunReport) -> String {
             "  virtio-net: tx {} frames ({} copied, {} dropped), rx {} ({} dropped), {} bad chains, {} kicks, {} irqs",
             n.tx_frames, n.tx_copied, n.tx_dropped, n.rx_frames, n.rx_dropped, n.bad_chains, n.kicks, n.irqs
         );
-        let p = n.poll;
-        let _ = writeln!(
-            s,
-            "  virtio-net thread: {} polls found work, {} sleeps, {} wake-ups, {} us polling in vain",
-            p.polls_found_work, p.sleeps, p.wakeups, p.idle_poll_us
-        );
+        poll_line(&mut s, "virtio-net", &n.poll);
     }
     for (name, d) in &report.drives {
         let _ = writeln!(
@@ -75,6 +70,7 @@ pub fn profile(report: &RunReport) -> String {
             d.kicks,
             d.irqs
         );
+        poll_line(&mut s, name, &d.poll);
     }
     if let Some(m) = report.vmm_memory {
         let _ =
@@ -156,13 +152,27 @@ pub fn json(report: &RunReport) -> Value {
             "tx_frames": n.tx_frames, "tx_bytes": n.tx_bytes, "tx_copied": n.tx_copied, "tx_dropped": n.tx_dropped,
             "rx_frames": n.rx_frames, "rx_dropped": n.rx_dropped, "bad_chains": n.bad_chains,
             "kicks": n.kicks, "irqs": n.irqs,
-            "poll": {"polls_found_work": n.poll.polls_found_work, "sleeps": n.poll.sleeps,
-                     "wakeups": n.poll.wakeups, "idle_poll_us": n.poll.idle_poll_us},
+            "poll": poll_json(&n.poll),
         })),
         "drives": report.drives.iter().map(|(name, d)| (name.clone(), json!({
             "reads": d.reads, "writes": d.writes, "read_bytes": d.read_bytes, "write_bytes": d.write_bytes,
             "flushes": d.flushes, "discards": d.discards, "errors": d.errors, "bad_requests": d.bad_requests,
             "kicks": d.kicks, "irqs": d.irqs, "engine": d.engine,
+            "poll": poll_json(&d.poll),
         }))).collect::<Map<String, Value>>(),
     })
+}
+
+/// A device thread's polling (crate::poll), one line of the exit profile.
+fn poll_line(s: &mut String, device: &str, p: &exitless_vmm::poll::PollCounts) {
+    let _ = writeln!(
+        s,
+        "  {device} thread: {} polls found work, {} sleeps, {} wake-ups, {} us polling in vain",
+        p.polls_found_work, p.sleeps, p.wakeups, p.idle_poll_us
+    );
+}
+
+fn poll_json(p: &exitless_vmm::poll::PollCounts) -> Value {
+    json!({"polls_found_work": p.polls_found_work, "sleeps": p.sleeps, "wakeups": p.wakeups,
+           "idle_poll_us": p.idle_poll_us})
 }

@@ -129,9 +129,10 @@ pub(crate) fn boot_with(
     console: Option<crate::control::Console>,
 ) -> Result<Booted, NetBenchError> {
     let tap = tap_name();
-    let net = NetConfig { tap: tap.clone(), mac: LAB_MAC, tx, poll };
+    let net = NetConfig { tap: tap.clone(), mac: LAB_MAC, tx };
     let (machine, control) = lab_machine(payload, params, |c| {
         c.net = Some(net);
+        c.poll = poll;
         if let Some(console) = console {
             c.serial_out = Box::new(console);
         }

@@ -123,6 +123,8 @@ pub struct MachineConfig {
     pub confine_caller: bool,
     /// How often to sample where each vCPU is in the guest (`--sample-guest`), if at all.
     pub sample_every: Option<Duration>,
+    /// How long device threads poll for work before they sleep (`--poll-us`, crate::poll).
+    pub poll: crate::poll::PollMode,
 }
 
 /// `--net tap=NAME[,mac=..]` and `--net-tx`.
@@ -131,8 +133,6 @@ pub struct NetConfig {
     pub tap: String,
     pub mac: [u8; 6],
     pub tx: TxMode,
-    /// How the device thread polls after work (`--poll-us`).
-    pub poll: crate::poll::PollMode,
 }
 
 /// A virtio-blk device of a machine, for the lab and the report.
@@ -171,6 +171,7 @@ impl MachineConfig {
             test_devices: false,
             confine_caller: false,
             sample_every: None,
+            poll: crate::poll::PollMode::Adaptive,
         }
     }
 }
@@ -353,10 +354,10 @@ impl Machine {
             machine.add_test_devices(config.mem_size, config.vcpus)?;
         }
         if let Some(net) = &config.net {
-            machine.add_virtio_net(net)?;
+            machine.add_virtio_net(net, config.poll)?;
         }
         for drive in &config.drives {
-            machine.add_virtio_blk(drive)?;
+            machine.add_virtio_blk(drive, config.poll)?;
         }
         Ok(machine)
     }
@@ -413,18 +414,18 @@ impl Machine {
         Ok(transport)
     }
 
-    fn add_virtio_net(&mut self, net: &NetConfig) -> Result<(), MachineError> {
+    fn add_virtio_net(&mut self, net: &NetConfig, poll: crate::poll::PollMode) -> Result<(), MachineError> {
         let tap = Tap::open(&net.tap)?;
         let tap_name = tap.name().to_string();
-        let device = VirtioNet::new(tap, net.mac, net.tx, net.poll);
+        let device = VirtioNet::new(tap, net.mac, net.tx, poll);
         let stats = device.stats.clone();
         let transport = self.add_virtio("virtio-net", Box::new(device))?;
         self.net = Some(NetHandle { stats, transport, tap_name });
         Ok(())
     }
 
-    fn add_virtio_blk(&mut self, drive: &DriveConfig) -> Result<(), MachineError> {
-        let device = VirtioBlk::new(drive)?;
+    fn add_virtio_blk(&mut self, drive: &DriveConfig, poll: crate::poll::PollMode) -> Result<(), MachineError> {
+        let device = VirtioBlk::new(drive, poll)?;
         let name = format!("virtio-blk{}", self.drives.len());
         tracing::info!(
             "{name}: {} ({} bytes{}{}, {} engine)",

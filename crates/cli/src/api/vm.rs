@@ -218,7 +218,6 @@ impl Vm {
                 tap: n.host_dev_name.clone(),
                 mac: n.guest_mac.as_deref().map(crate::args::parse_mac).transpose()?.unwrap_or(DEFAULT_MAC),
                 tx: exitless_vmm::virtio::net::TxMode::Zerocopy,
-                poll: exitless_vmm::poll::PollMode::Adaptive,
             }),
             None => None,
         };

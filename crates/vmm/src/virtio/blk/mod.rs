@@ -10,6 +10,7 @@ mod worker;
 
 use super::{ActivateError, Activation, ActiveQueue, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
+use crate::poll::{PollCounts, PollMode, PollStats};
 pub use disk::{Disk, DiskError, DriveConfig};
 use engine::Engine;
 use request::SECTOR_SIZE;
@@ -52,6 +53,8 @@ pub struct BlkStats {
     pub thread: AtomicU64,
     /// The I/O engine's name ("io_uring" or "thread pool").
     pub engine: &'static str,
+    /// What polling after work found and cost (crate::poll).
+    pub poll: PollStats,
 }
 
 /// The counters of [`BlkStats`] at one instant.
@@ -68,6 +71,7 @@ pub struct BlkCounters {
     pub kicks: u64,
     pub irqs: u64,
     pub engine: &'static str,
+    pub poll: PollCounts,
 }
 
 impl BlkStats {
@@ -97,6 +101,7 @@ impl BlkStats {
             kicks: get(&self.kicks),
             irqs: get(&self.irqs),
             engine: self.engine,
+            poll: self.poll.counts(),
         }
     }
 }
@@ -109,14 +114,15 @@ pub struct VirtioBlk {
     kept: Option<worker::Kept>,
     pub stats: Arc<BlkStats>,
     worker: Option<(EventFd, JoinHandle<worker::Kept>)>,
+    poll: PollMode,
 }
 
 impl VirtioBlk {
-    pub fn new(config: &DriveConfig) -> Result<Self, DiskError> {
+    pub fn new(config: &DriveConfig, poll: PollMode) -> Result<Self, DiskError> {
         let disk = Arc::new(Disk::open(config)?);
         let kept = Self::fresh(config.thread_pool);
         let stats = Arc::new(BlkStats { engine: kept.engine.name(), ..Default::default() });
-        Ok(VirtioBlk { disk, thread_pool: config.thread_pool, kept: Some(kept), stats, worker: None })
+        Ok(VirtioBlk { disk, thread_pool: config.thread_pool, kept: Some(kept), stats, worker: None, poll })
     }
 
     fn fresh(thread_pool: bool) -> worker::Kept {
@@ -205,8 +211,15 @@ impl VirtioDevice for VirtioBlk {
         let worker::Kept { engine, slots } = self.kept.take().unwrap_or_else(|| Self::fresh(self.thread_pool));
         let stop = EventFd::new(libc::EFD_NONBLOCK).map_err(ActivateError::Thread)?;
         let stop_worker = stop.try_clone().map_err(ActivateError::Thread)?;
-        let parts =
-            worker::Parts { queue, activation, disk: self.disk.clone(), stats: self.stats.clone(), engine, slots };
+        let parts = worker::Parts {
+            queue,
+            activation,
+            disk: self.disk.clone(),
+            stats: self.stats.clone(),
+            engine,
+            slots,
+            poll: self.poll,
+        };
         let thread = std::thread::Builder::new()
             .name("virtio-blk".into())
             .spawn(move || worker::run(parts, &stop_worker))

@@ -7,6 +7,7 @@ use super::disk::Disk;
 use super::engine::{Completion, Engine, Op};
 use super::request::{self, Kind, Parser, Range, Request, RequestError, SECTOR_SIZE};
 use super::{BlkStats, QUEUE_SIZE, SEG_MAX};
+use crate::poll::{PollMode, PollWindow};
 use crate::virtio::{chain, Activation, ActiveQueue, DeviceStatus, Interrupt};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -25,6 +26,7 @@ pub(super) struct Parts {
     pub stats: Arc<BlkStats>,
     pub engine: Engine,
     pub slots: Slots,
+    pub poll: PollMode,
 }
 
 /// Everything a device thread owns across activations.
@@ -83,6 +85,8 @@ struct Worker {
     done: Vec<Completion>,
     used_any: bool,
     broken: bool,
+    poll: PollMode,
+    window: PollWindow,
 }
 
 /// The thread's body; hands back engine and slots once no request is in flight.
@@ -93,7 +97,7 @@ pub(super) fn run(parts: Parts, stop: &EventFd) -> Kept {
     match crate::seccomp::confine(crate::seccomp::ThreadKind::Block) {
         Err(e) => tracing::error!("virtio-blk: not starting its thread unconfined: {e}"),
         Ok(()) => match w.epoll(stop) {
-            Ok(epoll) => w.serve(&epoll),
+            Ok(epoll) => w.serve(&epoll, stop),
             Err(e) => tracing::error!("virtio-blk: cannot start its thread: {e}"),
         },
     }
@@ -118,6 +122,8 @@ impl Worker {
             done: Vec::with_capacity(usize::from(QUEUE_SIZE)),
             used_any: false,
             broken: false,
+            poll: p.poll,
+            window: PollWindow::default(),
         }
     }
 
@@ -130,16 +136,19 @@ impl Worker {
         Ok(epoll)
     }
 
-    fn serve(&mut self, epoll: &Epoll) {
+    fn serve(&mut self, epoll: &Epoll, stop: &EventFd) {
         let mut events = [EpollEvent::default(); 4];
+        let stats = self.stats.clone();
         // Requests may have been queued before the kick was watched.
         self.process_queue();
         loop {
+            self.window.sleeping(&stats.poll);
             let n = match epoll.wait(-1, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return tracing::error!("virtio-blk: epoll failed: {e}"),
             };
+            self.window.woke(self.poll, &stats.poll);
             for event in &events[..n] {
                 match event.data() {
                     TOKEN_STOP => return,
@@ -152,7 +161,29 @@ impl Worker {
                     _ => self.complete_finished(),
                 }
             }
+            // Keep looking for a while before sleeping (crate::poll); the kick and the
+            // completion eventfd stay in epoll, so what comes after the last look wakes it.
+            let (mut window, mode) = (std::mem::take(&mut self.window), self.poll);
+            while window.poll(mode, &stats.poll, || self.poll_once()) {
+                if stop.read().is_ok() {
+                    return;
+                }
+            }
+            self.window = window;
         }
+    }
+
+    /// One look at the kick, the queue and the finished I/O; true if any had work.
+    fn poll_once(&mut self) -> bool {
+        let progress = |w: &Self| {
+            let c = w.stats.snapshot();
+            (w.free.len(), c.reads + c.writes + c.flushes + c.discards + c.errors + c.bad_requests)
+        };
+        let before = progress(self);
+        let kicked = self.kick.read().map(|k| self.stats.kicks.fetch_add(k, Ordering::Relaxed)).is_ok();
+        self.process_queue();
+        self.complete_finished();
+        kicked || progress(self) != before
     }
 
     /// Waits out the requests in flight without touching the rings (the driver is
