@@ -58,6 +58,8 @@ pub struct Row {
     pub vmm_cpu_pct: f64,
     pub exits_per_pkt: f64,
     pub irqs_per_pkt: f64,
+    /// Times the device thread woke from epoll per packet.
+    pub wakeups_per_pkt: f64,
     pub lost: u64,
     pub corrupt: u64,
     /// Of the lost, how many the sink's socket dropped (host side, not the VMM).
@@ -93,6 +95,8 @@ struct Snapshot {
     kicks: u64,
     irqs: u64,
     copy_cycles: u64,
+    /// The device thread's wake-ups from epoll (crate::poll's accounting).
+    wakeups: u64,
 }
 
 fn snapshot(machine: &Machine) -> Snapshot {
@@ -103,6 +107,7 @@ fn snapshot(machine: &Machine) -> Snapshot {
         kicks: n.kicks,
         irqs: n.irqs,
         copy_cycles: n.tx_copy_cycles,
+        wakeups: n.poll.wakeups,
     }
 }
 
@@ -174,6 +179,7 @@ fn run_one(netns: &Netns, size: usize, path: TxMode, opts: &Options, tsc_khz: u6
         copy_ns_per_pkt: (end.copy_cycles - begin.copy_cycles) as f64 / tsc_khz as f64 * 1e6 / packets,
         exits_per_pkt: (end.kicks - begin.kicks + exits) as f64 / packets,
         irqs_per_pkt: (end.irqs - begin.irqs) as f64 / packets,
+        wakeups_per_pkt: (end.wakeups - begin.wakeups) as f64 / packets,
         lost: sent.saturating_sub(report.frames),
         corrupt: report.corrupt,
         sink_drops: report.socket_drops,
@@ -215,6 +221,7 @@ fn median_row(runs: &[Row]) -> Row {
         vmm_cpu_pct: med(|r| r.vmm_cpu_pct),
         exits_per_pkt: med(|r| r.exits_per_pkt),
         irqs_per_pkt: med(|r| r.irqs_per_pkt),
+        wakeups_per_pkt: med(|r| r.wakeups_per_pkt),
         gbps_per_cpu_second: med(|r| r.gbps_per_cpu_second),
         copy_ns_per_pkt: med(|r| r.copy_ns_per_pkt),
         sent: runs.iter().map(|r| r.sent).sum(),
@@ -307,18 +314,29 @@ pub fn table(rows: &[Row], opts: &Options) -> String {
         opts.seconds, opts.repeat
     );
     s += &format!(
-        "{:>6} {:<9} {:>8} {:>10} {:>10} {:>10} {:>12} {:>6} {:>15} {:>12}\n",
-        "size", "path", "Gb/s", "VMM CPU %", "exits/pkt", "irqs/pkt", "frames", "lost", "Gb/s per CPU-s", "copy ns/pkt"
+        "{:>6} {:<9} {:>8} {:>10} {:>10} {:>10} {:>13} {:>12} {:>6} {:>15} {:>12}\n",
+        "size",
+        "path",
+        "Gb/s",
+        "VMM CPU %",
+        "exits/pkt",
+        "irqs/pkt",
+        "wake-ups/pkt",
+        "frames",
+        "lost",
+        "Gb/s per CPU-s",
+        "copy ns/pkt"
     );
     for r in rows {
         s += &format!(
-            "{:>6} {:<9} {:>8.2} {:>10.1} {:>10.3} {:>10.3} {:>12} {:>6} {:>15.2} {:>12.0}\n",
+            "{:>6} {:<9} {:>8.2} {:>10.1} {:>10.3} {:>10.3} {:>13.3} {:>12} {:>6} {:>15.2} {:>12.0}\n",
             human_size(r.size),
             path_name(r.path),
             r.gbps,
             r.vmm_cpu_pct,
             r.exits_per_pkt,
             r.irqs_per_pkt,
+            r.wakeups_per_pkt,
             r.sent,
             r.lost + r.corrupt,
             r.gbps_per_cpu_second,
@@ -333,7 +351,8 @@ pub fn json(rows: &[Row]) -> serde_json::Value {
         .iter()
         .map(|r| {
             json!({"size": r.size, "path": path_name(r.path), "gbps": r.gbps, "vmm_cpu_pct": r.vmm_cpu_pct,
-                   "exits_per_pkt": r.exits_per_pkt, "irqs_per_pkt": r.irqs_per_pkt, "lost": r.lost + r.corrupt,
+                   "exits_per_pkt": r.exits_per_pkt, "irqs_per_pkt": r.irqs_per_pkt,
+                   "wakeups_per_pkt": r.wakeups_per_pkt, "lost": r.lost + r.corrupt,
                    "frames": r.sent, "gbps_per_cpu_second": r.gbps_per_cpu_second,
                    "copy_ns_per_pkt": r.copy_ns_per_pkt, "sink_drops": r.sink_drops})
         })
