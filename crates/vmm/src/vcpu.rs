@@ -478,7 +478,14 @@ impl Vcpu {
             RareExit::SystemEvent(event) => format!("system event {event} (3: crash)"),
             RareExit::WriteMsr(emulate::syscall::MSR_LSTAR, value) => {
                 match self.syscall.lstar_written(&self.fd, &self.memory, value) {
-                    Ok(()) => return Ok(ExitKind::WrMsr),
+                    Ok(accepted) => {
+                        if !accepted {
+                            // The exit is KVM_EXIT_X86_WRMSR: `msr` is the live union
+                            // member; error = 1 makes KVM inject #GP.
+                            self.fd.get_kvm_run().__bindgen_anon_1.msr.error = 1;
+                        }
+                        return Ok(ExitKind::WrMsr);
+                    }
                     Err(why) => format!("cannot watch the system-call entry: {why}"),
                 }
             }

@@ -59,13 +59,17 @@ const PF_VECTOR: u64 = 14;
 impl SyscallFixup {
     /// The guest wrote LSTAR (the write was trapped): make it, then watch the entry and
     /// the page-fault handler of the IDT loaded now (Linux loads its final IDT first).
-    pub fn lstar_written(&mut self, vcpu: &VcpuFd, mem: &GuestMemoryMmap, value: u64) -> Result<(), String> {
+    /// False when KVM refuses the value (a non-canonical address): the guest then gets the
+    /// #GP its WRMSR would have raised.
+    pub fn lstar_written(&mut self, vcpu: &VcpuFd, mem: &GuestMemoryMmap, value: u64) -> Result<bool, String> {
         let msrs = Msrs::from_entries(&[kvm_msr_entry { index: MSR_LSTAR, data: value, ..Default::default() }])
             .map_err(|e| format!("MSR list: {e:?}"))?;
-        vcpu.set_msrs(&msrs).map_err(|e| format!("KVM_SET_MSRS(LSTAR): {e}"))?;
+        if vcpu.set_msrs(&msrs).map_err(|e| format!("KVM_SET_MSRS(LSTAR): {e}"))? != 1 {
+            return Ok(false);
+        }
         let sregs = vcpu.get_sregs().map_err(|e| format!("KVM_GET_SREGS: {e}"))?;
         if sregs.idt.limit < (PF_VECTOR * 16 + 15) as u16 {
-            return Ok(()); // no page-fault gate yet: nothing a fault could reach
+            return Ok(true); // no page-fault gate yet: nothing a fault could reach
         }
         let mut gate = [0u8; 16];
         guest_access(vcpu, mem, sregs.idt.base + PF_VECTOR * 16, &mut gate, false).map_err(|e| e.0)?;
@@ -74,7 +78,7 @@ impl SyscallFixup {
         let handler = word(0) | (word(6) << 16) | (high << 32);
         self.watched = Some((value, handler));
         self.entry_watched = true;
-        self.arm(vcpu)
+        self.arm(vcpu).map(|()| true)
     }
 
     /// A debug exit: true when it was a system call left at CPL3 and it was finished here.
