@@ -60,9 +60,13 @@ while IFS='|' read -r name file smp args extra arch timeout accel check; do
   mem=256M
   append=""
   if [[ $extra =~ -append\ +\'?([^\']*)\'? ]]; then append=${BASH_REMATCH[1]}; fi
-  if [[ $extra =~ -m\ +([0-9]+)([MG]?) ]]; then mem=${BASH_REMATCH[1]}${BASH_REMATCH[2]:-M}; fi
+  if [[ $extra =~ -m\ +([0-9]+)([MGmg]?) ]]; then
+    unit=${BASH_REMATCH[2]:-M}
+    mem=${BASH_REMATCH[1]}${unit^^}
+  fi
   # -machine pit=off only keeps SVM's AVIC from being inhibited: harmless to ignore.
-  other=$(sed -E "s/-append +'[^']*'//; s/-append +[^ ]+//; s/-m +[0-9]+[MG]?//; s/-cpu +[^ ]+//g; s/-smp +[^ ]+//; s/-machine +pit=off//" <<<"$extra" | xargs)
+  # -enable-kvm: exitless always runs on KVM.
+  other=$(sed -E "s/-append +'[^']*'//; s/-append +[^ ]+//; s/-m +[0-9]+[MGmg]?//; s/-cpu +[^ ]+//g; s/-smp +[^ ]+//; s/-machine +pit=off//; s/-enable-kvm//" <<<"$extra" | xargs)
   [ -z "$other" ] || reason="${reason:-needs QEMU options: $other}"
   if [ -n "$reason" ]; then
     printf '%-28s %-28s\n' "$name" "SKIP ($reason)" >>"$work/rows"
