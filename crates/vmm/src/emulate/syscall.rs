@@ -11,6 +11,10 @@
 //! defines (CS and SS from MSR_STAR at privilege 0, the user's RSP kept), resuming at LSTAR.
 //! Any other page fault goes on to its handler. A vCPU that reaches LSTAR itself (a host
 //! that switches correctly) ends the watch for good.
+//!
+//! The cost: two exits per page fault while watched, and the guest's own hardware
+//! breakpoints do not fire meanwhile (KVM runs the guest on the VMM's debug registers),
+//! which only a debugger inside the guest would notice.
 
 use super::guest_access;
 use kvm_bindings::{
