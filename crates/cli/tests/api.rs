@@ -146,6 +146,15 @@ fn every_thread_of_an_api_started_vm_is_under_seccomp() {
         for (method, path, body) in &calls {
             expect_ok(&sock, method, path, body.as_ref()).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
         }
+        // The vCPU threads start as InstanceStart returns: wait until both run (a new
+        // thread carries its parent's name until it names itself), then let them settle.
+        let mut modes = seccomp_modes(child.id());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while modes.iter().filter(|(n, _)| n.starts_with("vcpu")).count() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            modes = seccomp_modes(child.id());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
         let modes = seccomp_modes(child.id());
         for name in ["exitless", "vmm", "vcpu0", "vcpu1", "api-bind", "api-metrics", "signals", "console-out"] {
             assert!(modes.iter().any(|(n, _)| n == name), "{name} missing: {modes:?}");
