@@ -127,6 +127,8 @@ fn every_thread_of_an_api_started_vm_is_under_seccomp() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        // A failed check must not leave the VMM (its guest spins) running.
+        let reaper = KillOnDrop(child.id());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while !listening(&sock) && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -165,8 +167,19 @@ fn every_thread_of_an_api_started_vm_is_under_seccomp() {
         // SAFETY: a signal to the child we started.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         let out = child.wait_with_output().unwrap();
+        std::mem::forget(reaper);
         assert_eq!(out.status.code(), Some(128 + libc::SIGTERM), "{}", stderr(&out));
         assert!(!sock.exists(), "{extra:?}: the socket is left behind");
         assert!(std::fs::read_to_string(&metrics).unwrap().contains("\"exits\""));
+    }
+}
+
+/// Kills process `pid` when dropped (a test that panics before waiting for its child).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: a signal to a child this test started and has not reaped.
+        unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
     }
 }
