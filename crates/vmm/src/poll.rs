@@ -181,6 +181,24 @@ impl PollWindow {
         }
     }
 
+    /// A virtio device thread's look-around after work: [`PollWindow::poll`] again and
+    /// again while it finds work, until a window passes empty (true: go to sleep) or `stop`
+    /// is signalled (false: end the thread).
+    pub fn poll_while_working(
+        &mut self,
+        mode: PollMode,
+        stats: &PollStats,
+        stop: &vmm_sys_util::eventfd::EventFd,
+        mut check: impl FnMut() -> bool,
+    ) -> bool {
+        while self.poll(mode, stats, &mut check) {
+            if stop.read().is_ok() {
+                return false;
+            }
+        }
+        true
+    }
+
     /// The thread goes to sleep in epoll now.
     pub fn sleeping(&mut self, stats: &PollStats) {
         PollStats::add(&stats.sleeps, 1);

@@ -186,7 +186,6 @@ struct Worker {
     rx_staged: Option<usize>,
     broken: bool,
     poll: PollMode,
-    window: PollWindow,
 }
 
 /// The tap and the scratch space frames pass through (apart from the queues, so a chain
@@ -223,7 +222,6 @@ impl Worker {
             rx_staged: None,
             broken: false,
             poll: PollMode::Off,
-            window: PollWindow::default(),
         })
     }
 
@@ -241,15 +239,15 @@ impl Worker {
         // Buffers may have been posted before the kicks were watched.
         self.process_tx();
         self.process_rx();
-        let stats = self.io.stats.clone();
+        let (stats, mut window) = (self.io.stats.clone(), PollWindow::default());
         loop {
-            self.window.sleeping(&stats.poll);
+            window.sleeping(&stats.poll);
             let n = match epoll.wait(-1, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return tracing::error!("virtio-net: epoll failed: {e}"),
             };
-            self.window.woke(self.poll, &stats.poll);
+            window.woke(self.poll, &stats.poll);
             for event in &events[..n] {
                 match event.data() {
                     TOKEN_STOP => return,
@@ -274,13 +272,9 @@ impl Worker {
             // Keep looking for a while before sleeping: kicks land on eventfds no one
             // waits on (cheap for KVM), frames are read as they come. The kick eventfds
             // and the tap stay in epoll, so what arrives after the last look wakes it.
-            let (mut window, mode) = (std::mem::take(&mut self.window), self.poll);
-            while window.poll(mode, &stats.poll, || self.poll_once()) {
-                if stop.read().is_ok() {
-                    return;
-                }
+            if !window.poll_while_working(self.poll, &stats.poll, stop, || self.poll_once()) {
+                return;
             }
-            self.window = window;
         }
     }
 

@@ -86,7 +86,6 @@ struct Worker {
     used_any: bool,
     broken: bool,
     poll: PollMode,
-    window: PollWindow,
 }
 
 /// The thread's body; hands back engine and slots once no request is in flight.
@@ -123,7 +122,6 @@ impl Worker {
             used_any: false,
             broken: false,
             poll: p.poll,
-            window: PollWindow::default(),
         }
     }
 
@@ -138,17 +136,17 @@ impl Worker {
 
     fn serve(&mut self, epoll: &Epoll, stop: &EventFd) {
         let mut events = [EpollEvent::default(); 4];
-        let stats = self.stats.clone();
+        let (stats, mut window) = (self.stats.clone(), PollWindow::default());
         // Requests may have been queued before the kick was watched.
         self.process_queue();
         loop {
-            self.window.sleeping(&stats.poll);
+            window.sleeping(&stats.poll);
             let n = match epoll.wait(-1, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return tracing::error!("virtio-blk: epoll failed: {e}"),
             };
-            self.window.woke(self.poll, &stats.poll);
+            window.woke(self.poll, &stats.poll);
             for event in &events[..n] {
                 match event.data() {
                     TOKEN_STOP => return,
@@ -163,13 +161,9 @@ impl Worker {
             }
             // Keep looking for a while before sleeping (crate::poll); the kick and the
             // completion eventfd stay in epoll, so what comes after the last look wakes it.
-            let (mut window, mode) = (std::mem::take(&mut self.window), self.poll);
-            while window.poll(mode, &stats.poll, || self.poll_once()) {
-                if stop.read().is_ok() {
-                    return;
-                }
+            if !window.poll_while_working(self.poll, &stats.poll, stop, || self.poll_once()) {
+                return;
             }
-            self.window = window;
         }
     }
 
