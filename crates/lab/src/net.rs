@@ -243,6 +243,28 @@ pub struct EchoReport {
     pub console: String,
 }
 
+/// The source address of the frames the host side sends to a guest.
+pub(crate) const HOST_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+
+/// Starts `work` on a helper thread now (the vCPU thread's filter would refuse it sendto),
+/// confined, to run once the guest announces Begin; its handle gives back what it
+/// returned (the default if it never ran).
+pub(crate) fn start_at_begin<S, T: Default + Send + 'static>(
+    lab: &mut Window<S, NetBenchError>,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let (go, start) = std::sync::mpsc::channel::<()>();
+    lab.on_begin = Some(Box::new(move || {
+        let _ = go.send(());
+    }));
+    std::thread::spawn(move || {
+        if !exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Helper) || start.recv().is_err() {
+            return T::default();
+        }
+        work()
+    })
+}
+
 /// Sends `frames` frames of `size` bytes from the namespace to a `netecho` guest and
 /// returns what came back.
 pub fn echo(frames: u64, size: usize, timeout: Duration) -> Result<EchoReport, NetBenchError> {
@@ -250,22 +272,13 @@ pub fn echo(frames: u64, size: usize, timeout: Duration) -> Result<EchoReport, N
     let console = crate::control::Console::default();
     let (machine, control, sink) =
         boot_with(&netns, "netecho", vec![frames], (TxMode::Zerocopy, PollMode::Off), size, Some(console.clone()))?;
-    // The sender starts now (the vCPU thread's filter would refuse it sendto) and waits
-    // for the guest's Begin.
     let sender = sink.sender();
-    let (go, start) = std::sync::mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        if !exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Helper) || start.recv().is_err() {
-            return;
-        }
+    let mut lab = TxSteps::new(snapshot);
+    start_at_begin(&mut lab, move || {
         for seq in 0..frames {
-            let _ = sender.send(&frame([2, 0, 0, 0, 0, 1], size, seq));
+            let _ = sender.send(&frame(HOST_MAC, size, seq));
         }
     });
-    let mut lab = TxSteps::new(snapshot);
-    lab.on_begin = Some(Box::new(move || {
-        let _ = go.send(());
-    }));
     drive(&machine, &control, timeout, &mut lab)?;
     if let Some(status) = machine.control.exit_status().filter(|&s| s != 0) {
         return Err(NetBenchError::Guest(status));

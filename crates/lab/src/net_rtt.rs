@@ -5,7 +5,7 @@
 //! guest's TX kick); polling, the kick finds it awake.
 
 use crate::control::{drive, Window};
-use crate::net::{boot_with, thread_cpu, NetBenchError};
+use crate::net::{boot_with, start_at_begin, thread_cpu, NetBenchError, HOST_MAC};
 use crate::netns::Netns;
 use crate::report::{targets_json, targets_text, Outputs, Target};
 use crate::sink::frame;
@@ -55,17 +55,13 @@ fn run_one(netns: &Netns, poll: PollMode, opts: &RttOptions) -> Result<(f64, f64
     let (machine, control, sink) =
         boot_with(netns, "netecho", vec![opts.rounds], (TxMode::Zerocopy, poll), opts.size, None)?;
     let (sender, seen) = (sink.sender(), sink.frames_seen());
-    let (go, start) = std::sync::mpsc::channel::<()>();
     let (rounds, size) = (opts.rounds, opts.size);
-    // Started now (the vCPU thread's filter would refuse it), it waits for the guest's Begin.
-    let pinger = std::thread::spawn(move || {
+    let mut lab = Window::<Counters, NetBenchError>::new(counters);
+    let pinger = start_at_begin(&mut lab, move || {
         let mut rtts = Vec::with_capacity(rounds as usize);
-        if !exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Helper) || start.recv().is_err() {
-            return rtts;
-        }
         for seq in 0..rounds {
             let t = Instant::now();
-            if sender.send(&frame([2, 0, 0, 0, 0, 1], size, seq)).is_err() {
+            if sender.send(&frame(HOST_MAC, size, seq)).is_err() {
                 break;
             }
             while seen.get() <= seq {
@@ -80,10 +76,6 @@ fn run_one(netns: &Netns, poll: PollMode, opts: &RttOptions) -> Result<(f64, f64
         }
         rtts
     });
-    let mut lab = Window::<Counters, NetBenchError>::new(counters);
-    lab.on_begin = Some(Box::new(move || {
-        let _ = go.send(());
-    }));
     drive(&machine, &control, opts.timeout, &mut lab)?;
     let rtts = pinger.join().unwrap_or_default();
     let (begin, (end, _)) =
