@@ -87,11 +87,7 @@ fn a_small_fleet_starts_through_the_api_and_stops_leaving_nothing() {
     if !kvm_or_skip("a_small_fleet_starts_through_the_api_and_stops_leaving_nothing") {
         return;
     }
-    let dir = tempdir();
-    let json_path = dir.join("fleet.json");
-    let out = exitless(&["bench", "fleet", "--vms", "4", "--json", json_path.to_str().unwrap()]);
-    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    let (out, json) = bench_json(&["fleet", "--vms", "4"]);
     assert_eq!(json["vms"], 4);
     // Every guest said it runs (or the bench would have failed), every VMM went on SIGTERM
     // with its socket removed, and nothing is left in the fleet's directory.
@@ -148,21 +144,8 @@ fn every_thread_of_an_api_started_vm_is_under_seccomp() {
         for (method, path, body) in &calls {
             expect_ok(&sock, method, path, body.as_ref()).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
         }
-        // The vCPU threads start as InstanceStart returns: wait until both run (a new
-        // thread carries its parent's name until it names itself), then let them settle.
-        let mut modes = seccomp_modes(child.id());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while modes.iter().filter(|(n, _)| n.starts_with("vcpu")).count() < 2 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            modes = seccomp_modes(child.id());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        let modes = seccomp_modes(child.id());
-        for name in ["exitless", "vmm", "vcpu0", "vcpu1", "api-bind", "api-metrics", "signals", "console-out"] {
-            assert!(modes.iter().any(|(n, _)| n == name), "{name} missing: {modes:?}");
-        }
-        let ours = modes.iter().filter(|(n, _)| !n.starts_with("kvm-"));
-        assert!(ours.clone().all(|(_, m)| m == want), "{extra:?}: {modes:?}");
+        let named = ["exitless", "vmm", "vcpu0", "vcpu1", "api-bind", "api-metrics", "signals", "console-out"];
+        assert_every_thread_confined(child.id(), 2, &named, want);
         // SIGTERM: the confined signal thread removes the socket and ends the process.
         // SAFETY: a signal to the child we started.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };

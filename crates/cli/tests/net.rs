@@ -180,12 +180,7 @@ fn round_trips_are_measured_with_polling_off_and_adaptive() {
     if !net_or_skip("round_trips_are_measured_with_polling_off_and_adaptive") {
         return;
     }
-    let dir = tempdir();
-    let json_path = dir.join("rtt.json");
-    let out =
-        exitless(&["bench", "net", "--rtt", "--rounds", "100", "--repeat", "1", "--json", json_path.to_str().unwrap()]);
-    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    let json: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    let (out, json) = bench_json(&["net", "--rtt", "--rounds", "100", "--repeat", "1"]);
     let rows = json["rows"].as_array().unwrap();
     let polls: Vec<_> = rows.iter().map(|r| r["poll"].as_str().unwrap()).collect();
     assert_eq!(polls, ["off", "adaptive"], "{json}");

@@ -50,6 +50,18 @@ pub fn run_json(args: &[&str]) -> (Output, serde_json::Value) {
     (out, json)
 }
 
+/// `exitless bench ARGS --json FILE`, which must succeed; its output and the JSON.
+pub fn bench_json(args: &[&str]) -> (Output, serde_json::Value) {
+    let path = tempdir().join("bench.json");
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.extend(["--json", path.to_str().unwrap()]);
+    let out = exitless(&all);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let json = serde_json::from_slice(&std::fs::read(&path).unwrap()).expect("valid JSON");
+    (out, json)
+}
+
 /// A fresh directory under the system temp dir.
 pub fn tempdir() -> std::path::PathBuf {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -74,7 +86,7 @@ pub fn assert_one_line_error(args: &[&str]) -> Output {
 }
 
 /// `Seccomp:` from each thread's /proc status of process `pid`, by thread name.
-pub fn seccomp_modes(pid: u32) -> Vec<(String, String)> {
+fn seccomp_modes(pid: u32) -> Vec<(String, String)> {
     let mut modes = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
         let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
@@ -82,4 +94,25 @@ pub fn seccomp_modes(pid: u32) -> Vec<(String, String)> {
         modes.push((field("Name:"), field("Seccomp:")));
     }
     modes
+}
+
+/// Checks that every thread of process `pid` runs with seccomp mode `want` and that the
+/// threads `named` are there, once `vcpus` vCPU threads run and have settled (a new
+/// thread carries its parent's name until it names itself, and confines itself first).
+pub fn assert_every_thread_confined(pid: u32, vcpus: usize, named: &[&str], want: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while seccomp_modes(pid).iter().filter(|(n, _)| n.starts_with("vcpu")).count() < vcpus
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let modes = seccomp_modes(pid);
+    for name in named {
+        assert!(modes.iter().any(|(n, _)| n == name), "{name} missing: {modes:?}");
+    }
+    // KVM's own worker (kvm-nx-lpage-recovery) shows up among a VM's tasks; it is a
+    // kernel thread, not ours to filter.
+    let ours = modes.iter().filter(|(n, _)| !n.starts_with("kvm-"));
+    assert!(ours.clone().all(|(_, m)| m == want), "want {want}: {modes:?}");
 }
