@@ -310,6 +310,10 @@ pub struct NetArgs {
     /// Give up on a guest that has not finished within this many seconds.
     #[arg(long, default_value_t = 120.0, value_parser = parse_seconds)]
     pub timeout: f64,
+    /// The device thread's polling modes each TX row is measured with (as --poll-us takes
+    /// them), comma-separated; rows of other modes are compared with `off`.
+    #[arg(long, value_delimiter = ',', default_value = "off,adaptive", conflicts_with = "rtt")]
+    pub poll: Vec<exitless_vmm::poll::PollMode>,
     /// Measure round trips instead (one frame in flight through a netecho guest), with the
     /// device thread's polling off and adaptive.
     #[arg(long)]
@@ -336,6 +340,12 @@ impl NetArgs {
             sizes: self.sizes.clone(),
             seconds: self.seconds,
             repeat: self.repeat,
+            polls: self.poll.iter().fold(Vec::new(), |mut v, &p| {
+                if !v.contains(&p) {
+                    v.push(p);
+                }
+                v
+            }),
             outputs: self.out.outputs(),
             timeout: std::time::Duration::from_secs_f64(self.timeout),
         }

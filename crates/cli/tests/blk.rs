@@ -179,3 +179,30 @@ fn bad_drives_are_refused_in_one_line() {
     let out = assert_one_line_error(&["run", "--drive", &drive_arg(&path, "")]);
     assert!(stderr(&out).contains("in use by another process"), "{}", stderr(&out));
 }
+
+#[test]
+fn no_request_waits_on_a_kick_lost_between_polling_and_sleeping() {
+    if !kvm_or_skip("no_request_waits_on_a_kick_lost_between_polling_and_sleeping") {
+        return;
+    }
+    let path = disk(4);
+    let drive = drive_arg(&path, "");
+    // While the device thread polls, the driver is told not to kick; a 2 us window
+    // switches between polling and sleeping on nearly every request, and at depth 1 a
+    // request whose kick was lost at the switch would never complete (the run times out).
+    for poll in ["off", "2", "adaptive"] {
+        for qd in ["1", "8"] {
+            let params = format!("0,4096,{qd},1500");
+            let (out, json) = run_json(&["--payload", "blkbench", "--lab", "--drive", &drive, "--poll-us", poll, "--params", &params]);
+            assert!(out.status.success(), "poll {poll} qd {qd}: {}\n{}", stdout(&out), stderr(&out));
+            let d = &json["drives"]["virtio-blk0"];
+            assert_eq!(d["reads"].as_u64(), Some(1500), "poll {poll} qd {qd}: {json}");
+            let (found, kicks) = (d["poll"]["polls_found_work"].as_u64().unwrap(), d["kicks"].as_u64().unwrap());
+            if poll == "off" {
+                // As before polling existed: nothing polled, a kick for every wait at depth 1.
+                assert_eq!(found, 0, "{json}");
+                assert!(qd != "1" || kicks >= 1500, "poll off qd 1: {kicks} kicks for 1500 requests: {json}");
+            }
+        }
+    }
+}

@@ -46,6 +46,17 @@ impl std::str::FromStr for PollMode {
     }
 }
 
+/// What `--poll-us` takes back: off, adaptive, or the window in microseconds.
+impl std::fmt::Display for PollMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PollMode::Off => f.write_str("off"),
+            PollMode::Adaptive => f.write_str("adaptive"),
+            PollMode::Fixed(d) => write!(f, "{}", d.as_micros()),
+        }
+    }
+}
+
 impl PollMode {
     /// A mode as one word, for sharing through an atomic (see [`SharedPollMode`]).
     fn encode(self) -> u64 {
@@ -145,11 +156,7 @@ impl PollWindow {
     /// until it finds work or the window passes. True: work was found, call again after
     /// handling it; false: go to sleep ([`PollWindow::sleeping`] first).
     pub fn poll(&mut self, mode: PollMode, stats: &PollStats, mut check: impl FnMut() -> bool) -> bool {
-        let window = match mode {
-            PollMode::Off => 0,
-            PollMode::Fixed(d) => d.as_nanos() as u64,
-            PollMode::Adaptive => self.adaptive_ns,
-        };
+        let window = self.window_ns(mode);
         if window == 0 {
             return false;
         }
@@ -215,6 +222,20 @@ impl PollWindow {
         }
     }
 
+    fn window_ns(&self, mode: PollMode) -> u64 {
+        match mode {
+            PollMode::Off => 0,
+            PollMode::Fixed(d) => d.as_nanos() as u64,
+            PollMode::Adaptive => self.adaptive_ns,
+        }
+    }
+
+    /// Whether the thread will poll after the work it woke for: if so, a virtio device
+    /// leaves the driver's notifications off until it is about to sleep again.
+    pub fn will_poll(&self, mode: PollMode) -> bool {
+        self.window_ns(mode) > 0
+    }
+
     /// The adaptive window now (for tests and reports).
     pub fn adaptive_window(&self) -> Duration {
         Duration::from_nanos(self.adaptive_ns)
@@ -234,6 +255,7 @@ mod tests {
         assert!("99999999".parse::<PollMode>().is_err());
         for m in [PollMode::Off, PollMode::Adaptive, PollMode::Fixed(Duration::from_micros(7))] {
             assert_eq!(SharedPollMode::new(m).get(), m);
+            assert_eq!(m.to_string().parse::<PollMode>(), Ok(m));
         }
     }
 

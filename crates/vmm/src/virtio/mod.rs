@@ -102,6 +102,23 @@ pub fn avail_index_valid(queue: &Queue, mem: &GuestMemoryMmap) -> bool {
         .is_ok_and(|idx| (idx - std::num::Wrapping(queue.next_avail())).0 <= queue.size())
 }
 
+/// A device thread has emptied `queue`. While it polls, the driver's notifications stay
+/// off: its next look finds new buffers, and a kick would only signal an eventfd no one
+/// waits on. Otherwise they are turned back on, and `Ok(true)` says buffers arrived in
+/// between: look again, or they would wait for a kick the driver was told not to send.
+pub fn rearm_notifications(queue: &mut Queue, mem: &GuestMemoryMmap, kicks_wanted: bool) -> Result<bool, &'static str> {
+    use virtio_queue::QueueT;
+    if !kicks_wanted {
+        return Ok(false);
+    }
+    match queue.enable_notification(mem) {
+        Ok(true) if avail_index_valid(queue, mem) => Ok(true),
+        Ok(true) => Err("its avail index is not valid"),
+        Ok(false) => Ok(false),
+        Err(_) => Err("cannot write its avail_event"),
+    }
+}
+
 /// Interrupts from a device: ISR bits for the record, MSI-X vectors for delivery.
 pub struct Interrupt {
     pub msix: Arc<Mutex<Msix>>,

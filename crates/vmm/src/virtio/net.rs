@@ -186,6 +186,10 @@ struct Worker {
     rx_staged: Option<usize>,
     broken: bool,
     poll: PollMode,
+    /// False while the thread polls: the queues' notifications stay off (crate::poll).
+    kicks_wanted: bool,
+    /// The tap refused a frame; TX waits for its EPOLLOUT.
+    tx_blocked: bool,
 }
 
 /// The tap and the scratch space frames pass through (apart from the queues, so a chain
@@ -222,6 +226,8 @@ impl Worker {
             rx_staged: None,
             broken: false,
             poll: PollMode::Off,
+            kicks_wanted: true,
+            tx_blocked: false,
         })
     }
 
@@ -241,6 +247,13 @@ impl Worker {
         self.process_rx();
         let (stats, mut window) = (self.io.stats.clone(), PollWindow::default());
         loop {
+            if !self.kicks_wanted {
+                // Done polling: the driver must kick again, and a last look finds what it
+                // queued while told not to.
+                self.kicks_wanted = true;
+                self.process_tx();
+                self.process_rx();
+            }
             window.sleeping(&stats.poll);
             let n = match epoll.wait(-1, &mut events) {
                 Ok(n) => n,
@@ -248,46 +261,61 @@ impl Worker {
                 Err(e) => return tracing::error!("virtio-net: epoll failed: {e}"),
             };
             window.woke(self.poll, &stats.poll);
-            for event in &events[..n] {
-                match event.data() {
-                    TOKEN_STOP => return,
-                    TOKEN_TX_KICK => {
-                        self.count_kicks(TX);
-                        self.process_tx();
-                    }
-                    TOKEN_RX_KICK => {
-                        self.count_kicks(RX);
-                        self.process_rx();
-                    }
-                    _ => {
-                        if event.event_set().contains(EventSet::OUT) {
-                            self.process_tx();
-                        }
-                        if event.event_set().contains(EventSet::IN) {
-                            self.process_rx();
-                        }
-                    }
-                }
+            self.kicks_wanted = !window.will_poll(self.poll);
+            if !self.handle(&events[..n]) {
+                return;
             }
             // Keep looking for a while before sleeping: kicks land on eventfds no one
             // waits on (cheap for KVM), frames are read as they come. The kick eventfds
             // and the tap stay in epoll, so what arrives after the last look wakes it.
-            if !window.poll_while_working(self.poll, &stats.poll, stop, || self.poll_once()) {
+            let (mode, look) = (self.poll, || self.poll_once(&epoll, &mut events));
+            if !window.poll_while_working(mode, &stats.poll, stop, look) {
                 return;
             }
         }
     }
 
-    /// One look at every source: the kick eventfds, the TX ring, the tap. True if any
-    /// had work (which is done here).
-    fn poll_once(&mut self) -> bool {
+    /// Does what epoll reported; false once the device is stopped.
+    fn handle(&mut self, events: &[EpollEvent]) -> bool {
+        for event in events {
+            match event.data() {
+                TOKEN_STOP => return false,
+                TOKEN_TX_KICK => {
+                    self.count_kicks(TX);
+                    self.process_tx();
+                }
+                TOKEN_RX_KICK => {
+                    self.count_kicks(RX);
+                    self.process_rx();
+                }
+                _ => {
+                    if event.event_set().contains(EventSet::OUT) {
+                        self.tx_blocked = false;
+                        self.process_tx();
+                    }
+                    if event.event_set().contains(EventSet::IN) {
+                        self.process_rx();
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// One look at every source, in one system call: epoll without waiting (kicks, the
+    /// tap's edges), then the rings the driver does not kick for while we poll. True if
+    /// any had work (done here), or the device was stopped.
+    fn poll_once(&mut self, epoll: &Epoll, events: &mut [EpollEvent]) -> bool {
         let before = self.io.stats.snapshot();
-        let kicked =
-            [TX, RX].map(|q| self.kicks[q].read().map(|n| self.io.stats.kicks.fetch_add(n, Ordering::Relaxed)));
+        let n = epoll.wait(0, events).unwrap_or(0);
+        let stopped = !self.handle(&events[..n]);
         self.process_tx();
-        self.process_rx();
+        if self.rx_staged.is_some() {
+            self.process_rx();
+        }
         let after = self.io.stats.snapshot();
-        kicked.iter().any(Result::is_ok)
+        stopped
+            || n > 0
             || (after.tx_frames, after.tx_dropped, after.rx_frames, after.rx_dropped, after.bad_chains)
                 != (before.tx_frames, before.tx_dropped, before.rx_frames, before.rx_dropped, before.bad_chains)
     }
@@ -329,7 +357,9 @@ impl Worker {
     }
 
     fn process_tx(&mut self) {
-        if self.broken || !self.queues[TX].ready() {
+        // Blocked: the tap's EPOLLOUT says when it takes frames again; trying before that
+        // would gather (on the copy path, copy) a chain only to have it refused.
+        if self.broken || self.tx_blocked || !self.queues[TX].ready() {
             return;
         }
         let mut used_any = false;
@@ -344,6 +374,7 @@ impl Worker {
                     Err(SendError::Full) => {
                         // The kernel did not take it: back on the avail ring, wait for EPOLLOUT.
                         self.queues[TX].go_to_previous_position();
+                        self.tx_blocked = true;
                         if used_any {
                             self.interrupt_if_needed(TX);
                         }
@@ -356,12 +387,10 @@ impl Worker {
                 }
                 used_any = true;
             }
-            match self.queues[TX].enable_notification(&self.mem) {
-                // More arrived while notifications were off (unless the index is bogus).
-                Ok(true) if super::avail_index_valid(&self.queues[TX], &self.mem) => continue,
-                Ok(true) => return self.fail("the TX avail index is not valid"),
+            match super::rearm_notifications(&mut self.queues[TX], &self.mem, self.kicks_wanted) {
+                Ok(true) => continue,
                 Ok(false) => break,
-                Err(_) => return self.fail("cannot write the TX queue's avail_event"),
+                Err(e) => return self.fail(&format!("TX queue: {e}")),
             }
         }
         if used_any {
@@ -387,12 +416,10 @@ impl Worker {
             self.io.buf[10..12].copy_from_slice(&1u16.to_le_bytes());
             let Some(chain) = self.queues[RX].pop_descriptor_chain(&self.mem) else {
                 self.rx_staged = Some(len);
-                match self.queues[RX].enable_notification(&self.mem) {
-                    // Buffers arrived meanwhile (unless the index is bogus).
-                    Ok(true) if super::avail_index_valid(&self.queues[RX], &self.mem) => continue,
-                    Ok(true) => return self.fail("the RX avail index is not valid"),
-                    Ok(false) => break, // wait for the driver's kick
-                    Err(_) => return self.fail("cannot write the RX queue's avail_event"),
+                match super::rearm_notifications(&mut self.queues[RX], &self.mem, self.kicks_wanted) {
+                    Ok(true) => continue,
+                    Ok(false) => break, // wait for the driver's kick, or the next look
+                    Err(e) => return self.fail(&format!("RX queue: {e}")),
                 }
             };
             let head = chain.head_index();

@@ -86,6 +86,8 @@ struct Worker {
     used_any: bool,
     broken: bool,
     poll: PollMode,
+    /// False while the thread polls: the queue's notifications stay off (crate::poll).
+    kicks_wanted: bool,
 }
 
 /// The thread's body; hands back engine and slots once no request is in flight.
@@ -122,6 +124,7 @@ impl Worker {
             used_any: false,
             broken: false,
             poll: p.poll,
+            kicks_wanted: true,
         }
     }
 
@@ -140,6 +143,12 @@ impl Worker {
         // Requests may have been queued before the kick was watched.
         self.process_queue();
         loop {
+            if !self.kicks_wanted {
+                // Done polling: the driver must kick again, and a last look finds what it
+                // queued while told not to.
+                self.kicks_wanted = true;
+                self.process_queue();
+            }
             window.sleeping(&stats.poll);
             let n = match epoll.wait(-1, &mut events) {
                 Ok(n) => n,
@@ -147,6 +156,7 @@ impl Worker {
                 Err(e) => return tracing::error!("virtio-blk: epoll failed: {e}"),
             };
             window.woke(self.poll, &stats.poll);
+            self.kicks_wanted = !window.will_poll(self.poll);
             for event in &events[..n] {
                 match event.data() {
                     TOKEN_STOP => return,
@@ -220,11 +230,10 @@ impl Worker {
                 // Notifications stay off: completions free slots and bring us back here.
                 break;
             }
-            match self.queue.enable_notification(&self.mem) {
-                Ok(true) if crate::virtio::avail_index_valid(&self.queue, &self.mem) => continue,
-                Ok(true) => return self.fail("the avail index is not valid"),
+            match crate::virtio::rearm_notifications(&mut self.queue, &self.mem, self.kicks_wanted) {
+                Ok(true) => continue,
                 Ok(false) => break,
-                Err(_) => return self.fail("cannot write the queue's avail_event"),
+                Err(e) => return self.fail(&format!("queue: {e}")),
             }
         }
         self.engine.submit();
