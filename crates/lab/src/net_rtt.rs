@@ -34,6 +34,9 @@ pub struct RttRow {
     pub cpu_us_per_rtt: f64,
     /// Times the device thread woke from epoll per round trip.
     pub wakeups_per_rtt: f64,
+    /// The device thread's CPU over one second, after a second with no frame (the guest
+    /// waiting for one), halfway through the first run.
+    pub idle_cpu_pct: f64,
     pub rounds: u64,
 }
 
@@ -50,23 +53,43 @@ fn counters(machine: &Machine) -> Counters {
     Counters { cpu: thread_cpu(machine), wakeups }
 }
 
-/// One guest, `rounds` round trips: (median rtt in us, device CPU us per rtt, wake-ups per rtt).
-fn run_one(netns: &Netns, poll: PollMode, opts: &RttOptions) -> Result<(f64, f64, f64), NetBenchError> {
+/// What one run measured.
+type Run = (f64, f64, f64, Option<f64>);
+
+/// One guest, `rounds` round trips: (median rtt in us, device CPU us per rtt, wake-ups per
+/// rtt, and with `idle` the device thread's CPU % in the second of two idle seconds halfway).
+fn run_one(netns: &Netns, poll: PollMode, opts: &RttOptions, idle: bool) -> Result<Run, NetBenchError> {
     let (machine, control, sink) =
         boot_with(netns, "netecho", vec![opts.rounds], (TxMode::Zerocopy, poll), opts.size, None)?;
     let (sender, seen) = (sink.sender(), sink.frames_seen());
     let (rounds, size) = (opts.rounds, opts.size);
+    let device = machine.net.as_ref().map(|n| n.stats.clone());
     let mut lab = Window::<Counters, NetBenchError>::new(counters);
     let pinger = start_at_begin(&mut lab, move || {
         let mut rtts = Vec::with_capacity(rounds as usize);
+        let mut idle_pct = None;
         for seq in 0..rounds {
+            if idle && seq == rounds / 2 {
+                // The guest waits for the next frame (spinning at CPL3, no kick): the
+                // device thread is idle, and should have stopped polling within a second.
+                let cpu = || {
+                    let thread = device.as_ref().map_or(0, |d| d.thread.load(std::sync::atomic::Ordering::Acquire));
+                    exitless_vmm::poll::thread_cpu_time(thread as libc::pthread_t)
+                };
+                std::thread::sleep(Duration::from_secs(1));
+                let (t, before) = (Instant::now(), cpu());
+                std::thread::sleep(Duration::from_secs(1));
+                if let (Some(b), Some(a)) = (before, cpu()) {
+                    idle_pct = Some((a - b).as_secs_f64() / t.elapsed().as_secs_f64() * 100.0);
+                }
+            }
             let t = Instant::now();
             if sender.send(&frame(HOST_MAC, size, seq)).is_err() {
                 break;
             }
             while seen.get() <= seq {
                 if t.elapsed() > Duration::from_secs(2) {
-                    return rtts; // lost: the guest then waits for its timeout
+                    return (rtts, idle_pct); // lost: the guest then waits for its timeout
                 }
                 // Yield, not spin: on 2 cores the vCPU (netecho spins) and the device
                 // thread need them more than the waiting host side.
@@ -74,29 +97,30 @@ fn run_one(netns: &Netns, poll: PollMode, opts: &RttOptions) -> Result<(f64, f64
             }
             rtts.push(t.elapsed().as_secs_f64() * 1e6);
         }
-        rtts
+        (rtts, idle_pct)
     });
     drive(&machine, &control, opts.timeout, &mut lab)?;
-    let rtts = pinger.join().unwrap_or_default();
+    let (rtts, idle_pct) = pinger.join().unwrap_or_default();
     let (begin, (end, _)) =
         (lab.begin.ok_or(NetBenchError::Missing("start"))?, lab.end.ok_or(NetBenchError::Missing("end"))?);
     if rtts.len() as u64 != opts.rounds {
         return Err(NetBenchError::Lost(opts.rounds - rtts.len() as u64));
     }
     let n = opts.rounds as f64;
-    Ok((median(&rtts), (end.cpu - begin.cpu).as_secs_f64() * 1e6 / n, (end.wakeups - begin.wakeups) as f64 / n))
+    let cpu_per_rtt = (end.cpu - begin.cpu).as_secs_f64() * 1e6 / n;
+    Ok((median(&rtts), cpu_per_rtt, (end.wakeups - begin.wakeups) as f64 / n, idle_pct))
 }
 
 pub fn measure(opts: &RttOptions) -> Result<Vec<RttRow>, NetBenchError> {
     let netns = Netns::create(&format!("exitless-{}", std::process::id()))?;
     let progress = std::io::stderr().is_terminal();
-    let mut runs: [Vec<(f64, f64, f64)>; 2] = Default::default();
+    let mut runs: [Vec<Run>; 2] = Default::default();
     for r in 0..opts.repeat as usize {
         for i in [r % 2, 1 - r % 2] {
             if progress {
                 eprint!("\rnet rtt: poll {} run {}/{} ...\x1b[K", MODES[i].0, r + 1, opts.repeat);
             }
-            runs[i].push(run_one(&netns, MODES[i].1, opts)?);
+            runs[i].push(run_one(&netns, MODES[i].1, opts, r == 0)?);
         }
     }
     if progress {
@@ -106,12 +130,14 @@ pub fn measure(opts: &RttOptions) -> Result<Vec<RttRow>, NetBenchError> {
         .iter()
         .zip(&runs)
         .map(|(&(poll, _), runs)| {
-            let med = |f: fn(&(f64, f64, f64)) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+            let med = |f: fn(&Run) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
             RttRow {
                 poll,
                 rtt_us: med(|r| r.0),
                 cpu_us_per_rtt: med(|r| r.1),
                 wakeups_per_rtt: med(|r| r.2),
+                // The thread's CPU clock unreadable: reported as busy, never as idle.
+                idle_cpu_pct: runs.iter().find_map(|r| r.3).unwrap_or(100.0),
                 rounds: opts.rounds * u64::from(opts.repeat),
             }
         })
@@ -124,6 +150,8 @@ pub fn targets(rows: &[RttRow]) -> Vec<Target> {
     if let (Some(off), Some(adaptive)) = (find("off"), find("adaptive")) {
         let x = off.rtt_us / adaptive.rtt_us;
         out.push(Target::new("round trip >= 1.5x shorter with adaptive polling", format!("{x:.2}x"), x >= 1.5));
+        let idle = adaptive.idle_cpu_pct;
+        out.push(Target::new("device thread CPU < 1% after 1 s idle (adaptive)", format!("{idle:.2}%"), idle < 1.0));
     }
     out
 }
@@ -133,12 +161,19 @@ pub fn table(rows: &[RttRow], opts: &RttOptions) -> String {
         "net round trips: {} rounds of {}-byte frames per run, one in flight, {} repeats interleaved (medians)\n",
         opts.rounds, opts.size, opts.repeat
     );
-    s += &format!("{:<10} {:>10} {:>20} {:>14}\n", "poll", "rtt us", "device CPU us/rtt", "wake-ups/rtt");
+    s += &format!(
+        "{:<10} {:>10} {:>20} {:>14} {:>20}\n",
+        "poll", "rtt us", "device CPU us/rtt", "wake-ups/rtt", "device CPU % idle"
+    );
     for r in rows {
-        s += &format!("{:<10} {:>10.1} {:>20.1} {:>14.2}\n", r.poll, r.rtt_us, r.cpu_us_per_rtt, r.wakeups_per_rtt);
+        s += &format!(
+            "{:<10} {:>10.1} {:>20.1} {:>14.2} {:>20.2}\n",
+            r.poll, r.rtt_us, r.cpu_us_per_rtt, r.wakeups_per_rtt, r.idle_cpu_pct
+        );
     }
     s += "rtt: host send to host receive through the tap and the netecho guest (median round trip).\n";
-    s += "device CPU: the virtio-net thread's CPU time, polling included.\n";
+    s += "device CPU: the virtio-net thread's CPU time, polling included; idle: over the second\n";
+    s += "  after a second with no frame, halfway through the first run.\n";
     s + &targets_text(&targets(rows))
 }
 
@@ -153,7 +188,8 @@ pub fn run(opts: &RttOptions) -> Result<Vec<RttRow>, NetBenchError> {
                 .iter()
                 .map(|r| {
                     json!({"poll": r.poll, "rtt_us": r.rtt_us, "cpu_us_per_rtt": r.cpu_us_per_rtt,
-                                "wakeups_per_rtt": r.wakeups_per_rtt, "rounds": r.rounds})
+                                "wakeups_per_rtt": r.wakeups_per_rtt, "idle_cpu_pct": r.idle_cpu_pct,
+                           "rounds": r.rounds})
                 })
                 .collect();
             json!({"bench": "net-rtt", "size": opts.size, "repeat": opts.repeat, "rows": rows, "targets": targets})
