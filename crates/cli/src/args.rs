@@ -265,6 +265,10 @@ pub struct BlkArgs {
     /// interrupt (0: sleep at once, one interrupt per wait).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub guest_poll_us: u64,
+    /// The device thread's polling modes each guest row is measured with (as --poll-us
+    /// takes them), comma-separated; rows of other modes are compared with `off`.
+    #[arg(long, value_delimiter = ',', default_value = "off,adaptive")]
+    pub poll: Vec<exitless_vmm::poll::PollMode>,
     #[command(flatten)]
     pub out: OutputArgs,
     /// Give up on a guest that has not finished within this many seconds.
@@ -280,6 +284,7 @@ impl BlkArgs {
             seconds: self.seconds,
             repeat: self.repeat,
             guest_poll_us: self.guest_poll_us,
+            polls: exitless_vmm::poll::distinct(self.poll.iter().copied()),
             outputs: self.out.outputs(),
             timeout: std::time::Duration::from_secs_f64(self.timeout + self.seconds),
         }
@@ -340,12 +345,7 @@ impl NetArgs {
             sizes: self.sizes.clone(),
             seconds: self.seconds,
             repeat: self.repeat,
-            polls: self.poll.iter().fold(Vec::new(), |mut v, &p| {
-                if !v.contains(&p) {
-                    v.push(p);
-                }
-                v
-            }),
+            polls: exitless_vmm::poll::distinct(self.poll.iter().copied()),
             outputs: self.out.outputs(),
             timeout: std::time::Duration::from_secs_f64(self.timeout),
         }

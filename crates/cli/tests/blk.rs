@@ -193,7 +193,17 @@ fn no_request_waits_on_a_kick_lost_between_polling_and_sleeping() {
     for poll in ["off", "2", "adaptive"] {
         for qd in ["1", "8"] {
             let params = format!("0,4096,{qd},1500");
-            let (out, json) = run_json(&["--payload", "blkbench", "--lab", "--drive", &drive, "--poll-us", poll, "--params", &params]);
+            let (out, json) = run_json(&[
+                "--payload",
+                "blkbench",
+                "--lab",
+                "--drive",
+                &drive,
+                "--poll-us",
+                poll,
+                "--params",
+                &params,
+            ]);
             assert!(out.status.success(), "poll {poll} qd {qd}: {}\n{}", stdout(&out), stderr(&out));
             let d = &json["drives"]["virtio-blk0"];
             assert_eq!(d["reads"].as_u64(), Some(1500), "poll {poll} qd {qd}: {json}");

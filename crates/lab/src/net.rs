@@ -146,7 +146,13 @@ pub(crate) fn boot_with(
 }
 
 /// One size on one path with one polling mode.
-fn run_one(netns: &Netns, size: usize, (path, poll): (TxMode, PollMode), opts: &Options, tsc_khz: u64) -> Result<Row, NetBenchError> {
+fn run_one(
+    netns: &Netns,
+    size: usize,
+    (path, poll): (TxMode, PollMode),
+    opts: &Options,
+    tsc_khz: u64,
+) -> Result<Row, NetBenchError> {
     let params = vec![size as u64, u64::MAX, (opts.seconds * 1000.0) as u64, tsc_khz];
     let (machine, control, sink) = boot_with(netns, "nettx", params, (path, poll), size, None)?;
     let mut lab = TxSteps::new(snapshot);
@@ -307,9 +313,7 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
         let what = format!("exits per packet < 0.1 at 64K ({})", path_name(r.path));
         out.push(Target::new(what, format!("{:.3}", r.exits_per_pkt), ok));
     }
-    let mut polls: Vec<PollMode> = rows.iter().map(|r| r.poll).filter(|&p| p != PollMode::Off).collect();
-    polls.dedup();
-    for poll in polls {
+    for poll in exitless_vmm::poll::distinct(rows.iter().map(|r| r.poll).filter(|&p| p != PollMode::Off)) {
         // The worst row's ratio; "not worse" allows the repeat-to-repeat noise of this lab.
         let worst = rows
             .iter()
@@ -317,8 +321,8 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
             .filter_map(|r| find(r.size, r.path, PollMode::Off).map(|off| (r.gbps / off.gbps, r)))
             .min_by(|a, b| a.0.total_cmp(&b.0));
         if let Some((x, r)) = worst {
-            let what = format!("no row slower with polling {poll} than off (worst, >= {NOISE})");
-            let value = format!("{x:.2}x {} {}", human_size(r.size), path_name(r.path));
+            let what = format!("no row slower with polling {poll} than off (>= {NOISE}x)");
+            let value = format!("{x:.2}x at {} {}", human_size(r.size), path_name(r.path));
             out.push(Target::new(what, value, x >= NOISE));
         }
     }
@@ -329,7 +333,7 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
 
 /// What counts as "not slower" between polling modes: this lab's medians move by a few
 /// percent from one run of the same mode to the next.
-const NOISE: f64 = 0.95;
+pub(crate) const NOISE: f64 = 0.95;
 
 /// "64K": the largest frame a tap takes, 65535 bytes.
 pub const MAX_SIZE: usize = 65535;

@@ -76,6 +76,16 @@ impl PollMode {
     }
 }
 
+/// Modes as given, each once, in order (for labs that measure several).
+pub fn distinct(modes: impl IntoIterator<Item = PollMode>) -> Vec<PollMode> {
+    modes.into_iter().fold(Vec::new(), |mut v, p| {
+        if !v.contains(&p) {
+            v.push(p);
+        }
+        v
+    })
+}
+
 /// A mode another thread may change while the device thread runs (a lab switches it
 /// between paths).
 #[derive(Debug, Default)]

@@ -39,6 +39,8 @@ pub struct GuestRun<'a> {
     pub seed: u64,
     pub tsc_khz: u64,
     pub poll_us: u64,
+    /// The device thread's polling (`--poll-us`).
+    pub device_poll: exitless_vmm::poll::PollMode,
     pub timeout: Duration,
 }
 
@@ -56,7 +58,10 @@ pub fn run(g: &GuestRun) -> Result<RunResult, BlkBenchError> {
         g.poll_us,
     ];
     let drive_config = DriveConfig { direct: true, ..DriveConfig::new(g.file) };
-    let (machine, control) = lab_machine("blkbench", params, |c| c.drives = vec![drive_config])?;
+    let (machine, control) = lab_machine("blkbench", params, |c| {
+        c.drives = vec![drive_config];
+        c.poll = g.device_poll;
+    })?;
     let mut steps = Window::<Snapshot, BlkBenchError>::new(snapshot);
     drive(&machine, &control, g.timeout, &mut steps)?;
     let status = machine.control.exit_status().unwrap_or(0);

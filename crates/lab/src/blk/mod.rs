@@ -11,6 +11,7 @@ pub mod pattern;
 use crate::report::{targets_json, targets_text, Outputs, Target, WriteError};
 use crate::stats::median;
 use crate::svg;
+use exitless_vmm::poll::PollMode;
 use exitless_vmm::virtio::blk::{Disk, DiskError, DriveConfig};
 use exitless_vmm::MachineError;
 use serde_json::json;
@@ -26,6 +27,8 @@ pub struct Options {
     pub repeat: u32,
     /// How long the guest driver polls its used ring before it sleeps for an interrupt.
     pub guest_poll_us: u64,
+    /// The device thread's polling modes each guest row is measured with.
+    pub polls: Vec<PollMode>,
     pub outputs: Outputs,
     pub timeout: Duration,
 }
@@ -90,17 +93,26 @@ impl Workload {
 
 pub const QUEUE_DEPTHS: [usize; 2] = [1, 32];
 
+/// Through exitless, its device thread polling as given, or by the lab process itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
-    Guest,
+    Guest(PollMode),
     Host,
 }
 
 impl Path {
     pub fn name(self) -> &'static str {
         match self {
-            Path::Guest => "guest",
+            Path::Guest(_) => "guest",
             Path::Host => "host",
+        }
+    }
+
+    /// The device thread's polling, on the guest path.
+    pub fn poll(self) -> Option<PollMode> {
+        match self {
+            Path::Guest(poll) => Some(poll),
+            Path::Host => None,
         }
     }
 }
@@ -257,17 +269,27 @@ pub fn measure(opts: &Options) -> Result<Measured, BlkBenchError> {
     let mut stamp = 0u64;
     for (i, w) in Workload::ALL.into_iter().enumerate() {
         for qd in QUEUE_DEPTHS {
-            let mut runs: [Vec<Row>; 2] = Default::default();
+            let paths: Vec<Path> = opts.polls.iter().map(|&p| Path::Guest(p)).chain([Path::Host]).collect();
+            let mut runs: Vec<Vec<Row>> = vec![Vec::new(); paths.len()];
             for r in 0..opts.repeat as usize {
-                let order = if (i + r) % 2 == 0 { [Path::Guest, Path::Host] } else { [Path::Host, Path::Guest] };
-                for path in order {
+                for k in 0..paths.len() {
+                    // Which path goes first rotates from one repeat to the next.
+                    let c = (i + r + k) % paths.len();
+                    let path = paths[c];
                     if progress {
-                        eprint!("\rblk: {} qd {qd} {} run {}/{} ...\x1b[K", w.name(), path.name(), r + 1, opts.repeat);
+                        let poll = path.poll().map_or(String::new(), |p| format!(" poll {p}"));
+                        eprint!(
+                            "\rblk: {} qd {qd} {}{poll} run {}/{} ...\x1b[K",
+                            w.name(),
+                            path.name(),
+                            r + 1,
+                            opts.repeat
+                        );
                     }
                     stamp += 1;
                     let seed = stamp * 0x9e37_79b9;
                     let result = match path {
-                        Path::Guest => guest::run(&guest::GuestRun {
+                        Path::Guest(device_poll) => guest::run(&guest::GuestRun {
                             file: &file.path,
                             workload: w,
                             qd,
@@ -276,6 +298,7 @@ pub fn measure(opts: &Options) -> Result<Measured, BlkBenchError> {
                             seed,
                             tsc_khz,
                             poll_us: opts.guest_poll_us,
+                            device_poll,
                             timeout: opts.timeout,
                         })?,
                         Path::Host => {
@@ -284,7 +307,7 @@ pub fn measure(opts: &Options) -> Result<Measured, BlkBenchError> {
                         }
                     };
                     let verified = !w.write() || writes_verified(&file.path, w, &result, stamp, opts.size);
-                    runs[usize::from(path == Path::Host)].push(Row::from_run(w, qd, path, &result, verified));
+                    runs[c].push(Row::from_run(w, qd, path, &result, verified));
                 }
             }
             rows.extend(runs.iter().map(|r| median_row(r)));
@@ -313,17 +336,29 @@ fn median_row(runs: &[Row]) -> Row {
     }
 }
 
-/// The targets.
+/// The issues' targets: the disk's on the first polling mode measured, polling's against `off`.
 pub fn targets(rows: &[Row]) -> Vec<Target> {
     let find = |w, qd, p| rows.iter().find(|r| r.workload == w && r.qd == qd && r.path == p);
     let mut out = Vec::new();
-    if let (Some(g), Some(h)) = (find(Workload::RandRead, 32, Path::Guest), find(Workload::RandRead, 32, Path::Host)) {
+    let Some(first) = rows.iter().find_map(|r| r.path.poll()).map(Path::Guest) else { return out };
+    if let (Some(g), Some(h)) = (find(Workload::RandRead, 32, first), find(Workload::RandRead, 32, Path::Host)) {
         let x = g.iops / h.iops;
         out.push(Target::new("guest randread-4k qd32 IOPS >= 0.8x host", format!("{x:.2}x"), x >= 0.8));
     }
-    let worst =
-        rows.iter().filter(|r| r.qd == 32 && r.path == Path::Guest).map(|r| r.exits_per_req).fold(0.0, f64::max);
+    let worst = rows.iter().filter(|r| r.qd == 32 && r.path == first).map(|r| r.exits_per_req).fold(0.0, f64::max);
     out.push(Target::new("exits per request < 0.1 at qd32 (guest, worst row)", format!("{worst:.3}"), worst < 0.1));
+    for poll in exitless_vmm::poll::distinct(rows.iter().filter_map(|r| r.path.poll()).filter(|&p| p != PollMode::Off))
+    {
+        let worst = rows
+            .iter()
+            .filter(|r| r.path == Path::Guest(poll))
+            .filter_map(|r| find(r.workload, r.qd, Path::Guest(PollMode::Off)).map(|off| (r.iops / off.iops, r)))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        if let Some((x, r)) = worst {
+            let what = format!("no guest row slower with polling {poll} than off (>= {}x)", crate::net::NOISE);
+            out.push(Target::new(what, format!("{x:.2}x at {} qd{}", r.workload.name(), r.qd), x >= crate::net::NOISE));
+        }
+    }
     let unverified = rows.iter().filter(|r| !r.verified).count();
     out.push(Target::new("every row verified", format!("{unverified} not"), unverified == 0));
     out
@@ -335,10 +370,11 @@ pub fn table(m: &Measured, opts: &Options) -> String {
         opts.seconds, opts.repeat, m.setup, opts.guest_poll_us
     );
     s += &format!(
-        "{:<13} {:>3} {:<6} {:>9} {:>8} {:>10} {:>10} {:>9} {:>10} {:>10} {:>9}\n",
+        "{:<13} {:>3} {:<6} {:<9} {:>9} {:>8} {:>10} {:>10} {:>9} {:>10} {:>10} {:>9}\n",
         "workload",
         "qd",
         "path",
+        "poll",
         "IOPS",
         "MB/s",
         "exits/req",
@@ -349,12 +385,13 @@ pub fn table(m: &Measured, opts: &Options) -> String {
         "verified"
     );
     for r in &m.rows {
-        let guest_only = |v: f64| if r.path == Path::Guest { format!("{v:.3}") } else { "-".into() };
+        let guest_only = |v: f64| if r.path != Path::Host { format!("{v:.3}") } else { "-".into() };
         s += &format!(
-            "{:<13} {:>3} {:<6} {:>9.0} {:>8.1} {:>10} {:>10} {:>9} {:>10.1} {:>10} {:>9}\n",
+            "{:<13} {:>3} {:<6} {:<9} {:>9.0} {:>8.1} {:>10} {:>10} {:>9} {:>10.1} {:>10} {:>9}\n",
             r.workload.name(),
             r.qd,
             r.path.name(),
+            r.path.poll().map_or("-".into(), |p| p.to_string()),
             r.iops,
             r.mb_s,
             guest_only(r.exits_per_req),
@@ -373,7 +410,8 @@ pub fn json(m: &Measured) -> serde_json::Value {
         .rows
         .iter()
         .map(|r| {
-            json!({"workload": r.workload.name(), "qd": r.qd, "path": r.path.name(), "iops": r.iops, "mb_s": r.mb_s,
+            json!({"workload": r.workload.name(), "qd": r.qd, "path": r.path.name(),
+                   "poll": r.path.poll().map(|p| p.to_string()), "iops": r.iops, "mb_s": r.mb_s,
                    "exits_per_req": r.exits_per_req, "irqs_per_req": r.irqs_per_req, "kicks_per_req": r.kicks_per_req,
                    "vmm_cpu_pct": r.vmm_cpu_pct, "vcpu_cpu_pct": r.vcpu_cpu_pct, "verified": r.verified,
                    "requests": r.requests})
@@ -392,7 +430,10 @@ pub fn run(opts: &Options) -> Result<Measured, BlkBenchError> {
             let bars: Vec<_> = m
                 .rows
                 .iter()
-                .map(|r| (format!("{} qd{} {}", r.workload.name(), r.qd, r.path.name()), r.iops))
+                .map(|r| {
+                    let poll = r.path.poll().map_or(String::new(), |p| format!(" poll {p}"));
+                    (format!("{} qd{} {}{poll}", r.workload.name(), r.qd, r.path.name()), r.iops)
+                })
                 .collect();
             svg::bar_chart("virtio-blk: IOPS, guest through exitless against the host's own", "IOPS", &bars, false)
         },
