@@ -336,11 +336,20 @@ fn median_row(runs: &[Row]) -> Row {
     }
 }
 
-/// The issues' targets: the disk's on the first polling mode measured, polling's against `off`.
+/// The issues' targets: the disk's on the default polling mode (adaptive) if measured,
+/// else on the first; polling's against `off`.
 pub fn targets(rows: &[Row]) -> Vec<Target> {
     let find = |w, qd, p| rows.iter().find(|r| r.workload == w && r.qd == qd && r.path == p);
     let mut out = Vec::new();
-    let Some(first) = rows.iter().find_map(|r| r.path.poll()).map(Path::Guest) else { return out };
+    let default = Path::Guest(PollMode::default());
+    let Some(first) = rows
+        .iter()
+        .map(|r| r.path)
+        .find(|&p| p == default)
+        .or(rows.iter().find_map(|r| r.path.poll()).map(Path::Guest))
+    else {
+        return out;
+    };
     if let (Some(g), Some(h)) = (find(Workload::RandRead, 32, first), find(Workload::RandRead, 32, Path::Host)) {
         let x = g.iops / h.iops;
         out.push(Target::new("guest randread-4k qd32 IOPS >= 0.8x host", format!("{x:.2}x"), x >= 0.8));
