@@ -41,8 +41,7 @@ fn a_firecracker_client_configures_boots_and_is_refused_as_firecracker_refuses()
         }
     };
     let dir = tempdir();
-    let payloads = dir.join("payloads");
-    assert!(exitless(&["payloads", "--out", payloads.to_str().unwrap()]).status.success());
+    let payloads = payloads_in(&dir);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/api/firecracker_client.py");
     let out = Command::new(python)
         .arg(script)
@@ -60,8 +59,7 @@ fn a_config_file_boots_at_once_without_an_api() {
         return;
     }
     let dir = tempdir();
-    let payloads = dir.join("payloads");
-    assert!(exitless(&["payloads", "--out", payloads.to_str().unwrap()]).status.success());
+    let payloads = payloads_in(&dir);
     let config = dir.join("vm.json");
     let kernel = payloads.join("demo.elf");
     let json = serde_json::json!({
@@ -108,8 +106,7 @@ fn every_thread_of_an_api_started_vm_is_under_seccomp() {
     use exitless_lab::api_client::{expect_ok, listening};
     use serde_json::json;
     let dir = tempdir();
-    let payloads = dir.join("payloads");
-    assert!(exitless(&["payloads", "--out", payloads.to_str().unwrap()]).status.success());
+    let payloads = payloads_in(&dir);
     for (extra, want) in [(None, "2"), (Some("--no-seccomp"), "0")] {
         let sock = dir.join("api-sock");
         let mut args = vec!["--api-sock", sock.to_str().unwrap(), "--metrics-path"];
@@ -165,4 +162,11 @@ impl Drop for KillOnDrop {
         // SAFETY: a signal to a child this test started and has not reaped.
         unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
     }
+}
+
+/// The built-in payloads written out as files under `dir` (what the API boots).
+fn payloads_in(dir: &std::path::Path) -> std::path::PathBuf {
+    let payloads = dir.join("payloads");
+    assert!(exitless(&["payloads", "--out", payloads.to_str().unwrap()]).status.success());
+    payloads
 }

@@ -4,7 +4,7 @@
 
 use crate::control::{drive, guest_tsc_khz, lab_machine, Window};
 use crate::netns::{Netns, NetnsError};
-use crate::report::{targets_json, targets_text, Outputs, Target, WriteError};
+use crate::report::{no_row_slower_than_off, targets_json, targets_text, Outputs, Target, WriteError};
 use crate::sink::{frame, Sink, SinkError, SinkReport};
 use crate::stats::median;
 use crate::svg;
@@ -14,7 +14,6 @@ use exitless_vmm::virtio::net::TxMode;
 use exitless_vmm::{Machine, MachineError, NetConfig};
 use serde_json::json;
 use std::io::IsTerminal;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// The guest's MAC in the labs (locally administered).
@@ -83,11 +82,7 @@ pub fn path_name(p: TxMode) -> &'static str {
 
 /// CPU time of the device thread so far.
 pub(crate) fn thread_cpu(machine: &Machine) -> Duration {
-    let Some(net) = &machine.net else { return Duration::ZERO };
-    match net.stats.thread.load(Ordering::Acquire) {
-        0 => Duration::ZERO,
-        thread => exitless_vmm::poll::thread_cpu_time(thread as libc::pthread_t).unwrap_or_default(),
-    }
+    machine.net.as_ref().and_then(|n| n.stats.thread_cpu()).unwrap_or_default()
 }
 
 /// Counters at one instant, to take differences over the send window.
@@ -313,27 +308,18 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
         let what = format!("exits per packet < 0.1 at 64K ({})", path_name(r.path));
         out.push(Target::new(what, format!("{:.3}", r.exits_per_pkt), ok));
     }
-    for poll in exitless_vmm::poll::distinct(rows.iter().map(|r| r.poll).filter(|&p| p != PollMode::Off)) {
-        // The worst row's ratio; "not worse" allows the repeat-to-repeat noise of this lab.
-        let worst = rows
-            .iter()
-            .filter(|r| r.poll == poll)
-            .filter_map(|r| find(r.size, r.path, PollMode::Off).map(|off| (r.gbps / off.gbps, r)))
-            .min_by(|a, b| a.0.total_cmp(&b.0));
-        if let Some((x, r)) = worst {
-            let what = format!("no row slower with polling {poll} than off (>= {NOISE}x)");
-            let value = format!("{x:.2}x at {} {}", human_size(r.size), path_name(r.path));
-            out.push(Target::new(what, value, x >= NOISE));
-        }
-    }
+    out.extend(no_row_slower_than_off(
+        rows,
+        "row",
+        |r| Some(r.poll),
+        |r| (r.size, r.path),
+        |r| r.gbps,
+        |r| format!("{} {}", human_size(r.size), path_name(r.path)),
+    ));
     let lost: u64 = rows.iter().map(|r| r.lost + r.corrupt).sum();
     out.push(Target::new("lost 0 everywhere", lost.to_string(), lost == 0));
     out
 }
-
-/// What counts as "not slower" between polling modes: this lab's medians move by a few
-/// percent from one run of the same mode to the next.
-pub(crate) const NOISE: f64 = 0.95;
 
 /// "64K": the largest frame a tap takes, 65535 bytes.
 pub const MAX_SIZE: usize = 65535;

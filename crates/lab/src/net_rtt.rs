@@ -72,10 +72,7 @@ fn run_one(netns: &Netns, poll: PollMode, opts: &RttOptions, idle: bool) -> Resu
             if idle && seq == rounds / 2 {
                 // The guest waits for the next frame (spinning at CPL3, no kick): the
                 // device thread is idle, and should have stopped polling within a second.
-                let cpu = || {
-                    let thread = device.as_ref().map_or(0, |d| d.thread.load(std::sync::atomic::Ordering::Acquire));
-                    exitless_vmm::poll::thread_cpu_time(thread as libc::pthread_t)
-                };
+                let cpu = || device.as_ref().and_then(|d| d.thread_cpu());
                 std::thread::sleep(Duration::from_secs(1));
                 let (t, before) = (Instant::now(), cpu());
                 std::thread::sleep(Duration::from_secs(1));

@@ -1,6 +1,7 @@
 //! What every lab prints and writes besides its own table: the issue's targets, and the
 //! JSON and SVG files asked for on the command line.
 
+use exitless_vmm::poll::PollMode;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -29,6 +30,37 @@ pub fn targets_text(targets: &[Target]) -> String {
 
 pub fn targets_json(targets: &[Target]) -> Vec<Value> {
     targets.iter().map(|t| json!({"target": t.what, "measured": t.measured, "met": t.met})).collect()
+}
+
+/// What counts as "not slower" between polling modes: the labs' medians move by a few
+/// percent from one run of the same mode to the next.
+pub const POLL_NOISE: f64 = 0.95;
+
+/// Issue #14's check on a lab's rows: for each polling mode other than off, the worst
+/// ratio of a row's rate to the same row (`key`) with polling off. Rows without a polling
+/// mode (the host's own) are left out.
+pub fn no_row_slower_than_off<R, K: PartialEq>(
+    rows: &[R],
+    noun: &str,
+    poll: impl Fn(&R) -> Option<PollMode>,
+    key: impl Fn(&R) -> K,
+    rate: impl Fn(&R) -> f64,
+    label: impl Fn(&R) -> String,
+) -> Vec<Target> {
+    let off = |k: K| rows.iter().find(|r| poll(r) == Some(PollMode::Off) && key(r) == k);
+    let modes = exitless_vmm::poll::distinct(rows.iter().filter_map(&poll).filter(|&p| p != PollMode::Off));
+    modes
+        .into_iter()
+        .filter_map(|mode| {
+            let (x, r) = rows
+                .iter()
+                .filter(|r| poll(r) == Some(mode))
+                .filter_map(|r| off(key(r)).map(|o| (rate(r) / rate(o), r)))
+                .min_by(|a, b| a.0.total_cmp(&b.0))?;
+            let what = format!("no {noun} slower with polling {mode} than off (>= {POLL_NOISE}x)");
+            Some(Target::new(what, format!("{x:.2}x at {}", label(r)), x >= POLL_NOISE))
+        })
+        .collect()
 }
 
 #[derive(Debug, thiserror::Error)]

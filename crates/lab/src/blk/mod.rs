@@ -8,7 +8,7 @@ pub mod guest;
 pub mod host;
 pub mod pattern;
 
-use crate::report::{targets_json, targets_text, Outputs, Target, WriteError};
+use crate::report::{no_row_slower_than_off, targets_json, targets_text, Outputs, Target, WriteError};
 use crate::stats::median;
 use crate::svg;
 use exitless_vmm::poll::PollMode;
@@ -341,33 +341,23 @@ fn median_row(runs: &[Row]) -> Row {
 pub fn targets(rows: &[Row]) -> Vec<Target> {
     let find = |w, qd, p| rows.iter().find(|r| r.workload == w && r.qd == qd && r.path == p);
     let mut out = Vec::new();
-    let default = Path::Guest(PollMode::default());
-    let Some(first) = rows
-        .iter()
-        .map(|r| r.path)
-        .find(|&p| p == default)
-        .or(rows.iter().find_map(|r| r.path.poll()).map(Path::Guest))
-    else {
-        return out;
-    };
-    if let (Some(g), Some(h)) = (find(Workload::RandRead, 32, first), find(Workload::RandRead, 32, Path::Host)) {
+    let modes = exitless_vmm::poll::distinct(rows.iter().filter_map(|r| r.path.poll()));
+    let Some(&mode) = modes.iter().find(|&&p| p == PollMode::default()).or(modes.first()) else { return out };
+    let guest = Path::Guest(mode);
+    if let (Some(g), Some(h)) = (find(Workload::RandRead, 32, guest), find(Workload::RandRead, 32, Path::Host)) {
         let x = g.iops / h.iops;
         out.push(Target::new("guest randread-4k qd32 IOPS >= 0.8x host", format!("{x:.2}x"), x >= 0.8));
     }
-    let worst = rows.iter().filter(|r| r.qd == 32 && r.path == first).map(|r| r.exits_per_req).fold(0.0, f64::max);
+    let worst = rows.iter().filter(|r| r.qd == 32 && r.path == guest).map(|r| r.exits_per_req).fold(0.0, f64::max);
     out.push(Target::new("exits per request < 0.1 at qd32 (guest, worst row)", format!("{worst:.3}"), worst < 0.1));
-    for poll in exitless_vmm::poll::distinct(rows.iter().filter_map(|r| r.path.poll()).filter(|&p| p != PollMode::Off))
-    {
-        let worst = rows
-            .iter()
-            .filter(|r| r.path == Path::Guest(poll))
-            .filter_map(|r| find(r.workload, r.qd, Path::Guest(PollMode::Off)).map(|off| (r.iops / off.iops, r)))
-            .min_by(|a, b| a.0.total_cmp(&b.0));
-        if let Some((x, r)) = worst {
-            let what = format!("no guest row slower with polling {poll} than off (>= {}x)", crate::net::NOISE);
-            out.push(Target::new(what, format!("{x:.2}x at {} qd{}", r.workload.name(), r.qd), x >= crate::net::NOISE));
-        }
-    }
+    out.extend(no_row_slower_than_off(
+        rows,
+        "guest row",
+        |r| r.path.poll(),
+        |r| (r.workload, r.qd),
+        |r| r.iops,
+        |r| format!("{} qd{}", r.workload.name(), r.qd),
+    ));
     let unverified = rows.iter().filter(|r| !r.verified).count();
     out.push(Target::new("every row verified", format!("{unverified} not"), unverified == 0));
     out

@@ -63,6 +63,16 @@ pub struct NetStats {
     pub poll: PollStats,
 }
 
+impl NetStats {
+    /// The device thread's CPU time so far; None before it started.
+    pub fn thread_cpu(&self) -> Option<std::time::Duration> {
+        match self.thread.load(Ordering::Acquire) {
+            0 => None,
+            thread => crate::poll::thread_cpu_time(thread as libc::pthread_t),
+        }
+    }
+}
+
 /// The counters of [`NetStats`] at one instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NetCounters {
