@@ -77,21 +77,24 @@ while IFS='|' read -r name file smp args extra arch timeout accel check; do
   set +e
   # --sample-guest 10: a vCPU sampled 20 times in a row on a `vmcall` (which this nested
   # host's KVM never completes at CPL0) ends the test after 2 s, naming it, instead of at
-  # its timeout.
+  # its timeout; --stuck-after 10: so does a guest whose every vCPU has spun in place (a
+  # deadlock) or halted for 10 s (STUCK).
   "$exitless" run --testdevs --kernel "$kut/x86/$file" --vcpus "$smp" --mem "$mem" \
-    --cmdline "$file $args $append" --timeout "$t" --sample-guest 10 </dev/null >"$work/$name.log" 2>"$work/$name.err"
+    --cmdline "$file $args $append" --timeout "$t" --sample-guest 10 --stuck-after 10 \
+    </dev/null >"$work/$name.log" 2>"$work/$name.err"
   status=$?
   set -e
   took=$(echo "$(date +%s.%N) - $start" | bc)
   total_x=$(echo "$total_x + $took" | bc)
   if grep -q "did not finish within" "$work/$name.err"; then v=TIMEOUT
+  elif grep -q "guest stopped on vCPU [0-9]*: stuck: " "$work/$name.err"; then v=STUCK
   elif [ $status -eq 0 ]; then v=PASS
   # report_summary() returns 77 >> 1 when every test skipped: QEMU's isa-debug-exit turns
   # that into 77 (SKIP) for the suite's runner; exitless hands the guest's code back as is.
   elif [ $status -eq 38 ] || [ $status -eq 77 ]; then v=SKIP
   else v="FAIL($status)"; fi
   summary=$(grep -a "^SUMMARY" "$work/$name.log" | tail -n 1 | cut -c10- || true)
-  why=$(grep -a "guest stopped on\|triple fault" "$work/$name.err" | head -n 1 | sed 's/.*exitless: //; s/.*neither can exitless: //; s/guest stopped on vCPU [0-9]*: //' | cut -c1-70 || true)
+  why=$(grep -a "guest stopped on\|triple fault" "$work/$name.err" | head -n 1 | sed 's/.*exitless: //; s/.*neither can exitless: //; s/guest stopped on vCPU [0-9]*: //; s/^stuck: for [0-9]* s this vCPU has looped over the same \([0-9]*\) register states (RIP \([^)]*\)).*/spinning in place at \2/' | cut -c1-70 || true)
   printf '%-28s %-28s\n' "$name" "$v $(printf '%.1f' "$took")s ${summary:-$why}" >>"$work/rows"
 done <"$work/tests"
 

@@ -146,6 +146,10 @@ pub struct RunArgs {
     /// `--guest-symbols`).
     #[arg(long, value_name = "HZ", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub sample_guest: Option<u32>,
+    /// End the run with an error once every vCPU has spun in place (the same few register
+    /// states in every sample) or halted for SECS: a deadlock no timeout will end.
+    #[arg(long, value_name = "SECS", requires = "sample_guest", value_parser = parse_seconds)]
+    pub stuck_after: Option<f64>,
     /// A System.map (or `nm` output) naming the guest kernel's functions, for `--sample-guest`.
     #[arg(long, value_name = "FILE", requires = "sample_guest")]
     pub guest_symbols: Option<PathBuf>,

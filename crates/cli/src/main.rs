@@ -101,6 +101,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         poll: args.poll_us,
         drives: args.drive.clone(),
         sample_every: args.sample_guest.map(|hz| std::time::Duration::from_secs_f64(1.0 / f64::from(hz))),
+        stuck_after: args.stuck_after.map(std::time::Duration::from_secs_f64),
         ..MachineConfig::new(image)
     })?;
     let (report, error) = machine.run_to_end(args.timeout.map(std::time::Duration::from_secs_f64))?;

@@ -246,3 +246,24 @@ fn sampling_names_where_a_busy_guest_spends_its_time() {
     std::fs::write(&map, "garbage\n").unwrap();
     assert_one_line_error(&["run", "--sample-guest", "10", "--guest-symbols", map.to_str().unwrap()]);
 }
+
+#[test]
+fn a_guest_spinning_in_place_is_stopped_as_stuck_but_an_idle_one_is_not() {
+    if !kvm_or_skip("a_guest_spinning_in_place_is_stopped_as_stuck_but_an_idle_one_is_not") {
+        return;
+    }
+    let stuck = ["--sample-guest", "100", "--stuck-after", "0.5", "--timeout", "20"];
+    // `jmp .` at CPL3: one register state, forever.
+    let started = std::time::Instant::now();
+    let (out, json) = run_json(&[&["--payload", "crash", "--params", "2"][..], &stuck].concat());
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("this vCPU has looped over the same"), "{}", stderr(&out));
+    assert!(json["error"].as_str().unwrap_or("").contains("stuck"), "{json}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(15), "stopped by the timeout, not as stuck");
+    // Halted with interrupts off: idle, which waits; only the timeout ends it.
+    let (out, _) = run_json(&[&["--payload", "wait"][..], &stuck[..4], &["--timeout", "1.5"]].concat());
+    assert!(stderr(&out).contains("did not finish within"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("stuck"), "{}", stderr(&out));
+    // It judges from the samples: without them it is refused.
+    assert_one_line_error(&["run", "--stuck-after", "5"]);
+}

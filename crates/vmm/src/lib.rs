@@ -22,6 +22,7 @@ pub mod pci;
 pub mod poll;
 pub mod seccomp;
 pub mod stats;
+pub mod stuck;
 pub mod termination;
 /// Stand-ins for KVM: the unit tests' and the fuzz targets'.
 #[doc(hidden)]

@@ -123,6 +123,9 @@ pub struct MachineConfig {
     pub confine_caller: bool,
     /// How often to sample where each vCPU is in the guest (`--sample-guest`), if at all.
     pub sample_every: Option<Duration>,
+    /// End the run as stuck once no vCPU made progress for this long (`--stuck-after`,
+    /// crate::stuck); needs `sample_every`.
+    pub stuck_after: Option<Duration>,
     /// How long device threads poll for work before they sleep (`--poll-us`, crate::poll).
     pub poll: crate::poll::PollMode,
 }
@@ -171,6 +174,7 @@ impl MachineConfig {
             test_devices: false,
             confine_caller: false,
             sample_every: None,
+            stuck_after: None,
             poll: crate::poll::PollMode::Adaptive,
         }
     }
@@ -237,6 +241,7 @@ pub struct Machine {
     devices: Vec<String>,
     confine_caller: bool,
     sample_every: Option<Duration>,
+    stuck_after: Option<Duration>,
     entry: EntryPoint,
     started: (Instant, u64),
     /// Each vCPU's counters while the VM runs (for the API's live exit profile).
@@ -319,6 +324,7 @@ impl Machine {
             devices: Vec::new(),
             confine_caller: config.confine_caller,
             sample_every: config.sample_every,
+            stuck_after: config.stuck_after,
             entry,
             started,
             live: Arc::new(LiveStats::new(usize::from(config.vcpus), 0)),
@@ -540,7 +546,12 @@ impl Machine {
     /// [`Machine::run_to_end`] on a machine others hold too (the API reads its live
     /// profile meanwhile).
     pub fn run_shared(&self, timeout: Option<Duration>) -> Result<(RunReport, Option<MachineError>), MachineError> {
-        let vcpus = (0..self.vcpu_count).map(|id| self.create_vcpu(id)).collect::<Result<Vec<_>, _>>()?;
+        let mut vcpus = (0..self.vcpu_count).map(|id| self.create_vcpu(id)).collect::<Result<Vec<_>, _>>()?;
+        if let Some(after) = self.stuck_after {
+            for (vcpu, watch) in vcpus.iter_mut().zip(crate::stuck::watches(usize::from(self.vcpu_count), after)) {
+                vcpu.watch_for_stuck(watch);
+            }
+        }
         let threads = crate::vcpu_threads::VcpuThreads::spawn(vcpus, self.control.clone())
             .map_err(|e| MachineError::VcpuThread(e.to_string()))?;
         // From here the main thread only waits, reports and tears down.

@@ -10,10 +10,12 @@ use crate::control::{GuestStop, RunControl};
 use crate::emulate;
 use crate::guest_samples::GuestSamples;
 use crate::stats::{DeviceCounts, ExitKind, ExitStats, LiveStats};
-use kvm_bindings::{kvm_run, KVM_EXIT_IO_OUT};
+use crate::stuck::StuckWatch;
+use kvm_bindings::{kvm_run, KVM_EXIT_IO_OUT, KVM_MP_STATE_RUNNABLE};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Instant;
 use vm_memory::GuestMemoryMmap;
 
 /// KVM_INTERNAL_ERROR_EMULATION: KVM could not emulate an instruction.
@@ -204,6 +206,8 @@ pub struct Vcpu {
     pub samples: GuestSamples,
     /// Finishes system calls the host left at CPL3.
     syscall: emulate::syscall::SyscallFixup,
+    /// Ends the run when no vCPU makes progress any more (`--stuck-after`), from the samples.
+    stuck: Option<StuckWatch>,
 }
 
 impl Vcpu {
@@ -228,7 +232,13 @@ impl Vcpu {
             live: None,
             samples: GuestSamples::default(),
             syscall: Default::default(),
+            stuck: None,
         }
+    }
+
+    /// Has each sample also check whether the guest is stuck (see [`crate::stuck`]).
+    pub fn watch_for_stuck(&mut self, watch: StuckWatch) {
+        self.stuck = Some(watch);
     }
 
     /// Publishes this vCPU's counters to `live` as it runs (see [`LiveStats`]).
@@ -438,6 +448,14 @@ impl Vcpu {
                                     "stuck on `{what}` for {STUCK_SAMPLES} samples in a row: this host's KVM never \
                                      completes it at CPL0 (the vCPU re-enters it forever)"
                                 )));
+                            }
+                        }
+                        if let Some(watch) = &mut self.stuck {
+                            // Halted, or waiting for INIT/SIPI: idle, not spinning.
+                            let running = self.fd.get_mp_state().map_or(true, |s| s.mp_state == KVM_MP_STATE_RUNNABLE);
+                            let state = running.then(|| crate::stuck::register_file(&regs));
+                            if let Some(why) = watch.sample(usize::from(self.id), state, Instant::now()) {
+                                return Err(self.fault(&why));
                             }
                         }
                     }
