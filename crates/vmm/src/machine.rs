@@ -294,6 +294,9 @@ impl Machine {
         // Before the image: a multiboot image may be linked over it (and then owns the page).
         write_shared_page(&memory, map.low_ram_end(), &config.params)?;
         let entry = boot::load(&memory, &map, &config.image, &spec)?;
+        if let EntryPoint::Multiboot(_) = entry {
+            boot::bios_state::program_pic_and_pit(&vm).map_err(ioctl("KVM_SET_IRQCHIP/KVM_SET_PIT2"))?;
+        }
 
         let control = Arc::new(RunControl::default());
         let vm = Arc::new(vm);

@@ -1,7 +1,8 @@
 /* Checks what a multiboot loader with QEMU's test devices hands a kvm-unit-tests guest:
  * the boot magic, the information structure (memory sizes, memory map against the RAM
  * size, command line, the initrd as the one module), fw_cfg (signature, RAM size, CPU
- * count), pc-testdev's scratch register and pci-testdev's test headers. Parameters (the
+ * count), pc-testdev's scratch register, pci-testdev's test headers, and the state a BIOS
+ * leaves (real-mode vectors, PIC masks, the PIT ticking). Parameters (the
  * shared page, as for every payload): RAM size, vCPUs, initrd size, initrd byte sum.
  * Exits 0 when every check holds. 32-bit protected mode, paging off. */
 #include "abi.h"
@@ -30,6 +31,13 @@ static void putx(u64 v) {
 	do { buf[--i] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v && i);
 	puts("0x");
 	puts(buf + i);
+}
+
+/* A load the compiler cannot see through: the vector table starts at address 0. */
+static u32 peek32(u32 addr) {
+	u32 v;
+	__asm__ volatile("movl (%1), %0" : "=r"(v) : "r"(addr));
+	return v;
 }
 
 static int failures;
@@ -115,6 +123,18 @@ int main32(u32 magic, struct mb_info *info) {
 	outb(0xe8 + 3, 0xab);
 	check(inl(0xe0) == 0xab345678, "pc-testdev scratch register");
 	check(pci_testdev_ok(), "pci-testdev: found, test header, a write counted");
+	/* What the BIOS left: real-mode vectors whose IRQ handlers acknowledge the PICs, the
+	 * PICs with the timer and the cascade unmasked, the PIT ticking (interrupts are off
+	 * here, so the timer's request stays pending in the master's IRR). */
+	u32 irq0 = peek32(8 * 4), irq11 = peek32(0x73 * 4);
+	u8 *h0 = (u8 *)((irq0 >> 16) * 16 + (irq0 & 0xffff)), *h11 = (u8 *)((irq11 >> 16) * 16 + (irq11 & 0xffff));
+	check(h0[0] == 0x50 && h0[3] == 0xe6 && h0[4] == 0x20 && h0[6] == 0xcf && h11[4] == 0xa0 && h11[6] == 0x20,
+	      "real-mode vectors: IRQ 0 acknowledges the master PIC, IRQ 11 both");
+	check(inb(0x21) == 0xfa && inb(0xa1) == 0xff, "PIC masks: only the timer and the cascade open");
+	outb(0x20, 0x0a); /* OCW3: reads of 0x20 return the IRR */
+	u32 polls = 0;
+	while (!(inb(0x20) & 1) && polls < 2000000) polls++;
+	check(inb(0x20) & 1, "the PIT ticks: IRQ 0 pending");
 	puts(failures ? "mbcheck: SOME CHECKS FAILED\n" : "mbcheck: all checks passed\n");
 	return failures ? 1 : 0;
 }

@@ -4,6 +4,7 @@
 //! command line and the initrd, and writes what the image's boot protocol hands over:
 //! the Linux zero page ([`zero_page`]) or the PVH start info ([`pvh`]).
 
+pub mod bios_state;
 pub mod cpu;
 pub mod image;
 pub mod multiboot;
@@ -130,6 +131,7 @@ fn load_multiboot(
         None => None,
     };
     multiboot::write_info(mem, map, initrd)?;
+    bios_state::write_ivt(mem)?;
     Ok(EntryPoint::Multiboot(entry))
 }
 
