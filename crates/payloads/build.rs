@@ -27,6 +27,7 @@ const PAYLOADS: &[(&str, &str)] = &[
     ),
     ("smp", "starts every other vCPU with INIT/SIPI; each checks in on the serial port"),
     ("wait", "says it is running, then halts until the VMM stops it (an idle microVM for the API and fleet)"),
+    ("s3wake", "reads the CMOS RTC, sleeps in ACPI S3 and wakes by its alarm (with --testdevs); exits with PM1 status"),
 ];
 
 /// 32-bit multiboot payloads (what kvm-unit-tests' flat files look like): name, one line.

@@ -47,3 +47,34 @@ fn foreign_or_broken_multiboot_images_are_refused() {
     let out = assert_one_line_error(&["run", "--kernel", path.to_str().unwrap()]);
     assert!(stderr(&out).contains("segment"), "{}", stderr(&out));
 }
+
+#[test]
+fn s3_sleeps_until_the_rtc_alarm_and_resumes_at_the_waking_vector() {
+    if !kvm_or_skip("s3_sleeps_until_the_rtc_alarm_and_resumes_at_the_waking_vector") {
+        return;
+    }
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let (out, json) = run_json(&["--payload", "s3wake", "--testdevs", "--timeout", "30"]);
+    let text = stdout(&out);
+    assert!(text.contains("s3wake: entering S3"), "{text}\n{}", stderr(&out));
+    // The stub at the waking vector ran in real mode and found why the machine woke.
+    assert_eq!(json["exit_status"], 0x8400, "WAK_STS | RTC_STS: {text}\n{}", stderr(&out));
+    // The alarm matches every second: asleep for at most about one.
+    assert!(json["elapsed_ms"].as_f64().unwrap_or(f64::MAX) < 10_000.0, "{json}");
+    // The RTC tells the host's time of day (UTC).
+    let line = text.lines().find_map(|l| l.strip_prefix("s3wake: rtc ")).expect("an rtc line");
+    let n: Vec<i64> = line.split(['-', ' ', ':']).map(|f| f.parse().unwrap()).collect();
+    let (y, mo, d) = (n[0] - i64::from(n[1] <= 2), n[1], n[2]);
+    // Days from civil (Howard Hinnant), to compare with the host's clock.
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let doy = (153 * ((mo + 9) % 12) + 2) / 5 + d - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    let rtc = days * 86_400 + n[3] * 3600 + n[4] * 60 + n[5];
+    assert!((rtc - before as i64).abs() <= 5, "RTC {line} is {} s from the host's clock", rtc - before as i64);
+
+    // Without --testdevs there is no S3 (and no RTC): the write is ignored.
+    let (out, json) = run_json(&["--payload", "s3wake", "--timeout", "30"]);
+    assert_eq!(json["exit_status"], 1, "{}", stdout(&out));
+    assert!(stdout(&out).contains("S3 not entered"), "{}", stdout(&out));
+}

@@ -223,8 +223,16 @@ fn mcfg() -> Vec<u8> {
     bytes(&mcfg)
 }
 
-/// Writes every table into the ACPI area; returns the RSDP's address.
-pub fn write_tables(mem: &GuestMemoryMmap, map: &MemoryMap, vcpus: u8) -> Result<u64, AcpiError> {
+/// Where the tables a guest or the VMM looks up went.
+#[derive(Clone, Copy, Debug)]
+pub struct Placed {
+    pub rsdp: u64,
+    /// The FACS, whose waking vector an S3 resume jumps to (crate::sleep).
+    pub facs: u64,
+}
+
+/// Writes every table into the ACPI area.
+pub fn write_tables(mem: &GuestMemoryMmap, map: &MemoryMap, vcpus: u8) -> Result<Placed, AcpiError> {
     let mut area: Vec<u8> = Vec::new();
     let mut place = |table: &[u8], align: usize| -> u64 {
         area.resize(area.len().next_multiple_of(align), 0);
@@ -250,7 +258,7 @@ pub fn write_tables(mem: &GuestMemoryMmap, map: &MemoryMap, vcpus: u8) -> Result
         return Err(AcpiError::TooBig(area.len(), room));
     }
     mem.write_slice(&area, GuestAddress(layout::ACPI_START))?;
-    Ok(rsdp_at)
+    Ok(Placed { rsdp: rsdp_at, facs })
 }
 
 #[cfg(test)]
@@ -265,7 +273,7 @@ mod tests {
     fn tables_checksum_and_point_at_each_other() {
         let map = MemoryMap::new(256 << 20).unwrap();
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 256 << 20)]).unwrap();
-        let rsdp = write_tables(&mem, &map, 3).unwrap();
+        let rsdp = write_tables(&mem, &map, 3).unwrap().rsdp;
         let read = |at: u64, len: usize| {
             let mut v = vec![0u8; len];
             mem.read_slice(&mut v, GuestAddress(at)).unwrap();

@@ -40,6 +40,8 @@ impl GuestStop {
 
 const STOP: u8 = 1;
 const PAUSE: u8 = 2;
+/// The guest sleeps in ACPI S3 (crate::sleep): vCPUs park until it wakes.
+const SUSPEND: u8 = 4;
 
 /// The vCPU threads as the pause gate sees them.
 #[derive(Default)]
@@ -149,15 +151,54 @@ impl RunControl {
         }
     }
 
-    /// Called by a vCPU out of `KVM_RUN` that saw PAUSE: waits until resumed or stopped.
+    /// Called by a vCPU out of `KVM_RUN` that saw PAUSE or SUSPEND: waits until neither
+    /// is raised or the machine stops.
     pub fn park(&self) {
+        self.park_until(None);
+    }
+
+    /// [`RunControl::park`], or until `deadline` passes: true then.
+    pub fn park_until(&self, deadline: Option<Instant>) -> bool {
         let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
         gate.parked += 1;
         self.changed.notify_all();
-        while self.flags.load(Ordering::Acquire) == PAUSE {
-            gate = self.changed.wait(gate).unwrap_or_else(|e| e.into_inner());
+        let mut timed_out = false;
+        loop {
+            let flags = self.flags.load(Ordering::Acquire);
+            if flags & STOP != 0 || flags & (PAUSE | SUSPEND) == 0 {
+                break;
+            }
+            gate = match deadline {
+                None => self.changed.wait(gate).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let Some(left) = d.checked_duration_since(Instant::now()).filter(|l| !l.is_zero()) else {
+                        timed_out = true;
+                        break;
+                    };
+                    self.changed.wait_timeout(gate, left).unwrap_or_else(|e| e.into_inner()).0
+                }
+            };
         }
         gate.parked -= 1;
+        timed_out
+    }
+
+    /// The guest entered S3: every vCPU leaves `KVM_RUN` (kicked with `signal`) and parks
+    /// until [`RunControl::wake`].
+    pub fn suspend(&self, signal: libc::c_int) {
+        self.flags.fetch_or(SUSPEND, Ordering::AcqRel);
+        Self::kick(&self.gate.lock().unwrap_or_else(|e| e.into_inner()), signal);
+    }
+
+    /// A wake event ends S3: the parked vCPUs go on (to resume through the firmware's path).
+    pub fn wake(&self) {
+        self.flags.fetch_and(!SUSPEND, Ordering::AcqRel);
+        let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        self.changed.notify_all();
+    }
+
+    pub fn is_suspended(&self) -> bool {
+        self.flags.load(Ordering::Acquire) & SUSPEND != 0
     }
 
     /// Pauses every vCPU: raises PAUSE, kicks each running vCPU thread out of `KVM_RUN`

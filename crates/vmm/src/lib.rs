@@ -21,6 +21,7 @@ pub mod net;
 pub mod pci;
 pub mod poll;
 pub mod seccomp;
+pub mod sleep;
 pub mod stats;
 pub mod stuck;
 pub mod termination;

@@ -242,6 +242,8 @@ pub struct Machine {
     confine_caller: bool,
     sample_every: Option<Duration>,
     stuck_after: Option<Duration>,
+    /// ACPI S3 with its RTC wake, where offered (`--testdevs`).
+    sleep: Option<Arc<crate::sleep::Sleep>>,
     entry: EntryPoint,
     started: (Instant, u64),
     /// Each vCPU's counters while the VM runs (for the API's live exit profile).
@@ -289,8 +291,8 @@ impl Machine {
             unsafe { vm.set_user_memory_region(mapping) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
         }
 
-        let rsdp = acpi::write_tables(&memory, &map, config.vcpus)?;
-        let spec = BootSpec { cmdline: &config.cmdline, initrd: config.initrd.as_deref(), rsdp };
+        let tables = acpi::write_tables(&memory, &map, config.vcpus)?;
+        let spec = BootSpec { cmdline: &config.cmdline, initrd: config.initrd.as_deref(), rsdp: tables.rsdp };
         // Before the image: a multiboot image may be linked over it (and then owns the page).
         write_shared_page(&memory, map.low_ram_end(), &config.params)?;
         let entry = boot::load(&memory, &map, &config.image, &spec)?;
@@ -328,6 +330,7 @@ impl Machine {
             confine_caller: config.confine_caller,
             sample_every: config.sample_every,
             stuck_after: config.stuck_after,
+            sleep: None,
             entry,
             started,
             live: Arc::new(LiveStats::new(usize::from(config.vcpus), 0)),
@@ -349,8 +352,15 @@ impl Machine {
         let i8042 = Arc::new(I8042::new(control.clone(), Some(keyboard_irq)));
         machine.i8042 = Some(i8042.clone());
         machine.add_pio_device("i8042", layout::I8042_DATA_PORT, i8042::I8042_LEN, i8042)?;
-        let pm = Arc::new(AcpiPm::new(control));
-        machine.add_pio_device("acpi-pm", layout::ACPI_PM_PORT, layout::ACPI_PM_LEN, pm)?;
+        let pm = Arc::new(AcpiPm::new(control, config.test_devices));
+        machine.add_pio_device("acpi-pm", layout::ACPI_PM_PORT, layout::ACPI_PM_LEN, pm.clone())?;
+        if config.test_devices {
+            use crate::devices::cmos_rtc::{CmosRtc, RTC_LEN, RTC_PORT};
+            let rtc = Arc::new(CmosRtc::default());
+            machine.add_pio_device("cmos-rtc", RTC_PORT, RTC_LEN, rtc.clone())?;
+            let memory = machine.memory.clone();
+            machine.sleep = Some(Arc::new(crate::sleep::Sleep::new(pm, rtc, tables.facs, memory)));
+        }
         if config.pci_config_io {
             machine.add_pio_device("pci-cf8", CF8_PORT, CF8_LEN, Arc::new(Cf8Device::new(pci.clone())))?;
         }
@@ -518,6 +528,9 @@ impl Machine {
             self.memory.clone(),
         );
         vcpu.publish_to(self.live.clone());
+        if let Some(sleep) = &self.sleep {
+            vcpu.sleep_with(sleep.clone());
+        }
         Ok(vcpu)
     }
 

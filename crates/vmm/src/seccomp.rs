@@ -232,6 +232,7 @@ ioctl_iowr_nr!(KVM_TRANSLATE, KVMIO, 0x85, kvm_translation);
 ioctl_ior_nr!(KVM_GET_FPU, KVMIO, 0x8c, kvm_fpu);
 ioctl_iow_nr!(KVM_SET_FPU, KVMIO, 0x8d, kvm_fpu);
 ioctl_ior_nr!(KVM_GET_MP_STATE, KVMIO, 0x98, kvm_mp_state);
+ioctl_iow_nr!(KVM_SET_MP_STATE, KVMIO, 0x99, kvm_mp_state);
 ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
 ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
 ioctl_iow_nr!(KVM_SET_SREGS, KVMIO, 0x84, kvm_sregs);
@@ -269,8 +270,10 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
                 KVM_GET_MSRS(),
                 KVM_SET_MSRS(),
                 KVM_SET_GUEST_DEBUG(),
-                // Telling a halted vCPU from a spinning one (crate::stuck).
+                // Telling a halted vCPU from a spinning one (crate::stuck); an application
+                // processor waits for SIPI again after S3 (crate::sleep).
                 KVM_GET_MP_STATE(),
+                KVM_SET_MP_STATE(),
             ]
             .into_iter()
             .chain(vm)

@@ -208,6 +208,8 @@ pub struct Vcpu {
     syscall: emulate::syscall::SyscallFixup,
     /// Ends the run when no vCPU makes progress any more (`--stuck-after`), from the samples.
     stuck: Option<StuckWatch>,
+    /// Where the vCPU goes while the guest is in ACPI S3, and how it comes back.
+    sleep: Option<Arc<crate::sleep::Sleep>>,
 }
 
 impl Vcpu {
@@ -233,12 +235,18 @@ impl Vcpu {
             samples: GuestSamples::default(),
             syscall: Default::default(),
             stuck: None,
+            sleep: None,
         }
     }
 
     /// Has each sample also check whether the guest is stuck (see [`crate::stuck`]).
     pub fn watch_for_stuck(&mut self, watch: StuckWatch) {
         self.stuck = Some(watch);
+    }
+
+    /// Lets the guest sleep in S3 (see [`crate::sleep`]).
+    pub fn sleep_with(&mut self, sleep: Arc<crate::sleep::Sleep>) {
+        self.sleep = Some(sleep);
     }
 
     /// Publishes this vCPU's counters to `live` as it runs (see [`LiveStats`]).
@@ -306,7 +314,7 @@ impl Vcpu {
     /// the guest, with no accounting and no bus: the lab's floor for a userspace exit.
     #[inline]
     pub fn step_filtered(&mut self, mut consume: impl FnMut(&VcpuExit) -> bool) -> Result<Step, VcpuError> {
-        if self.control.needs_attention() && self.stop_or_park() {
+        if self.control.needs_attention() && self.stop_or_park()? {
             return Ok(Step::Stopped);
         }
         self.exits.refresh();
@@ -356,15 +364,22 @@ impl Vcpu {
         Ok(Step::Continue)
     }
 
-    /// Stops (true), or waits out a pause and goes on (false unless stopped meanwhile).
+    /// Stops (true), or waits out a pause or an S3 sleep and goes on (false unless
+    /// stopped meanwhile).
     #[cold]
-    fn stop_or_park(&mut self) -> bool {
+    fn stop_or_park(&mut self) -> Result<bool, VcpuError> {
         self.book_pending();
         if !self.control.should_stop() {
             self.publish(true);
-            self.control.park();
+            match &self.sleep {
+                Some(sleep) if self.control.is_suspended() => {
+                    let sleep = sleep.clone();
+                    sleep.sleep(self.id, &mut self.fd, &self.control).map_err(|why| self.fault(&why))?;
+                }
+                _ => self.control.park(),
+            }
         }
-        self.control.should_stop()
+        Ok(self.control.should_stop())
     }
 
     /// Books the previous exit: VMM time ends as we go back into the guest.

@@ -1,6 +1,7 @@
 //! The ACPI fixed-hardware registers the FADT points at (see [`crate::acpi`]): PM1a event
 //! (status, enable), PM1a control (SCI_EN, SLP_TYP, SLP_EN), the 3.579545 MHz PM timer, and
 //! the reset register. Sleeping in S5 powers the guest off; the reset value resets it.
+//! Sleeping in S3, where offered (crate::sleep), parks the vCPUs until a wake event.
 
 use crate::bus::BusDevice;
 use crate::control::{GuestStop, RunControl};
@@ -13,6 +14,13 @@ use std::time::Instant;
 pub const PM_TIMER_HZ: u64 = 3_579_545;
 /// SLP_TYP for S5, as the DSDT's `_S5_` package says.
 const SLP_TYP_S5: u16 = 5;
+/// SLP_TYP for S3, as QEMU's DSDT says (kvm-unit-tests' `s3` writes it as is).
+const SLP_TYP_S3: u16 = 1;
+/// PM1 status: the machine woke (WAK_STS), the RTC alarm fired (RTC_STS); PM1 enable:
+/// the RTC alarm may wake it (RTC_EN).
+pub const WAK_STS: u16 = 1 << 15;
+pub const RTC_STS: u16 = 1 << 10;
+pub const RTC_EN: u16 = 1 << 10;
 const SLP_EN: u16 = 1 << 13;
 /// SCI_EN: the platform is always in ACPI mode (there is no SMI command port).
 const SCI_EN: u16 = 1;
@@ -28,17 +36,30 @@ pub struct AcpiPm {
     status: AtomicU16,
     enable: AtomicU16,
     cnt: AtomicU16,
+    /// Whether S3 is offered (with `--testdevs`: only a wake by the RTC alarm is modelled).
+    s3: bool,
 }
 
 impl AcpiPm {
-    pub fn new(control: Arc<RunControl>) -> Self {
+    pub fn new(control: Arc<RunControl>, s3: bool) -> Self {
         AcpiPm {
             control,
             started: Instant::now(),
             status: AtomicU16::new(0),
             enable: AtomicU16::new(0),
             cnt: AtomicU16::new(SCI_EN),
+            s3,
         }
+    }
+
+    /// PM1 enable, as the guest last wrote it.
+    pub fn enabled(&self) -> u16 {
+        self.enable.load(Ordering::Relaxed)
+    }
+
+    /// Raises PM1 status bits (a wake event).
+    pub fn raise_status(&self, bits: u16) {
+        self.status.fetch_or(bits, Ordering::Relaxed);
     }
 
     /// The 32-bit PM timer: ticks since the machine was made.
@@ -83,9 +104,16 @@ impl BusDevice for AcpiPm {
             (CNT, 2) => {
                 let value = le16(data);
                 self.cnt.store((value & !SLP_EN) | SCI_EN, Ordering::Relaxed);
-                if value & SLP_EN != 0 && (value >> 10) & 7 == SLP_TYP_S5 {
-                    tracing::info!("guest entered ACPI S5 (soft off)");
-                    self.control.guest_stop(GuestStop::PowerOff);
+                match (value & SLP_EN != 0, (value >> 10) & 7) {
+                    (true, SLP_TYP_S5) => {
+                        tracing::info!("guest entered ACPI S5 (soft off)");
+                        self.control.guest_stop(GuestStop::PowerOff);
+                    }
+                    (true, SLP_TYP_S3) if self.s3 => {
+                        tracing::info!("guest entered ACPI S3 (suspend to RAM)");
+                        self.control.suspend(crate::watchdog::kick_signal());
+                    }
+                    _ => {}
                 }
             }
             (RESET, 1) if data[0] == layout::ACPI_RESET_VALUE => {
@@ -105,7 +133,7 @@ mod tests {
     #[test]
     fn timer_runs_s5_powers_off_and_reset_resets() {
         let control = Arc::new(RunControl::default());
-        let pm = AcpiPm::new(control.clone());
+        let pm = AcpiPm::new(control.clone(), false);
         let mut t0 = [0u8; 4];
         pm.read(TMR, &mut t0);
         std::thread::sleep(std::time::Duration::from_millis(2));
@@ -116,13 +144,18 @@ mod tests {
         let mut cnt = [0u8; 2];
         pm.read(CNT, &mut cnt);
         assert_eq!(le16(&cnt) & SCI_EN, SCI_EN);
-        pm.write(CNT, &(3u16 << 10 | SLP_EN).to_le_bytes()); // S3: not offered, ignored
+        pm.write(CNT, &(SLP_TYP_S3 << 10 | SLP_EN).to_le_bytes()); // S3: not offered, ignored
         pm.write(RESET, &[0]);
         assert_eq!(control.guest_stopped(), None);
+        assert!(!control.is_suspended());
         pm.write(CNT, &(SLP_TYP_S5 << 10 | SLP_EN).to_le_bytes());
         assert_eq!(control.guest_stopped(), Some(GuestStop::PowerOff));
         let other = Arc::new(RunControl::default());
-        AcpiPm::new(other.clone()).write(RESET, &[layout::ACPI_RESET_VALUE]);
+        AcpiPm::new(other.clone(), false).write(RESET, &[layout::ACPI_RESET_VALUE]);
         assert_eq!(other.guest_stopped(), Some(GuestStop::Reset));
+        // Where S3 is offered, SLP_TYP 1 suspends: the vCPUs park until a wake.
+        let s3 = Arc::new(RunControl::default());
+        AcpiPm::new(s3.clone(), true).write(CNT, &(SLP_TYP_S3 << 10 | SLP_EN).to_le_bytes());
+        assert!(s3.is_suspended() && s3.guest_stopped().is_none());
     }
 }
