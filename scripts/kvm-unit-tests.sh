@@ -66,7 +66,12 @@ while IFS='|' read -r name file smp args extra arch timeout accel check; do
   fi
   # -machine pit=off only keeps SVM's AVIC from being inhibited: harmless to ignore.
   # -enable-kvm: exitless always runs on KVM.
+  # q35 with an intel-iommu and edu: --testdev-iommu (the VT-d model remaps the edu's
+  # interrupts itself, so the irqchip need not be split).
+  devices=""
+  if [[ $extra == *"-device intel-iommu"* && $extra == *"-device edu"* ]]; then devices="--testdev-iommu"; fi
   other=$(sed -E "s/-append +'[^']*'//; s/-append +[^ ]+//; s/-m +[0-9]+[MGmg]?//; s/-cpu +[^ ]+//g; s/-smp +[^ ]+//; s/-machine +pit=off//; s/-enable-kvm//" <<<"$extra" | xargs)
+  [ -z "$devices" ] || other=$(sed -E "s/-M +q35,kernel-irqchip=split//; s/-device +intel-iommu[^ ]*//; s/-device +edu//" <<<"$other" | xargs)
   [ -z "$other" ] || reason="${reason:-needs QEMU options: $other}"
   if [ -n "$reason" ]; then
     printf '%-28s %-28s\n' "$name" "SKIP ($reason)" >>"$work/rows"
@@ -79,7 +84,7 @@ while IFS='|' read -r name file smp args extra arch timeout accel check; do
   # host's KVM never completes at CPL0) ends the test after 2 s, naming it, instead of at
   # its timeout; --stuck-after 10: so does a guest whose every vCPU has spun in place (a
   # deadlock) or halted for 10 s (STUCK).
-  "$exitless" run --testdevs --kernel "$kut/x86/$file" --vcpus "$smp" --mem "$mem" \
+  "$exitless" run --testdevs $devices --kernel "$kut/x86/$file" --vcpus "$smp" --mem "$mem" \
     --cmdline "$file $args $append" --timeout "$t" --sample-guest 10 --stuck-after 10 \
     </dev/null >"$work/$name.log" 2>"$work/$name.err"
   status=$?

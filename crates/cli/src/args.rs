@@ -105,9 +105,15 @@ pub struct RunArgs {
     #[arg(long)]
     pub lab: bool,
     /// Plug in QEMU's test devices as kvm-unit-tests expects them: fw_cfg (ports
-    /// 0x510-0x511), pc-testdev and pci-testdev (1b36:0005).
+    /// 0x510-0x511), pc-testdev and pci-testdev (1b36:0005); and a CMOS RTC (0x70) with
+    /// ACPI S3, woken by its alarm.
     #[arg(long)]
     pub testdevs: bool,
+    /// With --testdevs, also QEMU's edu device (1234:11e8) behind a model of an Intel VT-d
+    /// IOMMU at 0xfed90000 that translates its DMA and remaps its interrupts (QEMU's
+    /// `-device intel-iommu,intremap=on -device edu`, for kvm-unit-tests' intel_iommu).
+    #[arg(long, requires = "testdevs")]
+    pub testdev_iommu: bool,
     /// Run without seccomp filters (for debugging: every thread may then make any call).
     #[arg(long)]
     pub no_seccomp: bool,

@@ -96,6 +96,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         ecam: args.ecam,
         lab_devices: args.lab,
         test_devices: args.testdevs,
+        test_iommu: args.testdev_iommu,
         confine_caller: true,
         net: args.net.clone().map(|(tap, mac)| exitless_vmm::NetConfig { tap, mac, tx: args.net_tx }),
         poll: args.poll_us,

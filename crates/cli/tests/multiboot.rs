@@ -22,6 +22,20 @@ fn a_multiboot_guest_sees_its_info_initrd_and_the_test_devices() {
     assert!(text.contains("mbcheck: all checks passed"), "{text}");
     assert!(text.contains("mbcheck: cmdline [mbcheck.flat -v x]"), "{text}");
     assert_eq!(json["devices"]["pci-testdev-io"]["writes"].as_u64(), Some(2), "select + one counted write: {json}");
+    assert!(!text.contains("edu behind"), "no edu without --testdev-iommu: {text}");
+
+    // QEMU's edu behind the VT-d model: its DMA goes through the guest's page tables.
+    all.push("--testdev-iommu");
+    let (out, json) = run_json(&all);
+    let text = stdout(&out);
+    assert!(
+        text.contains("mbcheck: ok   edu behind the IOMMU"),
+        "{text}
+{}",
+        stderr(&out)
+    );
+    assert!(text.contains("mbcheck: all checks passed"), "{text}");
+    assert!(json["devices"]["edu"]["writes"].as_u64() > Some(10), "{json}");
 }
 
 #[test]

@@ -24,6 +24,8 @@ pub enum AllocError {
         #[source]
         source: vm_allocator::Error,
     },
+    #[error("no IOAPIC pin left for PCI INTx")]
+    NoIntxPin,
     #[error("the PCI window {0:#x?} is not valid")]
     Window(std::ops::Range<u64>, #[source] vm_allocator::Error),
 }
@@ -37,6 +39,8 @@ pub struct Allocators {
     /// Every range handed out, per window (I/O, 32-bit, 64-bit): vm-allocator 0.1.4's
     /// exact-address allocation does not check that the range is still free.
     taken: [Vec<std::ops::Range<u64>>; 3],
+    /// IOAPIC pins for PCI INTx still free.
+    intx_pins: std::ops::RangeInclusive<u32>,
 }
 
 impl Allocators {
@@ -50,7 +54,13 @@ impl Allocators {
             mmio32: range(windows.mmio32.clone())?,
             mmio64: range(windows.mmio64.clone())?,
             taken: Default::default(),
+            intx_pins: crate::layout::PCI_INTX_PINS,
         })
+    }
+
+    /// An IOAPIC pin of its own for a PCI function's INTx.
+    pub fn intx_pin(&mut self) -> Result<u32, AllocError> {
+        self.intx_pins.next().ok_or(AllocError::NoIntxPin)
     }
 
     /// The lowest free device number on bus 0.
@@ -132,6 +142,8 @@ mod tests {
             a.slot().unwrap();
         }
         assert!(matches!(a.slot(), Err(AllocError::NoSlot)));
+        let pins: Vec<u32> = std::iter::from_fn(|| a.intx_pin().ok()).collect();
+        assert_eq!(pins, (16..=23).collect::<Vec<_>>(), "INTx pins past the ISA IRQs, once each");
     }
 
     #[test]

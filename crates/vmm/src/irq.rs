@@ -66,6 +66,8 @@ pub enum IrqError {
     },
     #[error("no GSI left for another interrupt (GSIs {FIRST_MSI_GSI}-{LAST_GSI})")]
     NoGsi(#[source] vm_allocator::Error),
+    #[error("KVM_IRQ_LINE failed")]
+    Line(#[source] kvm_ioctls::Error),
     #[error("cannot create an irqfd")]
     Eventfd(#[source] std::io::Error),
 }
@@ -75,6 +77,8 @@ pub trait IrqSink: Send + Sync {
     /// Replaces the whole GSI routing table.
     fn set_routes(&self, routes: &[(u32, Route)]) -> Result<(), IrqError>;
     fn register_irqfd(&self, fd: &EventFd, gsi: u32) -> Result<(), IrqError>;
+    /// Raises or lowers a legacy interrupt line (an IOAPIC pin, a PCI device's INTx).
+    fn set_line(&self, gsi: u32, level: bool) -> Result<(), IrqError>;
 }
 
 impl IrqSink for VmFd {
@@ -102,6 +106,10 @@ impl IrqSink for VmFd {
 
     fn register_irqfd(&self, fd: &EventFd, gsi: u32) -> Result<(), IrqError> {
         VmFd::register_irqfd(self, fd, gsi).map_err(|source| IrqError::Irqfd { gsi, source })
+    }
+
+    fn set_line(&self, gsi: u32, level: bool) -> Result<(), IrqError> {
+        self.set_irq_line(gsi, level).map_err(IrqError::Line)
     }
 }
 

@@ -9,7 +9,7 @@
 //! 0x0010_0000  RAM: kernel, then the rest up to min(RAM, 3 GiB)
 //! 0xc000_0000  32-bit PCI MMIO window (BARs)
 //! 0xe000_0000  ECAM, bus 0 (reserved)
-//! 0xfec0_0000  IOAPIC         0xfee0_0000  local APICs
+//! 0xfec0_0000  IOAPIC   0xfed9_0000  VT-d (kvm-unit-tests only)   0xfee0_0000  local APICs
 //! 0x1_0000_0000  RAM above 4 GiB (what does not fit below the hole), then the 64-bit PCI window
 //! ```
 
@@ -66,6 +66,8 @@ pub const PCI_MMIO32_END: u64 = abi::ECAM_GPA;
 pub const ECAM_GPA: u64 = abi::ECAM_GPA;
 pub const ECAM_SIZE: u64 = crate::pci::ecam::ECAM_SIZE;
 pub const IOAPIC_GPA: u64 = 0xfec0_0000;
+/// The VT-d register block where QEMU's q35 puts it (`--testdev-iommu`, pci::iommu).
+pub const IOMMU_GPA: u64 = 0xfed9_0000;
 /// QEMU's pc-testdev scratch memory (with `--testdevs`), where kvm-unit-tests expects it.
 pub const PC_TESTDEV_IOMEM_GPA: u64 = 0xff00_0000;
 pub const LAPIC_GPA: u64 = abi::LAPIC_GPA;
@@ -85,6 +87,8 @@ pub const ACPI_RESET: u16 = ACPI_PM_PORT + 12;
 pub const ACPI_PM_LEN: u64 = 13;
 /// What a guest writes to the reset register to reset (the FADT says so).
 pub const ACPI_RESET_VALUE: u8 = 1;
+/// IOAPIC pins for PCI INTx, past the ISA interrupts (handed out by the allocators).
+pub const PCI_INTX_PINS: std::ops::RangeInclusive<u32> = 16..=23;
 /// The ACPI SCI's ISA interrupt.
 pub const SCI_IRQ: u8 = 9;
 /// COM1 and its interrupt.
@@ -103,6 +107,7 @@ pub const ECAM_FIRST_SLOT: u32 = RAM_SLOTS;
 // The fixed places stay where the map says, and apart.
 const _: () = assert!(PCI_MMIO32_START >= MMIO_HOLE_START && PCI_MMIO32_END <= ECAM_GPA);
 const _: () = assert!(ECAM_GPA + ECAM_SIZE <= IOAPIC_GPA && IOAPIC_GPA < LAPIC_GPA && LAPIC_GPA < TSS_GPA);
+const _: () = assert!(IOAPIC_GPA + 0x1000 <= IOMMU_GPA && IOMMU_GPA + 0x1000 <= LAPIC_GPA);
 const _: () = assert!(AP_TRAMPOLINE_GPA + 0x1000 <= START_INFO_GPA && MEMMAP_GPA + 0x200 <= ZERO_PAGE_GPA);
 const _: () = assert!(BIOS_STUBS_GPA >= LOW_RAM_END && BIOS_STUBS_GPA + 0x1000 <= ACPI_START);
 const _: () = assert!(ZERO_PAGE_GPA + 0x1000 <= SHARED_PAGE_GPA && SHARED_PAGE_GPA + 0x1000 <= PML4_GPA);

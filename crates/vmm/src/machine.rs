@@ -116,8 +116,12 @@ pub struct MachineConfig {
     /// The lab's devices: the doorbell (00:01.0) and the idle port. Off unless a lab or
     /// `--lab` asks for them.
     pub lab_devices: bool,
-    /// QEMU's test devices, for kvm-unit-tests: fw_cfg, pc-testdev and pci-testdev.
+    /// QEMU's test devices, for kvm-unit-tests: fw_cfg, pc-testdev and pci-testdev; a CMOS
+    /// RTC and ACPI S3.
     pub test_devices: bool,
+    /// With `test_devices`: QEMU's edu device behind a VT-d model (`--testdev-iommu`), for
+    /// kvm-unit-tests' `intel_iommu`.
+    pub test_iommu: bool,
     /// Whether [`Machine::run`] confines its calling thread too (seccomp, `ThreadKind::Main`)
     /// once the vCPUs run: the CLI's main thread, not a library caller's.
     pub confine_caller: bool,
@@ -172,6 +176,7 @@ impl MachineConfig {
             drives: Vec::new(),
             lab_devices: false,
             test_devices: false,
+            test_iommu: false,
             confine_caller: false,
             sample_every: None,
             stuck_after: None,
@@ -371,6 +376,9 @@ impl Machine {
         }
         if config.test_devices {
             machine.add_test_devices(config.mem_size, config.vcpus)?;
+            if config.test_iommu {
+                machine.add_edu_behind_iommu()?;
+            }
         }
         if let Some(net) = &config.net {
             machine.add_virtio_net(net, config.poll)?;
@@ -414,6 +422,20 @@ impl Machine {
         let ids = (self.register_device("pci-testdev-mem"), self.register_device("pci-testdev-io"));
         self.pci.add(slot, 0, testdev.pci_function(ids, mem, io))?;
         testdev.attach(&self.pci, usize::from(slot) << 3);
+        Ok(())
+    }
+
+    /// QEMU's edu device and the VT-d model that translates its DMA and remaps its
+    /// interrupts, where kvm-unit-tests' `intel_iommu` looks for them.
+    fn add_edu_behind_iommu(&mut self) -> Result<(), MachineError> {
+        use crate::pci::{edu, iommu};
+        let unit = Arc::new(iommu::IntelIommu::new(self.memory.clone()));
+        self.add_mmio_device("intel-iommu", layout::IOMMU_GPA, iommu::IOMMU_LEN, unit.clone())?;
+        let (slot, pin, bar) = (self.allocators.slot()?, self.allocators.intx_pin()?, self.allocators.bar(edu::BAR)?);
+        let device = edu::Edu::new(self.memory.clone(), unit, self.vm.clone(), self.gsi_router.clone(), slot, pin)
+            .map_err(|e| MachineError::Device { name: "edu".into(), source: std::io::Error::other(e) })?;
+        let id = self.register_device("edu");
+        self.pci.add(slot, 0, device.pci_function(id, bar))?;
         Ok(())
     }
 

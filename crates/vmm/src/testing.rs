@@ -32,6 +32,8 @@ pub struct FakeKvm {
     pub route_updates: AtomicU64,
     /// GSIs with an irqfd.
     pub irqfds: Mutex<Vec<u32>>,
+    /// Every legacy line change: (GSI, level).
+    pub lines: Mutex<Vec<(u32, bool)>>,
 }
 
 impl IrqSink for FakeKvm {
@@ -43,6 +45,11 @@ impl IrqSink for FakeKvm {
 
     fn register_irqfd(&self, _fd: &EventFd, gsi: u32) -> Result<(), IrqError> {
         self.irqfds.lock().unwrap().push(gsi);
+        Ok(())
+    }
+
+    fn set_line(&self, gsi: u32, level: bool) -> Result<(), IrqError> {
+        self.lines.lock().unwrap().push((gsi, level));
         Ok(())
     }
 }

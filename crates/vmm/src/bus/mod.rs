@@ -25,6 +25,23 @@ pub trait BusDevice: Send + Sync {
     fn write(&self, offset: u64, data: &[u8]);
 }
 
+/// A register's value as an access of `data.len()` bytes reads it (little-endian, the
+/// bytes past 8 zero).
+pub fn read_register(data: &mut [u8], value: u64) {
+    let bytes = value.to_le_bytes();
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = bytes.get(i).copied().unwrap_or(0);
+    }
+}
+
+/// What an access writes, as a little-endian value (of at most its first 8 bytes).
+pub fn written_value(data: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    let n = data.len().min(8);
+    bytes[..n].copy_from_slice(&data[..n]);
+    u64::from_le_bytes(bytes)
+}
+
 /// Index of a device in the machine's device table: names it in statistics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DeviceId(pub usize);

@@ -162,6 +162,11 @@ impl ConfigSpace {
         at
     }
 
+    /// The legacy interrupt pin (1 = INTA#) the function uses.
+    pub fn set_interrupt_pin(&mut self, pin: u8) {
+        self.bytes[INTERRUPT_PIN] = pin;
+    }
+
     /// Makes the bits set in `mask` guest-writable, from `offset` on.
     pub fn set_write_mask(&mut self, offset: usize, mask: &[u8]) {
         self.writable[offset..offset + mask.len()].copy_from_slice(mask);

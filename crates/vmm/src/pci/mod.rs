@@ -4,6 +4,8 @@
 pub mod cf8;
 pub mod config;
 pub mod ecam;
+pub mod edu;
+pub mod iommu;
 pub mod msix;
 pub mod root;
 pub mod testdev;
