@@ -98,7 +98,7 @@ while IFS='|' read -r name file smp args extra arch timeout accel check; do
   # that into 77 (SKIP) for the suite's runner; exitless hands the guest's code back as is.
   elif [ $status -eq 38 ] || [ $status -eq 77 ]; then v=SKIP
   else v="FAIL($status)"; fi
-  summary=$(grep -a "^SUMMARY" "$work/$name.log" | tail -n 1 | cut -c10- || true)
+  summary=$(grep -a "^SUMMARY" "$work/$name.log" | tail -n 1 | tr -d "\r" | cut -c10- || true)
   why=$(grep -a "guest stopped on\|triple fault" "$work/$name.err" | head -n 1 | sed 's/.*exitless: //; s/.*neither can exitless: //; s/guest stopped on vCPU [0-9]*: //; s/^stuck: for [0-9]* s this vCPU has looped over the same \([0-9]*\) register states (RIP \([^)]*\)).*/spinning in place at \2/' | cut -c1-70 || true)
   printf '%-28s %-28s\n' "$name" "$v $(printf '%.1f' "$took")s ${summary:-$why}" >>"$work/rows"
 done <"$work/tests"
