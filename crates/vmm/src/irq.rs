@@ -66,8 +66,6 @@ pub enum IrqError {
     },
     #[error("no GSI left for another interrupt (GSIs {FIRST_MSI_GSI}-{LAST_GSI})")]
     NoGsi(#[source] vm_allocator::Error),
-    #[error("KVM_IRQ_LINE failed")]
-    Line(#[source] kvm_ioctls::Error),
     #[error("cannot create an irqfd")]
     Eventfd(#[source] std::io::Error),
 }
@@ -77,8 +75,20 @@ pub trait IrqSink: Send + Sync {
     /// Replaces the whole GSI routing table.
     fn set_routes(&self, routes: &[(u32, Route)]) -> Result<(), IrqError>;
     fn register_irqfd(&self, fd: &EventFd, gsi: u32) -> Result<(), IrqError>;
-    /// Raises or lowers a legacy interrupt line (an IOAPIC pin, a PCI device's INTx).
-    fn set_line(&self, gsi: u32, level: bool) -> Result<(), IrqError>;
+}
+
+/// Sets a legacy interrupt line's level (KVM_IRQ_LINE on the VM): an ISA line, an IOAPIC
+/// pin, a PCI device's INTx.
+pub trait IrqLevel: Send + Sync {
+    fn set_level(&self, irq: u32, level: bool);
+}
+
+impl IrqLevel for VmFd {
+    fn set_level(&self, irq: u32, level: bool) {
+        if let Err(e) = self.set_irq_line(irq, level) {
+            tracing::warn!("KVM_IRQ_LINE {irq}: {e}");
+        }
+    }
 }
 
 impl IrqSink for VmFd {
@@ -106,10 +116,6 @@ impl IrqSink for VmFd {
 
     fn register_irqfd(&self, fd: &EventFd, gsi: u32) -> Result<(), IrqError> {
         VmFd::register_irqfd(self, fd, gsi).map_err(|source| IrqError::Irqfd { gsi, source })
-    }
-
-    fn set_line(&self, gsi: u32, level: bool) -> Result<(), IrqError> {
-        self.set_irq_line(gsi, level).map_err(IrqError::Line)
     }
 }
 

@@ -2,7 +2,7 @@
 
 use crate::ioeventfd::{IoeventfdKey, IoeventfdSink};
 use crate::irq::GsiRouter;
-use crate::irq::{IrqError, IrqSink, MsiMessage, Route};
+use crate::irq::{IrqError, IrqLevel, IrqSink, MsiMessage, Route};
 use crate::pci::ecam::MemslotSink;
 use crate::pci::msix::Msix;
 use crate::virtio::pci::VirtioPci;
@@ -47,10 +47,11 @@ impl IrqSink for FakeKvm {
         self.irqfds.lock().unwrap().push(gsi);
         Ok(())
     }
+}
 
-    fn set_line(&self, gsi: u32, level: bool) -> Result<(), IrqError> {
-        self.lines.lock().unwrap().push((gsi, level));
-        Ok(())
+impl IrqLevel for FakeKvm {
+    fn set_level(&self, irq: u32, level: bool) {
+        self.lines.lock().unwrap().push((irq, level));
     }
 }
 

@@ -5,6 +5,7 @@
 //! "I/O memory" at 0xff000000 that traps on every access.
 
 use crate::bus::BusDevice;
+use crate::irq::IrqLevel;
 use std::sync::Mutex;
 
 pub const SCRATCH_PORT: u16 = 0xe0;
@@ -13,19 +14,6 @@ pub const PORTS_LEN: u64 = 12;
 pub const IRQ_PORT: u16 = 0x2000;
 pub const IRQ_LINES: u64 = 24;
 pub const IOMEM_LEN: u64 = 0x1_0000;
-
-/// Sets an interrupt line's level (KVM_IRQ_LINE on the VM).
-pub trait IrqLevel: Send + Sync {
-    fn set_level(&self, irq: u32, level: bool);
-}
-
-impl IrqLevel for kvm_ioctls::VmFd {
-    fn set_level(&self, irq: u32, level: bool) {
-        if let Err(e) = self.set_irq_line(irq, level) {
-            tracing::warn!("pc-testdev: KVM_IRQ_LINE {irq}: {e}");
-        }
-    }
-}
 
 /// The scratch and flush ports.
 #[derive(Default)]
@@ -121,19 +109,12 @@ mod tests {
 
     #[test]
     fn irq_ports_set_levels_and_iomem_is_memory() {
-        #[derive(Default)]
-        struct Lines(Mutex<Vec<(u32, bool)>>);
-        impl IrqLevel for Lines {
-            fn set_level(&self, irq: u32, level: bool) {
-                self.0.lock().unwrap().push((irq, level));
-            }
-        }
-        let lines = Arc::new(Lines::default());
+        let lines = Arc::new(crate::testing::FakeKvm::default());
         let irq = PcTestdevIrq(lines.clone());
         irq.write(10, &[1]);
         irq.write(10, &[0]);
         irq.write(3, &[1, 1]); // not a byte write: ignored
-        assert_eq!(*lines.0.lock().unwrap(), [(10, true), (10, false)]);
+        assert_eq!(*lines.lines.lock().unwrap(), [(10, true), (10, false)]);
         let io = PcTestdevIomem::default();
         io.write(IOMEM_LEN - 2, &[1, 2, 3, 4]); // the part past the end is dropped
         let mut b = [0u8; 4];

@@ -9,7 +9,7 @@ use super::iommu::IntelIommu;
 use super::root::ConfigHook;
 use super::PciFunction;
 use crate::bus::{BusDevice, DeviceId};
-use crate::irq::{GsiRouter, IrqSink, MsiMessage};
+use crate::irq::{GsiRouter, IrqLevel, MsiMessage};
 use std::sync::{Arc, Mutex};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
@@ -68,7 +68,7 @@ pub struct Edu {
     memory: GuestMemoryMmap,
     iommu: Arc<IntelIommu>,
     /// Where INTx goes (the VM's IOAPIC).
-    line: Arc<dyn IrqSink>,
+    line: Arc<dyn IrqLevel>,
     /// Requester ID: bus 0, the slot's devfn.
     sid: u16,
     /// The IOAPIC pin of INTx.
@@ -83,7 +83,7 @@ impl Edu {
     pub fn new(
         memory: GuestMemoryMmap,
         iommu: Arc<IntelIommu>,
-        line: Arc<dyn IrqSink>,
+        line: Arc<dyn IrqLevel>,
         router: Arc<GsiRouter>,
         slot: u8,
         pin: u32,
@@ -149,19 +149,22 @@ impl Edu {
                 }
                 None => self.warn(state, "its MSI has no valid interrupt-remapping entry"),
             },
-            None if !state.line_up => {
-                state.line_up = true;
-                let _ = self.line.set_line(self.pin, true);
-            }
-            None => {}
+            None => self.set_line(state, true),
         }
     }
 
     fn lower(&self, state: &mut State, bits: u32) {
         state.irq_status &= !bits;
-        if state.irq_status == 0 && state.line_up {
-            state.line_up = false;
-            let _ = self.line.set_line(self.pin, false);
+        if state.irq_status == 0 {
+            self.set_line(state, false);
+        }
+    }
+
+    /// Moves the INTx line to `up`, telling KVM only of a change.
+    fn set_line(&self, state: &mut State, up: bool) {
+        if state.line_up != up {
+            state.line_up = up;
+            self.line.set_level(self.pin, up);
         }
     }
 
@@ -260,10 +263,9 @@ impl ConfigHook for Edu {
         let data = u32::from(config.read_u16(cap + 12));
         let mut state = self.lock();
         state.msi = (control & MSI_ENABLE != 0).then_some(MsiMessage { address, data });
-        if state.msi.is_some() && state.line_up {
+        if state.msi.is_some() {
             // MSI on: INTx is no longer used.
-            state.line_up = false;
-            let _ = self.line.set_line(self.pin, false);
+            self.set_line(&mut state, false);
         }
     }
 }
