@@ -192,9 +192,7 @@ impl RunControl {
 
     /// A wake event ends S3: the parked vCPUs go on (to resume through the firmware's path).
     pub fn wake(&self) {
-        self.flags.fetch_and(!SUSPEND, Ordering::AcqRel);
-        let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
-        self.changed.notify_all();
+        self.release(SUSPEND);
     }
 
     pub fn is_suspended(&self) -> bool {
@@ -222,7 +220,12 @@ impl RunControl {
 
     /// Lets paused vCPUs run again.
     pub fn resume(&self) {
-        self.flags.fetch_and(!PAUSE, Ordering::AcqRel);
+        self.release(PAUSE);
+    }
+
+    /// Lowers `bit` (PAUSE or SUSPEND) and wakes the parked vCPUs to look again.
+    fn release(&self, bit: u8) {
+        self.flags.fetch_and(!bit, Ordering::AcqRel);
         let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
         self.changed.notify_all();
     }

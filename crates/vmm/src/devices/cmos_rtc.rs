@@ -157,10 +157,9 @@ impl State {
 
     /// The first whole guest second after `t` at which the alarm matches (looking a day ahead).
     fn next_alarm(&self, t: SystemTime) -> Option<SystemTime> {
-        let (host_now, frac) = unix(t);
         let first = self.guest_seconds(t) + 1;
         let ahead = (0..=86_400).find(|&k| self.alarm_matches(first + k))?;
-        Some(t + Duration::from_secs(ahead as u64 + 1) - frac).filter(|_| host_now >= 0)
+        Some(t + Duration::from_secs(ahead as u64 + 1) - unix(t).1)
     }
 
     fn read(&mut self, reg: usize, now: SystemTime) -> u8 {

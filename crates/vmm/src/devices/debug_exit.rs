@@ -27,10 +27,8 @@ impl BusDevice for DebugExit {
         if offset != 0 {
             return;
         }
-        let mut value = [0u8; 4];
-        let n = data.len().min(4);
-        value[..n].copy_from_slice(&data[..n]);
-        self.control.guest_exit(u32::from_le_bytes(value));
+        // The low 4 bytes of what was written.
+        self.control.guest_exit(crate::bus::written_value(data) as u32);
     }
 }
 

@@ -76,7 +76,7 @@ pub struct Edu {
     /// MSI: a GSI routed to the (remapped) message, fired through its irqfd.
     msi: (Arc<GsiRouter>, u32, EventFd),
     /// Where the MSI capability sits in config space.
-    msi_cap: Mutex<usize>,
+    msi_cap: std::sync::OnceLock<usize>,
 }
 
 impl Edu {
@@ -99,7 +99,7 @@ impl Edu {
             sid: u16::from(slot) << 3,
             pin,
             msi: (router, gsi, fd),
-            msi_cap: Mutex::new(0),
+            msi_cap: std::sync::OnceLock::new(),
         }))
     }
 
@@ -125,7 +125,7 @@ impl Edu {
             cap + 2,
             &[MSI_ENABLE as u8, 0, 0xfc, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
         );
-        *self.msi_cap.lock().unwrap_or_else(|e| e.into_inner()) = cap;
+        let _ = self.msi_cap.set(cap);
         PciFunction::new("edu", config).with_bar(0, id, self.clone()).with_hook(self.clone())
     }
 
@@ -253,7 +253,7 @@ impl BusDevice for Edu {
 
 impl ConfigHook for Edu {
     fn config_written(&self, config: &ConfigSpace, offset: usize, len: usize) {
-        let cap = *self.msi_cap.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(&cap) = self.msi_cap.get() else { return };
         if offset + len <= cap || offset >= cap + 14 {
             return;
         }
@@ -327,7 +327,7 @@ mod tests {
         let (edu, kvm, memory) = edu();
         let function = edu.pci_function(DeviceId(0), 0xc000_0000);
         let mut config = function.config;
-        let cap = *edu.msi_cap.lock().unwrap();
+        let cap = *edu.msi_cap.get().unwrap();
         // IRTE 1 at 1 MiB: vector 0xee to APIC 0; remapping on; a remappable message for it.
         memory.write_obj(1u64 | (0xee << 16), GuestAddress(0x10_0000 + 16)).unwrap();
         edu.iommu.write(0xb8, &(0x10_0000u64 | 0xf).to_le_bytes());
