@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[derive(Parser)]
 #[command(
     name = "exitless",
-    version,
+    version = VERSION,
     about = "A KVM VMM whose guest I/O avoids heavyweight exits",
     arg_required_else_help = true
 )]
@@ -18,13 +18,24 @@ pub struct Cli {
     pub api: ApiArgs,
 }
 
-/// With no command: Firecracker's process interface (its flags, its REST API).
+/// The Firecracker release whose API and flags exitless serves.
+pub const FIRECRACKER_API: &str = "1.16.1";
+
+/// `--version`: "exitless v1.16.1 (exitless 0.1.0, Firecracker API v1.16.1)". Kata takes the
+/// second word as the Firecracker version (it needs at least 0.21.1); the rest says what
+/// this is.
+pub const VERSION: &str =
+    concat!("v1.16.1 (exitless ", env!("CARGO_PKG_VERSION"), ", serving the Firecracker v1.16.1 API)");
+
+/// With no command: Firecracker's process interface (its flags, its REST API). Every
+/// flag of Firecracker v1.16 is here, with Firecracker's meaning or refused in one line
+/// saying why (README: "Firecracker's flags").
 #[derive(Args, Clone)]
 pub struct ApiArgs {
     /// Serve Firecracker's REST API on this Unix socket (with no command).
     #[arg(long, value_name = "PATH", default_value = "/run/firecracker.socket")]
     pub api_sock: PathBuf,
-    /// The microVM's id (GET /).
+    /// The microVM's id (GET /, and every log line).
     #[arg(long, default_value = "anonymous-instance", value_parser = parse_instance_id)]
     pub id: String,
     /// Configure from this Firecracker JSON config file and boot at once.
@@ -39,19 +50,66 @@ pub struct ApiArgs {
     /// Log level: Error, Warning, Info, Debug, Trace or Off.
     #[arg(long)]
     pub level: Option<String>,
-    /// Write metrics (JSON lines, exit counts included) to FILE (or FIFO).
+    /// Log only events of modules whose path starts with this (e.g. exitless_vmm::virtio).
+    #[arg(long, value_name = "MODULE")]
+    pub module: Option<String>,
+    /// Show each log line's level.
+    #[arg(long)]
+    pub show_level: bool,
+    /// Show each log line's source file and line.
+    #[arg(long)]
+    pub show_log_origin: bool,
+    /// Write metrics (Firecracker's JSON lines, with exitless's exit counts) to FILE (or FIFO).
     #[arg(long, value_name = "FILE")]
     pub metrics_path: Option<PathBuf>,
     /// Run without seccomp filters (for debugging), as Firecracker's flag of that name.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "seccomp_filter")]
     pub no_seccomp: bool,
-    /// Accepted for the jailer's sake and ignored.
+    /// A Firecracker seccomp filter file: refused (exitless's threads make other calls than
+    /// Firecracker's, so a filter written for them would stop exitless; its own per-thread
+    /// filters are always on unless --no-seccomp).
+    #[arg(long, value_name = "FILE")]
+    pub seccomp_filter: Option<PathBuf>,
+    /// Log the time from InstanceStart until the guest writes 123 to Firecracker's
+    /// boot-timer address (0xc0000000), as Firecracker's boot-timer device does.
+    #[arg(long)]
+    pub boot_timer: bool,
+    /// The largest API request body, in bytes (Firecracker's default).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_PAYLOAD, value_parser = parse_payload_size)]
+    pub http_api_max_payload_size: usize,
+    /// The MMDS data store's limit, in bytes (default: the API payload limit).
+    #[arg(long, value_name = "BYTES", value_parser = parse_payload_size)]
+    pub mmds_size_limit: Option<usize>,
+    /// Initial MMDS contents (JSON): refused until exitless has an MMDS.
+    #[arg(long, value_name = "FILE")]
+    pub metadata: Option<PathBuf>,
+    /// Accepted and needs nothing: every exitless device is a virtio-pci device.
+    #[arg(long)]
+    pub enable_pci: bool,
+    /// Firecracker's snapshot data format version: refused (exitless has no snapshots yet).
+    #[arg(long)]
+    pub snapshot_version: bool,
+    /// Firecracker's snapshot file description: refused (exitless has no snapshots yet).
+    #[arg(long, value_name = "FILE")]
+    pub describe_snapshot: Option<PathBuf>,
+    /// Accepted for the jailer's sake: process start time (wall clock, microseconds).
     #[arg(long, hide = true)]
     pub start_time_us: Option<u64>,
     #[arg(long, hide = true)]
     pub start_time_cpu_us: Option<u64>,
     #[arg(long, hide = true)]
     pub parent_cpu_time_us: Option<u64>,
+}
+
+/// Firecracker's default bound on an API request body.
+pub const DEFAULT_MAX_PAYLOAD: usize = 51_200;
+
+/// A size in bytes for a body or data store: 1 byte to 1 GiB.
+fn parse_payload_size(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=1 << 30).contains(&n) => Ok(n),
+        _ => Err(format!("'{s}' is not a size in bytes between 1 and 1073741824")),
+    }
 }
 
 /// Firecracker's rule for an instance id: 1 to 64 letters, digits and '-'.
@@ -127,9 +185,11 @@ pub struct RunArgs {
     /// come from read-only memory, writes exit).
     #[arg(long, default_value = "mapped", value_parser = parse_ecam)]
     pub ecam: exitless_vmm::pci::EcamMode,
-    /// A virtio-net device on tap NAME (created if missing), e.g. `tap=tap0,mac=52:54:00:12:34:56`.
+    /// A virtio-net device on tap NAME (created if missing), e.g. `tap=tap0,mac=52:54:00:12:34:56`;
+    /// repeatable, one device (and device thread) each. Without `mac`, the n-th NIC gets
+    /// 52:54:00:e1:e5:0n.
     #[arg(long, value_name = "tap=NAME[,mac=MAC]", value_parser = parse_net)]
-    pub net: Option<(String, [u8; 6])>,
+    pub net: Vec<(String, Option<[u8; 6]>)>,
     /// How virtio-net transmits: `copy` (through a VMM buffer) or `zerocopy` (iovecs into
     /// guest memory; chains under 256 bytes are copied either way).
     #[arg(long, default_value = "zerocopy", value_parser = parse_tx, requires = "net")]
@@ -525,15 +585,37 @@ fn parse_ecam(s: &str) -> Result<exitless_vmm::pci::EcamMode, String> {
     }
 }
 
-/// The MAC a guest gets when none is given (locally administered).
+/// The MAC the first NIC gets when none is given (locally administered); the n-th gets
+/// the same with n added to its last byte.
 pub const DEFAULT_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xe1, 0xe5, 0x01];
 
-pub fn parse_net(s: &str) -> Result<(String, [u8; 6]), String> {
-    let (mut tap, mut mac) = (None, DEFAULT_MAC);
+impl RunArgs {
+    /// One virtio-net device per `--net`, MACs given or derived from the position.
+    pub fn nets(&self) -> Vec<exitless_vmm::NetConfig> {
+        let derived = |i: usize| {
+            let mut mac = DEFAULT_MAC;
+            mac[5] = mac[5].wrapping_add(i as u8);
+            mac
+        };
+        self.net
+            .iter()
+            .enumerate()
+            .map(|(i, (tap, mac))| exitless_vmm::NetConfig {
+                tap: tap.clone(),
+                mac: mac.unwrap_or_else(|| derived(i)),
+                tx: self.net_tx,
+                mtu: None,
+            })
+            .collect()
+    }
+}
+
+pub fn parse_net(s: &str) -> Result<(String, Option<[u8; 6]>), String> {
+    let (mut tap, mut mac) = (None, None);
     for part in s.split(',') {
         match part.split_once('=') {
             Some(("tap", name)) if !name.is_empty() && name.len() < 16 => tap = Some(name.to_string()),
-            Some(("mac", m)) => mac = parse_mac(m)?,
+            Some(("mac", m)) => mac = Some(parse_mac(m)?),
             _ => return Err(format!("'{part}' is not tap=NAME (up to 15 bytes) or mac=xx:xx:xx:xx:xx:xx")),
         }
     }
@@ -620,8 +702,8 @@ mod tests {
 
     #[test]
     fn net_options() {
-        assert_eq!(parse_net("tap=t0").unwrap(), ("t0".into(), DEFAULT_MAC));
-        assert_eq!(parse_net("tap=t0,mac=02:00:00:00:00:0a").unwrap().1, [2, 0, 0, 0, 0, 10]);
+        assert_eq!(parse_net("tap=t0").unwrap(), ("t0".into(), None));
+        assert_eq!(parse_net("tap=t0,mac=02:00:00:00:00:0a").unwrap().1, Some([2, 0, 0, 0, 0, 10]));
         for bad in [
             "",
             "tap=",

@@ -39,7 +39,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        api::init_logging(level);
+        api::init_logging(level, &cli.api.id);
         return api::run(cli.api).unwrap_or_else(|e| {
             eprintln!("exitless: {}", with_causes(e.as_ref()));
             ExitCode::FAILURE
@@ -98,7 +98,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         test_devices: args.testdevs,
         test_iommu: args.testdev_iommu,
         confine_caller: true,
-        net: args.net.clone().map(|(tap, mac)| exitless_vmm::NetConfig { tap, mac, tx: args.net_tx }),
+        nets: args.nets(),
         poll: args.poll_us,
         drives: args.drive.clone(),
         sample_every: args.sample_guest.map(|hz| std::time::Duration::from_secs_f64(1.0 / f64::from(hz))),

@@ -46,10 +46,10 @@ pub fn profile(report: &RunReport) -> String {
     for (name, c) in devices(report) {
         let _ = writeln!(s, "  {:<16} {:>10} {:>16}", name, c.reads, c.writes);
     }
-    if let Some(n) = &report.net {
+    for (tap, n) in &report.nets {
         let _ = writeln!(
             s,
-            "  virtio-net: tx {} frames ({} copied, {} dropped), rx {} ({} dropped), {} bad chains, {} kicks, {} irqs",
+            "  virtio-net ({tap}): tx {} frames ({} copied, {} dropped), rx {} ({} dropped), {} bad chains, {} kicks, {} irqs",
             n.tx_frames, n.tx_copied, n.tx_dropped, n.rx_frames, n.rx_dropped, n.bad_chains, n.kicks, n.irqs
         );
         poll_line(&mut s, "virtio-net", &n.poll);
@@ -113,6 +113,15 @@ pub fn samples_json(report: &RunReport, symbols: &Symbols) -> Value {
 }
 
 /// Exit counts by reason, for the total or one vCPU.
+fn net_json(n: &exitless_vmm::virtio::net::NetCounters) -> Value {
+    json!({
+        "tx_frames": n.tx_frames, "tx_bytes": n.tx_bytes, "tx_copied": n.tx_copied, "tx_dropped": n.tx_dropped,
+        "rx_frames": n.rx_frames, "rx_dropped": n.rx_dropped, "bad_chains": n.bad_chains,
+        "kicks": n.kicks, "irqs": n.irqs,
+        "poll": poll_json(&n.poll),
+    })
+}
+
 fn exit_counts(stats: &ExitStats) -> Map<String, Value> {
     ExitKind::ALL.iter().filter(|&&k| stats.exits(k) > 0).map(|&k| (k.name().into(), json!(stats.exits(k)))).collect()
 }
@@ -148,12 +157,9 @@ pub fn json(report: &RunReport) -> Value {
         "elapsed_ms": report.elapsed.as_secs_f64() * 1e3,
         "vmm_rss_kib": report.vmm_memory.map(|m| m.rss_kib),
         "vmm_pss_kib": report.vmm_memory.map(|m| m.pss_kib),
-        "net": report.net.map(|n| json!({
-            "tx_frames": n.tx_frames, "tx_bytes": n.tx_bytes, "tx_copied": n.tx_copied, "tx_dropped": n.tx_dropped,
-            "rx_frames": n.rx_frames, "rx_dropped": n.rx_dropped, "bad_chains": n.bad_chains,
-            "kicks": n.kicks, "irqs": n.irqs,
-            "poll": poll_json(&n.poll),
-        })),
+        // The first NIC (what the labs read), then every NIC by tap name.
+        "net": report.nets.first().map(|(_, n)| net_json(n)),
+        "nets": report.nets.iter().map(|(tap, n)| (tap.clone(), net_json(n))).collect::<Map<String, Value>>(),
         "drives": report.drives.iter().map(|(name, d)| (name.clone(), json!({
             "reads": d.reads, "writes": d.writes, "read_bytes": d.read_bytes, "write_bytes": d.write_bytes,
             "flushes": d.flushes, "discards": d.discards, "errors": d.errors, "bad_requests": d.bad_requests,

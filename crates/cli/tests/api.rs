@@ -127,8 +127,12 @@ fn every_thread_of_an_api_started_vm_is_under_seccomp() {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         let kernel = payloads.join("wait.elf");
+        let (disk, swapped) = (dir.join("disk.img"), dir.join("swapped.img"));
+        std::fs::write(&disk, vec![0u8; 4096]).unwrap();
+        std::fs::write(&swapped, vec![0u8; 8192]).unwrap();
         let calls = [
             ("PUT", "/machine-config", Some(json!({"vcpu_count": 2, "mem_size_mib": 64}))),
+            ("PUT", "/drives/root", Some(json!({"drive_id": "root", "path_on_host": disk, "is_root_device": true}))),
             ("PUT", "/boot-source", Some(json!({"kernel_image_path": kernel, "boot_args": "spin"}))),
             ("PUT", "/actions", Some(json!({"action_type": "InstanceStart"}))),
             // Requests served after the start, under the API thread's filter.
@@ -137,11 +141,13 @@ fn every_thread_of_an_api_started_vm_is_under_seccomp() {
             ("PATCH", "/vm", Some(json!({"state": "Resumed"}))),
             ("PUT", "/actions", Some(json!({"action_type": "FlushMetrics"}))),
             ("GET", "/vm/config", None),
+            // A new backing file: opened, locked and sized by the API thread.
+            ("PATCH", "/drives/root", Some(json!({"drive_id": "root", "path_on_host": swapped}))),
         ];
         for (method, path, body) in &calls {
             expect_ok(&sock, method, path, body.as_ref()).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
         }
-        let named = ["exitless", "vmm", "vcpu0", "vcpu1", "api-bind", "api-metrics", "signals", "console-out"];
+        let named = ["exitless", "vmm", "vcpu0", "vcpu1", "api-metrics", "signals", "console-out"];
         assert_every_thread_confined(child.id(), 2, &named, want);
         // SIGTERM: the confined signal thread removes the socket and ends the process.
         // SAFETY: a signal to the child we started.

@@ -82,7 +82,7 @@ pub fn path_name(p: TxMode) -> &'static str {
 
 /// CPU time of the device thread so far.
 pub(crate) fn thread_cpu(machine: &Machine) -> Duration {
-    machine.net.as_ref().and_then(|n| n.stats.thread_cpu()).unwrap_or_default()
+    machine.net().and_then(|n| n.stats.thread_cpu()).unwrap_or_default()
 }
 
 /// Counters at one instant, to take differences over the send window.
@@ -98,7 +98,7 @@ struct Snapshot {
 }
 
 fn snapshot(machine: &Machine) -> Snapshot {
-    let n = machine.net.as_ref().map(|n| n.stats.snapshot()).unwrap_or_default();
+    let n = machine.net().map(|n| n.stats.snapshot()).unwrap_or_default();
     Snapshot {
         at: Instant::now(),
         cpu: thread_cpu(machine),
@@ -127,9 +127,9 @@ pub(crate) fn boot_with(
     console: Option<crate::control::Console>,
 ) -> Result<Booted, NetBenchError> {
     let tap = tap_name();
-    let net = NetConfig { tap: tap.clone(), mac: LAB_MAC, tx };
+    let net = NetConfig { tap: tap.clone(), mac: LAB_MAC, tx, mtu: None };
     let (machine, control) = lab_machine(payload, params, |c| {
-        c.net = Some(net);
+        c.nets = vec![net];
         c.poll = poll;
         if let Some(console) = console {
             c.serial_out = Box::new(console);
@@ -286,7 +286,7 @@ pub fn echo(frames: u64, size: usize, timeout: Duration) -> Result<EchoReport, N
     if let Some(status) = machine.control.exit_status().filter(|&s| s != 0) {
         return Err(NetBenchError::Guest(status));
     }
-    let interrupts = machine.net.as_ref().map_or(0, |n| n.transport.interrupts_signalled());
+    let interrupts = machine.net().map_or(0, |n| n.transport.interrupts_signalled());
     Ok(EchoReport { sink: sink.finish(frames, Duration::from_secs(2)), interrupts, console: console.text() })
 }
 

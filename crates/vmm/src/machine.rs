@@ -82,6 +82,8 @@ pub enum MachineError {
     Seccomp(#[from] crate::seccomp::SeccompError),
     #[error("a vCPU thread died: {0}")]
     VcpuThread(String),
+    #[error("the machine has no drive {0}")]
+    NoDrive(usize),
 }
 
 fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> MachineError {
@@ -109,8 +111,13 @@ pub struct MachineConfig {
     /// it reads all of config space through ECAM (MCFG), as crosvm's
     /// `--break-linux-pci-config-io` arranges.
     pub pci_config_io: bool,
-    /// A virtio-net device on a tap, if any.
-    pub net: Option<NetConfig>,
+    /// virtio-net devices, one per tap, in order.
+    pub nets: Vec<NetConfig>,
+    /// Two vCPUs per core in the CPUID topology (Firecracker's `smt`).
+    pub smt: bool,
+    /// Firecracker's boot-timer device (`--boot-timer`): logs the time until the guest
+    /// writes 123 to it.
+    pub boot_timer: bool,
     /// virtio-blk devices, one per drive, in order.
     pub drives: Vec<DriveConfig>,
     /// The lab's devices: the doorbell (00:01.0) and the idle port. Off unless a lab or
@@ -140,6 +147,8 @@ pub struct NetConfig {
     pub tap: String,
     pub mac: [u8; 6],
     pub tx: TxMode,
+    /// An MTU advised to the guest (VIRTIO_NET_F_MTU), if any.
+    pub mtu: Option<u16>,
 }
 
 /// A virtio-blk device of a machine, for the lab and the report.
@@ -147,9 +156,11 @@ pub struct DriveHandle {
     pub name: String,
     pub stats: Arc<BlkStats>,
     pub transport: Arc<VirtioPci>,
+    /// The backing file, swapped by [`Machine::update_drive`].
+    pub disk: Arc<crate::virtio::blk::DiskSlot>,
 }
 
-/// The virtio-net device of a machine, for the lab to watch.
+/// A virtio-net device of a machine, for the lab and the report.
 pub struct NetHandle {
     pub stats: Arc<NetStats>,
     pub transport: Arc<VirtioPci>,
@@ -172,7 +183,9 @@ impl MachineConfig {
             ioeventfd_limits: IoeventfdLimits::default(),
             ecam: EcamMode::Mapped,
             pci_config_io: true,
-            net: None,
+            nets: Vec::new(),
+            smt: false,
+            boot_timer: false,
             drives: Vec::new(),
             lab_devices: false,
             test_devices: false,
@@ -211,8 +224,8 @@ pub struct RunReport {
     pub tsc_hz: f64,
     /// Memory of the VMM process beyond guest RAM.
     pub vmm_memory: Option<VmmMemory>,
-    /// virtio-net's counters, when the machine had one.
-    pub net: Option<NetCounters>,
+    /// Each virtio-net device's tap name and counters.
+    pub nets: Vec<(String, NetCounters)>,
     /// Each drive's name and virtio-blk counters.
     pub drives: Vec<(String, BlkCounters)>,
     /// Each vCPU's guest RIP samples, by vCPU id (empty unless sampling was asked for).
@@ -223,6 +236,8 @@ pub struct Machine {
     kvm: Kvm,
     pub map: MemoryMap,
     vcpu_count: u8,
+    /// vCPUs per core in the CPUID topology: 1, or 2 with SMT.
+    threads_per_core: u8,
     supported_cpuid: CpuId,
     pub vm: Arc<VmFd>,
     pub memory: GuestMemoryMmap,
@@ -235,8 +250,8 @@ pub struct Machine {
     /// The doorbell, PCI function 00:01.0 when the lab devices are plugged in.
     pub doorbell: Arc<Doorbell>,
     pub gsi_router: Arc<GsiRouter>,
-    /// virtio-net, PCI function 00:02.0, when configured.
-    pub net: Option<NetHandle>,
+    /// virtio-net devices, one per tap.
+    pub nets: Vec<NetHandle>,
     /// virtio-blk devices, one per drive.
     pub drives: Vec<DriveHandle>,
     /// COM1, whose queued output is drained before a run returns.
@@ -317,6 +332,7 @@ impl Machine {
             kvm,
             map,
             vcpu_count: config.vcpus,
+            threads_per_core: if config.smt { 2 } else { 1 },
             supported_cpuid,
             ioeventfds,
             vm,
@@ -327,7 +343,7 @@ impl Machine {
             allocators: Allocators::new(&map.pci_windows())?,
             doorbell: Arc::new(Doorbell::default()),
             gsi_router,
-            net: None,
+            nets: Vec::new(),
             drives: Vec::new(),
             serial: None,
             i8042: None,
@@ -380,7 +396,10 @@ impl Machine {
                 machine.add_edu_behind_iommu()?;
             }
         }
-        if let Some(net) = &config.net {
+        if config.boot_timer {
+            machine.add_boot_timer()?;
+        }
+        for net in &config.nets {
             machine.add_virtio_net(net, config.poll)?;
         }
         for drive in &config.drives {
@@ -458,11 +477,30 @@ impl Machine {
     fn add_virtio_net(&mut self, net: &NetConfig, poll: crate::poll::PollMode) -> Result<(), MachineError> {
         let tap = Tap::open(&net.tap)?;
         let tap_name = tap.name().to_string();
-        let device = VirtioNet::new(tap, net.mac, net.tx, poll);
+        let device = VirtioNet::new(tap, net.mac, net.tx, poll).with_mtu(net.mtu);
         let stats = device.stats.clone();
-        let transport = self.add_virtio("virtio-net", Box::new(device))?;
-        self.net = Some(NetHandle { stats, transport, tap_name });
+        let name = match self.nets.len() {
+            0 => "virtio-net".to_string(),
+            n => format!("virtio-net{n}"),
+        };
+        let transport = self.add_virtio(&name, Box::new(device))?;
+        self.nets.push(NetHandle { stats, transport, tap_name });
         Ok(())
+    }
+
+    /// The first virtio-net device, which the labs use.
+    pub fn net(&self) -> Option<&NetHandle> {
+        self.nets.first()
+    }
+
+    /// Firecracker's boot-timer device, at the address Firecracker gives it (the first
+    /// page of the 32-bit PCI window, taken from the BAR allocator).
+    fn add_boot_timer(&mut self) -> Result<(), MachineError> {
+        use crate::devices::boot_timer::{BootTimer, BOOT_TIMER_GPA, BOOT_TIMER_LEN};
+        let page = crate::pci::BarSpec { kind: crate::pci::BarKind::Memory32, size: BOOT_TIMER_LEN };
+        self.allocators.reserve_bar(page, BOOT_TIMER_GPA)?;
+        let timer = Arc::new(BootTimer::new(self.started.0));
+        self.add_mmio_device("boot-timer", BOOT_TIMER_GPA, BOOT_TIMER_LEN, timer).map(|_| ())
     }
 
     fn add_virtio_blk(&mut self, drive: &DriveConfig, poll: crate::poll::PollMode) -> Result<(), MachineError> {
@@ -476,9 +514,9 @@ impl Machine {
             if device.disk().is_direct() { ", O_DIRECT" } else { "" },
             device.engine_name()
         );
-        let stats = device.stats.clone();
+        let (stats, disk) = (device.stats.clone(), device.disk_slot());
         let transport = self.add_virtio(&name, Box::new(device))?;
-        self.drives.push(DriveHandle { name, stats, transport });
+        self.drives.push(DriveHandle { name, stats, transport, disk });
         Ok(())
     }
 
@@ -535,7 +573,7 @@ impl Machine {
     /// point, the others wait for the guest to start them (INIT/SIPI, in-kernel LAPIC).
     pub fn create_vcpu(&self, id: u8) -> Result<Vcpu, MachineError> {
         let fd = self.vm.create_vcpu(u64::from(id)).map_err(ioctl("KVM_CREATE_VCPU"))?;
-        cpu::setup(&fd, &cpu::cpuid_for(&self.supported_cpuid, id, self.vcpu_count))?;
+        cpu::setup(&fd, &cpu::cpuid_for(&self.supported_cpuid, id, self.vcpu_count, self.threads_per_core))?;
         if id == 0 {
             regs::setup(&fd, &self.memory, self.entry)?;
         }
@@ -621,6 +659,16 @@ impl Machine {
 
     /// Presses Ctrl-Alt-Del on the guest's keyboard (the API's SendCtrlAltDel); false if
     /// the guest is not taking keys (keyboard disabled, or its buffer full).
+    /// Gives drive `index` a new backing file on a running guest: its capacity re-read,
+    /// the guest told by a configuration-change interrupt (Firecracker's PATCH /drives).
+    pub fn update_drive(&self, index: usize, path: &std::path::Path) -> Result<(), MachineError> {
+        let drive = self.drives.get(index).ok_or(MachineError::NoDrive(index))?;
+        let disk = drive.disk.swap(path)?;
+        tracing::info!("{}: swapped to {} ({} bytes)", drive.name, path.display(), disk.capacity);
+        drive.transport.config_changed();
+        Ok(())
+    }
+
     pub fn send_ctrl_alt_del(&self) -> bool {
         self.i8042.as_ref().is_some_and(|k| k.ctrl_alt_del())
     }
@@ -639,7 +687,7 @@ impl Machine {
             elapsed,
             tsc_hz,
             vmm_memory: guest_start.and_then(vmm_memory_kib),
-            net: self.net.as_ref().map(|n| n.stats.snapshot()),
+            nets: self.nets.iter().map(|n| (n.tap_name.clone(), n.stats.snapshot())).collect(),
             drives: self.drives.iter().map(|d| (d.name.clone(), d.stats.snapshot())).collect(),
             samples: Vec::new(),
         }

@@ -35,13 +35,11 @@ pub enum ThreadKind {
     ConsoleOut,
     /// Feeds the console's input.
     SerialIn,
-    /// The API's request thread once its machine runs (it built the machine, unconfined,
-    /// before): it answers requests, kicks the vCPUs for a pause and writes metrics; also
-    /// the API's periodic metrics thread.
+    /// The API's thread once its machine runs (it built the machine, unconfined, before):
+    /// it accepts connections and serves them (an epoll-driven HTTP server), kicks the
+    /// vCPUs for a pause, swaps drives and writes metrics; also the API's periodic
+    /// metrics thread.
     Api,
-    /// The HTTP server's own threads (accepting connections, reading requests), started by
-    /// a thread that installed this filter first, so they inherit it.
-    ApiSocket,
     /// Takes SIGINT/SIGTERM/SIGHUP, runs the registered cleanups (removing a socket,
     /// unmounting a network namespace) and ends the process.
     Signals,
@@ -184,12 +182,21 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_sched_getaffinity,
             libc::SYS_poll,
         ],
-        // Replies on the connections the HTTP threads accepted; tgkill for the pause kick;
-        // reading /proc/self (smaps) for the metrics' memory figures.
+        // Accepting and serving connections (tokio's epoll loop; hyper writes with writev);
+        // tgkill for the pause kick; reading /proc/self (smaps) for the metrics' memory
+        // figures; opening, locking and sizing a drive's new backing file (PATCH /drives).
         ThreadKind::Api => &[
+            libc::SYS_accept4,
+            libc::SYS_epoll_wait,
+            libc::SYS_epoll_pwait,
+            libc::SYS_epoll_ctl,
+            libc::SYS_writev,
             libc::SYS_sendto,
             libc::SYS_recvfrom,
             libc::SYS_shutdown,
+            libc::SYS_flock,
+            libc::SYS_fallocate,
+            libc::SYS_fstat,
             libc::SYS_tgkill,
             libc::SYS_openat,
             libc::SYS_newfstatat,
@@ -198,24 +205,6 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_fcntl,
             libc::SYS_getrandom,
             libc::SYS_poll,
-        ],
-        // Binding the socket (once), accepting, a thread per connection reading requests.
-        ThreadKind::ApiSocket => &[
-            libc::SYS_socket,
-            libc::SYS_bind,
-            libc::SYS_listen,
-            libc::SYS_getsockname,
-            libc::SYS_accept4,
-            libc::SYS_recvfrom,
-            libc::SYS_sendto,
-            libc::SYS_shutdown,
-            libc::SYS_fcntl,
-            libc::SYS_poll,
-            libc::SYS_clone,
-            libc::SYS_clone3,
-            libc::SYS_set_robust_list,
-            libc::SYS_rseq,
-            libc::SYS_sched_getaffinity,
         ],
         // sigwait, then the cleanups: unlink a socket, detach and unlink a namespace's mount.
         ThreadKind::Signals => &[libc::SYS_rt_sigtimedwait, libc::SYS_unlink, libc::SYS_umount2],
@@ -471,7 +460,6 @@ mod tests {
             ThreadKind::SerialIn,
             ThreadKind::Helper,
             ThreadKind::Api,
-            ThreadKind::ApiSocket,
             ThreadKind::Signals,
         ] {
             program(kind).unwrap();

@@ -1,6 +1,6 @@
-//! The entry point of the `api_request` fuzz target (and of its corpus replay on the
-//! stable toolchain): a sequence of API requests handled as the server handles them, on
-//! one microVM that is never started.
+//! The entry points of the `api_request` and `api_http` fuzz targets (and of their
+//! corpus replays on the stable toolchain): API requests handled as the server handles
+//! them, on one microVM that is never started; `api_http` from raw bytes on the wire.
 
 use super::metrics::Metrics;
 use super::model::{Action, ActionType};
@@ -40,5 +40,68 @@ pub fn requests(data: &[u8]) {
             other => panic!("status {other}"),
         }
         serde_json::to_string(&vm.config).expect("the configuration serializes");
+    }
+}
+
+/// `data`: the bytes a client sends on one connection (request lines, headers, bodies,
+/// chunked or not, pipelined, cut short), then the client's end of the stream. The server
+/// must answer with well-formed HTTP responses, every error one with a `fault_message`,
+/// and close; nothing may panic or hang (a stalled body ends at the body timeout).
+pub fn http(data: &[u8]) {
+    let vm = std::rc::Rc::new(std::cell::RefCell::new(Vm::new("fuzz".into())));
+    let metrics = std::rc::Rc::new(Metrics::default());
+    let handler: super::server::Handler = std::rc::Rc::new(move |method: &str, path: &str, body: &[u8]| {
+        let start = serde_json::from_slice::<Action>(body).is_ok_and(|a| a.action_type == ActionType::InstanceStart);
+        if path.contains("logger") || path.contains("metrics") || start {
+            return super::routes::Reply::fault("skipped by the fuzz target");
+        }
+        handle(&mut vm.borrow_mut(), &metrics, method, path, body).0
+    });
+    let mut limits = super::server::Limits::new(4096);
+    limits.body_timeout = std::time::Duration::from_millis(50);
+    limits.header_timeout = std::time::Duration::from_millis(50);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let data = data.to_vec();
+    let answer = tokio::task::LocalSet::new().block_on(&runtime, async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let served = tokio::task::spawn_local(super::server::connection(server, limits, handler));
+        let (mut rx, mut tx) = tokio::io::split(client);
+        tokio::task::spawn_local(async move {
+            let _ = tx.write_all(&data).await;
+            let _ = tx.shutdown().await;
+        });
+        let mut answer = Vec::new();
+        let limit = std::time::Duration::from_secs(5);
+        let received = tokio::time::timeout(limit, rx.read_to_end(&mut answer)).await.expect("the server hung");
+        received.expect("the answer is readable");
+        let _ = served.await;
+        answer
+    });
+    check_responses(&answer);
+}
+
+/// Every response in `bytes` parses, and every error response carries a fault_message.
+fn check_responses(mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut response = httparse::Response::new(&mut headers);
+        let head = match response.parse(bytes).expect("a well-formed response") {
+            httparse::Status::Complete(n) => n,
+            httparse::Status::Partial => panic!("a response cut short: {:?}", String::from_utf8_lossy(bytes)),
+        };
+        let code = response.code.expect("a status code");
+        let length = response
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+            .map_or(0, |h| std::str::from_utf8(h.value).expect("ASCII").parse::<usize>().expect("a length"));
+        let body = &bytes[head..head + length];
+        if code >= 400 {
+            let json: serde_json::Value = serde_json::from_slice(body).expect("an error body is JSON");
+            assert!(json["fault_message"].is_string(), "{code} without a fault_message: {json}");
+        }
+        assert!(matches!(code, 200 | 204 | 400..=499), "status {code}");
+        bytes = &bytes[head + length..];
     }
 }

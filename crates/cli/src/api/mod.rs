@@ -1,29 +1,27 @@
 //! `exitless --api-sock PATH`: Firecracker's process interface and REST API on a Unix
 //! socket, so tooling written for Firecracker drives exitless unchanged. The HTTP is
-//! tiny_http's; the endpoints are in `routes`, the microVM they act on in `vm`.
+//! hyper's (`server`); the endpoints are in `routes`, the microVM they act on in `vm`.
 //!
-//! One thread serves the socket; InstanceStart hands the built machine to a thread that
-//! runs it; when the guest stops, that thread writes the last metrics, removes the socket
-//! and ends the process with the guest's status, as Firecracker does. SIGINT, SIGTERM and
-//! SIGHUP remove the socket too (the process then exits 128 + the signal).
+//! The main thread serves the socket; InstanceStart hands the built machine to a thread
+//! that runs it; when the guest stops, that thread writes the last metrics, removes the
+//! socket and ends the process with the guest's status, as Firecracker does. SIGINT,
+//! SIGTERM and SIGHUP remove the socket too (the process then exits 128 + the signal).
 
 pub mod fuzzing;
 mod logging;
 mod metrics;
 pub mod model;
 mod routes;
+mod server;
+mod sink;
 mod vm;
 
 use crate::args::ApiArgs;
 use metrics::Metrics;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use vm::{State, Vm};
-
-/// Firecracker's default bound on a request body (`--http-api-max-payload-size`).
-const MAX_BODY: usize = 51_200;
 
 pub use logging::{filter_for as level_filter, init as init_logging};
 
@@ -34,22 +32,47 @@ struct Shared {
     socket: Option<PathBuf>,
 }
 
+/// The flags exitless cannot honour: each refused in one line saying why.
+fn refuse_unsupported(args: &ApiArgs) -> Result<(), String> {
+    if args.seccomp_filter.is_some() {
+        return Err("--seccomp-filter: a Firecracker filter file cannot be applied: exitless's threads make \
+                    other system calls than Firecracker's (its own per-thread filters are always on; \
+                    --no-seccomp turns them off)"
+            .into());
+    }
+    if args.metadata.is_some() {
+        return Err("--metadata: exitless has no MMDS (microVM metadata service) yet".into());
+    }
+    if args.snapshot_version || args.describe_snapshot.is_some() {
+        return Err("--snapshot-version/--describe-snapshot: exitless has no snapshots yet".into());
+    }
+    Ok(())
+}
+
 pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    refuse_unsupported(&args)?;
     if args.no_seccomp {
         exitless_vmm::seccomp::disable();
     }
-    // Before any thread starts (tiny_http starts one when it binds), so that every thread
-    // leaves the termination signals to the one that removes the socket.
+    // Before any thread starts, so that every thread leaves the termination signals to
+    // the one that removes the socket.
     exitless_vmm::termination::watch();
+    logging::set_format(logging::Format {
+        show_level: args.show_level,
+        show_origin: args.show_log_origin,
+        module: args.module.clone(),
+    });
     if let Some(path) = &args.log_path {
         logging::to_file(&path.to_string_lossy(), args.level.as_deref())?;
     }
     let socket = if args.no_api { None } else { Some(args.api_sock.clone()) };
-    let shared = Arc::new(Shared { vm: Mutex::new(Vm::new(args.id.clone())), metrics: Metrics::default(), socket });
+    let mut vm = Vm::new(args.id.clone());
+    vm.boot_timer = args.boot_timer;
+    let shared = Arc::new(Shared { vm: Mutex::new(vm), metrics: Metrics::default(), socket });
     if let Some(path) = &args.metrics_path {
         shared.metrics.open(&path.to_string_lossy())?;
     }
-    let server = match &shared.socket {
+    let listener = match &shared.socket {
         Some(path) => Some(bind(path)?),
         None => None,
     };
@@ -60,13 +83,18 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     });
     if let Some(file) = &args.config_file {
         let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-        let config: model::VmConfig = serde_json::from_str(&text)
+        let config: model::VmConfig = model::from_json(text.as_bytes())
             .map_err(|e| format!("{} is not a Firecracker config file: {e}", file.display()))?;
         let machine = configure(&shared, config).map_err(|vm::Fault(m)| format!("{}: {m}", file.display()))?;
         start(&shared, machine)?;
     }
-    match server {
-        Some(server) => serve(&shared, &server),
+    shared.metrics.api_ready();
+    match listener {
+        Some(listener) => {
+            let handler = handler(shared.clone());
+            server::serve(listener, server::Limits::new(args.http_api_max_payload_size), handler)?;
+            Ok(ExitCode::SUCCESS)
+        }
         // --no-api: the machine runs until the guest stops, which ends the process.
         None => loop {
             std::thread::park();
@@ -75,29 +103,47 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
 }
 
 /// The socket, refusing to take over a path that exists (another VMM may be serving it).
-/// tiny_http starts its accepting thread as it binds, and that thread one per connection:
-/// binding from a thread that confined itself first puts them all under its filter.
-fn bind(path: &Path) -> Result<tiny_http::Server, String> {
+fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, String> {
     if path.exists() {
         return Err(format!(
             "cannot serve the API on {}: the path exists (remove a stale socket first)",
             path.display()
         ));
     }
-    let path = path.to_path_buf();
-    let binder = std::thread::Builder::new().name("api-bind".into()).spawn(move || {
-        exitless_vmm::seccomp::confine(exitless_vmm::seccomp::ThreadKind::ApiSocket)
-            .map_err(|e| format!("cannot confine the API's threads: {e}"))?;
-        tiny_http::Server::http_unix(&path).map_err(|e| format!("cannot serve the API on {}: {e}", path.display()))
-    });
-    binder
-        .map_err(|e| format!("cannot start the API's thread: {e}"))?
-        .join()
-        .map_err(|_| "the API's thread failed while binding".to_string())?
+    std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("cannot serve the API on {}: {e}", path.display()))
+}
+
+/// Each request: routed under the microVM's lock, then what it asks done.
+fn handler(shared: Arc<Shared>) -> server::Handler {
+    std::rc::Rc::new(move |method: &str, path: &str, body: &[u8]| {
+        let method = method.to_ascii_uppercase();
+        let (reply, then) = {
+            let mut vm = shared.vm.lock().unwrap_or_else(|e| e.into_inner());
+            routes::handle(&mut vm, &shared.metrics, &method, path, body)
+        };
+        shared.metrics.count_request(&method, path, reply.status);
+        match then {
+            routes::Then::Start(machine) => {
+                if let Err(e) = start(&shared, *machine) {
+                    eprintln!("exitless: {e}");
+                    if let Some(path) = &shared.socket {
+                        let _ = std::fs::remove_file(path);
+                    }
+                    std::process::exit(1);
+                }
+            }
+            routes::Then::FlushMetrics => flush_metrics(&shared),
+            routes::Then::Nothing => {}
+        }
+        reply
+    })
 }
 
 /// A config file's resources, in Firecracker's order, then the machine built from them.
 fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machine, vm::Fault> {
+    if let Some(what) = c.unsupported() {
+        return Err(vm::Fault(format!("exitless does not support {what}.")));
+    }
     let mut vm = shared.vm.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(l) = c.logger {
         vm.set_logger(l)?;
@@ -118,45 +164,9 @@ fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machin
     vm.build()
 }
 
-fn serve(shared: &Arc<Shared>, server: &tiny_http::Server) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    for mut request in server.incoming_requests() {
-        let method = request.method().as_str().to_ascii_uppercase();
-        let url = request.url().to_string();
-        let mut body = Vec::new();
-        let read = request.as_reader().take(MAX_BODY as u64 + 1).read_to_end(&mut body);
-        let (reply, then) = if read.is_err() {
-            (routes::Reply::fault("The request body could not be read."), routes::Then::Nothing)
-        } else if body.len() > MAX_BODY {
-            (routes::Reply::fault(format!("The request body is larger than {MAX_BODY} bytes.")), routes::Then::Nothing)
-        } else {
-            let mut vm = shared.vm.lock().unwrap_or_else(|e| e.into_inner());
-            routes::handle(&mut vm, &shared.metrics, &method, &url, &body)
-        };
-        tracing::info!("api: {method} {url} -> {}", reply.status);
-        match then {
-            routes::Then::Start(machine) => start(shared, *machine)?,
-            routes::Then::FlushMetrics => flush_metrics(shared),
-            routes::Then::Nothing => {}
-        }
-        let _ = request.respond(response(reply));
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn response(reply: routes::Reply) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    let body = reply.body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-    let mut r = tiny_http::Response::from_data(body).with_status_code(reply.status);
-    if reply.status != 204 {
-        if let Ok(h) = tiny_http::Header::from_bytes("Content-Type", "application/json") {
-            r.add_header(h);
-        }
-    }
-    r
-}
-
 fn flush_metrics(shared: &Shared) {
-    let exits = shared.vm.lock().unwrap_or_else(|e| e.into_inner()).exits();
-    if let Err(e) = shared.metrics.write(serde_json::json!({ "exits": exits })) {
+    let sample = shared.vm.lock().unwrap_or_else(|e| e.into_inner()).metrics_sample();
+    if let Err(e) = shared.metrics.write(sample) {
         tracing::warn!("metrics: {e}");
     }
 }

@@ -1,5 +1,6 @@
-//! Firecracker's request bodies and config file, field for field. Unknown fields are
-//! refused (as Firecracker does), so a misspelt option is an error, not a silent default.
+//! Firecracker's request bodies and config file, field for field (its swagger, v1.16).
+//! Unknown fields are refused (as Firecracker does), so a misspelt option is an error, not
+//! a silent default; `null` means the field is absent, as in the files Firecracker writes.
 
 use serde::{Deserialize, Serialize};
 
@@ -60,8 +61,8 @@ pub struct Drive {
     pub drive_id: String,
     pub path_on_host: String,
     pub is_root_device: bool,
-    #[serde(default)]
-    pub is_read_only: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_read_only: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partuuid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -70,7 +71,41 @@ pub struct Drive {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_engine: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limiter: Option<serde_json::Value>,
+    pub rate_limiter: Option<RateLimiter>,
+    /// A vhost-user socket: refused unless null.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
+}
+
+/// `PATCH /drives/{id}`: a new backing file and/or new rate limits for a running guest.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartialDrive {
+    pub drive_id: String,
+    #[serde(default)]
+    pub path_on_host: Option<String>,
+    #[serde(default)]
+    pub rate_limiter: Option<RateLimiter>,
+}
+
+/// A token bucket: `size` tokens, refilled over `refill_time` ms, plus a first burst.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TokenBucket {
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_time_burst: Option<u64>,
+    pub refill_time: u64,
+}
+
+/// Firecracker's rate limiter: a bandwidth (bytes) and an ops bucket, each optional.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimiter {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<TokenBucket>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ops: Option<TokenBucket>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -81,15 +116,30 @@ pub struct NetworkInterface {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_mac: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rx_rate_limiter: Option<serde_json::Value>,
+    pub rx_rate_limiter: Option<RateLimiter>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tx_rate_limiter: Option<serde_json::Value>,
+    pub tx_rate_limiter: Option<RateLimiter>,
+    /// Advertised to the guest with VIRTIO_NET_F_MTU (68 to 65535).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u16>,
+}
+
+/// `PATCH /network-interfaces/{id}`: new rate limits.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartialNetworkInterface {
+    pub iface_id: String,
+    #[serde(default)]
+    pub rx_rate_limiter: Option<RateLimiter>,
+    #[serde(default)]
+    pub tx_rate_limiter: Option<RateLimiter>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Logger {
-    pub log_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_path: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub level: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -131,20 +181,97 @@ pub struct Vm {
     pub state: VmState,
 }
 
-/// `--config-file` and `GET /vm/config`: the whole pre-boot configuration.
+/// `--config-file` and `GET /vm/config`: the whole pre-boot configuration. Every key of
+/// Firecracker's file parses; the sections for devices exitless lacks are kept as given
+/// and refused, naming the device, when not null or empty.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct VmConfig {
-    #[serde(rename = "boot-source", default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_source: Option<BootSource>,
-    #[serde(rename = "machine-config", default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub machine_config: MachineConfig,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub drives: Vec<Drive>,
-    #[serde(rename = "network-interfaces", default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub network_interfaces: Vec<NetworkInterface>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logger: Option<Logger>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<Metrics>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_config: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmds_config: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<serde_json::Value>,
+    #[serde(default, deserialize_with = "null_is_default", skip_serializing_if = "Vec::is_empty")]
+    pub pmem: Vec<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_hotplug: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<serde_json::Value>,
+}
+
+impl VmConfig {
+    /// The first section naming a device or feature exitless does not have, if any.
+    pub fn unsupported(&self) -> Option<&'static str> {
+        [
+            (self.cpu_config.is_some(), "cpu-config: custom CPU templates"),
+            (self.balloon.is_some(), "balloon: balloon devices"),
+            (self.vsock.is_some(), "vsock: vsock devices"),
+            (self.mmds_config.is_some(), "mmds-config: the microVM metadata service (MMDS)"),
+            (self.entropy.is_some(), "entropy: virtio-rng devices"),
+            (!self.pmem.is_empty(), "pmem: virtio-pmem devices"),
+            (self.memory_hotplug.is_some(), "memory-hotplug: memory hotplug"),
+            (self.serial.is_some(), "serial: serial output redirection"),
+        ]
+        .into_iter()
+        .find_map(|(present, what)| present.then_some(what))
+    }
+}
+
+/// `null` as the type's default (Firecracker writes `"drives": null` and the like).
+fn null_is_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// The keys whose values are lists in Firecracker's schema; everywhere else a list is
+/// refused. serde would otherwise take `[1, 64]` for `{"vcpu_count": 1, "mem_size_mib": 64}`.
+const LIST_KEYS: &[&str] = &["drives", "network-interfaces", "network_interfaces", "pmem"];
+
+/// Checks that `value` is an object whose objects are objects: a list only under a key
+/// that holds one (LIST_KEYS), and only of objects or strings.
+pub fn check_shape(value: &serde_json::Value) -> Result<(), String> {
+    fn walk(value: &serde_json::Value, key: &str) -> Result<(), String> {
+        use serde_json::Value;
+        match value {
+            Value::Object(map) => map.iter().try_for_each(|(k, v)| walk(v, k)),
+            Value::Array(items) if LIST_KEYS.contains(&key) => items.iter().try_for_each(|v| match v {
+                Value::Object(_) | Value::String(_) => walk(v, key),
+                _ => Err(format!("{key} must be a list of objects or strings")),
+            }),
+            Value::Array(_) => Err(format!("{key} must be an object, not a list")),
+            _ => Ok(()),
+        }
+    }
+    match value {
+        serde_json::Value::Object(_) => walk(value, ""),
+        _ => Err("the body must be a JSON object".into()),
+    }
+}
+
+/// Parses a request body or config file: JSON, shaped as [`check_shape`] wants, then `T`.
+pub fn from_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    check_shape(&value)?;
+    T::deserialize(value).map_err(|e| e.to_string())
 }

@@ -6,6 +6,7 @@
 use super::metrics::Metrics;
 use super::model::{self, ActionType};
 use super::vm::{Fault, State, Vm};
+use crate::args::FIRECRACKER_API;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
@@ -43,6 +44,8 @@ const NOT_SUPPORTED: &[(&str, &str)] = &[
     ("balloon", "balloon devices"),
     ("entropy", "virtio-rng devices"),
     ("cpu-config", "custom CPU templates"),
+    ("serial", "serial output redirection"),
+    ("pmem", "virtio-pmem devices"),
     ("hotplug", "hotplug"),
 ];
 
@@ -55,7 +58,7 @@ fn check_id(id: &str) -> Result<&str, Fault> {
 }
 
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Fault> {
-    serde_json::from_slice(body)
+    model::from_json(body)
         .map_err(|e| Fault(format!("An error occurred when deserializing the json body of a request: {e}.")))
 }
 
@@ -79,13 +82,11 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
                 "app_name": "exitless",
                 "id": vm.id,
                 "state": vm.state_name(),
-                "vmm_version": env!("CARGO_PKG_VERSION"),
+                "vmm_version": FIRECRACKER_API,
             })),
             Then::Nothing,
         )),
-        ("GET", ["version"]) => {
-            Ok((Reply::ok(json!({ "firecracker_version": env!("CARGO_PKG_VERSION") })), Then::Nothing))
-        }
+        ("GET", ["version"]) => Ok((Reply::ok(json!({ "firecracker_version": FIRECRACKER_API })), Then::Nothing)),
         ("GET", ["vm", "config"]) => Ok((Reply::ok(serde_json::to_value(&vm.config)?), Then::Nothing)),
         ("GET", ["machine-config"]) => Ok((Reply::ok(serde_json::to_value(&vm.config.machine_config)?), Then::Nothing)),
         ("GET", ["exits"]) => Ok((Reply::ok(vm.exits()), Then::Nothing)),
@@ -94,6 +95,8 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PUT", ["boot-source"]) => done(vm.set_boot_source(parse(body)?)),
         ("PUT", ["drives", id]) => done(vm.set_drive(check_id(id)?, parse(body)?)),
         ("PUT", ["network-interfaces", id]) => done(vm.set_network_interface(check_id(id)?, parse(body)?)),
+        ("PATCH", ["drives", id]) => done(vm.update_drive(check_id(id)?, parse(body)?)),
+        ("PATCH", ["network-interfaces", id]) => done(vm.update_network_interface(check_id(id)?, parse(body)?)),
         ("PUT", ["logger"]) => done(vm.set_logger(parse(body)?)),
         ("PUT", ["metrics"]) => done(vm.set_metrics(parse(body)?, metrics)),
         ("PUT", ["actions"]) => action(vm, metrics, parse(body)?),

@@ -3,7 +3,8 @@
 //! live). Every change is checked here; the HTTP layer only maps errors to 400s.
 
 use super::model::{
-    BootSource, Drive, Logger, MachineConfig, MachineConfigUpdate, Metrics, NetworkInterface, VmConfig, VmState,
+    BootSource, Drive, Logger, MachineConfig, MachineConfigUpdate, Metrics, NetworkInterface, PartialDrive,
+    PartialNetworkInterface, RateLimiter, VmConfig, VmState,
 };
 use crate::report;
 use exitless_vmm::virtio::blk::DriveConfig;
@@ -41,11 +42,15 @@ pub struct Vm {
     pub id: String,
     pub config: VmConfig,
     pub state: State,
+    /// `--boot-timer`: Firecracker's boot-timer device.
+    pub boot_timer: bool,
+    /// Drive ids in the order their devices were built (the machine's `drives`).
+    built_drives: Vec<String>,
 }
 
 impl Vm {
     pub fn new(id: String) -> Self {
-        Vm { id, config: VmConfig::default(), state: State::NotStarted }
+        Vm { id, config: VmConfig::default(), state: State::NotStarted, boot_timer: false, built_drives: Vec::new() }
     }
 
     pub fn state_name(&self) -> &'static str {
@@ -69,8 +74,9 @@ impl Vm {
         if c.vcpu_count == 0 || c.vcpu_count > MAX_VCPUS {
             return Err(Fault(format!("Invalid vCPU count: it must be between 1 and {MAX_VCPUS}.")));
         }
-        if c.smt {
-            return Err(Fault("smt: exitless offers no SMT siblings; only false is accepted.".into()));
+        // Firecracker's rule: with SMT, vCPUs come in pairs (one vCPU is a lone thread).
+        if c.smt && c.vcpu_count > 1 && c.vcpu_count % 2 == 1 {
+            return Err(Fault("The number of vCPUs must be 1 or an even number when SMT is enabled.".into()));
         }
         if c.track_dirty_pages {
             return Err(Fault("track_dirty_pages: exitless has no snapshots; only false is accepted.".into()));
@@ -115,8 +121,9 @@ impl Vm {
     pub fn set_drive(&mut self, id: &str, d: Drive) -> Result<(), Fault> {
         self.pre_boot()?;
         same_id(id, &d.drive_id)?;
-        if d.rate_limiter.is_some() {
-            return Err(Fault("rate_limiter: exitless has no rate limiters.".into()));
+        check_unlimited("rate_limiter", d.rate_limiter.as_ref())?;
+        if d.socket.is_some() {
+            return Err(Fault("socket: exitless has no vhost-user block devices; give path_on_host.".into()));
         }
         if !matches!(d.io_engine.as_deref(), None | Some("Sync") | Some("Async")) {
             return Err(Fault("io_engine must be Sync or Async.".into()));
@@ -140,17 +147,68 @@ impl Vm {
     pub fn set_network_interface(&mut self, id: &str, n: NetworkInterface) -> Result<(), Fault> {
         self.pre_boot()?;
         same_id(id, &n.iface_id)?;
-        if n.rx_rate_limiter.is_some() || n.tx_rate_limiter.is_some() {
-            return Err(Fault("rx_rate_limiter/tx_rate_limiter: exitless has no rate limiters.".into()));
+        check_unlimited("rx_rate_limiter", n.rx_rate_limiter.as_ref())?;
+        check_unlimited("tx_rate_limiter", n.tx_rate_limiter.as_ref())?;
+        if n.mtu.is_some_and(|m| m < 68) {
+            return Err(Fault("mtu must be between 68 and 65535.".into()));
         }
         if let Some(mac) = &n.guest_mac {
             crate::args::parse_mac(mac).map_err(|e| Fault(format!("guest_mac: {e}")))?;
         }
         exitless_vmm::net::tap::check_name(&n.host_dev_name)?;
-        if self.config.network_interfaces.iter().any(|o| o.iface_id != id) {
-            return Err(Fault("exitless offers one network interface per microVM.".into()));
+        let others = self.config.network_interfaces.iter().filter(|o| o.iface_id != id);
+        if others.clone().any(|o| o.host_dev_name == n.host_dev_name) {
+            return Err(Fault(format!("The host device {} is already used by another interface.", n.host_dev_name)));
         }
-        self.config.network_interfaces = vec![n];
+        if n.guest_mac.is_some() && others.clone().any(|o| o.guest_mac == n.guest_mac) {
+            return Err(Fault("The guest MAC address is already used by another interface.".into()));
+        }
+        if others.count() >= usize::from(MAX_NICS) {
+            return Err(Fault(format!("exitless offers at most {MAX_NICS} network interfaces per microVM.")));
+        }
+        match self.config.network_interfaces.iter_mut().find(|o| o.iface_id == id) {
+            Some(old) => *old = n,
+            None => self.config.network_interfaces.push(n),
+        }
+        Ok(())
+    }
+
+    /// `PATCH /drives/{id}` on a running guest: a new backing file (capacity re-read, the
+    /// guest told by a configuration-change interrupt) and/or new rate limits.
+    pub fn update_drive(&mut self, id: &str, p: PartialDrive) -> Result<(), Fault> {
+        same_id(id, &p.drive_id)?;
+        check_unlimited("rate_limiter", p.rate_limiter.as_ref())?;
+        let index = self.built_drives.iter().position(|d| d == id);
+        let machine = self.running("drives are updated on a running one")?.clone();
+        let index = index.ok_or_else(|| Fault(format!("No drive with id {id}.")))?;
+        let drive = self.config.drives.iter_mut().find(|d| d.drive_id == id);
+        let drive = drive.ok_or_else(|| Fault(format!("No drive with id {id}.")))?;
+        if let Some(path) = p.path_on_host {
+            machine
+                .update_drive(index, std::path::Path::new(&path))
+                .map_err(|e| Fault(format!("Unable to patch the block device: {}", crate::with_causes(&e))))?;
+            drive.path_on_host = path;
+        }
+        if p.rate_limiter.is_some() {
+            drive.rate_limiter = p.rate_limiter;
+        }
+        Ok(())
+    }
+
+    /// `PATCH /network-interfaces/{id}`: new rate limits.
+    pub fn update_network_interface(&mut self, id: &str, p: PartialNetworkInterface) -> Result<(), Fault> {
+        same_id(id, &p.iface_id)?;
+        check_unlimited("rx_rate_limiter", p.rx_rate_limiter.as_ref())?;
+        check_unlimited("tx_rate_limiter", p.tx_rate_limiter.as_ref())?;
+        self.running("network interfaces are updated on a running one")?;
+        let nic = self.config.network_interfaces.iter_mut().find(|n| n.iface_id == id);
+        let nic = nic.ok_or_else(|| Fault(format!("No network interface with id {id}.")))?;
+        if p.rx_rate_limiter.is_some() {
+            nic.rx_rate_limiter = p.rx_rate_limiter;
+        }
+        if p.tx_rate_limiter.is_some() {
+            nic.tx_rate_limiter = p.tx_rate_limiter;
+        }
         Ok(())
     }
 
@@ -162,6 +220,7 @@ impl Vm {
     }
 
     pub fn set_metrics(&mut self, m: Metrics, metrics: &super::metrics::Metrics) -> Result<(), Fault> {
+        self.pre_boot()?;
         if self.config.metrics.is_some() {
             return Err(Fault("Reinitialization of metrics not allowed.".into()));
         }
@@ -171,7 +230,7 @@ impl Vm {
     }
 
     /// The running machine, or a fault saying the microVM is not running and `why` it must be.
-    fn running(&self, why: &str) -> Result<&Machine, Fault> {
+    fn running(&self, why: &str) -> Result<&Arc<Machine>, Fault> {
         match &self.state {
             State::Running { machine, .. } => Ok(machine),
             _ => Err(Fault(format!("The microVM is {}: {why}.", self.state_name()))),
@@ -202,7 +261,7 @@ impl Vm {
     }
 
     /// Builds the machine from the configuration; the caller runs it.
-    pub fn build(&self) -> Result<Machine, Fault> {
+    pub fn build(&mut self) -> Result<Machine, Fault> {
         self.pre_boot()?;
         let boot =
             self.config.boot_source.as_ref().ok_or_else(|| {
@@ -213,21 +272,36 @@ impl Vm {
         let image = crate::args::read_bounded("kernel", boot.kernel_image_path.as_ref(), mem)?;
         let initrd =
             boot.initrd_path.as_ref().map(|p| crate::args::read_bounded("initrd", p.as_ref(), mem)).transpose()?;
-        let net = match self.config.network_interfaces.first() {
-            Some(n) => Some(NetConfig {
-                tap: n.host_dev_name.clone(),
-                mac: n.guest_mac.as_deref().map(crate::args::parse_mac).transpose()?.unwrap_or(DEFAULT_MAC),
-                tx: exitless_vmm::virtio::net::TxMode::Zerocopy,
-            }),
-            None => None,
-        };
+        if let Some(what) = self.config.unsupported() {
+            return Err(Fault(format!("exitless does not support {what}.")));
+        }
+        let nets = self
+            .config
+            .network_interfaces
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                Ok(NetConfig {
+                    tap: n.host_dev_name.clone(),
+                    mac: n
+                        .guest_mac
+                        .as_deref()
+                        .map(crate::args::parse_mac)
+                        .transpose()?
+                        .unwrap_or_else(|| default_mac(i)),
+                    tx: exitless_vmm::virtio::net::TxMode::Zerocopy,
+                    mtu: n.mtu,
+                })
+            })
+            .collect::<Result<Vec<_>, Fault>>()?;
         // The root device first: it becomes /dev/vda.
         let mut drives: Vec<&Drive> = self.config.drives.iter().collect();
         drives.sort_by_key(|d| !d.is_root_device);
+        self.built_drives = drives.iter().map(|d| d.drive_id.clone()).collect();
         let drives = drives
             .into_iter()
             .map(|d| DriveConfig {
-                readonly: d.is_read_only,
+                readonly: d.is_read_only.unwrap_or(false),
                 id: Some(d.drive_id.chars().take(exitless_vmm::virtio::blk::request::ID_LEN).collect()),
                 thread_pool: d.io_engine.as_deref() == Some("Sync"),
                 ..DriveConfig::new(&d.path_on_host)
@@ -236,6 +310,8 @@ impl Vm {
         let config = exitless_vmm::MachineConfig {
             mem_size: mem,
             vcpus: mc.vcpu_count,
+            smt: mc.smt,
+            boot_timer: self.boot_timer,
             cmdline: boot.boot_args.clone().unwrap_or_else(|| exitless_vmm::boot::DEFAULT_CMDLINE.into()),
             initrd,
             serial_in: Some(Box::new(std::io::stdin())),
@@ -243,7 +319,7 @@ impl Vm {
             // The thread that runs the machine waits under the main thread's filter; when the
             // guest stops it writes metrics and removes the socket, which that filter allows.
             confine_caller: true,
-            net,
+            nets,
             drives,
             ..exitless_vmm::MachineConfig::new(image)
         };
@@ -262,6 +338,63 @@ impl Vm {
             _ => serde_json::json!({"state": self.state_name()}),
         }
     }
+
+    /// What the machine counted, for a metrics line in Firecracker's groups.
+    pub fn metrics_sample(&self) -> super::metrics::Sample {
+        let mut sample = super::metrics::Sample { exits: self.exits(), ..Default::default() };
+        let State::Running { machine, .. } = &self.state else { return sample };
+        let report = machine.live_report();
+        use exitless_vmm::stats::ExitKind;
+        for (field, kind) in [
+            ("exit_io_in", ExitKind::IoIn),
+            ("exit_io_out", ExitKind::IoOut),
+            ("exit_mmio_read", ExitKind::MmioRead),
+            ("exit_mmio_write", ExitKind::MmioWrite),
+        ] {
+            sample.count("vcpu", field, report.stats.exits(kind));
+        }
+        for (name, counts) in report.devices.iter().zip(&report.stats.devices) {
+            let group = match name.as_str() {
+                "serial" => "uart",
+                "i8042" => "i8042",
+                _ => continue,
+            };
+            sample.count(group, "read_count", counts.reads);
+            sample.count(group, "write_count", counts.writes);
+        }
+        for (id, (_, d)) in self.built_drives.iter().zip(&report.drives) {
+            sample.block(
+                id,
+                &[
+                    ("read_count", d.reads),
+                    ("write_count", d.writes),
+                    ("read_bytes", d.read_bytes),
+                    ("write_bytes", d.write_bytes),
+                    ("flush_count", d.flushes),
+                    ("execute_fails", d.errors),
+                    ("invalid_reqs_count", d.bad_requests),
+                    ("queue_event_count", d.kicks),
+                ],
+            );
+        }
+        for (nic, (_, n)) in self.config.network_interfaces.iter().zip(&report.nets) {
+            sample.net(
+                &nic.iface_id,
+                &[
+                    ("tx_packets_count", n.tx_frames),
+                    ("tx_bytes_count", n.tx_bytes),
+                    ("tx_count", n.tx_frames),
+                    ("tx_fails", n.tx_dropped),
+                    ("tx_malformed_frames", n.bad_chains),
+                    ("tx_queue_event_count", n.kicks),
+                    ("rx_packets_count", n.rx_frames),
+                    ("rx_count", n.rx_frames),
+                    ("rx_fails", n.rx_dropped),
+                ],
+            );
+        }
+        sample
+    }
 }
 
 /// A resource's id in the path must be the one in its body.
@@ -273,5 +406,24 @@ fn same_id(path: &str, body: &str) -> Result<(), Fault> {
 }
 
 /// Firecracker leaves the MAC to the guest when none is given; exitless needs one for
-/// virtio-net's config space: a locally administered address.
-const DEFAULT_MAC: [u8; 6] = [0x06, 0x00, 0xac, 0x10, 0x00, 0x02];
+/// virtio-net's config space: a locally administered address, one per interface.
+fn default_mac(index: usize) -> [u8; 6] {
+    [0x06, 0x00, 0xac, 0x10, 0x00, 0x02 + (index as u8)]
+}
+
+/// At most this many network interfaces (each takes a PCI slot and a device thread).
+const MAX_NICS: u8 = 8;
+
+/// Rate limiters are not enforced yet: one that limits nothing (absent, `{}`, or buckets
+/// of size 0, which Firecracker treats as unlimited) is accepted; a real limit is refused
+/// rather than silently ignored.
+fn check_unlimited(field: &str, limiter: Option<&RateLimiter>) -> Result<(), Fault> {
+    let limits =
+        limiter.is_some_and(|l| [l.bandwidth, l.ops].into_iter().flatten().any(|b| b.size > 0 && b.refill_time > 0));
+    match limits {
+        false => Ok(()),
+        true => Err(Fault(format!(
+            "{field}: exitless does not enforce rate limits yet; only unlimited buckets are accepted."
+        ))),
+    }
+}

@@ -46,8 +46,13 @@ const LEAF1_ECX_HIDDEN: u32 = ECX_CX16 | ECX_XSAVE | ECX_OSXSAVE | ECX_AVX | ECX
 const LEAF1_EDX_HIDDEN: u32 = EDX_ACPI | EDX_TM;
 const LEAF7_EBX_HIDDEN: u32 = EBX7_AVX2 | EBX7_AVX512F;
 
-/// CPUID for vCPU `id` of `count`: one core per vCPU, one thread per core, one package.
-pub fn cpuid_for(supported: &CpuId, id: u8, count: u8) -> CpuId {
+/// CPUID for vCPU `id` of `count`: `threads` (1, or 2 with SMT) vCPUs per core, one
+/// package. APIC IDs are the vCPU ids, so with SMT vCPUs 2n and 2n+1 are one core's threads.
+pub fn cpuid_for(supported: &CpuId, id: u8, count: u8, threads: u8) -> CpuId {
+    let threads = threads.clamp(1, count.max(1));
+    let cores = count.max(1).div_ceil(threads);
+    // Bits of APIC ID below each topology level.
+    let bits = |n: u8| 32 - u32::from(n.max(1) - 1).leading_zeros();
     let mut cpuid = supported.clone();
     for e in cpuid.as_mut_slice() {
         match e.function {
@@ -57,19 +62,23 @@ pub fn cpuid_for(supported: &CpuId, id: u8, count: u8) -> CpuId {
                 // Initial APIC ID, logical processors per package, CLFLUSH size 64.
                 e.ebx = (u32::from(id) << 24) | (u32::from(count) << 16) | (8 << 8) | (e.ebx & 0xff);
             }
-            // Deterministic cache parameters: cores sharing the package, threads per cache.
+            // Deterministic cache parameters: cores in the package, and threads sharing a
+            // cache (a core's for L1 and L2, the package's for L3).
             4 => {
+                let level = (e.eax >> 5) & 7;
+                let sharing = if level >= 3 { count } else { threads };
                 e.eax &= 0x3ff;
-                e.eax |= u32::from(count.saturating_sub(1)) << 26;
+                e.eax |= u32::from(cores - 1) << 26 | u32::from(sharing.max(1) - 1) << 14;
             }
             7 if e.index == 0 => e.ebx &= !LEAF7_EBX_HIDDEN,
             // No XSAVE state components (XSAVE is hidden).
             0xd => (e.eax, e.ebx, e.ecx, e.edx) = (0, 0, 0, 0),
-            // Extended topology: level 0 SMT (1 thread), level 1 core (`count` cores).
+            // Extended topology: level 0 SMT (`threads` per core), level 1 core (`count`
+            // logical processors in the package).
             0xb | 0x1f => {
                 let (shift, logical, kind) = match e.index {
-                    0 => (0, 1, 1),
-                    1 => (32 - u32::from(count.max(1) - 1).leading_zeros(), u32::from(count), 2),
+                    0 => (bits(threads), u32::from(threads), 1),
+                    1 => (bits(threads) + bits(cores), u32::from(count), 2),
                     _ => (0, 0, 0),
                 };
                 (e.eax, e.ebx, e.ecx, e.edx) = (shift, logical, (kind << 8) | e.index, u32::from(id));
@@ -163,7 +172,7 @@ mod tests {
             kvm_cpuid_entry2 { function: 7, ebx: u32::MAX, ..Default::default() },
         ];
         let supported = CpuId::from_entries(&entries).unwrap();
-        let cpuid = cpuid_for(&supported, 3, 4);
+        let cpuid = cpuid_for(&supported, 3, 4, 1);
         let e = cpuid.as_slice();
         assert_eq!(e[0].ebx >> 24, 3, "initial APIC ID");
         assert_eq!((e[0].ebx >> 16) & 0xff, 4, "logical processors");
@@ -172,5 +181,26 @@ mod tests {
         assert_eq!(e[1].edx, 3, "x2APIC ID");
         assert_eq!((e[2].ebx, e[2].eax), (4, 2), "4 cores need 2 bits of APIC ID");
         assert_eq!(e[3].ebx & EBX7_AVX2, 0);
+        assert_eq!((e[1].ebx, e[1].eax), (1, 0), "one thread per core");
+    }
+
+    #[test]
+    fn with_smt_each_core_has_two_threads() {
+        let entries = [
+            kvm_cpuid_entry2 { function: 0xb, index: 0, ..Default::default() },
+            kvm_cpuid_entry2 { function: 0xb, index: 1, ..Default::default() },
+            kvm_cpuid_entry2 { function: 4, eax: 1 << 5, ..Default::default() }, // L1
+            kvm_cpuid_entry2 { function: 4, eax: 3 << 5, ..Default::default() }, // L3
+        ];
+        let supported = CpuId::from_entries(&entries).unwrap();
+        let cpuid = cpuid_for(&supported, 5, 8, 2);
+        let e = cpuid.as_slice();
+        assert_eq!((e[0].eax, e[0].ebx, e[0].edx), (1, 2, 5), "SMT level: 1 bit, 2 threads");
+        assert_eq!((e[1].eax, e[1].ebx), (3, 8), "core level: 4 cores, 8 threads");
+        assert_eq!((e[2].eax >> 26, (e[2].eax >> 14) & 0xfff), (3, 1), "L1 shared by a core's 2 threads");
+        assert_eq!((e[3].eax >> 14) & 0xfff, 7, "L3 shared by all 8");
+        // One vCPU with SMT on is a lone thread.
+        let one = cpuid_for(&supported, 0, 1, 2);
+        assert_eq!((one.as_slice()[0].eax, one.as_slice()[0].ebx), (0, 1));
     }
 }

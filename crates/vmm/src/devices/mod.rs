@@ -1,6 +1,7 @@
 //! Devices that sit on the buses.
 
 pub mod acpi_pm;
+pub mod boot_timer;
 pub mod cmos_rtc;
 pub mod console_out;
 pub mod debug_exit;

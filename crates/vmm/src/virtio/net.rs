@@ -24,6 +24,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 pub const VIRTIO_NET_F_MAC: u64 = 1 << 5;
 pub const VIRTIO_NET_F_STATUS: u64 = 1 << 16;
+/// The device advises the guest of an MTU (config field `mtu`).
+pub const VIRTIO_NET_F_MTU: u64 = 1 << 3;
 const QUEUE_SIZE: u16 = 256;
 const RX: usize = 0;
 const TX: usize = 1;
@@ -111,6 +113,7 @@ impl NetStats {
 pub struct VirtioNet {
     tap: Arc<Tap>,
     mac: [u8; 6],
+    mtu: Option<u16>,
     tx_mode: TxMode,
     poll: PollMode,
     pub stats: Arc<NetStats>,
@@ -119,7 +122,13 @@ pub struct VirtioNet {
 
 impl VirtioNet {
     pub fn new(tap: Tap, mac: [u8; 6], tx_mode: TxMode, poll: PollMode) -> Self {
-        VirtioNet { tap: Arc::new(tap), mac, tx_mode, poll, stats: Arc::default(), worker: None }
+        VirtioNet { tap: Arc::new(tap), mac, mtu: None, tx_mode, poll, stats: Arc::default(), worker: None }
+    }
+
+    /// Advises the guest of `mtu` (VIRTIO_NET_F_MTU), as Firecracker's `mtu` does.
+    pub fn with_mtu(mut self, mtu: Option<u16>) -> Self {
+        self.mtu = mtu;
+        self
     }
 
     fn stop(&mut self) {
@@ -142,7 +151,8 @@ impl VirtioDevice for VirtioNet {
     }
 
     fn features(&self) -> u64 {
-        VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | VIRTIO_NET_F_MAC | VIRTIO_NET_F_STATUS
+        let mtu = if self.mtu.is_some() { VIRTIO_NET_F_MTU } else { 0 };
+        VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | VIRTIO_NET_F_MAC | VIRTIO_NET_F_STATUS | mtu
     }
 
     fn queue_max_sizes(&self) -> Vec<u16> {
@@ -150,11 +160,12 @@ impl VirtioDevice for VirtioNet {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        // mac, status (link up), max_virtqueue_pairs
-        let mut config = [0u8; 10];
+        // mac, status (link up), max_virtqueue_pairs, mtu
+        let mut config = [0u8; 12];
         config[..6].copy_from_slice(&self.mac);
         config[6] = 1;
         config[8] = 1;
+        config[10..12].copy_from_slice(&self.mtu.unwrap_or(0).to_le_bytes());
         for (i, b) in data.iter_mut().enumerate() {
             *b = config.get(offset as usize + i).copied().unwrap_or(0);
         }

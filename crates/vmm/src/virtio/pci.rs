@@ -79,6 +79,8 @@ struct Transport {
     queues: Vec<QueueRegs>,
     active: bool,
     warned: bool,
+    /// Bumped on every change of the device's configuration the driver did not make.
+    config_generation: u8,
 }
 
 /// Common configuration fields: offset, width.
@@ -132,6 +134,7 @@ impl VirtioPci {
             queues,
             active: false,
             warned: false,
+            config_generation: 0,
         };
         Ok(VirtioPci {
             state: Mutex::new(state),
@@ -234,6 +237,17 @@ impl VirtioPci {
         self.msix.lock().unwrap_or_else(|e| e.into_inner()).gsis()
     }
 
+    /// The device's configuration changed under the driver (a drive's new backing file):
+    /// a new config_generation, and the configuration-change interrupt if the driver runs it.
+    pub fn config_changed(&self) {
+        let mut t = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        t.config_generation = t.config_generation.wrapping_add(1);
+        drop(t);
+        if let Some(i) = self.interrupt.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            i.signal_config();
+        }
+    }
+
     /// Interrupts the device has asked for since activation.
     pub fn interrupts_signalled(&self) -> u64 {
         self.interrupt
@@ -256,6 +270,7 @@ impl VirtioPci {
         put(0x10, &t.config_vector.to_le_bytes());
         put(0x12, &(t.queues.len() as u16).to_le_bytes());
         put(0x14, &[self.status.get()]);
+        put(0x15, &[t.config_generation]);
         put(0x16, &t.queue_select.to_le_bytes());
         put(0x18, &q.size.to_le_bytes());
         put(0x1a, &q.vector.to_le_bytes());

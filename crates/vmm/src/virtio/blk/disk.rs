@@ -34,8 +34,6 @@ pub enum DiskError {
     Open(PathBuf, #[source] std::io::Error),
     #[error("drive {0} is in use by another process (it holds a lock on the file)")]
     Locked(PathBuf),
-    #[error("drive {0} is smaller than one 512-byte sector")]
-    Empty(PathBuf),
     #[error("drive {0} is not a regular file or block device")]
     NotAFile(PathBuf),
     #[error("drive id {0:?} is longer than 20 bytes")]
@@ -57,6 +55,12 @@ pub struct Disk {
 
 impl Disk {
     pub fn open(config: &DriveConfig) -> Result<Disk, DiskError> {
+        Self::open_locking(config, true)
+    }
+
+    /// Opens `config`'s file, taking its lock only if `lock` (a drive swapped to the file
+    /// it already has: the lock held by the old descriptor would refuse the new one).
+    pub fn open_locking(config: &DriveConfig, lock: bool) -> Result<Disk, DiskError> {
         let path = &config.path;
         let open = |direct: bool| {
             OpenOptions::new()
@@ -70,17 +74,15 @@ impl Disk {
         if !kind.is_file() && !kind.is_block_device() {
             return Err(DiskError::NotAFile(path.clone()));
         }
-        let lock = if config.readonly { libc::LOCK_SH } else { libc::LOCK_EX };
+        let kind_of_lock = if config.readonly { libc::LOCK_SH } else { libc::LOCK_EX };
         // SAFETY: flock on a descriptor we own; no memory is passed.
-        if unsafe { libc::flock(file.as_raw_fd(), lock | libc::LOCK_NB) } != 0 {
+        if lock && unsafe { libc::flock(file.as_raw_fd(), kind_of_lock | libc::LOCK_NB) } != 0 {
             return Err(DiskError::Locked(path.clone()));
         }
         // SAFETY: lseek on a descriptor we own.
         let size = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_END) };
+        // A file of size 0 is a drive of 0 sectors (Kata's spare drives), swapped later.
         let capacity = (size.max(0) as u64) / SECTOR_SIZE * SECTOR_SIZE;
-        if capacity == 0 {
-            return Err(DiskError::Empty(path.clone()));
-        }
         let direct = match config.direct {
             true => match open(true) {
                 Ok(f) => Some(f),

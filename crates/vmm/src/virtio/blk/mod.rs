@@ -6,6 +6,7 @@
 pub mod disk;
 pub mod engine;
 pub mod request;
+pub mod slot;
 mod worker;
 
 use super::{ActivateError, Activation, ActiveQueue, VirtioDevice};
@@ -14,6 +15,7 @@ use crate::poll::{PollCounts, PollMode, PollStats};
 pub use disk::{Disk, DiskError, DriveConfig};
 use engine::Engine;
 use request::SECTOR_SIZE;
+pub use slot::DiskSlot;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -107,7 +109,7 @@ impl BlkStats {
 }
 
 pub struct VirtioBlk {
-    disk: Arc<Disk>,
+    disk: Arc<DiskSlot>,
     thread_pool: bool,
     /// The I/O engine and request slots, kept across resets (made once, before any
     /// seccomp filter); lent to the device thread while the device runs.
@@ -119,7 +121,7 @@ pub struct VirtioBlk {
 
 impl VirtioBlk {
     pub fn new(config: &DriveConfig, poll: PollMode) -> Result<Self, DiskError> {
-        let disk = Arc::new(Disk::open(config)?);
+        let disk = Arc::new(DiskSlot::open(config)?);
         let kept = Self::fresh(config.thread_pool);
         let stats = Arc::new(BlkStats { engine: kept.engine.name(), ..Default::default() });
         Ok(VirtioBlk { disk, thread_pool: config.thread_pool, kept: Some(kept), stats, worker: None, poll })
@@ -133,8 +135,14 @@ impl VirtioBlk {
         worker::Kept { engine, slots: worker::Slots::new() }
     }
 
-    pub fn disk(&self) -> &Disk {
-        &self.disk
+    /// The backing file now.
+    pub fn disk(&self) -> Arc<Disk> {
+        self.disk.current()
+    }
+
+    /// Where the backing file is swapped from (the machine's drive handle keeps it).
+    pub fn disk_slot(&self) -> Arc<DiskSlot> {
+        self.disk.clone()
     }
 
     /// "io_uring" or "thread pool".
@@ -163,16 +171,17 @@ impl VirtioDevice for VirtioBlk {
     }
 
     fn features(&self) -> u64 {
+        let disk = self.disk.current();
         let mut f = VIRTIO_F_VERSION_1
             | VIRTIO_F_EVENT_IDX
             | VIRTIO_F_INDIRECT_DESC
             | VIRTIO_BLK_F_SEG_MAX
             | VIRTIO_BLK_F_BLK_SIZE
             | VIRTIO_BLK_F_FLUSH;
-        if self.disk.readonly {
+        if disk.readonly {
             f |= VIRTIO_BLK_F_RO;
         }
-        if self.disk.can_discard {
+        if disk.can_discard {
             f |= VIRTIO_BLK_F_DISCARD | VIRTIO_BLK_F_WRITE_ZEROES;
         }
         f
@@ -184,12 +193,13 @@ impl VirtioDevice for VirtioBlk {
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         // struct virtio_blk_config, up to write_zeroes_may_unmap.
+        let disk = self.disk.current();
         let mut c = [0u8; 60];
-        c[0..8].copy_from_slice(&(self.disk.capacity / SECTOR_SIZE).to_le_bytes());
+        c[0..8].copy_from_slice(&(disk.capacity / SECTOR_SIZE).to_le_bytes());
         c[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
         c[20..24].copy_from_slice(&(SECTOR_SIZE as u32).to_le_bytes());
         c[34..36].copy_from_slice(&1u16.to_le_bytes()); // num_queues
-        if self.disk.can_discard {
+        if disk.can_discard {
             c[36..40].copy_from_slice(&MAX_DISCARD_SECTORS.to_le_bytes());
             c[40..44].copy_from_slice(&1u32.to_le_bytes()); // max_discard_seg
             c[44..48].copy_from_slice(&1u32.to_le_bytes()); // discard_sector_alignment

@@ -6,6 +6,7 @@
 use super::disk::Disk;
 use super::engine::{Completion, Engine, Op};
 use super::request::{self, Kind, Parser, Range, Request, RequestError, SECTOR_SIZE};
+use super::slot::DiskSlot;
 use super::{BlkStats, QUEUE_SIZE, SEG_MAX};
 use crate::poll::{PollMode, PollWindow};
 use crate::virtio::{chain, Activation, ActiveQueue, DeviceStatus, Interrupt};
@@ -22,7 +23,7 @@ use vmm_sys_util::eventfd::EventFd;
 pub(super) struct Parts {
     pub queue: ActiveQueue,
     pub activation: Activation,
-    pub disk: Arc<Disk>,
+    pub disk: Arc<DiskSlot>,
     pub stats: Arc<BlkStats>,
     pub engine: Engine,
     pub slots: Slots,
@@ -76,7 +77,11 @@ struct Worker {
     mem: GuestMemoryMmap,
     interrupt: Arc<Interrupt>,
     status: Arc<DeviceStatus>,
+    /// The backing file requests go to, and the slot a swap arrives in (with the
+    /// generation of the file in use).
     disk: Arc<Disk>,
+    slot: Arc<DiskSlot>,
+    generation: u64,
     stats: Arc<BlkStats>,
     engine: Engine,
     parser: Parser,
@@ -114,7 +119,9 @@ impl Worker {
             mem: p.activation.mem,
             interrupt: p.activation.interrupt,
             status: p.activation.status,
-            disk: p.disk,
+            generation: p.disk.generation(),
+            disk: p.disk.current(),
+            slot: p.disk,
             stats: p.stats,
             engine: p.engine,
             parser: Parser::default(),
@@ -209,9 +216,25 @@ impl Worker {
         }
     }
 
+    /// Follows a swap of the backing file once no request is in flight on the old one;
+    /// false while some still are (their completions bring the thread back here).
+    fn follow_swap(&mut self) -> bool {
+        let generation = self.slot.generation();
+        if generation == self.generation {
+            return true;
+        }
+        if self.engine.inflight() > 0 {
+            return false;
+        }
+        self.disk = self.slot.current();
+        self.generation = generation;
+        tracing::info!("virtio-blk: now on {} ({} bytes)", self.disk.path.display(), self.disk.capacity);
+        true
+    }
+
     /// Starts every request the driver queued, while slots last.
     fn process_queue(&mut self) {
-        if self.broken || !self.queue.ready() {
+        if self.broken || !self.queue.ready() || !self.follow_swap() {
             return;
         }
         loop {

@@ -1,0 +1,52 @@
+//! The unmodified firecracker-go-sdk (tests/gosdk, pinned in its go.mod, from the Go
+//! module proxy) drives exitless through a microVM's life: `go test` in that module,
+//! against the binary this build made. Needs Go, KVM and root (the NIC's tap); skipped
+//! loudly without them, and failing instead under EXITLESS_REQUIRE_KVM=1 (CI).
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn the_go_sdk_starts_pauses_updates_flushes_and_stops_a_microvm() {
+    let test = "the_go_sdk_starts_pauses_updates_flushes_and_stops_a_microvm";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    if !Command::new("go").arg("version").output().is_ok_and(|o| o.status.success()) {
+        assert!(!skip_or_fail(test, "Go is not installed"));
+        return;
+    }
+    if !exitless_lab::netns::available() {
+        assert!(!skip_or_fail(test, "needs root and /dev/net/tun for the NIC's tap"));
+        return;
+    }
+    let dir = tempdir();
+    let payloads = dir.join("payloads");
+    assert!(exitless(&["payloads", "--out", payloads.to_str().unwrap()]).status.success());
+    // exitless makes the tap; the test removes it.
+    let tap = format!("exsdk{}", std::process::id() % 100_000);
+    struct RemoveTap<'a>(&'a str);
+    impl Drop for RemoveTap<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["link", "del", self.0]).output();
+        }
+    }
+    let _remove = RemoveTap(&tap);
+    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gosdk");
+    let out = Command::new("go")
+        .args(["test", "-count=1", "-v", "./..."])
+        .current_dir(&module)
+        .env("EXITLESS_BIN", env!("CARGO_BIN_EXE_exitless"))
+        .env("EXITLESS_PAYLOADS", &payloads)
+        .env("EXITLESS_TAP", &tap)
+        .output()
+        .expect("run go test");
+    let text = format!("{}\n{}", stdout(&out), stderr(&out));
+    assert!(out.status.success(), "{text}");
+    // Both Go tests ran (none skipped for a missing variable).
+    for name in ["TestTheGoSDKDrivesAMicroVMThroughItsLife", "TestStopVMMEndsTheVMMAndItsSocket"] {
+        assert!(text.contains(&format!("--- PASS: {name}")), "{name} did not pass:\n{text}");
+    }
+}

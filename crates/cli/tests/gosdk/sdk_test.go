@@ -1,0 +1,256 @@
+// Drives exitless with the unmodified firecracker-go-sdk (pinned in go.mod), as
+// firecracker-containerd, flintlock and other Go orchestrators do: NewMachine with a
+// process runner on the exitless binary, Start with logger and metrics FIFOs, a root
+// drive and a NIC on a tap, the guest's serial output, PauseVM/ResumeVM,
+// UpdateGuestDrive, FlushMetrics, Shutdown (Ctrl-Alt-Del to a guest that resets) and
+// StopVMM. Run by crates/cli/tests/gosdk.rs, which builds the binary and passes
+// EXITLESS_BIN, EXITLESS_PAYLOADS and EXITLESS_TAP.
+package gosdk
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	firecracker "github.com/firecracker-microvm/firecracker-go-sdk"
+	models "github.com/firecracker-microvm/firecracker-go-sdk/client/models"
+	"github.com/sirupsen/logrus"
+)
+
+// syncBuffer collects a process's output while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func env(t *testing.T, name string) string {
+	v := os.Getenv(name)
+	if v == "" {
+		t.Skipf("%s is not set: run through `cargo test --test gosdk`", name)
+	}
+	return v
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func sparseFile(t *testing.T, path string, size int64) {
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type vm struct {
+	machine *firecracker.Machine
+	serial  *syncBuffer
+	stderr  *syncBuffer
+	logs    *syncBuffer
+	sock    string
+	metrics string
+}
+
+// start boots the `wait` payload (waiting for Ctrl-Alt-Del) through the SDK.
+func start(t *testing.T, ctx context.Context, withDevices bool) *vm {
+	bin, payloads := env(t, "EXITLESS_BIN"), env(t, "EXITLESS_PAYLOADS")
+	dir := t.TempDir()
+	v := &vm{serial: &syncBuffer{}, stderr: &syncBuffer{}, logs: &syncBuffer{},
+		sock: filepath.Join(dir, "api.sock"), metrics: filepath.Join(dir, "metrics.fifo")}
+	cmd := firecracker.VMCommandBuilder{}.WithBin(bin).WithSocketPath(v.sock).
+		WithStdout(v.serial).WithStderr(v.stderr).Build(ctx)
+	cfg := firecracker.Config{
+		SocketPath:      v.sock,
+		LogFifo:         filepath.Join(dir, "log.fifo"),
+		MetricsFifo:     v.metrics,
+		LogLevel:        "Info",
+		FifoLogWriter:   v.logs,
+		KernelImagePath: filepath.Join(payloads, "wait.elf"),
+		KernelArgs:      "console=ttyS0 kbd",
+		MachineCfg: models.MachineConfiguration{
+			VcpuCount:  firecracker.Int64(2),
+			MemSizeMib: firecracker.Int64(64),
+			Smt:        firecracker.Bool(true),
+		},
+	}
+	if withDevices {
+		root := filepath.Join(dir, "root.img")
+		sparseFile(t, root, 1<<20)
+		cfg.Drives = firecracker.NewDrivesBuilder(root).Build()
+		cfg.NetworkInterfaces = firecracker.NetworkInterfaces{{
+			StaticConfiguration: &firecracker.StaticNetworkConfiguration{
+				HostDevName: env(t, "EXITLESS_TAP"),
+				MacAddress:  "06:00:ac:10:00:02",
+			},
+		}}
+	}
+	logger := logrus.New()
+	logger.SetLevel(logrus.WarnLevel)
+	m, err := firecracker.NewMachine(ctx, cfg, firecracker.WithProcessRunner(cmd),
+		firecracker.WithLogger(logrus.NewEntry(logger)))
+	if err != nil {
+		t.Fatalf("NewMachine: %v", err)
+	}
+	v.machine = m
+	if err := m.Start(ctx); err != nil {
+		t.Fatalf("Start: %v\nstderr: %s", err, v.stderr.String())
+	}
+	waitFor(t, "the guest's first line", 30*time.Second, func() bool {
+		return strings.Contains(v.serial.String(), "wait: running; waiting for ctrl-alt-del")
+	})
+	return v
+}
+
+func TestTheGoSDKDrivesAMicroVMThroughItsLife(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	v := start(t, ctx, true)
+	m := v.machine
+
+	// Firecracker's own answers about the instance.
+	version, err := m.GetFirecrackerVersion(ctx)
+	if err != nil || version != "1.16.1" {
+		t.Fatalf("GetFirecrackerVersion: %q, %v", version, err)
+	}
+	info, err := m.DescribeInstanceInfo(ctx)
+	if err != nil || *info.State != "Running" || *info.AppName != "exitless" || *info.VmmVersion != "1.16.1" {
+		t.Fatalf("DescribeInstanceInfo: %v, %v", err, info)
+	}
+
+	// The log FIFO, which nobody read when exitless opened it, carries Firecracker-shaped lines.
+	waitFor(t, "API lines in the log FIFO", 10*time.Second, func() bool {
+		return strings.Contains(v.logs.String(), "[anonymous-instance:") && strings.Contains(v.logs.String(), "PUT /actions -> 204")
+	})
+
+	if err := m.PauseVM(ctx); err != nil {
+		t.Fatalf("PauseVM: %v", err)
+	}
+	if info, _ := m.DescribeInstanceInfo(ctx); *info.State != "Paused" {
+		t.Fatalf("after PauseVM the state is %s", *info.State)
+	}
+	if err := m.ResumeVM(ctx); err != nil {
+		t.Fatalf("ResumeVM: %v", err)
+	}
+	if info, _ := m.DescribeInstanceInfo(ctx); *info.State != "Running" {
+		t.Fatalf("after ResumeVM the state is %s", *info.State)
+	}
+
+	// A new backing file for the running guest's root drive, as firecracker-containerd swaps one.
+	swapped := filepath.Join(t.TempDir(), "swapped.img")
+	sparseFile(t, swapped, 4<<20)
+	if err := m.UpdateGuestDrive(ctx, "root_drive", swapped); err != nil {
+		t.Fatalf("UpdateGuestDrive: %v", err)
+	}
+	client := firecracker.NewClient(v.sock, logrus.NewEntry(logrus.New()), false)
+	config, err := client.GetExportVMConfig()
+	if err != nil || len(config.Payload.Drives) != 1 || *config.Payload.Drives[0].PathOnHost != swapped {
+		t.Fatalf("GET /vm/config after UpdateGuestDrive: %+v, %v", config, err)
+	}
+	if err := m.UpdateGuestDrive(ctx, "root_drive", "/nonexistent/disk.img"); err == nil {
+		t.Fatalf("UpdateGuestDrive to a missing file was accepted")
+	}
+
+	// FlushMetrics writes one line in Firecracker's format to the metrics FIFO.
+	fifo, err := os.OpenFile(v.metrics, os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatalf("open the metrics FIFO: %v", err)
+	}
+	defer fifo.Close()
+	if _, err := client.CreateSyncAction(ctx, &models.InstanceActionInfo{
+		ActionType: firecracker.String(models.InstanceActionInfoActionTypeFlushMetrics),
+	}); err != nil {
+		t.Fatalf("FlushMetrics: %v", err)
+	}
+	// Every line is one JSON object of groups; the first one after the PATCHes counts them.
+	reader := bufio.NewReader(fifo)
+	var line map[string]interface{}
+	counter := func(group, field string) float64 {
+		g, _ := line[group].(map[string]interface{})
+		n, _ := g[field].(float64)
+		return n
+	}
+	for {
+		text, err := reader.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading the metrics FIFO: %v", err)
+		}
+		line = nil
+		if err := json.Unmarshal([]byte(text), &line); err != nil {
+			t.Fatalf("a metrics line that is not JSON: %v: %q", err, text)
+		}
+		if counter("patch_api_requests", "drive_count") > 0 {
+			break
+		}
+	}
+	for _, group := range []string{"api_server", "block", "block_root_drive", "net", "net_1", "vcpu", "logger", "put_api_requests", "exits"} {
+		if _, ok := line[group].(map[string]interface{}); !ok {
+			t.Fatalf("the metrics line has no %q group: %v", group, line)
+		}
+	}
+	if counter("patch_api_requests", "drive_count") != 2 || counter("patch_api_requests", "drive_fails") != 1 {
+		t.Fatalf("the PATCHes are not counted: %v", line["patch_api_requests"])
+	}
+	if counter("vcpu", "exit_io_out") == 0 {
+		t.Fatalf("no port writes counted (the guest printed): %v", line["vcpu"])
+	}
+
+	// Shutdown: Ctrl-Alt-Del, the guest resets through the i8042, the VMM exits 0.
+	if err := m.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if err := m.Wait(ctx); err != nil {
+		t.Fatalf("Wait after Shutdown: %v\nstderr: %s", err, v.stderr.String())
+	}
+	if !strings.Contains(v.serial.String(), "wait: ctrl-alt-del; resetting") {
+		t.Fatalf("the guest did not see Ctrl-Alt-Del: %s", v.serial.String())
+	}
+	if _, err := os.Stat(v.sock); !os.IsNotExist(err) {
+		t.Fatalf("the API socket is left behind: %v", err)
+	}
+}
+
+func TestStopVMMEndsTheVMMAndItsSocket(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	v := start(t, ctx, false)
+	if err := v.machine.StopVMM(); err != nil {
+		t.Fatalf("StopVMM: %v", err)
+	}
+	// SIGTERM: the process ends (128 + 15) and removes its socket.
+	if err := v.machine.Wait(ctx); err == nil || !strings.Contains(err.Error(), "143") && !strings.Contains(err.Error(), "terminated") {
+		t.Fatalf("Wait after StopVMM: %v", err)
+	}
+	if _, err := os.Stat(v.sock); !os.IsNotExist(err) {
+		t.Fatalf("the API socket is left behind: %v", err)
+	}
+}
