@@ -201,8 +201,9 @@ pub struct RunArgs {
     pub poll_us: exitless_vmm::poll::PollMode,
     /// A virtio-blk disk backed by FILE (repeatable): `readonly=on` refuses writes,
     /// `id=NAME` is its serial (GET_ID, up to 20 bytes), `direct=on` bypasses the host
-    /// page cache (O_DIRECT) where the filesystem allows it.
-    #[arg(long, value_name = "path=FILE[,readonly=on][,id=NAME][,direct=on][,engine=pool]", value_parser = parse_drive)]
+    /// page cache (O_DIRECT) where the filesystem allows it; `iops=N` and `bw=SIZE` limit
+    /// its requests and bytes per second (Firecracker's rate limiter).
+    #[arg(long, value_name = "path=FILE[,readonly=on][,id=NAME][,direct=on][,engine=pool][,iops=N][,bw=SIZE]", value_parser = parse_drive)]
     pub drive: Vec<exitless_vmm::virtio::blk::DriveConfig>,
     /// Parameters for the payload, comma-separated integers (payload-specific).
     #[arg(long, value_delimiter = ',', value_parser = parse_u64)]
@@ -339,11 +340,26 @@ pub struct BlkArgs {
     /// takes them), comma-separated; rows of other modes are compared with `off`.
     #[arg(long, value_delimiter = ',', default_value = "off,adaptive")]
     pub poll: Vec<exitless_vmm::poll::PollMode>,
+    /// The operations limit (requests per second) the rate-limit row holds the guest's
+    /// random 4K reads to.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
+    pub limit_iops: u64,
+    /// The bandwidth limit the rate-limit row holds the guest's sequential 64K reads to.
+    #[arg(long, default_value = "40M", value_parser = parse_limit_bytes)]
+    pub limit_bandwidth: u64,
     #[command(flatten)]
     pub out: OutputArgs,
     /// Give up on a guest that has not finished within this many seconds.
     #[arg(long, default_value_t = 120.0, value_parser = parse_seconds)]
     pub timeout: f64,
+}
+
+/// Bytes per second for a bandwidth limit: 1M to 100G.
+fn parse_limit_bytes(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        n if (1 << 20..=100 << 30).contains(&n) => Ok(n),
+        _ => Err(format!("'{s}' is not a bandwidth between 1M and 100G (bytes per second)")),
+    }
 }
 
 impl BlkArgs {
@@ -355,6 +371,8 @@ impl BlkArgs {
             repeat: self.repeat,
             guest_poll_us: self.guest_poll_us,
             polls: exitless_vmm::poll::distinct(self.poll.iter().copied()),
+            limit_iops: self.limit_iops,
+            limit_bytes: self.limit_bandwidth,
             outputs: self.out.outputs(),
             timeout: std::time::Duration::from_secs_f64(self.timeout + self.seconds),
         }
@@ -605,6 +623,8 @@ impl RunArgs {
                 mac: mac.unwrap_or_else(|| derived(i)),
                 tx: self.net_tx,
                 mtu: None,
+                rx_limits: Default::default(),
+                tx_limits: Default::default(),
             })
             .collect()
     }
@@ -625,9 +645,11 @@ pub fn parse_net(s: &str) -> Result<(String, Option<[u8; 6]>), String> {
 pub fn parse_drive(s: &str) -> Result<exitless_vmm::virtio::blk::DriveConfig, String> {
     use exitless_vmm::virtio::blk::request::ID_LEN;
     let mut drive = exitless_vmm::virtio::blk::DriveConfig::new("");
-    let mut path = None;
+    let (mut path, mut iops, mut bandwidth) = (None, 0, 0);
     for part in s.split(',') {
         match part.split_once('=') {
+            Some(("iops", n)) => iops = n.parse().map_err(|_| format!("iops '{n}' is not a whole number"))?,
+            Some(("bw", n)) => bandwidth = parse_size(n)?,
             Some(("path", p)) if !p.is_empty() => path = Some(PathBuf::from(p)),
             Some(("readonly", v)) => drive.readonly = parse_on_off(v)?,
             Some(("direct", v)) => drive.direct = parse_on_off(v)?,
@@ -639,12 +661,16 @@ pub fn parse_drive(s: &str) -> Result<exitless_vmm::virtio::blk::DriveConfig, St
             }
             _ => {
                 return Err(format!(
-                    "'{part}' is not path=FILE, readonly=on|off, id=NAME, direct=on|off or engine=io_uring|pool"
+                    "'{part}' is not path=FILE, readonly=on|off, id=NAME, direct=on|off, engine=io_uring|pool, \
+                     iops=N or bw=SIZE"
                 ))
             }
         }
     }
     drive.path = path.ok_or("--drive needs path=FILE")?;
+    // Buckets of 100 ms, as a user's limit per second would be read.
+    drive.limits =
+        exitless_vmm::rate_limiter::Limits::per_second(iops, bandwidth, std::time::Duration::from_millis(100));
     Ok(drive)
 }
 

@@ -49,15 +49,16 @@ pub fn profile(report: &RunReport) -> String {
     for (tap, n) in &report.nets {
         let _ = writeln!(
             s,
-            "  virtio-net ({tap}): tx {} frames ({} copied, {} dropped), rx {} ({} dropped), {} bad chains, {} kicks, {} irqs",
-            n.tx_frames, n.tx_copied, n.tx_dropped, n.rx_frames, n.rx_dropped, n.bad_chains, n.kicks, n.irqs
+            "  virtio-net ({tap}): tx {} frames ({} copied, {} dropped), rx {} ({} dropped), {} bad chains, {} kicks, {} irqs, throttled tx {} rx {}",
+            n.tx_frames, n.tx_copied, n.tx_dropped, n.rx_frames, n.rx_dropped, n.bad_chains, n.kicks, n.irqs,
+            n.tx_throttled, n.rx_throttled
         );
         poll_line(&mut s, "virtio-net", &n.poll);
     }
     for (name, d) in &report.drives {
         let _ = writeln!(
             s,
-            "  {name} ({}): {} reads ({} KiB), {} writes ({} KiB), {} flushes, {} discards, {} errors, {} malformed, {} kicks, {} irqs",
+            "  {name} ({}): {} reads ({} KiB), {} writes ({} KiB), {} flushes, {} discards, {} errors, {} malformed, {} kicks, {} irqs, {} throttled",
             d.engine,
             d.reads,
             d.read_bytes >> 10,
@@ -68,7 +69,8 @@ pub fn profile(report: &RunReport) -> String {
             d.errors,
             d.bad_requests,
             d.kicks,
-            d.irqs
+            d.irqs,
+            d.throttled
         );
         poll_line(&mut s, name, &d.poll);
     }
@@ -117,7 +119,7 @@ fn net_json(n: &exitless_vmm::virtio::net::NetCounters) -> Value {
     json!({
         "tx_frames": n.tx_frames, "tx_bytes": n.tx_bytes, "tx_copied": n.tx_copied, "tx_dropped": n.tx_dropped,
         "rx_frames": n.rx_frames, "rx_dropped": n.rx_dropped, "bad_chains": n.bad_chains,
-        "kicks": n.kicks, "irqs": n.irqs,
+        "kicks": n.kicks, "irqs": n.irqs, "tx_throttled": n.tx_throttled, "rx_throttled": n.rx_throttled,
         "poll": poll_json(&n.poll),
     })
 }
@@ -163,7 +165,7 @@ pub fn json(report: &RunReport) -> Value {
         "drives": report.drives.iter().map(|(name, d)| (name.clone(), json!({
             "reads": d.reads, "writes": d.writes, "read_bytes": d.read_bytes, "write_bytes": d.write_bytes,
             "flushes": d.flushes, "discards": d.discards, "errors": d.errors, "bad_requests": d.bad_requests,
-            "kicks": d.kicks, "irqs": d.irqs, "engine": d.engine,
+            "kicks": d.kicks, "irqs": d.irqs, "throttled": d.throttled, "engine": d.engine,
             "poll": poll_json(&d.poll),
         }))).collect::<Map<String, Value>>(),
     })

@@ -76,6 +76,26 @@ fn reads_at_depth_see_exactly_what_the_file_holds() {
 }
 
 #[test]
+fn a_rate_limited_drive_holds_its_guest_to_the_limit() {
+    if !kvm_or_skip("a_rate_limited_drive_holds_its_guest_to_the_limit") {
+        return;
+    }
+    let path = disk(9);
+    // 300 random reads at depth 32 under 400 a second (40 of them a first full bucket):
+    // at least 0.65 s, whatever the host; unlimited they take a fraction of that.
+    let started = std::time::Instant::now();
+    let (out, json) = blkbench(&path, ",iops=400", "0,4096,32,300");
+    let elapsed = started.elapsed();
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(elapsed >= std::time::Duration::from_millis(600), "300 requests in {elapsed:?} under 400/s");
+    let drive = json["drives"].as_object().and_then(|d| d.values().next()).expect("one drive");
+    assert_eq!(drive["reads"], 300, "{json}");
+    assert!(drive["throttled"].as_u64().unwrap() > 0, "{json}");
+    assert_eq!(drive["errors"], 0, "throttled, never failed: {json}");
+    assert!(stderr(&out).contains("throttled"), "the exit profile counts them: {}", stderr(&out));
+}
+
+#[test]
 fn a_read_only_drive_refuses_writes() {
     if !kvm_or_skip("a_read_only_drive_refuses_writes") {
         return;

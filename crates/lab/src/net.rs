@@ -127,7 +127,14 @@ pub(crate) fn boot_with(
     console: Option<crate::control::Console>,
 ) -> Result<Booted, NetBenchError> {
     let tap = tap_name();
-    let net = NetConfig { tap: tap.clone(), mac: LAB_MAC, tx, mtu: None };
+    let net = NetConfig {
+        tap: tap.clone(),
+        mac: LAB_MAC,
+        tx,
+        mtu: None,
+        rx_limits: Default::default(),
+        tx_limits: Default::default(),
+    };
     let (machine, control) = lab_machine(payload, params, |c| {
         c.nets = vec![net];
         c.poll = poll;

@@ -20,6 +20,7 @@ pub mod machine;
 pub mod net;
 pub mod pci;
 pub mod poll;
+pub mod rate_limiter;
 pub mod seccomp;
 pub mod sleep;
 pub mod stats;

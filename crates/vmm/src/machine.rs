@@ -84,6 +84,8 @@ pub enum MachineError {
     VcpuThread(String),
     #[error("the machine has no drive {0}")]
     NoDrive(usize),
+    #[error("the machine has no network interface {0}")]
+    NoNic(usize),
 }
 
 fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> MachineError {
@@ -149,6 +151,9 @@ pub struct NetConfig {
     pub tx: TxMode,
     /// An MTU advised to the guest (VIRTIO_NET_F_MTU), if any.
     pub mtu: Option<u16>,
+    /// Rate limits on received and sent frames.
+    pub rx_limits: crate::rate_limiter::Limits,
+    pub tx_limits: crate::rate_limiter::Limits,
 }
 
 /// A virtio-blk device of a machine, for the lab and the report.
@@ -158,6 +163,8 @@ pub struct DriveHandle {
     pub transport: Arc<VirtioPci>,
     /// The backing file, swapped by [`Machine::update_drive`].
     pub disk: Arc<crate::virtio::blk::DiskSlot>,
+    /// The rate limits, changed by [`Machine::set_drive_limits`].
+    pub limits: Arc<crate::rate_limiter::LimiterSlot>,
 }
 
 /// A virtio-net device of a machine, for the lab and the report.
@@ -165,6 +172,8 @@ pub struct NetHandle {
     pub stats: Arc<NetStats>,
     pub transport: Arc<VirtioPci>,
     pub tap_name: String,
+    /// The RX and TX rate limits, changed by [`Machine::set_net_limits`].
+    pub limits: [Arc<crate::rate_limiter::LimiterSlot>; 2],
 }
 
 impl MachineConfig {
@@ -477,14 +486,15 @@ impl Machine {
     fn add_virtio_net(&mut self, net: &NetConfig, poll: crate::poll::PollMode) -> Result<(), MachineError> {
         let tap = Tap::open(&net.tap)?;
         let tap_name = tap.name().to_string();
-        let device = VirtioNet::new(tap, net.mac, net.tx, poll).with_mtu(net.mtu);
-        let stats = device.stats.clone();
+        let device =
+            VirtioNet::new(tap, net.mac, net.tx, poll).with_mtu(net.mtu).with_limits(net.rx_limits, net.tx_limits);
+        let (stats, limits) = (device.stats.clone(), device.limiter_slots());
         let name = match self.nets.len() {
             0 => "virtio-net".to_string(),
             n => format!("virtio-net{n}"),
         };
         let transport = self.add_virtio(&name, Box::new(device))?;
-        self.nets.push(NetHandle { stats, transport, tap_name });
+        self.nets.push(NetHandle { stats, transport, tap_name, limits });
         Ok(())
     }
 
@@ -514,9 +524,9 @@ impl Machine {
             if device.disk().is_direct() { ", O_DIRECT" } else { "" },
             device.engine_name()
         );
-        let (stats, disk) = (device.stats.clone(), device.disk_slot());
+        let (stats, disk, limits) = (device.stats.clone(), device.disk_slot(), device.limiter_slot());
         let transport = self.add_virtio(&name, Box::new(device))?;
-        self.drives.push(DriveHandle { name, stats, transport, disk });
+        self.drives.push(DriveHandle { name, stats, transport, disk, limits });
         Ok(())
     }
 
@@ -666,6 +676,28 @@ impl Machine {
         let disk = drive.disk.swap(path)?;
         tracing::info!("{}: swapped to {} ({} bytes)", drive.name, path.display(), disk.capacity);
         drive.transport.config_changed();
+        Ok(())
+    }
+
+    /// New rate limits for drive `index` (Firecracker's PATCH /drives rate_limiter).
+    pub fn set_drive_limits(&self, index: usize, limits: crate::rate_limiter::Limits) -> Result<(), MachineError> {
+        self.drives.get(index).ok_or(MachineError::NoDrive(index))?.limits.set(limits);
+        Ok(())
+    }
+
+    /// New rate limits for NIC `index`, each way that is given (PATCH /network-interfaces).
+    pub fn set_net_limits(
+        &self,
+        index: usize,
+        rx: Option<crate::rate_limiter::Limits>,
+        tx: Option<crate::rate_limiter::Limits>,
+    ) -> Result<(), MachineError> {
+        let nic = self.nets.get(index).ok_or(MachineError::NoNic(index))?;
+        for (slot, limits) in nic.limits.iter().zip([rx, tx]) {
+            if let Some(limits) = limits {
+                slot.set(limits);
+            }
+        }
         Ok(())
     }
 

@@ -88,13 +88,16 @@ pub struct PartialDrive {
     pub rate_limiter: Option<RateLimiter>,
 }
 
-/// A token bucket: `size` tokens, refilled over `refill_time` ms, plus a first burst.
+/// A token bucket: `size` tokens, refilled over `refill_time` ms, plus a first burst. A
+/// size or refill time of 0 (or `{}`, which some clients send) limits nothing.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TokenBucket {
+    #[serde(default)]
     pub size: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub one_time_burst: Option<u64>,
+    #[serde(default)]
     pub refill_time: u64,
 }
 
@@ -106,6 +109,26 @@ pub struct RateLimiter {
     pub bandwidth: Option<TokenBucket>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ops: Option<TokenBucket>,
+}
+
+impl RateLimiter {
+    /// The device's limits (refill times are in milliseconds).
+    pub fn limits(&self) -> exitless_vmm::rate_limiter::Limits {
+        let bucket = |b: &TokenBucket| exitless_vmm::rate_limiter::Bucket {
+            size: b.size,
+            one_time_burst: b.one_time_burst.unwrap_or(0),
+            refill_time: std::time::Duration::from_millis(b.refill_time),
+        };
+        exitless_vmm::rate_limiter::Limits {
+            bandwidth: self.bandwidth.as_ref().map(bucket),
+            ops: self.ops.as_ref().map(bucket),
+        }
+    }
+}
+
+/// The limits of an optional limiter (none: unlimited).
+pub fn limits(r: Option<&RateLimiter>) -> exitless_vmm::rate_limiter::Limits {
+    r.map(RateLimiter::limits).unwrap_or_default()
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

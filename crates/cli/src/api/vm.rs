@@ -4,7 +4,7 @@
 
 use super::model::{
     BootSource, Drive, Logger, MachineConfig, MachineConfigUpdate, Metrics, NetworkInterface, PartialDrive,
-    PartialNetworkInterface, RateLimiter, VmConfig, VmState,
+    PartialNetworkInterface, VmConfig, VmState,
 };
 use crate::report;
 use exitless_vmm::virtio::blk::DriveConfig;
@@ -121,7 +121,6 @@ impl Vm {
     pub fn set_drive(&mut self, id: &str, d: Drive) -> Result<(), Fault> {
         self.pre_boot()?;
         same_id(id, &d.drive_id)?;
-        check_unlimited("rate_limiter", d.rate_limiter.as_ref())?;
         if d.socket.is_some() {
             return Err(Fault("socket: exitless has no vhost-user block devices; give path_on_host.".into()));
         }
@@ -147,8 +146,6 @@ impl Vm {
     pub fn set_network_interface(&mut self, id: &str, n: NetworkInterface) -> Result<(), Fault> {
         self.pre_boot()?;
         same_id(id, &n.iface_id)?;
-        check_unlimited("rx_rate_limiter", n.rx_rate_limiter.as_ref())?;
-        check_unlimited("tx_rate_limiter", n.tx_rate_limiter.as_ref())?;
         if n.mtu.is_some_and(|m| m < 68) {
             return Err(Fault("mtu must be between 68 and 65535.".into()));
         }
@@ -177,7 +174,6 @@ impl Vm {
     /// guest told by a configuration-change interrupt) and/or new rate limits.
     pub fn update_drive(&mut self, id: &str, p: PartialDrive) -> Result<(), Fault> {
         same_id(id, &p.drive_id)?;
-        check_unlimited("rate_limiter", p.rate_limiter.as_ref())?;
         let index = self.built_drives.iter().position(|d| d == id);
         let machine = self.running("drives are updated on a running one")?.clone();
         let index = index.ok_or_else(|| Fault(format!("No drive with id {id}.")))?;
@@ -189,8 +185,9 @@ impl Vm {
                 .map_err(|e| Fault(format!("Unable to patch the block device: {}", crate::with_causes(&e))))?;
             drive.path_on_host = path;
         }
-        if p.rate_limiter.is_some() {
-            drive.rate_limiter = p.rate_limiter;
+        if let Some(limiter) = p.rate_limiter {
+            machine.set_drive_limits(index, limiter.limits()).map_err(|e| Fault(e.to_string()))?;
+            drive.rate_limiter = Some(limiter);
         }
         Ok(())
     }
@@ -198,11 +195,13 @@ impl Vm {
     /// `PATCH /network-interfaces/{id}`: new rate limits.
     pub fn update_network_interface(&mut self, id: &str, p: PartialNetworkInterface) -> Result<(), Fault> {
         same_id(id, &p.iface_id)?;
-        check_unlimited("rx_rate_limiter", p.rx_rate_limiter.as_ref())?;
-        check_unlimited("tx_rate_limiter", p.tx_rate_limiter.as_ref())?;
-        self.running("network interfaces are updated on a running one")?;
-        let nic = self.config.network_interfaces.iter_mut().find(|n| n.iface_id == id);
-        let nic = nic.ok_or_else(|| Fault(format!("No network interface with id {id}.")))?;
+        let machine = self.running("network interfaces are updated on a running one")?.clone();
+        // The NICs were built in the configuration's order.
+        let index = self.config.network_interfaces.iter().position(|n| n.iface_id == id);
+        let index = index.ok_or_else(|| Fault(format!("No network interface with id {id}.")))?;
+        let (rx, tx) = (p.rx_rate_limiter.map(|l| l.limits()), p.tx_rate_limiter.map(|l| l.limits()));
+        machine.set_net_limits(index, rx, tx).map_err(|e| Fault(e.to_string()))?;
+        let nic = &mut self.config.network_interfaces[index];
         if p.rx_rate_limiter.is_some() {
             nic.rx_rate_limiter = p.rx_rate_limiter;
         }
@@ -291,6 +290,8 @@ impl Vm {
                         .unwrap_or_else(|| default_mac(i)),
                     tx: exitless_vmm::virtio::net::TxMode::Zerocopy,
                     mtu: n.mtu,
+                    rx_limits: super::model::limits(n.rx_rate_limiter.as_ref()),
+                    tx_limits: super::model::limits(n.tx_rate_limiter.as_ref()),
                 })
             })
             .collect::<Result<Vec<_>, Fault>>()?;
@@ -304,6 +305,7 @@ impl Vm {
                 readonly: d.is_read_only.unwrap_or(false),
                 id: Some(d.drive_id.chars().take(exitless_vmm::virtio::blk::request::ID_LEN).collect()),
                 thread_pool: d.io_engine.as_deref() == Some("Sync"),
+                limits: super::model::limits(d.rate_limiter.as_ref()),
                 ..DriveConfig::new(&d.path_on_host)
             })
             .collect();
@@ -374,6 +376,7 @@ impl Vm {
                     ("execute_fails", d.errors),
                     ("invalid_reqs_count", d.bad_requests),
                     ("queue_event_count", d.kicks),
+                    ("rate_limiter_throttled_events", d.throttled),
                 ],
             );
         }
@@ -390,6 +393,8 @@ impl Vm {
                     ("rx_packets_count", n.rx_frames),
                     ("rx_count", n.rx_frames),
                     ("rx_fails", n.rx_dropped),
+                    ("rx_rate_limiter_throttled", n.rx_throttled),
+                    ("tx_rate_limiter_throttled", n.tx_throttled),
                 ],
             );
         }
@@ -413,17 +418,3 @@ fn default_mac(index: usize) -> [u8; 6] {
 
 /// At most this many network interfaces (each takes a PCI slot and a device thread).
 const MAX_NICS: u8 = 8;
-
-/// Rate limiters are not enforced yet: one that limits nothing (absent, `{}`, or buckets
-/// of size 0, which Firecracker treats as unlimited) is accepted; a real limit is refused
-/// rather than silently ignored.
-fn check_unlimited(field: &str, limiter: Option<&RateLimiter>) -> Result<(), Fault> {
-    let limits =
-        limiter.is_some_and(|l| [l.bandwidth, l.ops].into_iter().flatten().any(|b| b.size > 0 && b.refill_time > 0));
-    match limits {
-        false => Ok(()),
-        true => Err(Fault(format!(
-            "{field}: exitless does not enforce rate limits yet; only unlimited buckets are accepted."
-        ))),
-    }
-}

@@ -41,6 +41,8 @@ pub struct GuestRun<'a> {
     pub poll_us: u64,
     /// The device thread's polling (`--poll-us`).
     pub device_poll: exitless_vmm::poll::PollMode,
+    /// The drive's rate limits (none in the main table's rows).
+    pub limits: exitless_vmm::rate_limiter::Limits,
     pub timeout: Duration,
 }
 
@@ -57,7 +59,7 @@ pub fn run(g: &GuestRun) -> Result<RunResult, BlkBenchError> {
         0,
         g.poll_us,
     ];
-    let drive_config = DriveConfig { direct: true, ..DriveConfig::new(g.file) };
+    let drive_config = DriveConfig { direct: true, limits: g.limits, ..DriveConfig::new(g.file) };
     let (machine, control) = lab_machine("blkbench", params, |c| {
         c.drives = vec![drive_config];
         c.poll = g.device_poll;
@@ -83,5 +85,6 @@ pub fn run(g: &GuestRun) -> Result<RunResult, BlkBenchError> {
         irqs: end.irqs - begin.irqs,
         vmm_cpu: vmm_cpu.as_secs_f64(),
         vcpu_cpu: Some((end.vcpu_cpu - begin.vcpu_cpu).as_secs_f64()),
+        throttled: machine.drives.first().map_or(0, |d| d.stats.snapshot().throttled),
     })
 }

@@ -6,6 +6,7 @@
 
 pub mod guest;
 pub mod host;
+pub mod limits;
 pub mod pattern;
 
 use crate::report::{no_row_slower_than_off, targets_json, targets_text, Outputs, Target, WriteError};
@@ -29,6 +30,9 @@ pub struct Options {
     pub guest_poll_us: u64,
     /// The device thread's polling modes each guest row is measured with.
     pub polls: Vec<PollMode>,
+    /// The rate limits the limit rows hold the guest to: operations and bytes per second.
+    pub limit_iops: u64,
+    pub limit_bytes: u64,
     pub outputs: Outputs,
     pub timeout: Duration,
 }
@@ -132,6 +136,8 @@ pub struct RunResult {
     pub vmm_cpu: f64,
     /// CPU seconds of the vCPU thread (guest path only): the guest's own work and polling.
     pub vcpu_cpu: Option<f64>,
+    /// Times a request waited for the drive's rate limiter (guest path only).
+    pub throttled: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -244,6 +250,8 @@ fn filesystem(path: &std::path::Path) -> String {
 
 pub struct Measured {
     pub rows: Vec<Row>,
+    /// The rate-limited rows (limits.rs).
+    pub limited: Vec<limits::LimitRow>,
     /// What the file was: path, filesystem, whether O_DIRECT was used, the engine.
     pub setup: String,
     pub guest_poll_us: u64,
@@ -299,6 +307,7 @@ pub fn measure(opts: &Options) -> Result<Measured, BlkBenchError> {
                             tsc_khz,
                             poll_us: opts.guest_poll_us,
                             device_poll,
+                            limits: Default::default(),
                             timeout: opts.timeout,
                         })?,
                         Path::Host => {
@@ -313,10 +322,11 @@ pub fn measure(opts: &Options) -> Result<Measured, BlkBenchError> {
             rows.extend(runs.iter().map(|r| median_row(r)));
         }
     }
+    let limited = limits::measure(opts, &file.path, tsc_khz, &mut stamp, progress)?;
     if progress {
         eprint!("\r\x1b[K");
     }
-    Ok(Measured { rows, setup, guest_poll_us: opts.guest_poll_us })
+    Ok(Measured { rows, limited, setup, guest_poll_us: opts.guest_poll_us })
 }
 
 /// Medians of each figure over repeated runs; verified only if every run was.
@@ -401,7 +411,14 @@ pub fn table(m: &Measured, opts: &Options) -> String {
             if r.verified { "yes" } else { "NO" }
         );
     }
-    s + &targets_text(&targets(&m.rows))
+    s + &limits::table(&m.limited) + &targets_text(&all_targets(m))
+}
+
+/// The main table's targets and the rate limits'.
+fn all_targets(m: &Measured) -> Vec<Target> {
+    let mut all = targets(&m.rows);
+    all.extend(limits::targets(&m.limited));
+    all
 }
 
 pub fn json(m: &Measured) -> serde_json::Value {
@@ -416,7 +433,8 @@ pub fn json(m: &Measured) -> serde_json::Value {
                    "requests": r.requests})
         })
         .collect();
-    json!({"bench": "blk", "file": m.setup, "guest_poll_us": m.guest_poll_us, "rows": rows, "targets": targets_json(&targets(&m.rows))})
+    json!({"bench": "blk", "file": m.setup, "guest_poll_us": m.guest_poll_us, "rows": rows,
+           "limits": limits::json(&m.limited), "targets": targets_json(&all_targets(m))})
 }
 
 pub fn run(opts: &Options) -> Result<Measured, BlkBenchError> {

@@ -13,6 +13,7 @@ use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 use crate::net::tap::{Tap, VNET_HDR_LEN};
 use crate::poll::{PollCounts, PollMode, PollStats, PollWindow};
+use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -59,6 +60,9 @@ pub struct NetStats {
     pub kicks: AtomicU64,
     /// Interrupts the device asked for.
     pub irqs: AtomicU64,
+    /// Times a frame had to wait for the rate limiter's tokens, each way.
+    pub rx_throttled: AtomicU64,
+    pub tx_throttled: AtomicU64,
     /// The device thread's pthread id, for reading its CPU clock (0 until it starts).
     pub thread: AtomicU64,
     /// What polling after work found and cost (crate::poll).
@@ -88,6 +92,8 @@ pub struct NetCounters {
     pub bad_chains: u64,
     pub kicks: u64,
     pub irqs: u64,
+    pub rx_throttled: u64,
+    pub tx_throttled: u64,
     pub poll: PollCounts,
 }
 
@@ -105,6 +111,8 @@ impl NetStats {
             bad_chains: get(&self.bad_chains),
             kicks: get(&self.kicks),
             irqs: get(&self.irqs),
+            rx_throttled: get(&self.rx_throttled),
+            tx_throttled: get(&self.tx_throttled),
             poll: self.poll.counts(),
         }
     }
@@ -114,6 +122,8 @@ pub struct VirtioNet {
     tap: Arc<Tap>,
     mac: [u8; 6],
     mtu: Option<u16>,
+    /// Rate limits on received and sent frames, changeable while it runs.
+    limits: [Arc<LimiterSlot>; 2],
     tx_mode: TxMode,
     poll: PollMode,
     pub stats: Arc<NetStats>,
@@ -122,7 +132,27 @@ pub struct VirtioNet {
 
 impl VirtioNet {
     pub fn new(tap: Tap, mac: [u8; 6], tx_mode: TxMode, poll: PollMode) -> Self {
-        VirtioNet { tap: Arc::new(tap), mac, mtu: None, tx_mode, poll, stats: Arc::default(), worker: None }
+        VirtioNet {
+            tap: Arc::new(tap),
+            mac,
+            mtu: None,
+            limits: Default::default(),
+            tx_mode,
+            poll,
+            stats: Arc::default(),
+            worker: None,
+        }
+    }
+
+    /// Rate limits on received (`rx`) and sent (`tx`) frames.
+    pub fn with_limits(mut self, rx: Limits, tx: Limits) -> Self {
+        self.limits = [Arc::new(LimiterSlot::new(rx)), Arc::new(LimiterSlot::new(tx))];
+        self
+    }
+
+    /// Where the RX and TX limits are changed from (the machine's NIC handle keeps them).
+    pub fn limiter_slots(&self) -> [Arc<LimiterSlot>; 2] {
+        self.limits.clone()
     }
 
     /// Advises the guest of `mtu` (VIRTIO_NET_F_MTU), as Firecracker's `mtu` does.
@@ -177,6 +207,7 @@ impl VirtioDevice for VirtioNet {
         let stop_worker = stop.try_clone().map_err(ActivateError::Thread)?;
         let mut worker = Worker::new(self.tap.clone(), self.tx_mode, self.stats.clone(), queues, activation)?;
         worker.poll = self.poll;
+        worker.throttles = self.limits.clone().map(Throttle::new);
         let thread = std::thread::Builder::new()
             .name("virtio-net".into())
             .spawn(move || worker.run(&stop_worker))
@@ -211,6 +242,8 @@ struct Worker {
     kicks_wanted: bool,
     /// The tap refused a frame; TX waits for its EPOLLOUT.
     tx_blocked: bool,
+    /// The RX and TX rate limits (crate::rate_limiter).
+    throttles: [Throttle; 2],
 }
 
 /// The tap and the scratch space frames pass through (apart from the queues, so a chain
@@ -249,6 +282,7 @@ impl Worker {
             poll: PollMode::Off,
             kicks_wanted: true,
             tx_blocked: false,
+            throttles: Default::default(),
         })
     }
 
@@ -276,11 +310,19 @@ impl Worker {
                 self.process_rx();
             }
             window.sleeping(&stats.poll);
-            let n = match epoll.wait(-1, &mut events) {
+            let timeout = Throttle::sooner(self.throttles[RX].timeout_ms(), self.throttles[TX].timeout_ms());
+            let n = match epoll.wait(timeout, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return tracing::error!("virtio-net: epoll failed: {e}"),
             };
+            // A queue that waited for its rate limiter's tokens goes on.
+            if self.throttles[TX].expired() {
+                self.process_tx();
+            }
+            if self.throttles[RX].expired() {
+                self.process_rx();
+            }
             window.woke(self.poll, &stats.poll);
             self.kicks_wanted = !window.will_poll(self.poll);
             if !self.handle(&events[..n]) {
@@ -390,6 +432,16 @@ impl Worker {
             }
             while let Some(chain) = self.queues[TX].pop_descriptor_chain(&self.mem) {
                 let head = chain.head_index();
+                let frame_len =
+                    || chain.clone().map(|d| u64::from(d.len())).sum::<u64>().saturating_sub(VNET_HDR_LEN as u64);
+                if !self.throttles[TX].admit(1, frame_len, &self.io.stats.tx_throttled) {
+                    // Back on the avail ring until its tokens are back.
+                    self.queues[TX].go_to_previous_position();
+                    if used_any {
+                        self.interrupt_if_needed(TX);
+                    }
+                    return;
+                }
                 match self.io.send(&self.mem, chain) {
                     Ok(()) => {}
                     Err(SendError::Full) => {
@@ -433,6 +485,12 @@ impl Worker {
                     Err(_) => break, // WouldBlock: the tap is drained (edge-triggered)
                 },
             };
+            let frame_len = || (len - VNET_HDR_LEN) as u64;
+            if !self.throttles[RX].admit(1, frame_len, &self.io.stats.rx_throttled) {
+                // Kept until its tokens are back; the tap holds the frames after it.
+                self.rx_staged = Some(len);
+                break;
+            }
             // num_buffers = 1: the tap leaves that field of the header to us.
             self.io.buf[10..12].copy_from_slice(&1u16.to_le_bytes());
             let Some(chain) = self.queues[RX].pop_descriptor_chain(&self.mem) else {

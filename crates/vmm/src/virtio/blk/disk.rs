@@ -20,11 +20,20 @@ pub struct DriveConfig {
     /// Use the thread pool even where io_uring exists (Firecracker's io_engine "Sync"
     /// has the same role: a host whose io_uring is off or distrusted).
     pub thread_pool: bool,
+    /// Rate limits on the drive's requests (Firecracker's rate_limiter).
+    pub limits: crate::rate_limiter::Limits,
 }
 
 impl DriveConfig {
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        DriveConfig { path: path.into(), readonly: false, id: None, direct: false, thread_pool: false }
+        DriveConfig {
+            path: path.into(),
+            readonly: false,
+            id: None,
+            direct: false,
+            thread_pool: false,
+            limits: Default::default(),
+        }
     }
 }
 

@@ -12,6 +12,7 @@ mod worker;
 use super::{ActivateError, Activation, ActiveQueue, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 use crate::poll::{PollCounts, PollMode, PollStats};
+use crate::rate_limiter::LimiterSlot;
 pub use disk::{Disk, DiskError, DriveConfig};
 use engine::Engine;
 use request::SECTOR_SIZE;
@@ -51,6 +52,8 @@ pub struct BlkStats {
     pub kicks: AtomicU64,
     /// Interrupts the device asked for.
     pub irqs: AtomicU64,
+    /// Times a request had to wait for the rate limiter's tokens.
+    pub throttled: AtomicU64,
     /// The device thread's pthread id, for reading its CPU clock (0 until it starts).
     pub thread: AtomicU64,
     /// The I/O engine's name ("io_uring" or "thread pool").
@@ -72,6 +75,7 @@ pub struct BlkCounters {
     pub bad_requests: u64,
     pub kicks: u64,
     pub irqs: u64,
+    pub throttled: u64,
     pub engine: &'static str,
     pub poll: PollCounts,
 }
@@ -102,6 +106,7 @@ impl BlkStats {
             bad_requests: get(&self.bad_requests),
             kicks: get(&self.kicks),
             irqs: get(&self.irqs),
+            throttled: get(&self.throttled),
             engine: self.engine,
             poll: self.poll.counts(),
         }
@@ -110,6 +115,8 @@ impl BlkStats {
 
 pub struct VirtioBlk {
     disk: Arc<DiskSlot>,
+    /// The drive's rate limits, changeable while it runs.
+    limits: Arc<LimiterSlot>,
     thread_pool: bool,
     /// The I/O engine and request slots, kept across resets (made once, before any
     /// seccomp filter); lent to the device thread while the device runs.
@@ -124,7 +131,8 @@ impl VirtioBlk {
         let disk = Arc::new(DiskSlot::open(config)?);
         let kept = Self::fresh(config.thread_pool);
         let stats = Arc::new(BlkStats { engine: kept.engine.name(), ..Default::default() });
-        Ok(VirtioBlk { disk, thread_pool: config.thread_pool, kept: Some(kept), stats, worker: None, poll })
+        let limits = Arc::new(LimiterSlot::new(config.limits));
+        Ok(VirtioBlk { disk, limits, thread_pool: config.thread_pool, kept: Some(kept), stats, worker: None, poll })
     }
 
     fn fresh(thread_pool: bool) -> worker::Kept {
@@ -138,6 +146,11 @@ impl VirtioBlk {
     /// The backing file now.
     pub fn disk(&self) -> Arc<Disk> {
         self.disk.current()
+    }
+
+    /// Where the rate limits are changed from (the machine's drive handle keeps it).
+    pub fn limiter_slot(&self) -> Arc<LimiterSlot> {
+        self.limits.clone()
     }
 
     /// Where the backing file is swapped from (the machine's drive handle keeps it).
@@ -225,6 +238,7 @@ impl VirtioDevice for VirtioBlk {
             queue,
             activation,
             disk: self.disk.clone(),
+            limits: self.limits.clone(),
             stats: self.stats.clone(),
             engine,
             slots,

@@ -9,11 +9,12 @@ use super::request::{self, Kind, Parser, Range, Request, RequestError, SECTOR_SI
 use super::slot::DiskSlot;
 use super::{BlkStats, QUEUE_SIZE, SEG_MAX};
 use crate::poll::{PollMode, PollWindow};
+use crate::rate_limiter::{LimiterSlot, Throttle};
 use crate::virtio::{chain, Activation, ActiveQueue, DeviceStatus, Interrupt};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
@@ -24,6 +25,7 @@ pub(super) struct Parts {
     pub queue: ActiveQueue,
     pub activation: Activation,
     pub disk: Arc<DiskSlot>,
+    pub limits: Arc<LimiterSlot>,
     pub stats: Arc<BlkStats>,
     pub engine: Engine,
     pub slots: Slots,
@@ -82,6 +84,8 @@ struct Worker {
     disk: Arc<Disk>,
     slot: Arc<DiskSlot>,
     generation: u64,
+    /// The drive's rate limits (crate::rate_limiter).
+    throttle: Throttle,
     stats: Arc<BlkStats>,
     engine: Engine,
     parser: Parser,
@@ -122,6 +126,7 @@ impl Worker {
             generation: p.disk.generation(),
             disk: p.disk.current(),
             slot: p.disk,
+            throttle: Throttle::new(p.limits),
             stats: p.stats,
             engine: p.engine,
             parser: Parser::default(),
@@ -157,11 +162,15 @@ impl Worker {
                 self.process_queue();
             }
             window.sleeping(&stats.poll);
-            let n = match epoll.wait(-1, &mut events) {
+            let n = match epoll.wait(self.throttle.timeout_ms(), &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return tracing::error!("virtio-blk: epoll failed: {e}"),
             };
+            if self.throttle.expired() {
+                // The tokens the waiting request needs are back.
+                self.process_queue();
+            }
             window.woke(self.poll, &stats.poll);
             self.kicks_wanted = !window.will_poll(self.poll);
             for event in &events[..n] {
@@ -216,6 +225,15 @@ impl Worker {
         }
     }
 
+    /// Whether the rate limits let `req` start now (one op, and its bytes for a transfer).
+    fn admit(&mut self, req: &Request) -> bool {
+        let bytes = || match req.kind {
+            Kind::In | Kind::Out => req.data_len as u64,
+            _ => 0,
+        };
+        self.throttle.admit(1, bytes, &self.stats.throttled)
+    }
+
     /// Follows a swap of the backing file once no request is in flight on the old one;
     /// false while some still are (their completions bring the thread back here).
     fn follow_swap(&mut self) -> bool {
@@ -241,16 +259,24 @@ impl Worker {
             if self.queue.disable_notification(&self.mem).is_err() {
                 return self.fail("cannot write the queue's avail_event");
             }
+            let mut throttled = false;
             while !self.free.is_empty() {
                 let Some(chain) = self.queue.pop_descriptor_chain(&self.mem) else { break };
                 let head = chain.head_index();
                 match self.parser.parse(chain, &self.mem) {
+                    Ok(req) if !self.admit(&req) => {
+                        // Left on the queue until its tokens are back.
+                        self.queue.go_to_previous_position();
+                        throttled = true;
+                        break;
+                    }
                     Ok(req) => self.start(head, req),
                     Err(e) => self.bad_request(head, e),
                 }
             }
-            if self.free.is_empty() {
-                // Notifications stay off: completions free slots and bring us back here.
+            if self.free.is_empty() || throttled {
+                // Notifications stay off: completions (or the end of the throttle) free
+                // slots and bring us back here.
                 break;
             }
             match crate::virtio::rearm_notifications(&mut self.queue, &self.mem, self.kicks_wanted) {
