@@ -27,8 +27,6 @@ static FORMAT: RwLock<Format> = RwLock::new(Format { show_level: false, show_ori
 static INSTANCE_ID: OnceLock<String> = OnceLock::new();
 /// Lines dropped because the log file (a full FIFO) would not take them.
 pub static MISSED_LINES: AtomicU64 = AtomicU64::new(0);
-/// Lines written.
-pub static LINES: AtomicU64 = AtomicU64::new(0);
 
 /// Firecracker's log line options.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -52,10 +50,9 @@ impl Write for Sink {
             Some(f) => sink::write_line(f, buf),
             None => std::io::stderr().write_all(buf).is_ok(),
         };
-        match written {
-            true => LINES.fetch_add(1, Ordering::Relaxed),
-            false => MISSED_LINES.fetch_add(1, Ordering::Relaxed),
-        };
+        if !written {
+            MISSED_LINES.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {

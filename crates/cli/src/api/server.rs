@@ -178,21 +178,26 @@ impl<S> FaultOnParseError<S> {
     }
 }
 
-/// `buf` as hyper's own empty error reply, rewritten with a fault_message; None if it is not one.
+/// `buf` with hyper's own empty error reply at its end rewritten with a fault_message;
+/// None if it ends with no such reply. hyper flattens what it writes, so the reply may
+/// follow others answered before it on the same connection (pipelined requests); a body
+/// never holds "HTTP/1.1 4" (paths, the only client text echoed, have no spaces).
 fn with_fault_message(buf: &[u8]) -> Option<Vec<u8>> {
-    let head = std::str::from_utf8(buf).ok()?;
-    let status_line = head.strip_prefix("HTTP/1.1 4")?.lines().next()?;
-    if !head.to_ascii_lowercase().contains("\r\ncontent-length: 0\r\n") || !head.ends_with("\r\n\r\n") {
+    let text = std::str::from_utf8(buf).ok()?;
+    let at = text.rfind("HTTP/1.1 4")?;
+    let (before, head) = text.split_at(at);
+    let whole_head = head.find("\r\n\r\n").is_some_and(|end| end + 4 == head.len());
+    if !whole_head || !head.to_ascii_lowercase().contains("\r\ncontent-length: 0\r\n") {
         return None;
     }
-    let status = format!("4{status_line}");
+    let status = head.strip_prefix("HTTP/1.1 ")?.lines().next()?;
     let body = serde_json::json!({
         "fault_message": format!("The request could not be parsed as HTTP ({status}): check the request line and headers (ASCII only).")
     })
     .to_string();
     Some(
         format!(
-            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "{before}HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         )
         .into_bytes(),
@@ -254,6 +259,11 @@ mod tests {
         assert!(json["fault_message"].as_str().unwrap().contains("400 Bad Request"));
         let hyper_431 = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n\r\n";
         assert!(with_fault_message(hyper_431).is_some());
+        // After a pipelined answer in the same write: that one is kept as it was.
+        let ours = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+        let both = format!("{ours}{}", std::str::from_utf8(hyper_400).unwrap());
+        let rewritten = String::from_utf8(with_fault_message(both.as_bytes()).unwrap()).unwrap();
+        assert!(rewritten.starts_with(ours) && rewritten.ends_with("(ASCII only).\"}"), "{rewritten}");
         // The handler's own replies pass through untouched.
         for ours in [
             &b"HTTP/1.1 204 No Content\r\ndate: x\r\n\r\n"[..],
