@@ -114,6 +114,30 @@ fn firecrackers_config_keys_parse_and_missing_features_are_named() {
 }
 
 #[test]
+fn the_boot_timer_logs_firecrackers_line_when_the_guest_writes_to_it() {
+    if !kvm_or_skip("the_boot_timer_logs_firecrackers_line_when_the_guest_writes_to_it") {
+        return;
+    }
+    let dir = tempdir();
+    let payloads = payloads_in(&dir);
+    let (sock, log) = (dir.join("api.sock"), dir.join("log"));
+    let _vmm = spawn_api(&sock, &["--boot-timer", "--level", "Info", "--log-path", log.to_str().unwrap()]);
+    let put = |path: &str, body: serde_json::Value| expect_ok(&sock, "PUT", path, Some(&body)).unwrap();
+    put("/boot-source", json!({"kernel_image_path": payloads.join("wait.elf"), "boot_args": "boot-timer"}));
+    put("/actions", json!({"action_type": "InstanceStart"}));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let line = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(l) = text.lines().find(|l| l.contains("Guest-boot-time = ")) {
+            break l.to_string();
+        }
+        assert!(Instant::now() < deadline, "no boot-time line in the log:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(line.contains(" us ") && line.contains(" CPU ms"), "{line}");
+}
+
+#[test]
 fn firecracker_flags_are_accepted_or_refused_in_one_line() {
     let version = exitless(&["--version"]);
     let line = stdout(&version);

@@ -5,7 +5,9 @@
  *   "spin": spins at CPL3 instead, all CPU and no exit (a busy guest whose vCPU thread's
  *           CPU time shows whether it runs, as a pause must stop it);
  *   "kbd":  halts with IRQ 1 routed through the IOAPIC to a handler that reads the PS/2
- *           keyboard, and on Ctrl-Alt-Del resets through the i8042, as Linux does. */
+ *           keyboard, and on Ctrl-Alt-Del resets through the i8042, as Linux does;
+ *   "boot-timer": first writes 123 to Firecracker's boot-timer device (0xc0000000), as
+ *           Firecracker's test images do once booted. */
 #include "runtime.h"
 
 static int cmdline_has(const char *word) {
@@ -66,6 +68,7 @@ static void wait_for_ctrl_alt_del(void) {
 }
 
 int main(void) {
+	if (cmdline_has("boot-timer")) *(volatile u8 *)0xc0000000ULL = 123;
 	if (cmdline_has("kbd")) wait_for_ctrl_alt_del();
 	if (cmdline_has("spin")) {
 		print("wait: running; spinning until stopped\n");

@@ -611,6 +611,27 @@ mod tests {
     }
 
     #[test]
+    fn a_configuration_change_moves_the_generation_and_raises_the_config_interrupt() {
+        let (t, activations) = transport();
+        assert_eq!(r(&t, 0x15, 1), 0);
+        t.config_changed(); // before the driver runs the device: only the generation moves
+        assert_eq!(r(&t, 0x15, 1), 1);
+        negotiate(&t, VIRTIO_F_VERSION_1);
+        w(&t, 0x16, 0, 2);
+        for (reg, at) in [(0x20, 0x1000u64), (0x28, 0x2000), (0x30, 0x3000)] {
+            w(&t, reg, at, 8);
+        }
+        w(&t, 0x1c, 1, 2);
+        w(&t, 0x14, 0xf, 1);
+        assert_eq!(activations.load(Ordering::Relaxed), 1);
+        assert_eq!(r(&t, ISR, 1), 0);
+        t.config_changed();
+        assert_eq!(r(&t, 0x15, 1), 2);
+        assert_eq!(r(&t, ISR, 1), 2, "ISR bit 1: a configuration change");
+        assert_eq!(r(&t, ISR, 1), 0, "reading the ISR clears it");
+    }
+
+    #[test]
     fn the_pci_cfg_window_reaches_bar0() {
         let (t, _) = transport();
         let mut f = t.pci_function("virtio", DeviceId(0), 0xc000_0000).unwrap();
