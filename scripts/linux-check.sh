@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Boots a Linux guest under exitless with a busybox initramfs whose /init exercises every
+# device the way a user's guest does, and prints one PASS/FAIL line per check and a summary.
+#   scripts/linux-check.sh [KERNEL]
+# KERNEL defaults to the microVM kernel (scripts/guest-kernel.sh builds or reuses it); give
+# the stock kernel's path to check that instead (it takes far longer here). Needs root (a
+# network namespace and a tap), busybox-static (apt-get download) and python3.
+# Env: EXITLESS (binary, default target/release/exitless), TIMEOUT (s per boot, 600),
+# VCPUS (2), WORK (default /tmp/exitless-linux-check), EXTRA (more kernel arguments).
+# Not in CI: it needs minutes and a kernel build.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+exitless=${EXITLESS:-$here/target/release/exitless}
+timeout=${TIMEOUT:-600}
+vcpus=${VCPUS:-2}
+work=${WORK:-/tmp/exitless-linux-check}
+ns=exitless-check-$$
+tap=exchk$$
+host_ip=192.0.2.1
+guest_ip=192.0.2.2
+marker="LINUX-CHECK: /init reached"
+pattern="exitless-linux-check-$$-$(date +%s)"
+say() { echo "linux-check: $*" >&2; }
+fail() { say "FAILED at step $1"; exit 1; }
+vmm=
+cleanup() {
+  [ -n "$vmm" ] && kill "$vmm" 2>/dev/null || true
+  [ -n "${listener:-}" ] && kill "$listener" 2>/dev/null || true
+  ip netns del "$ns" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+[ "$(id -u)" = 0 ] || fail "setup: root is needed for the network namespace and the tap"
+[ -x "$exitless" ] || fail "setup: no exitless binary at $exitless (cargo build --release)"
+mkdir -p "$work"
+cd "$work"
+
+# 1. The kernel: the microVM kernel unless one is given; a bzImage or an ELF image.
+kernel=${1:-}
+if [ -z "$kernel" ]; then
+  kernel=$("$here/scripts/guest-kernel.sh") || fail "kernel (scripts/guest-kernel.sh)"
+fi
+[ -r "$kernel" ] || fail "kernel: $kernel cannot be read"
+magic=$(head -c 4 "$kernel" | od -An -c | tr -d ' ')
+hdrs=$(dd if="$kernel" bs=1 skip=514 count=4 2>/dev/null)
+[ "$magic" = '177ELF' ] || [ "$hdrs" = HdrS ] || fail "kernel: $kernel is neither a bzImage nor an ELF image"
+
+# 2. The initramfs: busybox and an /init that checks each device and prints its results.
+if [ ! -x pkg/bin/busybox ]; then
+  rm -rf pkg && mkdir pkg
+  apt-get download busybox-static >/dev/null 2>&1 || fail "initramfs: apt-get download busybox-static"
+  dpkg-deb -x busybox-static_*.deb pkg || fail "initramfs: unpacking busybox-static"
+fi
+cat > init <<EOF
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+echo "$marker"
+r() { echo "LINUX-CHECK-RESULT \$1 \$2"; }
+if grep -q check=reboot /proc/cmdline; then r mode reboot; reboot -f; fi
+r cpus "\$(grep -c ^processor /proc/cpuinfo)"
+r vda-md5 "\$(md5sum /dev/vda | cut -d' ' -f1)"
+echo -n "$pattern" | dd of=/dev/vdb bs=512 seek=8 conv=fsync 2>/dev/null && r vdb-write done
+ip link set lo up
+ip link set eth0 up
+ip addr add $guest_ip/24 dev eth0
+i=0
+until ping -c 1 -W 1 $host_ip >/dev/null 2>&1; do i=\$((i + 1)); [ \$i -ge 120 ] && break; done
+if ping -c 3 -W 2 $host_ip >/dev/null 2>&1; then r ping ok; else r ping failed; fi
+dd if=/dev/urandom of=/tmp/data bs=1M count=16 2>/dev/null
+r tx-md5 "\$(md5sum /tmp/data | cut -d' ' -f1)"
+nc $host_ip 5000 < /tmp/data && r tx done
+r mode poweroff
+poweroff -f
+EOF
+python3 - initrd.cpio pkg/bin/busybox init <<'PY' || fail "initramfs: writing the cpio archive"
+import sys
+out, busybox, init = sys.argv[1:4]
+entries = [("dev", 0o040755, b""), ("bin", 0o040755, b""), ("proc", 0o040755, b""), ("sys", 0o040755, b""),
+           ("tmp", 0o041777, b""), ("bin/busybox", 0o100755, open(busybox, "rb").read()),
+           ("init", 0o100755, open(init, "rb").read())]
+def rec(ino, name, mode, data):
+    name_b = name.encode() + b"\0"
+    hdr = "070701" + "".join(f"{v:08x}" for v in (ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name_b), 0))
+    b = hdr.encode() + name_b
+    b += b"\0" * (-len(b) % 4) + data
+    return b + b"\0" * (-len(b) % 4)
+blob = b"".join(rec(i + 1, *e) for i, e in enumerate(entries)) + rec(0, "TRAILER!!!", 0, b"")
+open(out, "wb").write(blob + b"\0" * (-len(blob) % 512))
+PY
+
+# 3. The disks: one the guest reads whole (its md5 is compared), one it writes.
+head -c $((8 << 20)) /dev/urandom > read.img
+truncate -s 0 write.img && truncate -s 1M write.img
+read_md5=$(md5sum read.img | cut -d' ' -f1)
+
+# 4. The namespace: exitless makes its tap there; the host end gets $host_ip once it appears.
+ip netns add "$ns" || fail "network: ip netns add"
+cmdline="console=ttyS0 reboot=k panic=-1 noxsave clearcpuid=137,147,148,153,129 rodata=off nokaslr ${EXTRA:-}"
+boot() { # mode, log prefix: runs one guest to its end; sets boot_s, init_s, status
+  local mode=$1 log=$2 start now
+  start=$(date +%s.%N)
+  ip netns exec "$ns" "$exitless" run --kernel "$kernel" --initrd initrd.cpio --mem 256M --vcpus "$vcpus" \
+    --cmdline "$cmdline check=$mode" --drive path=read.img,readonly=on --drive path=write.img \
+    --net tap="$tap" --timeout "$timeout" --json "$log.json" </dev/null >"$log.log" 2>"$log.err" &
+  vmm=$!
+  init_s=
+  if [ "$mode" = full ]; then
+    until ip netns exec "$ns" ip link show "$tap" >/dev/null 2>&1; do
+      kill -0 "$vmm" 2>/dev/null || break
+      sleep 0.1
+    done
+    ip netns exec "$ns" ip addr add "$host_ip/24" dev "$tap" 2>/dev/null || true
+    ip netns exec "$ns" ip link set "$tap" up 2>/dev/null || true
+    ip netns exec "$ns" ip link set lo up
+    # Reads exactly 16 MiB, then closes (the guest's nc ends with it) and says their md5.
+    ip netns exec "$ns" python3 -c '
+import hashlib, socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 5000)); s.listen(1); s.settimeout(float(sys.argv[2]))
+c, _ = s.accept(); c.settimeout(120); h = hashlib.md5(); n = 0
+while n < 16 << 20:
+    b = c.recv(1 << 16)
+    if not b: break
+    h.update(b); n += len(b)
+c.close(); print(n, h.hexdigest())' "$host_ip" "$timeout" > rx.txt 2>rx.err &
+    listener=$!
+  fi
+  while kill -0 "$vmm" 2>/dev/null; do
+    if [ -z "$init_s" ] && grep -aq "$marker" "$log.log"; then
+      now=$(date +%s.%N); init_s=$(printf '%.1f' "$(echo "$now - $start" | bc)")
+    fi
+    sleep 0.2
+  done
+  set +e; wait "$vmm"; status=$?; set -e
+  vmm=
+  if [ -z "$init_s" ] && grep -aq "$marker" "$log.log"; then init_s="?"; fi
+  boot_s=$(printf '%.1f' "$(echo "$(date +%s.%N) - $start" | bc)")
+}
+
+passed=0; failed=0
+check() { # name, condition (0/1), detail
+  if [ "$2" = 0 ]; then echo "PASS $1: $3"; passed=$((passed + 1)); else echo "FAIL $1: $3"; failed=$((failed + 1)); fi
+}
+result() { grep -a "^LINUX-CHECK-RESULT $1 " "$2" | tail -n 1 | cut -d' ' -f3- || true; }
+
+say "kernel $kernel; booting (timeout $timeout s)"
+boot full full
+[ -n "$init_s" ] || { tail -n 5 full.log >&2; tail -n 5 full.err >&2; fail "boot: /init not reached within $timeout s (status $status)"; }
+check "boot to /init" 0 "$init_s s with $vcpus vCPUs (whole run $boot_s s)"
+check "SMP" "$([ "$(result cpus full.log)" = "$vcpus" ]; echo $?)" "$(result cpus full.log) of $vcpus vCPUs online"
+check "virtio-blk read" "$([ "$(result vda-md5 full.log)" = "$read_md5" ]; echo $?)" \
+  "md5 of /dev/vda $(result vda-md5 full.log), host $read_md5"
+check "virtio-blk write" "$(grep -aq "$pattern" write.img; echo $?)" "conv=fsync pattern $([ "$(result vdb-write full.log)" = done ] && echo written || echo 'not written'), found in the file: $(grep -aq "$pattern" write.img && echo yes || echo no)"
+check "virtio-net ping" "$([ "$(result ping full.log)" = ok ]; echo $?)" "$guest_ip -> $host_ip: $(result ping full.log)"
+wait "$listener" 2>/dev/null || true
+listener=
+rx=$(cat rx.txt 2>/dev/null || true)
+check "virtio-net TCP 16 MiB" "$([ -n "$rx" ] && [ "${rx#* }" = "$(result tx-md5 full.log)" ] && [ "${rx% *}" = $((16 << 20)) ]; echo $?)" \
+  "guest md5 $(result tx-md5 full.log), host received ${rx:-nothing}"
+check "poweroff ends the VMM with 0" "$([ "$status" = 0 ] && [ "$(result mode full.log)" = poweroff ]; echo $?)" "status $status"
+echo "SKIP offloads: exitless offers no virtio-net offloads yet (the offloads issue)"
+echo "SKIP vsock, rng, MMDS, snapshot/restore: not in exitless yet (their issues add the checks)"
+python3 - full.json <<'PY' || true
+import json, sys
+r = json.load(open(sys.argv[1]))
+dev = r.get("devices", {})
+cfg = {k: dev[k] for k in ("pci-cf8", "pci-ecam") if k in dev}
+blk = r.get("drives", {}); net = r.get("net") or {}
+print("exit profile: exits", r.get("exits"))
+print("  config exits by mechanism:", cfg)
+print("  ioeventfd kicks: net", net.get("kicks"), "blk", {k: v.get("kicks") for k, v in blk.items()},
+      "; interrupts (MSI-X via irqfd): net", net.get("irqs"), "blk", {k: v.get("irqs") for k, v in blk.items()})
+PY
+
+boot reboot reboot
+check "reboot ends the VMM with 0" "$([ "$status" = 0 ] && [ "$(result mode reboot.log)" = reboot ]; echo $?)" \
+  "status $status, /init in ${init_s:-never} s"
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
