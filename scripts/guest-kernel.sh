@@ -37,7 +37,8 @@ if [ ! -f "$src/Makefile" ]; then
   tar -xf "$tarball" -C "$src.tmp" --strip-components=1 || fail "step 2/4 (unpack): tar failed"
   mv "$src.tmp" "$src"
 fi
-build=$cache/build-$key
+# One build directory per source version: a changed config rebuilds only what it touches.
+build=$cache/build-$version
 mkdir -p "$build"
 say "step 3/4: configuring (allnoconfig + $(basename "$fragment"))"
 make -s -C "$src" O="$build" ARCH=x86_64 allnoconfig >&2 || fail "step 3/4 (allnoconfig)"
@@ -54,7 +55,7 @@ while read -r line; do
   esac
 done < "$fragment"
 [ "$missing" = 0 ] || fail "step 3/4: the config does not hold (see above)"
-say "step 4/4: building vmlinux with $(nproc) jobs (about 10 minutes on 2 cores)"
+say "step 4/4: building vmlinux with $(nproc) jobs (about 10 minutes on 2 cores the first time)"
 start=$(date +%s)
 make -s -C "$src" O="$build" ARCH=x86_64 -j"$(nproc)" vmlinux >&2 || fail "step 4/4 (make vmlinux)"
 cp "$build/vmlinux" "$out.tmp" && mv "$out.tmp" "$out"

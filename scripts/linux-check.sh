@@ -2,6 +2,10 @@
 # Boots a Linux guest under exitless with a busybox initramfs whose /init exercises every
 # device the way a user's guest does, and prints one PASS/FAIL line per check and a summary.
 #   scripts/linux-check.sh [KERNEL]
+#   scripts/linux-check.sh --pci-timing N [KERNEL]
+# The second form instead boots N times with each PCI config mechanism (0xCF8/0xCFC,
+# trapped ECAM, ECAM mapped read-only) and reports Linux's own time in its PCI initcalls
+# (initcall_debug), as the VMware patch's boot-time table did.
 # KERNEL defaults to the microVM kernel (scripts/guest-kernel.sh builds or reuses it); give
 # the stock kernel's path to check that instead (it takes far longer here). Needs root (a
 # network namespace and a tap), busybox-static (apt-get download) and python3.
@@ -35,6 +39,11 @@ trap cleanup EXIT
 mkdir -p "$work"
 cd "$work"
 
+pci_runs=
+if [ "${1:-}" = --pci-timing ]; then
+  pci_runs=${2:?--pci-timing needs a number of boots}
+  shift 2
+fi
 # 1. The kernel: the microVM kernel unless one is given; a bzImage or an ELF image.
 kernel=${1:-}
 if [ -z "$kernel" ]; then
@@ -99,12 +108,13 @@ read_md5=$(md5sum read.img | cut -d' ' -f1)
 # 4. The namespace: exitless makes its tap there; the host end gets $host_ip once it appears.
 ip netns add "$ns" || fail "network: ip netns add"
 cmdline="console=ttyS0 reboot=k panic=-1 noxsave clearcpuid=137,147,148,153,129 rodata=off nokaslr ${EXTRA:-}"
-boot() { # mode, log prefix: runs one guest to its end; sets boot_s, init_s, status
+boot() { # mode, log prefix, extra exitless flags...: runs one guest to its end; sets boot_s, init_s, status
   local mode=$1 log=$2 start now
+  shift 2
   start=$(date +%s.%N)
   ip netns exec "$ns" "$exitless" run --kernel "$kernel" --initrd initrd.cpio --mem 256M --vcpus "$vcpus" \
     --cmdline "$cmdline check=$mode" --drive path=read.img,readonly=on --drive path=write.img \
-    --net tap="$tap" --timeout "$timeout" --json "$log.json" </dev/null >"$log.log" 2>"$log.err" &
+    --net tap="$tap" --timeout "$timeout" --json "$log.json" "$@" </dev/null >"$log.log" 2>"$log.err" &
   vmm=$!
   init_s=
   if [ "$mode" = full ]; then
@@ -139,6 +149,40 @@ c.close(); print(n, h.hexdigest())' "$host_ip" "$timeout" > rx.txt 2>rx.err &
   if [ -z "$init_s" ] && grep -aq "$marker" "$log.log"; then init_s="?"; fi
   boot_s=$(printf '%.1f' "$(echo "$(date +%s.%N) - $start" | bc)")
 }
+
+if [ -n "$pci_runs" ]; then
+  # Linux's PCI initcalls, timed by the kernel itself: the scan (pci_arch_init: type 1 or
+  # MMCONFIG; acpi_init / pci_subsys_init: the bus scan) and the devices' initialisation
+  # (the virtio-pci probe and the drivers on it).
+  cmdline="$cmdline initcall_debug"
+  printf '%-28s %6s %14s %14s %14s\n' "config access" boots "scan ms" "device init ms" "total ms"
+  for mode in "io:--pci-config-io on --ecam trap" "ecam-trap:--pci-config-io off --ecam trap" \
+              "ecam-mapped:--pci-config-io off --ecam mapped"; do
+    name=${mode%%:*}; flags=${mode#*:}
+    for i in $(seq "$pci_runs"); do
+      say "pci timing: $name boot $i/$pci_runs"
+      # shellcheck disable=SC2086
+      boot reboot "pci-$name-$i" $flags
+      [ -n "$init_s" ] || fail "boot ($name): /init not reached within $timeout s"
+    done
+    python3 - "$name" "$pci_runs" pci-"$name"-*.log <<'PY'
+import re, statistics, sys
+name, runs, logs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+scan = ("pci_arch_init", "acpi_init", "pci_subsys_init", "pcibios_assign_resources", "pci_apply_final_quirks")
+init = ("virtio_pci_driver_init", "virtio_blk_init", "virtio_net_driver_init")
+def usecs(log, names):
+    text = open(log, errors="replace").read()
+    return sum(int(m.group(2)) for m in re.finditer(r"initcall (\w+)\+\S* returned -?\d+ after (\d+) usecs", text)
+               if m.group(1) in names)
+s = [usecs(l, scan) / 1e3 for l in logs]; d = [usecs(l, init) / 1e3 for l in logs]
+t = [a + b for a, b in zip(s, d)]
+med = statistics.median
+label = {"io": "0xCF8/0xCFC", "ecam-trap": "ECAM, trapped", "ecam-mapped": "ECAM, mapped read-only"}[name]
+print(f"{label:<28} {runs:>6} {med(s):>14.1f} {med(d):>14.1f} {med(t):>14.1f}")
+PY
+  done
+  exit 0
+fi
 
 passed=0; failed=0
 check() { # name, condition (0/1), detail

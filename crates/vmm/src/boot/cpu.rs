@@ -46,6 +46,14 @@ const LEAF1_ECX_HIDDEN: u32 = ECX_CX16 | ECX_XSAVE | ECX_OSXSAVE | ECX_AVX | ECX
 const LEAF1_EDX_HIDDEN: u32 = EDX_ACPI | EDX_TM;
 const LEAF7_EBX_HIDDEN: u32 = EBX7_AVX2 | EBX7_AVX512F;
 
+/// KVM's paravirtual features (leaf 0x4000_0001 EAX) whose use is a `vmcall`: PV unhalt
+/// (KVM_HC_KICK_CPU), PV IPIs (KVM_HC_SEND_IPI), PV yield (KVM_HC_SCHED_YIELD) and GPA range
+/// mapping. This nested host's KVM never completes a vmcall at CPL0 (the vCPU re-enters it
+/// forever), so a Linux guest offered PV IPIs hangs bringing up its second CPU; without
+/// them it sends IPIs through its APIC.
+const KVM_LEAF_FEATURES: u32 = 0x4000_0001;
+const KVM_PV_HYPERCALL_FEATURES: u32 = 1 << 7 | 1 << 11 | 1 << 13 | 1 << 16;
+
 /// CPUID for vCPU `id` of `count`: `threads` (1, or 2 with SMT) vCPUs per core, one
 /// package. APIC IDs are the vCPU ids, so with SMT vCPUs 2n and 2n+1 are one core's threads.
 pub fn cpuid_for(supported: &CpuId, id: u8, count: u8, threads: u8) -> CpuId {
@@ -71,6 +79,7 @@ pub fn cpuid_for(supported: &CpuId, id: u8, count: u8, threads: u8) -> CpuId {
                 e.eax |= u32::from(cores - 1) << 26 | u32::from(sharing.max(1) - 1) << 14;
             }
             7 if e.index == 0 => e.ebx &= !LEAF7_EBX_HIDDEN,
+            KVM_LEAF_FEATURES => e.eax &= !KVM_PV_HYPERCALL_FEATURES,
             // No XSAVE state components (XSAVE is hidden).
             0xd => (e.eax, e.ebx, e.ecx, e.edx) = (0, 0, 0, 0),
             // Extended topology: level 0 SMT (`threads` per core), level 1 core (`count`
@@ -170,6 +179,7 @@ mod tests {
             kvm_cpuid_entry2 { function: 0xb, index: 0, ..Default::default() },
             kvm_cpuid_entry2 { function: 0xb, index: 1, ..Default::default() },
             kvm_cpuid_entry2 { function: 7, ebx: u32::MAX, ..Default::default() },
+            kvm_cpuid_entry2 { function: KVM_LEAF_FEATURES, eax: u32::MAX, ..Default::default() },
         ];
         let supported = CpuId::from_entries(&entries).unwrap();
         let cpuid = cpuid_for(&supported, 3, 4, 1);
@@ -182,6 +192,8 @@ mod tests {
         assert_eq!((e[2].ebx, e[2].eax), (4, 2), "4 cores need 2 bits of APIC ID");
         assert_eq!(e[3].ebx & EBX7_AVX2, 0);
         assert_eq!((e[1].ebx, e[1].eax), (1, 0), "one thread per core");
+        assert_eq!(e[4].eax & 1 << 11, 0, "no PV IPIs: they are vmcalls");
+        assert_ne!(e[4].eax & 1 << 3, 0, "kvmclock (an MSR) stays");
     }
 
     #[test]
