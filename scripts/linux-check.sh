@@ -84,21 +84,7 @@ nc $host_ip 5000 < /tmp/data && r tx done
 r mode poweroff
 poweroff -f
 EOF
-python3 - initrd.cpio pkg/bin/busybox init <<'PY' || fail "initramfs: writing the cpio archive"
-import sys
-out, busybox, init = sys.argv[1:4]
-entries = [("dev", 0o040755, b""), ("bin", 0o040755, b""), ("proc", 0o040755, b""), ("sys", 0o040755, b""),
-           ("tmp", 0o041777, b""), ("bin/busybox", 0o100755, open(busybox, "rb").read()),
-           ("init", 0o100755, open(init, "rb").read())]
-def rec(ino, name, mode, data):
-    name_b = name.encode() + b"\0"
-    hdr = "070701" + "".join(f"{v:08x}" for v in (ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name_b), 0))
-    b = hdr.encode() + name_b
-    b += b"\0" * (-len(b) % 4) + data
-    return b + b"\0" * (-len(b) % 4)
-blob = b"".join(rec(i + 1, *e) for i, e in enumerate(entries)) + rec(0, "TRAILER!!!", 0, b"")
-open(out, "wb").write(blob + b"\0" * (-len(blob) % 512))
-PY
+python3 "$here/scripts/make-initramfs.py" initrd.cpio pkg/bin/busybox init || fail "initramfs: writing the cpio archive"
 
 # 3. The disks: one the guest reads whole (its md5 is compared), one it writes.
 head -c $((8 << 20)) /dev/urandom > read.img

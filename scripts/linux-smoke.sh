@@ -34,21 +34,8 @@ if [ -z "$initrd" ]; then
   [ -x pkg/bin/busybox ] || { rm -rf pkg && mkdir pkg && apt-get download busybox-static >/dev/null && dpkg-deb -x busybox-static_*.deb pkg; }
   # An uncompressed newc cpio (no decompression at emulated CPL0): /init prints the marker
   # and powers off.
-  python3 - "$initrd" pkg/bin/busybox "$marker" <<'PY'
-import os, sys
-out, busybox, marker = sys.argv[1], sys.argv[2], sys.argv[3]
-init = f"#!/bin/busybox sh\n/bin/busybox echo '{marker}'\n/bin/busybox poweroff -f\n".encode()
-entries = [("dev", 0o040755, b""), ("bin", 0o040755, b""), ("proc", 0o040755, b""),
-           ("bin/busybox", 0o100755, open(busybox, "rb").read()), ("init", 0o100755, init)]
-def rec(ino, name, mode, data):
-    name_b = name.encode() + b"\0"
-    hdr = "070701" + "".join(f"{v:08x}" for v in (ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name_b), 0))
-    b = hdr.encode() + name_b
-    b += b"\0" * (-len(b) % 4) + data
-    return b + b"\0" * (-len(b) % 4)
-blob = b"".join(rec(i + 1, *e) for i, e in enumerate(entries)) + rec(0, "TRAILER!!!", 0, b"")
-open(out, "wb").write(blob + b"\0" * (-len(blob) % 512))
-PY
+  printf '#!/bin/busybox sh\n/bin/busybox echo %s\n/bin/busybox poweroff -f\n' "'$marker'" > init.sh
+  python3 "$here/scripts/make-initramfs.py" "$initrd" pkg/bin/busybox init.sh
 fi
 
 # noxsave: this host's KVM shows XSAVE to guests whatever CPUID says, and cannot emulate

@@ -169,10 +169,3 @@ impl Drop for KillOnDrop {
         unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
     }
 }
-
-/// The built-in payloads written out as files under `dir` (what the API boots).
-fn payloads_in(dir: &std::path::Path) -> std::path::PathBuf {
-    let payloads = dir.join("payloads");
-    assert!(exitless(&["payloads", "--out", payloads.to_str().unwrap()]).status.success());
-    payloads
-}

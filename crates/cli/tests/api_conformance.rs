@@ -9,15 +9,9 @@ use exitless_lab::api_client::{expect_ok, listening, request};
 use serde_json::json;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn payloads_in(dir: &Path) -> PathBuf {
-    let payloads = dir.join("payloads");
-    assert!(exitless(&["payloads", "--out", payloads.to_str().unwrap()]).status.success());
-    payloads
-}
 
 /// A VMM serving its API on `sock`, killed when dropped.
 struct Vmm(Child);
@@ -246,15 +240,7 @@ fn several_nics_with_mtu_and_limits_boot_and_are_patched() {
     let payloads = payloads_in(&dir);
     let sock = dir.join("api.sock");
     let taps: Vec<String> = (0..2).map(|i| format!("exnic{}x{i}", std::process::id() % 10_000)).collect();
-    struct RemoveTaps(Vec<String>);
-    impl Drop for RemoveTaps {
-        fn drop(&mut self) {
-            for t in &self.0 {
-                let _ = Command::new("ip").args(["link", "del", t]).output();
-            }
-        }
-    }
-    let _remove = RemoveTaps(taps.clone());
+    let _remove = RemoveLinks(taps.clone());
     let vmm = spawn_api(&sock, &[]);
     let put = |path: &str, body: serde_json::Value| expect_ok(&sock, "PUT", path, Some(&body)).unwrap();
     put("/machine-config", json!({"vcpu_count": 1, "mem_size_mib": 64}));

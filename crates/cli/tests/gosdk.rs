@@ -23,17 +23,10 @@ fn the_go_sdk_starts_pauses_updates_flushes_and_stops_a_microvm() {
         return;
     }
     let dir = tempdir();
-    let payloads = dir.join("payloads");
-    assert!(exitless(&["payloads", "--out", payloads.to_str().unwrap()]).status.success());
+    let payloads = payloads_in(&dir);
     // exitless makes the tap; the test removes it.
     let tap = format!("exsdk{}", std::process::id() % 100_000);
-    struct RemoveTap<'a>(&'a str);
-    impl Drop for RemoveTap<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["link", "del", self.0]).output();
-        }
-    }
-    let _remove = RemoveTap(&tap);
+    let _remove = RemoveLinks(vec![tap.clone()]);
     let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gosdk");
     let out = Command::new("go")
         .args(["test", "-count=1", "-v", "./..."])

@@ -116,3 +116,21 @@ pub fn assert_every_thread_confined(pid: u32, vcpus: usize, named: &[&str], want
     let ours = modes.iter().filter(|(n, _)| !n.starts_with("kvm-"));
     assert!(ours.clone().all(|(_, m)| m == want), "want {want}: {modes:?}");
 }
+
+/// The built-in payloads written out as files under `dir` (what the API boots).
+pub fn payloads_in(dir: &std::path::Path) -> std::path::PathBuf {
+    let payloads = dir.join("payloads");
+    assert!(exitless(&["payloads", "--out", payloads.to_str().unwrap()]).status.success());
+    payloads
+}
+
+/// Removes the named network interfaces (taps a test made) when dropped.
+pub struct RemoveLinks(pub Vec<String>);
+
+impl Drop for RemoveLinks {
+    fn drop(&mut self) {
+        for link in &self.0 {
+            let _ = Command::new("ip").args(["link", "del", link]).output();
+        }
+    }
+}
