@@ -55,7 +55,7 @@ if [ -z "$kernel" ]; then
 fi
 [ -r "$kernel" ] || fail "kernel: $kernel cannot be read"
 magic=$(head -c 4 "$kernel" | od -An -c | tr -d ' ')
-hdrs=$(dd if="$kernel" bs=1 skip=514 count=4 2>/dev/null)
+hdrs=$(dd if="$kernel" bs=1 skip=514 count=4 2>/dev/null | tr -d '\0')
 [ "$magic" = '177ELF' ] || [ "$hdrs" = HdrS ] || fail "kernel: $kernel is neither a bzImage nor an ELF image"
 
 # 2. The initramfs: busybox and an /init that checks each device and prints its results.
