@@ -515,13 +515,14 @@ impl Machine {
 
     fn add_virtio_blk(&mut self, drive: &DriveConfig, poll: crate::poll::PollMode) -> Result<(), MachineError> {
         let device = VirtioBlk::new(drive, poll)?;
+        let disk = device.disk();
         let name = format!("virtio-blk{}", self.drives.len());
         tracing::info!(
             "{name}: {} ({} bytes{}{}, {} engine)",
             drive.path.display(),
-            device.disk().capacity,
-            if device.disk().readonly { ", read-only" } else { "" },
-            if device.disk().is_direct() { ", O_DIRECT" } else { "" },
+            disk.capacity,
+            if disk.readonly { ", read-only" } else { "" },
+            if disk.is_direct() { ", O_DIRECT" } else { "" },
             device.engine_name()
         );
         let (stats, disk, limits) = (device.stats.clone(), device.disk_slot(), device.limiter_slot());

@@ -271,9 +271,6 @@ impl Vm {
         let image = crate::args::read_bounded("kernel", boot.kernel_image_path.as_ref(), mem)?;
         let initrd =
             boot.initrd_path.as_ref().map(|p| crate::args::read_bounded("initrd", p.as_ref(), mem)).transpose()?;
-        if let Some(what) = self.config.unsupported() {
-            return Err(Fault(format!("exitless does not support {what}.")));
-        }
         let nets = self
             .config
             .network_interfaces

@@ -32,13 +32,15 @@ impl DiskSlot {
     /// Opens `path` with the drive's options (read-only, id, direct I/O) and makes it the
     /// backing file; the caller tells the guest its configuration changed.
     pub fn swap(&self, path: &std::path::Path) -> Result<Arc<Disk>, DiskError> {
+        let old = self.current();
         let mut config = self.config.clone();
         config.path = path.to_path_buf();
         if config.id.is_none() {
             // The serial stays the drive's, not the new file's name.
-            config.id = Some(String::from_utf8_lossy(&self.current().id).trim_end_matches('\0').to_string());
+            config.id = Some(String::from_utf8_lossy(&old.id).trim_end_matches('\0').to_string());
         }
-        let same_file = same_file(&self.current().path, path);
+        let same_file = same_file(&old.path, path);
+        drop(old);
         let disk = Arc::new(Disk::open_locking(&config, !same_file)?);
         *self.disk.lock().unwrap_or_else(|e| e.into_inner()) = disk.clone();
         self.generation.fetch_add(1, Ordering::AcqRel);
