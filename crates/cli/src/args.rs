@@ -236,10 +236,10 @@ pub fn read_bounded(what: &str, path: &std::path::Path, limit: u64) -> Result<Ve
 }
 
 impl RunArgs {
-    pub fn guest_symbols(&self) -> Result<exitless_vmm::guest_samples::Symbols, String> {
+    pub fn guest_symbols(&self) -> Result<exitless_vmm::vcpu::samples::Symbols, String> {
         let Some(path) = &self.guest_symbols else { return Ok(Default::default()) };
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let symbols = exitless_vmm::guest_samples::Symbols::parse(&text);
+        let symbols = exitless_vmm::vcpu::samples::Symbols::parse(&text);
         if symbols.is_empty() {
             return Err(format!("{} names no functions (expected System.map lines: ADDRESS T NAME)", path.display()));
         }

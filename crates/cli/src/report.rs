@@ -1,8 +1,8 @@
 //! The exit profile printed after a run, and its JSON form.
 
-use exitless_vmm::emulate::Completed;
-use exitless_vmm::guest_samples::{GuestSamples, Symbols};
+use exitless_vmm::stats::Completed;
 use exitless_vmm::stats::{DeviceCounts, ExitKind, ExitStats};
+use exitless_vmm::vcpu::samples::{GuestSamples, Symbols};
 use exitless_vmm::RunReport;
 use serde_json::{json, Map, Value};
 use std::fmt::Write;
@@ -147,9 +147,9 @@ pub fn json(report: &RunReport) -> Value {
     json!({
         "exit_status": report.exit_status,
         "stop": report.stop.map(|s| match s {
-            exitless_vmm::control::GuestStop::Exit(_) => "exit",
-            exitless_vmm::control::GuestStop::PowerOff => "poweroff",
-            exitless_vmm::control::GuestStop::Reset => "reset",
+            exitless_vmm::vcpu::control::GuestStop::Exit(_) => "exit",
+            exitless_vmm::vcpu::control::GuestStop::PowerOff => "poweroff",
+            exitless_vmm::vcpu::control::GuestStop::Reset => "reset",
         }),
         "exits": exits,
         "vcpus": vcpus,

@@ -4,8 +4,8 @@
 use exitless_payloads::abi::LAB_CONTROL_PORT;
 use exitless_vmm::bus::BusDevice;
 use exitless_vmm::seccomp::ThreadKind;
+use exitless_vmm::vcpu::watchdog::Watchdog;
 use exitless_vmm::vcpu::{Step, Vcpu, VcpuError};
-use exitless_vmm::watchdog::Watchdog;
 use exitless_vmm::{Machine, MachineConfig, MachineError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! RSDP -> XSDT -> FADT (-> FACS, DSDT), MADT, MCFG. Written with rust-vmm's `acpi_tables`.
 //!
 //! The platform is ACPI "fixed hardware" (not hardware-reduced), as on a PC: PM1a event and
-//! control registers, a PM timer and a reset register, served by [`AcpiPm`](crate::devices::acpi_pm).
+//! control registers, a PM timer and a reset register, served by [`AcpiPm`](crate::devices::legacy::acpi_pm).
 //! MCFG points at the ECAM window, so Linux reads config space through it.
 
 use crate::layout::{self, MemoryMap};
@@ -227,7 +227,7 @@ fn mcfg() -> Vec<u8> {
 #[derive(Clone, Copy, Debug)]
 pub struct Placed {
     pub rsdp: u64,
-    /// The FACS, whose waking vector an S3 resume jumps to (crate::sleep).
+    /// The FACS, whose waking vector an S3 resume jumps to (crate::vcpu::sleep).
     pub facs: u64,
 }
 

@@ -7,11 +7,10 @@ pub mod acpi;
 pub mod allocators;
 pub mod boot;
 pub mod bus;
-pub mod control;
+pub mod console;
 pub mod devices;
-pub mod emulate;
 pub mod fuzzing;
-pub mod guest_samples;
+pub mod host;
 pub mod ioeventfd;
 pub mod irq;
 pub mod kvm;
@@ -22,16 +21,12 @@ pub mod pci;
 pub mod poll;
 pub mod rate_limiter;
 pub mod seccomp;
-pub mod sleep;
 pub mod stats;
-pub mod stuck;
 pub mod termination;
 /// Stand-ins for KVM: the unit tests' and the fuzz targets'.
 #[doc(hidden)]
 pub mod testing;
 pub mod vcpu;
-pub mod vcpu_threads;
 pub mod virtio;
-pub mod watchdog;
 
 pub use machine::{Machine, MachineConfig, MachineError, NetConfig, RunReport};

@@ -3,9 +3,8 @@
 use crate::allocators::{AllocError, Allocators};
 use crate::boot::{self, cpu, regs, BootSpec, EntryPoint};
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
-use crate::control::{GuestStop, RunControl};
-use crate::devices::{debug_exit, doorbell, i8042, serial, AcpiPm, DebugExit, Doorbell, Serial, I8042};
-use crate::guest_samples::GuestSamples;
+use crate::devices::legacy::{debug_exit, i8042, serial};
+use crate::devices::{doorbell, AcpiPm, DebugExit, Doorbell, Serial, I8042};
 use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
 use crate::irq::{GsiRouter, IrqError};
 use crate::layout::{self, LayoutError, MemoryMap};
@@ -16,6 +15,8 @@ use crate::pci::msix::Msix;
 use crate::pci::testdev::PciTestdev;
 use crate::pci::{EcamMode, PciError, PciRoot};
 use crate::stats::{ExitStats, LiveStats};
+use crate::vcpu::control::{GuestStop, RunControl};
+use crate::vcpu::samples::GuestSamples;
 use crate::vcpu::{cycles, Vcpu, VcpuError};
 use crate::virtio::blk::{BlkCounters, BlkStats, DriveConfig, VirtioBlk};
 use crate::virtio::net::{NetCounters, NetStats, TxMode, VirtioNet};
@@ -137,7 +138,7 @@ pub struct MachineConfig {
     /// How often to sample where each vCPU is in the guest (`--sample-guest`), if at all.
     pub sample_every: Option<Duration>,
     /// End the run as stuck once no vCPU made progress for this long (`--stuck-after`,
-    /// crate::stuck); needs `sample_every`.
+    /// crate::vcpu::stuck); needs `sample_every`.
     pub stuck_after: Option<Duration>,
     /// How long device threads poll for work before they sleep (`--poll-us`, crate::poll).
     pub poll: crate::poll::PollMode,
@@ -272,7 +273,7 @@ pub struct Machine {
     sample_every: Option<Duration>,
     stuck_after: Option<Duration>,
     /// ACPI S3 with its RTC wake, where offered (`--testdevs`).
-    sleep: Option<Arc<crate::sleep::Sleep>>,
+    sleep: Option<Arc<crate::vcpu::sleep::Sleep>>,
     entry: EntryPoint,
     started: (Instant, u64),
     /// Each vCPU's counters while the VM runs (for the API's live exit profile).
@@ -294,7 +295,7 @@ impl Machine {
         let vm = kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?;
         vm.set_tss_address(layout::TSS_GPA as usize).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
         vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
-        if let Err(e) = crate::emulate::syscall::trap_lstar_writes(&vm) {
+        if let Err(e) = crate::host::emulate::syscall::trap_lstar_writes(&vm) {
             tracing::debug!("no watch on the guest's system-call entry (MSR filter): {e}");
         }
         let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
@@ -385,11 +386,11 @@ impl Machine {
         let pm = Arc::new(AcpiPm::new(control, config.test_devices));
         machine.add_pio_device("acpi-pm", layout::ACPI_PM_PORT, layout::ACPI_PM_LEN, pm.clone())?;
         if config.test_devices {
-            use crate::devices::cmos_rtc::{CmosRtc, RTC_LEN, RTC_PORT};
+            use crate::devices::legacy::cmos_rtc::{CmosRtc, RTC_LEN, RTC_PORT};
             let rtc = Arc::new(CmosRtc::default());
             machine.add_pio_device("cmos-rtc", RTC_PORT, RTC_LEN, rtc.clone())?;
             let memory = machine.memory.clone();
-            machine.sleep = Some(Arc::new(crate::sleep::Sleep::new(pm, rtc, tables.facs, memory)));
+            machine.sleep = Some(Arc::new(crate::vcpu::sleep::Sleep::new(pm, rtc, tables.facs, memory)));
         }
         if config.pci_config_io {
             machine.add_pio_device("pci-cf8", CF8_PORT, CF8_LEN, Arc::new(Cf8Device::new(pci.clone())))?;
@@ -435,7 +436,7 @@ impl Machine {
 
     /// The devices kvm-unit-tests finds on QEMU's PC machine, where it looks for them.
     fn add_test_devices(&mut self, mem_size: u64, vcpus: u8) -> Result<(), MachineError> {
-        use crate::devices::{fw_cfg, pc_testdev};
+        use crate::devices::qemu_test::{fw_cfg, pc_testdev};
         let cfg = Arc::new(fw_cfg::FwCfg::new(mem_size, vcpus));
         self.add_pio_device("fw-cfg", fw_cfg::FW_CFG_PORT, fw_cfg::FW_CFG_LEN, cfg)?;
         let ports = Arc::new(pc_testdev::PcTestdevPorts::default());
@@ -506,7 +507,7 @@ impl Machine {
     /// Firecracker's boot-timer device, at the address Firecracker gives it (the first
     /// page of the 32-bit PCI window, taken from the BAR allocator).
     fn add_boot_timer(&mut self) -> Result<(), MachineError> {
-        use crate::devices::boot_timer::{BootTimer, BOOT_TIMER_GPA, BOOT_TIMER_LEN};
+        use crate::devices::legacy::boot_timer::{BootTimer, BOOT_TIMER_GPA, BOOT_TIMER_LEN};
         let page = crate::pci::BarSpec { kind: crate::pci::BarKind::Memory32, size: BOOT_TIMER_LEN };
         self.allocators.reserve_bar(page, BOOT_TIMER_GPA)?;
         let timer = Arc::new(BootTimer::new(self.started.0));
@@ -635,11 +636,12 @@ impl Machine {
     pub fn run_shared(&self, timeout: Option<Duration>) -> Result<(RunReport, Option<MachineError>), MachineError> {
         let mut vcpus = (0..self.vcpu_count).map(|id| self.create_vcpu(id)).collect::<Result<Vec<_>, _>>()?;
         if let Some(after) = self.stuck_after {
-            for (vcpu, watch) in vcpus.iter_mut().zip(crate::stuck::watches(usize::from(self.vcpu_count), after)) {
+            for (vcpu, watch) in vcpus.iter_mut().zip(crate::vcpu::stuck::watches(usize::from(self.vcpu_count), after))
+            {
                 vcpu.watch_for_stuck(watch);
             }
         }
-        let threads = crate::vcpu_threads::VcpuThreads::spawn(vcpus, self.control.clone())
+        let threads = crate::vcpu::threads::VcpuThreads::spawn(vcpus, self.control.clone())
             .map_err(|e| MachineError::VcpuThread(e.to_string()))?;
         // From here the main thread only waits, reports and tears down.
         let confined = match self.confine_caller {

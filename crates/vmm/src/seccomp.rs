@@ -259,8 +259,8 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
                 KVM_GET_MSRS(),
                 KVM_SET_MSRS(),
                 KVM_SET_GUEST_DEBUG(),
-                // Telling a halted vCPU from a spinning one (crate::stuck); an application
-                // processor waits for SIPI again after S3 (crate::sleep).
+                // Telling a halted vCPU from a spinning one (crate::vcpu::stuck); an application
+                // processor waits for SIPI again after S3 (crate::vcpu::sleep).
                 KVM_GET_MP_STATE(),
                 KVM_SET_MP_STATE(),
             ]

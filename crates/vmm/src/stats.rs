@@ -2,7 +2,72 @@
 //! which device each one reached. One `ExitStats` per vCPU, filled with no allocation.
 
 use crate::bus::DeviceId;
-use crate::emulate::Completed;
+
+/// The TSC: the cheapest clock there is, for timing the VMM's share of an exit.
+#[inline]
+pub fn cycles() -> u64 {
+    // SAFETY: rdtsc only reads the time-stamp counter; it has no memory effects.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// What the VMM completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completed {
+    /// `int3`: #BP injected after RIP was moved past it.
+    Int3,
+    /// `int n`: vector n injected after RIP was moved past it (kvm-unit-tests raise
+    /// interrupts this way at CPL0).
+    IntN,
+    /// `clac`/`stac`: EFLAGS.AC.
+    ClacStac,
+    Popcnt,
+    /// `fwait`, `lfence`, `sfence`, `mfence`: the exit itself serialized everything.
+    Fence,
+    /// `rdrand`/`rdseed`, from the host's random source.
+    Rdrand,
+    /// `ldmxcsr`/`stmxcsr`, through the vCPU's FPU state.
+    Mxcsr,
+    /// Moves between XMM registers and general registers or memory.
+    SseMove,
+    /// Other SSE instructions, run on the host CPU with the guest's XMM state (see sse.rs).
+    SseOnHost,
+    /// `syscall` from CPL3 that the host left at CPL3: the switch to CPL0 (see syscall.rs).
+    Syscall,
+    /// `sysretq`: back to CPL3 at RCX with R11's flags.
+    Sysret,
+}
+
+impl Completed {
+    pub const ALL: [Completed; 11] = [
+        Completed::Int3,
+        Completed::IntN,
+        Completed::ClacStac,
+        Completed::Popcnt,
+        Completed::Fence,
+        Completed::Rdrand,
+        Completed::Mxcsr,
+        Completed::SseMove,
+        Completed::SseOnHost,
+        Completed::Syscall,
+        Completed::Sysret,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Completed::Int3 => "int3",
+            Completed::IntN => "int n",
+            Completed::ClacStac => "clac/stac",
+            Completed::Popcnt => "popcnt",
+            Completed::Fence => "fwait/fence",
+            Completed::Rdrand => "rdrand/rdseed",
+            Completed::Mxcsr => "ldmxcsr/stmxcsr",
+            Completed::SseMove => "sse-move",
+            Completed::SseOnHost => "sse-on-host",
+            Completed::Syscall => "syscall-cpl-switch",
+            Completed::Sysret => "sysret",
+        }
+    }
+}
 
 /// What made `KVM_RUN` return.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,19 +1,12 @@
-//! Devices that sit on the buses.
+//! Devices that sit on the buses: the PC platform a guest expects (`legacy`), and the
+//! devices QEMU offers its test suites (`qemu_test`, plugged in by `--testdevs` only).
+//! The lab's own devices live in the lab crate; PCI and virtio devices under `pci` and
+//! `virtio`.
 
-pub mod acpi_pm;
-pub mod boot_timer;
-pub mod cmos_rtc;
-pub mod console_out;
-pub mod debug_exit;
 pub mod doorbell;
-pub mod fw_cfg;
-pub mod i8042;
 pub mod idle;
-pub mod pc_testdev;
-pub mod serial;
+pub mod legacy;
+pub mod qemu_test;
 
-pub use acpi_pm::AcpiPm;
-pub use debug_exit::DebugExit;
 pub use doorbell::Doorbell;
-pub use i8042::I8042;
-pub use serial::Serial;
+pub use legacy::{AcpiPm, DebugExit, Serial, I8042};

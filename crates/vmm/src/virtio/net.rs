@@ -566,9 +566,9 @@ impl FrameIo {
         };
         let copy = self.tx_mode == TxMode::Copy || len < COPY_BELOW || self.segs.len() > MAX_IOVECS;
         let written = if copy {
-            let start = crate::vcpu::cycles();
+            let start = crate::stats::cycles();
             let n = chain::gather(mem, &self.segs, &mut self.buf[..len]);
-            self.stats.tx_copy_cycles.fetch_add(crate::vcpu::cycles() - start, Ordering::Relaxed);
+            self.stats.tx_copy_cycles.fetch_add(crate::stats::cycles() - start, Ordering::Relaxed);
             self.tap.write_frame(&[std::io::IoSlice::new(&self.buf[..n])])
         } else {
             let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOVECS];

@@ -1,7 +1,7 @@
 //! Stops a vCPU thread that overruns its time: raises the stop flag, then kicks the thread
 //! with a signal until it is disarmed, since `KVM_RUN` only returns (EINTR) when signalled.
 
-use crate::control::RunControl;
+use crate::vcpu::control::RunControl;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;

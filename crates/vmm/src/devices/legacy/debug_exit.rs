@@ -2,7 +2,7 @@
 //! written becomes the exit status.
 
 use crate::bus::BusDevice;
-use crate::control::RunControl;
+use crate::vcpu::control::RunControl;
 use std::sync::Arc;
 
 /// Ports the device occupies from its base.

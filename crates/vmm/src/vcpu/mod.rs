@@ -5,12 +5,19 @@
 //! device may lock itself). Each exit is counted and timed from `KVM_RUN` returning to
 //! the next `KVM_RUN`.
 
+pub mod control;
+pub mod samples;
+pub mod sleep;
+pub mod stuck;
+pub mod threads;
+pub mod watchdog;
+
 use crate::bus::{Bus, BusAddress, BusSet, MmioAddress, PioAddress, SharedBuses};
-use crate::control::{GuestStop, RunControl};
-use crate::emulate;
-use crate::guest_samples::GuestSamples;
+use crate::host::emulate;
 use crate::stats::{DeviceCounts, ExitKind, ExitStats, LiveStats};
-use crate::stuck::StuckWatch;
+use crate::vcpu::control::{GuestStop, RunControl};
+use crate::vcpu::samples::GuestSamples;
+use crate::vcpu::stuck::StuckWatch;
 use kvm_bindings::{kvm_run, KVM_EXIT_IO_OUT, KVM_MP_STATE_RUNNABLE};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::collections::HashSet;
@@ -52,12 +59,7 @@ pub enum Access<'a> {
     Write(&'a [u8]),
 }
 
-/// The TSC: the cheapest clock there is, for timing the VMM's share of an exit.
-#[inline]
-pub fn cycles() -> u64 {
-    // SAFETY: rdtsc only reads the time-stamp counter; it has no memory effects.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
+pub use crate::stats::cycles;
 
 /// Everything an exit needs besides the vCPU fd, kept apart so that exit data (which
 /// borrows the fd's `kvm_run` page) can be handed to it.
@@ -209,7 +211,7 @@ pub struct Vcpu {
     /// Ends the run when no vCPU makes progress any more (`--stuck-after`), from the samples.
     stuck: Option<StuckWatch>,
     /// Where the vCPU goes while the guest is in ACPI S3, and how it comes back.
-    sleep: Option<Arc<crate::sleep::Sleep>>,
+    sleep: Option<Arc<crate::vcpu::sleep::Sleep>>,
 }
 
 impl Vcpu {
@@ -239,13 +241,13 @@ impl Vcpu {
         }
     }
 
-    /// Has each sample also check whether the guest is stuck (see [`crate::stuck`]).
+    /// Has each sample also check whether the guest is stuck (see [`crate::vcpu::stuck`]).
     pub fn watch_for_stuck(&mut self, watch: StuckWatch) {
         self.stuck = Some(watch);
     }
 
-    /// Lets the guest sleep in S3 (see [`crate::sleep`]).
-    pub fn sleep_with(&mut self, sleep: Arc<crate::sleep::Sleep>) {
+    /// Lets the guest sleep in S3 (see [`crate::vcpu::sleep`]).
+    pub fn sleep_with(&mut self, sleep: Arc<crate::vcpu::sleep::Sleep>) {
         self.sleep = Some(sleep);
     }
 
@@ -468,7 +470,7 @@ impl Vcpu {
                         if let Some(watch) = &mut self.stuck {
                             // Halted, or waiting for INIT/SIPI: idle, not spinning.
                             let running = self.fd.get_mp_state().map_or(true, |s| s.mp_state == KVM_MP_STATE_RUNNABLE);
-                            let state = running.then(|| crate::stuck::register_file(&regs));
+                            let state = running.then(|| crate::vcpu::stuck::register_file(&regs));
                             if let Some(why) = watch.sample(usize::from(self.id), state, Instant::now()) {
                                 return Err(self.fault(&why));
                             }

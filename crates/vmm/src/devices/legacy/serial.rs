@@ -1,9 +1,9 @@
 //! The 8250 UART on COM1 (vm-superio's model): output queued for a writer thread (see
-//! console_out), input from a reader (a thread of its own feeds the receive FIFO),
+//! crate::console), input from a reader (a thread of its own feeds the receive FIFO),
 //! interrupts on IRQ 4 through an irqfd.
 
-use super::console_out::ConsoleOut;
 use crate::bus::BusDevice;
+use crate::console::ConsoleOut;
 use crate::irq::GsiRouter;
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
@@ -108,7 +108,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    use crate::devices::console_out::tests::Sink;
+    use crate::console::tests::Sink;
 
     #[test]
     fn bytes_written_to_thr_reach_the_writer() {

@@ -3,12 +3,12 @@
 //! `KVM_RUN` is kicked with a signal until it returns. With sampling on, the same kick,
 //! sent at a steady rate without the stop flag, makes each vCPU note where the guest was.
 
-use crate::control::RunControl;
-use crate::guest_samples::GuestSamples;
 use crate::seccomp::ThreadKind;
 use crate::stats::ExitStats;
+use crate::vcpu::control::RunControl;
+use crate::vcpu::samples::GuestSamples;
+use crate::vcpu::watchdog::{install_kick_handler, kick_signal};
 use crate::vcpu::{Vcpu, VcpuError};
-use crate::watchdog::{install_kick_handler, kick_signal};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;

@@ -15,64 +15,7 @@ use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-/// What the VMM completed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Completed {
-    /// `int3`: #BP injected after RIP was moved past it.
-    Int3,
-    /// `int n`: vector n injected after RIP was moved past it (kvm-unit-tests raise
-    /// interrupts this way at CPL0).
-    IntN,
-    /// `clac`/`stac`: EFLAGS.AC.
-    ClacStac,
-    Popcnt,
-    /// `fwait`, `lfence`, `sfence`, `mfence`: the exit itself serialized everything.
-    Fence,
-    /// `rdrand`/`rdseed`, from the host's random source.
-    Rdrand,
-    /// `ldmxcsr`/`stmxcsr`, through the vCPU's FPU state.
-    Mxcsr,
-    /// Moves between XMM registers and general registers or memory.
-    SseMove,
-    /// Other SSE instructions, run on the host CPU with the guest's XMM state (see sse.rs).
-    SseOnHost,
-    /// `syscall` from CPL3 that the host left at CPL3: the switch to CPL0 (see syscall.rs).
-    Syscall,
-    /// `sysretq`: back to CPL3 at RCX with R11's flags.
-    Sysret,
-}
-
-impl Completed {
-    pub const ALL: [Completed; 11] = [
-        Completed::Int3,
-        Completed::IntN,
-        Completed::ClacStac,
-        Completed::Popcnt,
-        Completed::Fence,
-        Completed::Rdrand,
-        Completed::Mxcsr,
-        Completed::SseMove,
-        Completed::SseOnHost,
-        Completed::Syscall,
-        Completed::Sysret,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Completed::Int3 => "int3",
-            Completed::IntN => "int n",
-            Completed::ClacStac => "clac/stac",
-            Completed::Popcnt => "popcnt",
-            Completed::Fence => "fwait/fence",
-            Completed::Rdrand => "rdrand/rdseed",
-            Completed::Mxcsr => "ldmxcsr/stmxcsr",
-            Completed::SseMove => "sse-move",
-            Completed::SseOnHost => "sse-on-host",
-            Completed::Syscall => "syscall-cpl-switch",
-            Completed::Sysret => "sysret",
-        }
-    }
-}
+pub use crate::stats::Completed;
 
 const RFLAGS_CF: u64 = 1;
 const RFLAGS_ZF: u64 = 1 << 6;
@@ -296,7 +239,7 @@ fn random_u64() -> u64 {
     let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
     if n != 8 {
         // The host's random source failed: fall back on the TSC, still a value, not a fault.
-        v = crate::vcpu::cycles().wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        v = crate::stats::cycles().wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
     v
 }

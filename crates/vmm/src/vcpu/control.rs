@@ -40,7 +40,7 @@ impl GuestStop {
 
 const STOP: u8 = 1;
 const PAUSE: u8 = 2;
-/// The guest sleeps in ACPI S3 (crate::sleep): vCPUs park until it wakes.
+/// The guest sleeps in ACPI S3 (crate::vcpu::sleep): vCPUs park until it wakes.
 const SUSPEND: u8 = 4;
 
 /// The vCPU threads as the pause gate sees them.
@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn a_pause_holds_every_vcpu_until_resumed_and_a_stop_ends_it() {
-        crate::watchdog::install_kick_handler();
+        crate::vcpu::watchdog::install_kick_handler();
         let control = Arc::new(RunControl::default());
         let work = Arc::new(AtomicU64::new(0));
         let threads: Vec<_> = (0..3).map(|id| spin(control.clone(), id, work.clone())).collect();
@@ -279,7 +279,7 @@ mod tests {
             std::thread::yield_now();
         }
         for _ in 0..20 {
-            control.pause(crate::watchdog::kick_signal(), Duration::from_secs(10)).unwrap();
+            control.pause(crate::vcpu::watchdog::kick_signal(), Duration::from_secs(10)).unwrap();
             assert!(control.is_paused());
             let before = work.load(Ordering::Relaxed);
             std::thread::sleep(Duration::from_millis(5));
@@ -291,13 +291,13 @@ mod tests {
             }
         }
         // Stopping a paused machine wakes and ends every vCPU.
-        control.pause(crate::watchdog::kick_signal(), Duration::from_secs(10)).unwrap();
+        control.pause(crate::vcpu::watchdog::kick_signal(), Duration::from_secs(10)).unwrap();
         control.request_stop();
         for t in threads {
             t.join().unwrap();
         }
         // With no vCPU running, a pause has nothing to wait for.
         let idle = RunControl::default();
-        assert!(idle.pause(crate::watchdog::kick_signal(), Duration::ZERO).is_ok());
+        assert!(idle.pause(crate::vcpu::watchdog::kick_signal(), Duration::ZERO).is_ok());
     }
 }

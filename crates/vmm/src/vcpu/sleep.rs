@@ -7,10 +7,10 @@
 //! SIPI. RAM keeps its contents, and so do the devices (none of them loses power here).
 //! Offered with `--testdevs` (kvm-unit-tests' `s3`); the DSDT offers no `_S3_` to Linux.
 
-use crate::control::{GuestStop, RunControl};
-use crate::devices::acpi_pm::{RTC_EN, RTC_STS, WAK_STS};
-use crate::devices::cmos_rtc::CmosRtc;
+use crate::devices::legacy::acpi_pm::{RTC_EN, RTC_STS, WAK_STS};
+use crate::devices::legacy::cmos_rtc::CmosRtc;
 use crate::devices::AcpiPm;
+use crate::vcpu::control::{GuestStop, RunControl};
 use kvm_bindings::{kvm_dtable, kvm_mp_state, kvm_regs, kvm_segment, KVM_MP_STATE_INIT_RECEIVED};
 use kvm_ioctls::VcpuFd;
 use std::sync::Arc;

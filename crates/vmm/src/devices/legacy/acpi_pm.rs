@@ -1,11 +1,11 @@
 //! The ACPI fixed-hardware registers the FADT points at (see [`crate::acpi`]): PM1a event
 //! (status, enable), PM1a control (SCI_EN, SLP_TYP, SLP_EN), the 3.579545 MHz PM timer, and
 //! the reset register. Sleeping in S5 powers the guest off; the reset value resets it.
-//! Sleeping in S3, where offered (crate::sleep), parks the vCPUs until a wake event.
+//! Sleeping in S3, where offered (crate::vcpu::sleep), parks the vCPUs until a wake event.
 
 use crate::bus::BusDevice;
-use crate::control::{GuestStop, RunControl};
 use crate::layout;
+use crate::vcpu::control::{GuestStop, RunControl};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -111,7 +111,7 @@ impl BusDevice for AcpiPm {
                     }
                     (true, SLP_TYP_S3) if self.s3 => {
                         tracing::info!("guest entered ACPI S3 (suspend to RAM)");
-                        self.control.suspend(crate::watchdog::kick_signal());
+                        self.control.suspend(crate::vcpu::watchdog::kick_signal());
                     }
                     _ => {}
                 }

@@ -6,7 +6,7 @@
 //! which puts the three keys in the output buffer and raises IRQ 1, as Firecracker does.
 
 use crate::bus::BusDevice;
-use crate::control::{GuestStop, RunControl};
+use crate::vcpu::control::{GuestStop, RunControl};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use vmm_sys_util::eventfd::EventFd;
