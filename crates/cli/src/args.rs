@@ -62,6 +62,11 @@ pub struct ApiArgs {
     /// Write metrics (Firecracker's JSON lines, with exitless's exit counts) to FILE (or FIFO).
     #[arg(long, value_name = "FILE")]
     pub metrics_path: Option<PathBuf>,
+    /// Which host workarounds to install: `auto` (probe which KVM module serves /dev/kvm),
+    /// `nested` (a KVM that emulates guest CPL0, such as kvm_pvm: CPUID masks, instruction
+    /// completion, the LSTAR watch) or `native` (none). See docs/architecture.md.
+    #[arg(long, value_name = "auto|nested|native", default_value = "auto")]
+    pub host_profile: exitless_vmm::host::ProfileChoice,
     /// Run without seccomp filters (for debugging), as Firecracker's flag of that name.
     #[arg(long, conflicts_with = "seccomp_filter")]
     pub no_seccomp: bool,
@@ -172,6 +177,11 @@ pub struct RunArgs {
     /// `-device intel-iommu,intremap=on -device edu`, for kvm-unit-tests' intel_iommu).
     #[arg(long, requires = "testdevs")]
     pub testdev_iommu: bool,
+    /// Which host workarounds to install: `auto` (probe which KVM module serves /dev/kvm),
+    /// `nested` (a KVM that emulates guest CPL0, such as kvm_pvm: CPUID masks, instruction
+    /// completion, the LSTAR watch) or `native` (none). See docs/architecture.md.
+    #[arg(long, value_name = "auto|nested|native", default_value = "auto")]
+    pub host_profile: exitless_vmm::host::ProfileChoice,
     /// Run without seccomp filters (for debugging: every thread may then make any call).
     #[arg(long)]
     pub no_seccomp: bool,

@@ -4,7 +4,7 @@ use exitless::{api, args, report, terminal, top, with_causes, LiveStdout};
 
 use args::{BenchCommand, Cli, Command, PayloadsArgs, RunArgs};
 use clap::Parser;
-use exitless_vmm::{Machine, MachineConfig};
+use exitless_vmm::{DeviceConfig, Machine, MachineConfig, RunOptions};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -84,25 +84,35 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     // A terminal on stdin becomes the guest's console keyboard: raw, so keys reach the guest
     // as typed (Ctrl-C too); restored when this guard goes.
     let _raw = terminal::RawMode::enable_if_terminal();
+    let fixed = match args.lab {
+        true => vec![exitless_lab::devices::plug().0],
+        false => Vec::new(),
+    };
     let machine = Machine::new(MachineConfig {
         mem_size: args.mem,
         vcpus: args.vcpus,
         cmdline: args.cmdline.clone(),
         initrd,
-        serial_in: Some(Box::new(std::io::stdin())),
-        pci_config_io: args.pci_config_io,
         params: args.params.clone(),
-        serial_out: Box::new(LiveStdout),
-        ecam: args.ecam,
-        lab_devices: args.lab,
-        test_devices: args.testdevs,
-        test_iommu: args.testdev_iommu,
-        confine_caller: true,
-        nets: args.nets(),
-        poll: args.poll_us,
-        drives: args.drive.clone(),
-        sample_every: args.sample_guest.map(|hz| std::time::Duration::from_secs_f64(1.0 / f64::from(hz))),
-        stuck_after: args.stuck_after.map(std::time::Duration::from_secs_f64),
+        devices: DeviceConfig {
+            serial_in: Some(Box::new(std::io::stdin())),
+            serial_out: Box::new(LiveStdout),
+            pci_config_io: args.pci_config_io,
+            ecam: args.ecam,
+            test_devices: args.testdevs,
+            test_iommu: args.testdev_iommu,
+            nets: args.nets(),
+            poll: args.poll_us,
+            drives: args.drive.clone(),
+            fixed,
+            ..Default::default()
+        },
+        run: RunOptions {
+            confine_caller: true,
+            sample_every: args.sample_guest.map(|hz| std::time::Duration::from_secs_f64(1.0 / f64::from(hz))),
+            stuck_after: args.stuck_after.map(std::time::Duration::from_secs_f64),
+        },
+        host: args.host_profile,
         ..MachineConfig::new(image)
     })?;
     let (report, error) = machine.run_to_end(args.timeout.map(std::time::Duration::from_secs_f64))?;

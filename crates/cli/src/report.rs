@@ -23,6 +23,7 @@ pub fn profile(report: &RunReport) -> String {
     let mut s = String::new();
     let how = report.stop.map_or("guest stopped".into(), |stop| stop.describe());
     let _ = writeln!(s, "\nexitless: exit profile: {how} after {:.1} ms", report.elapsed.as_secs_f64() * 1e3);
+    let _ = writeln!(s, "  host profile: {}", report.host_profile);
     let _ = writeln!(s, "  {:<16} {:>10} {:>16}", "exit", "count", "vmm ns (median)");
     for kind in ExitKind::ALL {
         let count = report.stats.exits(kind);
@@ -151,6 +152,7 @@ pub fn json(report: &RunReport) -> Value {
             exitless_vmm::vcpu::control::GuestStop::PowerOff => "poweroff",
             exitless_vmm::vcpu::control::GuestStop::Reset => "reset",
         }),
+        "host_profile": report.host_profile,
         "exits": exits,
         "vcpus": vcpus,
         "completed_instructions": completed,

@@ -2,8 +2,9 @@
 
 mod common;
 use common::*;
+use exitless_vmm::device_manager::{DeviceHandle, DeviceKind};
 use exitless_vmm::virtio::{ActivateError, Activation, ActiveQueue, VirtioDevice, VIRTIO_F_VERSION_1};
-use exitless_vmm::{Machine, MachineConfig};
+use exitless_vmm::{DeviceConfig, Machine, MachineConfig};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,10 +51,16 @@ fn two_virtio_functions_get_their_own_slot_bar_and_vectors() {
     }
     let out = Captured::default();
     let pciscan = exitless_payloads::find("pciscan").unwrap().elf;
-    let config = MachineConfig { params: vec![10], serial_out: Box::new(out.clone()), ..MachineConfig::new(pciscan) };
+    let devices = DeviceConfig { serial_out: Box::new(out.clone()), ..Default::default() };
+    let config = MachineConfig { params: vec![10], devices, ..MachineConfig::new(pciscan) };
     let mut machine = Machine::new(config).unwrap();
-    let net = machine.add_virtio("virtio-net", Box::new(Inert(1))).unwrap();
-    let blk = machine.add_virtio("virtio-blk", Box::new(Inert(2))).unwrap();
+    let dm = machine.devices_mut();
+    let net = dm.attach_virtio("virtio-net", DeviceKind::VirtioNet, Box::new(Inert(1)), |_| DeviceHandle::Bus).unwrap();
+    let blk =
+        dm.attach_virtio("virtio-blk", DeviceKind::VirtioBlock, Box::new(Inert(2)), |_| DeviceHandle::Bus).unwrap();
+    let names: Vec<_> = dm.devices().iter().map(|d| (d.name.as_str(), d.kind)).collect();
+    assert!(names.contains(&("virtio-blk", DeviceKind::VirtioBlock)), "the device manager lists it: {names:?}");
+    assert!(names.contains(&("serial", DeviceKind::Serial)), "{names:?}");
     let (net_gsis, blk_gsis) = (net.vector_gsis(), blk.vector_gsis());
     assert_eq!((net_gsis.len(), blk_gsis.len()), (3, 3), "a vector per queue plus config");
     assert!(net_gsis.iter().all(|g| !blk_gsis.contains(g)), "{net_gsis:?} {blk_gsis:?}");

@@ -3,6 +3,7 @@
 
 use exitless_payloads::abi::LAB_CONTROL_PORT;
 use exitless_vmm::bus::BusDevice;
+use exitless_vmm::device_manager::{DeviceHandle, DeviceKind};
 use exitless_vmm::seccomp::ThreadKind;
 use exitless_vmm::vcpu::watchdog::Watchdog;
 use exitless_vmm::vcpu::{Step, Vcpu, VcpuError};
@@ -136,22 +137,32 @@ impl std::io::Write for Console {
     }
 }
 
-/// Boots `payload` with `params` and the lab control port, ready for [`drive`].
+/// A lab's machine: the lab devices and the control port attached.
+pub struct LabMachine {
+    pub machine: Machine,
+    pub control: Arc<LabControl>,
+    pub doorbell: Arc<crate::devices::doorbell::Doorbell>,
+}
+
+/// Boots `payload` with `params`, the lab's devices and its control port, ready for [`drive`].
 pub fn lab_machine(
     payload: &str,
     params: Vec<u64>,
     config: impl FnOnce(&mut MachineConfig),
-) -> Result<(Machine, Arc<LabControl>), MachineError> {
+) -> Result<LabMachine, MachineError> {
     let elf = exitless_payloads::find(payload).map(|p| p.elf).unwrap_or_default();
-    let mut machine_config = MachineConfig { params, lab_devices: true, ..MachineConfig::new(elf) };
+    let mut machine_config = MachineConfig { params, ..MachineConfig::new(elf) };
+    let (plug, doorbell) = crate::devices::plug();
+    machine_config.devices.fixed.push(plug);
     config(&mut machine_config);
     let mut machine = Machine::new(machine_config)?;
     let control = Arc::new(LabControl::default());
-    machine.add_pio_device("lab-control", LAB_CONTROL_PORT as u16, 4, control.clone())?;
+    let (port, handle) = (LAB_CONTROL_PORT as u16, DeviceHandle::Bus);
+    machine.devices_mut().attach_pio("lab-control", DeviceKind::Lab, port, 4, control.clone(), handle)?;
     // Tells the guest a lab answers on the control port.
     let lab_slot = exitless_vmm::machine::shared_slot(exitless_payloads::abi::SHARED_LAB_SLOT);
-    vm_memory::Bytes::write_obj(&machine.memory, 1u64, lab_slot).map_err(|e| MachineError::Memory(e.into()))?;
-    Ok((machine, control))
+    vm_memory::Bytes::write_obj(machine.memory(), 1u64, lab_slot).map_err(|e| MachineError::Memory(e.into()))?;
+    Ok(LabMachine { machine, control, doorbell })
 }
 
 /// The guest's TSC rate (KVM_GET_TSC_KHZ on a throwaway VM), to turn guest cycle counts
@@ -181,9 +192,10 @@ where
     std::thread::scope(|scope| {
         let run = move || {
             let mut vcpu = vcpu;
-            let watchdog = Watchdog::arm_for_current_thread(machine.control.clone(), timeout);
-            let result =
-                exitless_vmm::seccomp::confine(ThreadKind::LabVcpu).map_err(MachineError::from).map_err(Into::into);
+            let watchdog = Watchdog::arm_for_current_thread(machine.control().clone(), timeout);
+            let result = exitless_vmm::seccomp::confine_vcpu(ThreadKind::LabVcpu, machine.host_profile())
+                .map_err(MachineError::from)
+                .map_err(Into::into);
             let result = result.and_then(|()| loop {
                 if lab.step(&mut vcpu).map_err(MachineError::from)? == Step::Stopped {
                     return Ok(());
@@ -200,7 +212,7 @@ where
             (vcpu, result)
         };
         let thread = std::thread::Builder::new().name("vcpu0".into()).spawn_scoped(scope, run);
-        let thread = thread.map_err(|e| L::Error::from(MachineError::VcpuThread(e.to_string())))?;
+        let thread = thread.map_err(|e| L::Error::from(MachineError::VcpuThreads(e)))?;
         let (vcpu, result) = thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         drop(vcpu);
         result

@@ -5,12 +5,12 @@
 //! vCPU, wires the doorbell for that path before the guest starts ringing. Medians over
 //! the repeats are reported.
 
-use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabSteps};
+use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabMachine, LabSteps};
+use crate::devices::doorbell::{Doorbell, EventfdWorker};
 use crate::report::{targets_json, targets_text, Outputs, Target, WriteError};
 use crate::stats::median;
 use crate::svg;
 use exitless_payloads::abi::*;
-use exitless_vmm::devices::doorbell::{Doorbell, EventfdWorker};
 use exitless_vmm::ioeventfd::IoeventfdKey;
 use exitless_vmm::machine::{read_result, shared_slot};
 use exitless_vmm::poll::PollMode;
@@ -218,7 +218,7 @@ fn ioeventfd_key(path: &DoorbellPath, len: u8, datamatch: Option<u64>) -> Ioeven
 
 impl Bench {
     fn begin(&mut self, machine: &Machine, path: &DoorbellPath, vcpu: &mut Vcpu) -> Result<(), DoorbellError> {
-        let mem = &machine.memory;
+        let mem = &machine.memory();
         for (i, v) in [path.kind, u64::from(path.size), ring_address(path), path.value].into_iter().enumerate() {
             mem.write_obj(v, shared_slot(LAB_SPEC_SLOT + i as u64)).map_err(std::io::Error::other)?;
         }
@@ -230,7 +230,7 @@ impl Bench {
             Wiring::Ioeventfd { len, datamatch } => {
                 let key = ioeventfd_key(path, len, datamatch);
                 let fd = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
-                machine.ioeventfds.register(key, &fd)?;
+                machine.devices().ioeventfds().register(key, &fd)?;
                 self.worker.poll_mode.set(if path.poll { PollMode::Adaptive } else { PollMode::Off });
                 self.worker.watch(&fd)?;
                 self.bell.attach(fd.clone());
@@ -239,20 +239,20 @@ impl Bench {
             Wiring::RawFloorIoeventfd => {
                 let key = ioeventfd_key(path, 4, None);
                 let fd = EventFd::new(libc::EFD_NONBLOCK)?;
-                machine.ioeventfds.register(key, &fd)?;
+                machine.devices().ioeventfds().register(key, &fd)?;
                 Live::Unread(key, fd)
             }
             Wiring::Coalesced => {
                 let zone = if path.kind == RING_MMIO { IoEventAddress::Mmio(addr) } else { IoEventAddress::Pio(addr) };
                 let kvm_err = |source| DoorbellError::Kvm { what: "KVM_REGISTER_COALESCED_MMIO", source };
-                machine.vm.register_coalesced_mmio(zone, u32::from(path.size)).map_err(kvm_err)?;
+                machine.vm().register_coalesced_mmio(zone, u32::from(path.size)).map_err(kvm_err)?;
                 vcpu.enable_coalesced_ring()
                     .map_err(|source| DoorbellError::Kvm { what: "mapping the coalesced ring", source })?;
                 Live::Coalesced(zone, u32::from(path.size))
             }
             Wiring::Polled => {
                 let stop = Arc::new(AtomicBool::new(false));
-                let thread = spawn_poller(machine.memory.clone(), self.bell.clone(), stop.clone())?;
+                let thread = spawn_poller(machine.memory().clone(), self.bell.clone(), stop.clone())?;
                 Live::Poller(stop, thread)
             }
             Wiring::RawFloor | Wiring::Userspace | Wiring::InKernel => Live::Nothing,
@@ -267,7 +267,7 @@ impl Bench {
         match std::mem::replace(&mut self.live, Live::Nothing) {
             Live::Nothing => {}
             Live::Eventfd(key, fd, cpu_at_begin) => {
-                machine.ioeventfds.unregister(key)?;
+                machine.devices().ioeventfds().unregister(key)?;
                 self.worker.unwatch(&fd)?;
                 self.bell.detach(&fd);
                 // The device thread's CPU over the path, for the polling rows.
@@ -276,12 +276,12 @@ impl Bench {
                 }
             }
             Live::Unread(key, fd) => {
-                machine.ioeventfds.unregister(key)?;
+                machine.devices().ioeventfds().unregister(key)?;
                 self.bell.ring(fd.read().unwrap_or(0));
             }
             Live::Coalesced(zone, size) => {
                 let kvm_err = |source| DoorbellError::Kvm { what: "KVM_UNREGISTER_COALESCED_MMIO", source };
-                machine.vm.unregister_coalesced_mmio(zone, size).map_err(kvm_err)?;
+                machine.vm().unregister_coalesced_mmio(zone, size).map_err(kvm_err)?;
                 vcpu.disable_coalesced_ring();
             }
             Live::Poller(stop, thread) => {
@@ -370,7 +370,7 @@ impl LabSteps for DoorbellSteps<'_> {
                 let poller_cpu = self.bench.end(machine, vcpu)?;
                 self.bench.bell.ring(self.raw_rings);
                 self.raw = false;
-                let guest_cycles = read_result(&machine.memory, 0);
+                let guest_cycles = read_result(machine.memory(), 0);
                 let count = self.bench.bell.count();
                 let slot = self.samples.get_mut(i).ok_or(DoorbellError::UnknownStep(i))?;
                 *slot = Some(Sample { guest_cycles, exits, vmm_cycles_median, count, poller_cpu });
@@ -384,8 +384,8 @@ impl LabSteps for DoorbellSteps<'_> {
 /// Boots the doorbell guest once and measures `paths` in that order.
 fn run_vm(paths: &[&'static DoorbellPath], opts: &Options) -> Result<Vec<Sample>, DoorbellError> {
     let params = vec![opts.iters, u64::from(opts.cpl) + 1, paths.len() as u64];
-    let (machine, control) = lab_machine("doorbell", params, |_| {})?;
-    let bell = machine.doorbell.clone();
+    let LabMachine { machine, control, doorbell } = lab_machine("doorbell", params, |_| {})?;
+    let bell = doorbell.clone();
     let worker = EventfdWorker::spawn(bell.clone(), PollMode::Off)?;
     let bench = Bench { worker, bell, live: Live::Nothing, began: None };
     let mut lab = DoorbellSteps { paths, bench, samples: vec![None; paths.len()], raw: false, raw_rings: 0 };

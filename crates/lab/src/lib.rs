@@ -4,6 +4,7 @@ pub mod api_client;
 pub mod blk;
 pub mod boot;
 pub mod control;
+pub mod devices;
 pub mod doorbell;
 pub mod fleet;
 pub mod net;

@@ -2,7 +2,7 @@
 //! both TX paths (copy, zerocopy) into a tap inside the lab's own network namespace,
 //! where a sink checks every frame. Also the echo round trip used by the tests.
 
-use crate::control::{drive, guest_tsc_khz, lab_machine, Window};
+use crate::control::{drive, guest_tsc_khz, lab_machine, LabMachine, Window};
 use crate::netns::{Netns, NetnsError};
 use crate::report::{no_row_slower_than_off, targets_json, targets_text, Outputs, Target, WriteError};
 use crate::sink::{frame, Sink, SinkError, SinkReport};
@@ -82,7 +82,7 @@ pub fn path_name(p: TxMode) -> &'static str {
 
 /// CPU time of the device thread so far.
 pub(crate) fn thread_cpu(machine: &Machine) -> Duration {
-    machine.net().and_then(|n| n.stats.thread_cpu()).unwrap_or_default()
+    machine.devices().nets().next().and_then(|n| n.stats.thread_cpu()).unwrap_or_default()
 }
 
 /// Counters at one instant, to take differences over the send window.
@@ -98,7 +98,7 @@ struct Snapshot {
 }
 
 fn snapshot(machine: &Machine) -> Snapshot {
-    let n = machine.net().map(|n| n.stats.snapshot()).unwrap_or_default();
+    let n = machine.devices().nets().next().map(|n| n.stats.snapshot()).unwrap_or_default();
     Snapshot {
         at: Instant::now(),
         cpu: thread_cpu(machine),
@@ -135,11 +135,11 @@ pub(crate) fn boot_with(
         rx_limits: Default::default(),
         tx_limits: Default::default(),
     };
-    let (machine, control) = lab_machine(payload, params, |c| {
-        c.nets = vec![net];
-        c.poll = poll;
+    let LabMachine { machine, control, .. } = lab_machine(payload, params, |c| {
+        c.devices.nets = vec![net];
+        c.devices.poll = poll;
         if let Some(console) = console {
-            c.serial_out = Box::new(console);
+            c.devices.serial_out = Box::new(console);
         }
     })?;
     netns.adopt(&tap)?;
@@ -159,14 +159,14 @@ fn run_one(
     let (machine, control, sink) = boot_with(netns, "nettx", params, (path, poll), size, None)?;
     let mut lab = TxSteps::new(snapshot);
     drive(&machine, &control, opts.timeout, &mut lab)?;
-    if let Some(status) = machine.control.exit_status().filter(|&s| s != 0) {
+    if let Some(status) = machine.control().exit_status().filter(|&s| s != 0) {
         return Err(NetBenchError::Guest(status));
     }
-    let sent = read_result(&machine.memory, 0);
+    let sent = read_result(machine.memory(), 0);
     if sent == 0 {
         return Err(NetBenchError::NothingSent);
     }
-    let seconds = read_result(&machine.memory, 1) as f64 / (tsc_khz as f64 * 1e3);
+    let seconds = read_result(machine.memory(), 1) as f64 / (tsc_khz as f64 * 1e3);
     let report: SinkReport = sink.finish(sent, Duration::from_secs(2));
     let (begin, (end, exits)) =
         (lab.begin.ok_or(NetBenchError::Missing("start"))?, lab.end.ok_or(NetBenchError::Missing("end"))?);
@@ -290,10 +290,10 @@ pub fn echo(frames: u64, size: usize, timeout: Duration) -> Result<EchoReport, N
         }
     });
     drive(&machine, &control, timeout, &mut lab)?;
-    if let Some(status) = machine.control.exit_status().filter(|&s| s != 0) {
+    if let Some(status) = machine.control().exit_status().filter(|&s| s != 0) {
         return Err(NetBenchError::Guest(status));
     }
-    let interrupts = machine.net().map_or(0, |n| n.transport.interrupts_signalled());
+    let interrupts = machine.devices().nets().next().map_or(0, |n| n.transport.interrupts_signalled());
     Ok(EchoReport { sink: sink.finish(frames, Duration::from_secs(2)), interrupts, console: console.text() })
 }
 

@@ -49,7 +49,7 @@ struct Counters {
 }
 
 fn counters(machine: &Machine) -> Counters {
-    let wakeups = machine.net().map_or(0, |n| n.stats.poll.counts().wakeups);
+    let wakeups = machine.devices().nets().next().map_or(0, |n| n.stats.poll.counts().wakeups);
     Counters { cpu: thread_cpu(machine), wakeups }
 }
 
@@ -63,7 +63,7 @@ fn run_one(netns: &Netns, poll: PollMode, opts: &RttOptions, idle: bool) -> Resu
         boot_with(netns, "netecho", vec![opts.rounds], (TxMode::Zerocopy, poll), opts.size, None)?;
     let (sender, seen) = (sink.sender(), sink.frames_seen());
     let (rounds, size) = (opts.rounds, opts.size);
-    let device = machine.net().map(|n| n.stats.clone());
+    let device = machine.devices().nets().next().map(|n| n.stats.clone());
     let mut lab = Window::<Counters, NetBenchError>::new(counters);
     let pinger = start_at_begin(&mut lab, move || {
         let mut rtts = Vec::with_capacity(rounds as usize);

@@ -2,7 +2,7 @@
 //! backed with read-only memory (no exit), in one guest run, with a scan-and-size of bus
 //! 0 per method and a check that all three saw identical bytes.
 
-use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabSteps};
+use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabMachine, LabSteps};
 use crate::report::{targets_json, targets_text, Outputs, Target, WriteError};
 use crate::svg;
 use exitless_payloads::abi::*;
@@ -88,9 +88,9 @@ impl LabSteps for PciSteps {
             LabEvent::Begin(i) => {
                 let method = *Method::ALL.get(i).ok_or(PciBenchError::UnknownStep(i))?;
                 let (access, mode) = method.setup();
-                machine.pci.set_ecam_mode(mode)?;
+                machine.devices().pci().set_ecam_mode(mode)?;
                 machine
-                    .memory
+                    .memory()
                     .write_obj(access, shared_slot(LAB_SPEC_SLOT))
                     .map_err(|e| MachineError::Memory(e.into()))?;
             }
@@ -103,8 +103,8 @@ impl LabSteps for PciSteps {
                 let method = *Method::ALL.get(i).ok_or(PciBenchError::UnknownStep(i))?;
                 let stats = &vcpu.exits.stats;
                 let exits = stats.io_exits();
-                let reads = read_result(&machine.memory, 2).max(1);
-                let seconds = read_result(&machine.memory, 0) as f64 / (self.tsc_khz * 1e3);
+                let reads = read_result(machine.memory(), 2).max(1);
+                let seconds = read_result(machine.memory(), 0) as f64 / (self.tsc_khz * 1e3);
                 let row = self.rows.get_mut(i).ok_or(PciBenchError::UnknownStep(i))?;
                 *row = Some(Row {
                     method,
@@ -112,8 +112,8 @@ impl LabSteps for PciSteps {
                     seconds,
                     us_per_read: seconds * 1e6 / reads as f64,
                     exits_per_read: exits as f64 / reads as f64,
-                    scan_us: read_result(&machine.memory, 1) as f64 / self.tsc_khz * 1e3,
-                    functions: read_result(&machine.memory, 3),
+                    scan_us: read_result(machine.memory(), 1) as f64 / self.tsc_khz * 1e3,
+                    functions: read_result(machine.memory(), 3),
                     identical: false,
                 });
             }
@@ -124,11 +124,12 @@ impl LabSteps for PciSteps {
 
 /// One guest run: every method in turn, then the guest's verdict on identical bytes.
 pub fn measure(opts: &Options) -> Result<Vec<Row>, PciBenchError> {
-    let (machine, control) = lab_machine("pciscan", vec![opts.reads, 0, Method::ALL.len() as u64], |_| {})?;
+    let LabMachine { machine, control, .. } =
+        lab_machine("pciscan", vec![opts.reads, 0, Method::ALL.len() as u64], |_| {})?;
     let tsc_khz = f64::from(guest_tsc_khz()?);
     let mut lab = PciSteps { tsc_khz, rows: vec![None; Method::ALL.len()] };
     drive(&machine, &control, opts.timeout, &mut lab)?;
-    let identical = read_result(&machine.memory, 8);
+    let identical = read_result(machine.memory(), 8);
     Method::ALL
         .iter()
         .zip(lab.rows)

@@ -87,15 +87,13 @@ pub fn pci_config(data: &[u8]) {
     let kvm = Arc::new(FakeKvm::default());
     let buses = Arc::new(SharedBuses::new(BusSet::default()));
     let ioeventfds = Arc::new(IoeventfdRegistry::new(kvm.clone(), IoeventfdLimits::default()));
-    let Ok(shadow) = EcamShadow::new(kvm, crate::layout::ECAM_GPA, 1) else { return };
+    let Ok(shadow) = EcamShadow::new(kvm, crate::layout::ECAM_GPA, 1..129) else { return };
     let Ok(map) = MemoryMap::new(256 << 20) else { return };
     let Ok(root) = PciRoot::new(buses, ioeventfds, shadow, EcamMode::Mapped, map.pci_windows()) else { return };
     let root = Arc::new(root);
     let _ = root.add(0, 0, host_bridge());
-    let bell = Arc::new(crate::devices::Doorbell::default());
-    let _ =
-        root.add(1, 0, crate::devices::doorbell::pci_function(bell, (DeviceId(0), 0xd000_0000), (DeviceId(1), 0x510)));
-    let (cf8, ecam) = (Cf8Device::new(root.clone()), EcamDevice::new(root));
+    let _ = root.add(1, 0, crate::testing::two_bar_function(false, 0xd000_0000, 0x510));
+    let (cf8, ecam) = (Cf8Device::new(&root), EcamDevice::new(&root));
     for op in data.chunks_exact(8) {
         let size = [1usize, 2, 4, 4][usize::from(op[1] & 3)];
         let offset = u64::from(u16::from_le_bytes([op[2], op[3]]));

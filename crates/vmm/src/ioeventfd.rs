@@ -10,15 +10,14 @@
 //!   or both have the same length and either is a wildcard or both match the same value;
 //! - at most `per_address` registrations per address and `per_vm` in all.
 
-use kvm_bindings::{kvm_ioeventfd, KVMIO};
+use kvm_bindings::kvm_ioeventfd;
 use kvm_ioctls::VmFd;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::ioctl::ioctl_with_ref;
-use vmm_sys_util::ioctl_iow_nr;
 
-ioctl_iow_nr!(KVM_IOEVENTFD, KVMIO, 0x79, kvm_ioeventfd);
+use crate::kvm::ioctl_numbers::KVM_IOEVENTFD;
 
 const FLAG_DATAMATCH: u32 = 1 << kvm_bindings::kvm_ioeventfd_flag_nr_datamatch;
 const FLAG_PIO: u32 = 1 << kvm_bindings::kvm_ioeventfd_flag_nr_pio;

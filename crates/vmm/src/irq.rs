@@ -7,7 +7,8 @@ use kvm_bindings::{
 };
 use kvm_ioctls::VmFd;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 use vm_allocator::IdAllocator;
 use vmm_sys_util::eventfd::EventFd;
@@ -119,14 +120,48 @@ impl IrqSink for VmFd {
     }
 }
 
-/// The VM's MSI routes: every device's vectors in one table, as KVM wants it whole; and a
-/// count of interrupts delivered, which an idle vCPU can wait on.
+/// Interrupts delivered, for a vCPU that waits for the next one instead of halting (the
+/// lab's idle port). Counted only once something asked to wait
+/// ([`GsiRouter::count_deliveries`]): a VM without a waiter pays one atomic load per MSI.
+#[derive(Default)]
+pub struct Deliveries {
+    count: AtomicU64,
+    waiters: AtomicUsize,
+    lock: Mutex<()>,
+    delivery: Condvar,
+}
+
+impl Deliveries {
+    fn bump(&self) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            // Taking the lock orders this wake-up after a waiter's check of the count.
+            drop(crate::sync::lock(&self.lock));
+            self.delivery.notify_all();
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Waits until more than `seen` interrupts were delivered, or `timeout`; returns the count.
+    pub fn wait_beyond(&self, seen: u64, timeout: Duration) -> u64 {
+        self.waiters.fetch_add(1, Ordering::AcqRel);
+        let guard = crate::sync::lock(&self.lock);
+        let waited = self.delivery.wait_timeout_while(guard, timeout, |_| self.count.load(Ordering::Acquire) <= seen);
+        drop(waited);
+        self.waiters.fetch_sub(1, Ordering::AcqRel);
+        self.count()
+    }
+}
+
+/// The VM's MSI routes: every device's vectors in one table, as KVM wants it whole.
 pub struct GsiRouter {
     sink: Arc<dyn IrqSink>,
     routes: Mutex<BTreeMap<u32, MsiMessage>>,
     gsis: Mutex<IdAllocator>,
-    delivered: Mutex<u64>,
-    delivery: Condvar,
+    deliveries: OnceLock<Arc<Deliveries>>,
 }
 
 impl GsiRouter {
@@ -135,32 +170,26 @@ impl GsiRouter {
             sink,
             routes: Mutex::new(BTreeMap::new()),
             gsis: Mutex::new(IdAllocator::new(FIRST_MSI_GSI, LAST_GSI).expect("a valid constant range")),
-            delivered: Mutex::new(0),
-            delivery: Condvar::new(),
+            deliveries: OnceLock::new(),
         }
     }
 
-    /// A device wrote an irqfd: wake idle vCPUs.
+    /// A device signalled an interrupt: counted if anything waits for interrupts.
+    #[inline]
     pub fn delivered(&self) {
-        *self.delivered.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        self.delivery.notify_all();
+        if let Some(d) = self.deliveries.get() {
+            d.bump();
+        }
     }
 
-    /// Waits until more than `seen` interrupts were delivered, or `timeout`; returns the count.
-    pub fn wait_beyond(&self, seen: u64, timeout: Duration) -> u64 {
-        let count = self.delivered.lock().unwrap_or_else(|e| e.into_inner());
-        let (count, _) =
-            self.delivery.wait_timeout_while(count, timeout, |c| *c <= seen).unwrap_or_else(|e| e.into_inner());
-        *count
-    }
-
-    pub fn delivered_count(&self) -> u64 {
-        *self.delivered.lock().unwrap_or_else(|e| e.into_inner())
+    /// Starts counting deliveries (once), for a device that lets a vCPU wait for them.
+    pub fn count_deliveries(&self) -> Arc<Deliveries> {
+        self.deliveries.get_or_init(Default::default).clone()
     }
 
     /// A fresh GSI with `fd` as its irqfd: a write to `fd` injects the GSI's MSI.
     pub fn allocate(&self, fd: &EventFd) -> Result<u32, IrqError> {
-        let gsi = self.gsis.lock().unwrap_or_else(|e| e.into_inner()).allocate_id().map_err(IrqError::NoGsi)?;
+        let gsi = crate::sync::lock(&self.gsis).allocate_id().map_err(IrqError::NoGsi)?;
         self.set(gsi, MsiMessage::default())?;
         self.sink.register_irqfd(fd, gsi)?;
         Ok(gsi)
@@ -168,7 +197,7 @@ impl GsiRouter {
 
     /// Points `gsi` at `msg`.
     pub fn set(&self, gsi: u32, msg: MsiMessage) -> Result<(), IrqError> {
-        let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut routes = crate::sync::lock(&self.routes);
         if routes.insert(gsi, msg) == Some(msg) {
             return Ok(());
         }

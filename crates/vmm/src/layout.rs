@@ -64,7 +64,8 @@ pub const FOUR_GIB: u64 = 1 << 32;
 pub const PCI_MMIO32_START: u64 = abi::PCI_MMIO_WINDOW_START;
 pub const PCI_MMIO32_END: u64 = abi::ECAM_GPA;
 pub const ECAM_GPA: u64 = abi::ECAM_GPA;
-pub const ECAM_SIZE: u64 = crate::pci::ecam::ECAM_SIZE;
+/// Bus 0's ECAM window: 256 functions of 4 KiB (pci::ecam checks the same).
+pub const ECAM_SIZE: u64 = 1 << 20;
 pub const IOAPIC_GPA: u64 = 0xfec0_0000;
 /// The VT-d register block where QEMU's q35 puts it (`--testdev-iommu`, pci::iommu).
 pub const IOMMU_GPA: u64 = 0xfed9_0000;
@@ -99,10 +100,6 @@ pub const I8042_DATA_PORT: u16 = 0x60;
 /// The PS/2 keyboard's ISA interrupt.
 pub const I8042_IRQ: u32 = 1;
 pub const I8042_CMD_PORT: u16 = 0x64;
-
-// KVM memory slots: one per RAM region, then the ECAM shadow's.
-pub const RAM_SLOTS: u32 = 2;
-pub const ECAM_FIRST_SLOT: u32 = RAM_SLOTS;
 
 // The fixed places stay where the map says, and apart.
 const _: () = assert!(PCI_MMIO32_START >= MMIO_HOLE_START && PCI_MMIO32_END <= ECAM_GPA);

@@ -4,10 +4,10 @@
 //! [`bus::Bus::lookup`] -> [`bus::BusDevice`]. See docs/architecture.md.
 
 pub mod acpi;
-pub mod allocators;
 pub mod boot;
 pub mod bus;
 pub mod console;
+pub mod device_manager;
 pub mod devices;
 pub mod fuzzing;
 pub mod host;
@@ -22,6 +22,7 @@ pub mod poll;
 pub mod rate_limiter;
 pub mod seccomp;
 pub mod stats;
+pub mod sync;
 pub mod termination;
 /// Stand-ins for KVM: the unit tests' and the fuzz targets'.
 #[doc(hidden)]
@@ -29,4 +30,4 @@ pub mod testing;
 pub mod vcpu;
 pub mod virtio;
 
-pub use machine::{Machine, MachineConfig, MachineError, NetConfig, RunReport};
+pub use machine::{DeviceConfig, Machine, MachineConfig, MachineError, NetConfig, RunOptions, RunReport};

@@ -1,27 +1,19 @@
-//! A machine: KVM VM, guest memory, buses with their devices, and vCPUs.
+//! A machine: the KVM VM with its guest memory (the one owner of the memory map), its
+//! vCPUs, and the device manager that owns every device. Built once from a
+//! [`MachineConfig`]; [`Machine::run`] runs the vCPUs on threads of their own.
 
-use crate::allocators::{AllocError, Allocators};
 use crate::boot::{self, cpu, regs, BootSpec, EntryPoint};
-use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
-use crate::devices::legacy::{debug_exit, i8042, serial};
-use crate::devices::{doorbell, AcpiPm, DebugExit, Doorbell, Serial, I8042};
-use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
-use crate::irq::{GsiRouter, IrqError};
+use crate::device_manager::{AllocError, Allocators, DeviceError, DeviceManager, DeviceManagerConfig};
+use crate::host::{HostProfile, NestedExits, ProfileChoice};
+use crate::ioeventfd::IoeventfdLimits;
 use crate::layout::{self, LayoutError, MemoryMap};
-use crate::net::Tap;
-use crate::pci::cf8::{Cf8Device, CF8_LEN, CF8_PORT};
-use crate::pci::ecam::{EcamDevice, EcamShadow, ECAM_SIZE};
-use crate::pci::msix::Msix;
-use crate::pci::testdev::PciTestdev;
-use crate::pci::{EcamMode, PciError, PciRoot};
-use crate::stats::{ExitStats, LiveStats};
+use crate::pci::EcamMode;
+use crate::stats::{cycles, ExitStats, LiveStats};
 use crate::vcpu::control::{GuestStop, RunControl};
 use crate::vcpu::samples::GuestSamples;
-use crate::vcpu::{cycles, Vcpu, VcpuError};
-use crate::virtio::blk::{BlkCounters, BlkStats, DriveConfig, VirtioBlk};
-use crate::virtio::net::{NetCounters, NetStats, TxMode, VirtioNet};
-use crate::virtio::pci::VirtioPci;
-use crate::virtio::{self, VirtioDevice};
+use crate::vcpu::{Vcpu, VcpuError};
+use crate::virtio::blk::{BlkCounters, DriveConfig};
+use crate::virtio::net::NetCounters;
 use crate::{acpi, kvm};
 use exitless_payloads::abi;
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
@@ -30,7 +22,8 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
-use vmm_sys_util::eventfd::EventFd;
+
+pub use crate::device_manager::NetConfig;
 
 /// At most this many vCPUs (APIC IDs and MADT processor IDs are bytes; 0xff is broadcast).
 pub const MAX_VCPUS: u8 = 254;
@@ -39,8 +32,12 @@ pub const MAX_VCPUS: u8 = 254;
 pub enum MachineError {
     #[error(transparent)]
     Kvm(#[from] kvm::KvmError),
-    #[error("{what} failed: {source}")]
-    Ioctl { what: &'static str, source: kvm_ioctls::Error },
+    #[error("{what} failed")]
+    Ioctl {
+        what: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
     #[error(transparent)]
     Layout(#[from] LayoutError),
     #[error("--vcpus {asked}: give between 1 and {max} (what KVM allows here)")]
@@ -55,38 +52,20 @@ pub enum MachineError {
     Regs(#[from] regs::RegsError),
     #[error(transparent)]
     Cpu(#[from] cpu::CpuError),
-    #[error("cannot place device {name}: {source}")]
-    Bus { name: String, source: BusError },
     #[error(transparent)]
-    Vcpu(#[from] VcpuError),
-    #[error(transparent)]
-    Pci(#[from] PciError),
-    #[error(transparent)]
-    Tap(#[from] crate::net::tap::TapError),
-    #[error(transparent)]
-    Drive(#[from] crate::virtio::blk::DiskError),
+    Device(#[from] DeviceError),
     #[error(transparent)]
     Alloc(#[from] AllocError),
     #[error(transparent)]
-    Irq(#[from] IrqError),
-    #[error("cannot set up device {name}")]
-    Device {
-        name: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot set up the serial port")]
-    Serial(#[source] std::io::Error),
+    Vcpu(#[from] VcpuError),
     #[error("the guest did not finish within {0:?}")]
     Timeout(Duration),
     #[error(transparent)]
     Seccomp(#[from] crate::seccomp::SeccompError),
-    #[error("a vCPU thread died: {0}")]
-    VcpuThread(String),
-    #[error("the machine has no drive {0}")]
-    NoDrive(usize),
-    #[error("the machine has no network interface {0}")]
-    NoNic(usize),
+    #[error("cannot start the vCPU threads")]
+    VcpuThreads(#[source] std::io::Error),
+    #[error("vCPU {0} panicked")]
+    VcpuPanicked(u8),
 }
 
 fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> MachineError {
@@ -99,10 +78,21 @@ pub struct MachineConfig {
     pub image: std::borrow::Cow<'static, [u8]>,
     pub mem_size: u64,
     pub vcpus: u8,
+    /// Two vCPUs per core in the CPUID topology (Firecracker's `smt`).
+    pub smt: bool,
     pub cmdline: String,
     pub initrd: Option<Vec<u8>>,
     /// Parameters for the payload, in the shared page's parameter slots.
     pub params: Vec<u64>,
+    pub devices: DeviceConfig,
+    pub run: RunOptions,
+    /// Which host workarounds to install (`--host-profile`).
+    pub host: ProfileChoice,
+}
+
+/// The devices a machine starts with (the lab and tests attach more through
+/// [`Machine::devices_mut`] before it runs).
+pub struct DeviceConfig {
     /// Where the serial console's output goes.
     pub serial_out: Box<dyn Write + Send>,
     /// What the guest reads from the serial console, if anything.
@@ -116,22 +106,30 @@ pub struct MachineConfig {
     pub pci_config_io: bool,
     /// virtio-net devices, one per tap, in order.
     pub nets: Vec<NetConfig>,
-    /// Two vCPUs per core in the CPUID topology (Firecracker's `smt`).
-    pub smt: bool,
+    /// virtio-blk devices, one per drive, in order.
+    pub drives: Vec<DriveConfig>,
     /// Firecracker's boot-timer device (`--boot-timer`): logs the time until the guest
     /// writes 123 to it.
     pub boot_timer: bool,
-    /// virtio-blk devices, one per drive, in order.
-    pub drives: Vec<DriveConfig>,
-    /// The lab's devices: the doorbell (00:01.0) and the idle port. Off unless a lab or
-    /// `--lab` asks for them.
-    pub lab_devices: bool,
     /// QEMU's test devices, for kvm-unit-tests: fw_cfg, pc-testdev and pci-testdev; a CMOS
     /// RTC and ACPI S3.
     pub test_devices: bool,
     /// With `test_devices`: QEMU's edu device behind a VT-d model (`--testdev-iommu`), for
     /// kvm-unit-tests' `intel_iommu`.
     pub test_iommu: bool,
+    /// How long device threads poll for work before they sleep (`--poll-us`, crate::poll).
+    pub poll: crate::poll::PollMode,
+    /// Devices at places their guest knows (the lab's doorbell at 00:01.0), attached
+    /// before any device whose place is allocated so that nothing takes their place.
+    pub fixed: Vec<AttachFixed>,
+}
+
+/// Attaches a device at a fixed place (see [`DeviceConfig::fixed`]).
+pub type AttachFixed = Box<dyn FnOnce(&mut DeviceManager) -> Result<(), DeviceError>>;
+
+/// How a run is watched.
+#[derive(Default)]
+pub struct RunOptions {
     /// Whether [`Machine::run`] confines its calling thread too (seccomp, `ThreadKind::Main`)
     /// once the vCPUs run: the CLI's main thread, not a library caller's.
     pub confine_caller: bool,
@@ -140,70 +138,42 @@ pub struct MachineConfig {
     /// End the run as stuck once no vCPU made progress for this long (`--stuck-after`,
     /// crate::vcpu::stuck); needs `sample_every`.
     pub stuck_after: Option<Duration>,
-    /// How long device threads poll for work before they sleep (`--poll-us`, crate::poll).
-    pub poll: crate::poll::PollMode,
-}
-
-/// `--net tap=NAME[,mac=..]` and `--net-tx`.
-#[derive(Clone, Debug)]
-pub struct NetConfig {
-    pub tap: String,
-    pub mac: [u8; 6],
-    pub tx: TxMode,
-    /// An MTU advised to the guest (VIRTIO_NET_F_MTU), if any.
-    pub mtu: Option<u16>,
-    /// Rate limits on received and sent frames.
-    pub rx_limits: crate::rate_limiter::Limits,
-    pub tx_limits: crate::rate_limiter::Limits,
-}
-
-/// A virtio-blk device of a machine, for the lab and the report.
-pub struct DriveHandle {
-    pub name: String,
-    pub stats: Arc<BlkStats>,
-    pub transport: Arc<VirtioPci>,
-    /// The backing file, swapped by [`Machine::update_drive`].
-    pub disk: Arc<crate::virtio::blk::DiskSlot>,
-    /// The rate limits, changed by [`Machine::set_drive_limits`].
-    pub limits: Arc<crate::rate_limiter::LimiterSlot>,
-}
-
-/// A virtio-net device of a machine, for the lab and the report.
-pub struct NetHandle {
-    pub stats: Arc<NetStats>,
-    pub transport: Arc<VirtioPci>,
-    pub tap_name: String,
-    /// The RX and TX rate limits, changed by [`Machine::set_net_limits`].
-    pub limits: [Arc<crate::rate_limiter::LimiterSlot>; 2],
 }
 
 impl MachineConfig {
     /// `image` with 128 MiB, one vCPU, the default command line, no parameters, serial
-    /// output dropped, default limits.
+    /// output dropped, default limits, the host profile probed.
     pub fn new(image: impl Into<std::borrow::Cow<'static, [u8]>>) -> Self {
         MachineConfig {
             image: image.into(),
             mem_size: 128 << 20,
             vcpus: 1,
+            smt: false,
             cmdline: boot::DEFAULT_CMDLINE.into(),
             initrd: None,
             params: Vec::new(),
+            devices: DeviceConfig::default(),
+            run: RunOptions::default(),
+            host: ProfileChoice::Auto,
+        }
+    }
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
             serial_out: Box::new(std::io::sink()),
             serial_in: None,
             ioeventfd_limits: IoeventfdLimits::default(),
             ecam: EcamMode::Mapped,
             pci_config_io: true,
             nets: Vec::new(),
-            smt: false,
-            boot_timer: false,
             drives: Vec::new(),
-            lab_devices: false,
+            boot_timer: false,
             test_devices: false,
             test_iommu: false,
-            confine_caller: false,
-            sample_every: None,
-            stuck_after: None,
             poll: crate::poll::PollMode::Adaptive,
+            fixed: Vec::new(),
         }
     }
 }
@@ -227,7 +197,7 @@ pub struct RunReport {
     pub stats: ExitStats,
     /// Each vCPU's own counters, by vCPU id.
     pub vcpus: Vec<ExitStats>,
-    /// Device names, indexed by [`DeviceId`].
+    /// Bus entry names, indexed by [`crate::bus::DeviceId`].
     pub devices: Vec<String>,
     pub elapsed: Duration,
     /// Host TSC ticks per second, measured over the run (to turn cycles into time).
@@ -240,50 +210,42 @@ pub struct RunReport {
     pub drives: Vec<(String, BlkCounters)>,
     /// Each vCPU's guest RIP samples, by vCPU id (empty unless sampling was asked for).
     pub samples: Vec<GuestSamples>,
+    /// The host profile in force, and why (`nested (KVM is kvm_pvm: ...)`).
+    pub host_profile: String,
+}
+
+/// What vCPUs are made from.
+struct VcpuPlan {
+    count: u8,
+    /// vCPUs per core in the CPUID topology: 1, or 2 with SMT.
+    threads_per_core: u8,
+    supported_cpuid: CpuId,
+    entry: EntryPoint,
 }
 
 pub struct Machine {
     kvm: Kvm,
-    pub map: MemoryMap,
-    vcpu_count: u8,
-    /// vCPUs per core in the CPUID topology: 1, or 2 with SMT.
-    threads_per_core: u8,
-    supported_cpuid: CpuId,
-    pub vm: Arc<VmFd>,
-    pub memory: GuestMemoryMmap,
-    pub control: Arc<RunControl>,
-    pub buses: Arc<SharedBuses>,
-    pub ioeventfds: Arc<IoeventfdRegistry>,
-    pub pci: Arc<PciRoot>,
-    /// PCI slots and BAR space for the devices still to come.
-    pub allocators: Allocators,
-    /// The doorbell, PCI function 00:01.0 when the lab devices are plugged in.
-    pub doorbell: Arc<Doorbell>,
-    pub gsi_router: Arc<GsiRouter>,
-    /// virtio-net devices, one per tap.
-    pub nets: Vec<NetHandle>,
-    /// virtio-blk devices, one per drive.
-    pub drives: Vec<DriveHandle>,
-    /// COM1, whose queued output is drained before a run returns.
-    serial: Option<Arc<Serial>>,
-    /// The PS/2 controller, through which the API sends Ctrl-Alt-Del.
-    i8042: Option<Arc<I8042>>,
-    devices: Vec<String>,
-    confine_caller: bool,
-    sample_every: Option<Duration>,
-    stuck_after: Option<Duration>,
+    vm: Arc<VmFd>,
+    map: MemoryMap,
+    memory: GuestMemoryMmap,
+    devices: DeviceManager,
+    vcpus: VcpuPlan,
+    host: HostProfile,
+    control: Arc<RunControl>,
+    run: RunOptions,
     /// ACPI S3 with its RTC wake, where offered (`--testdevs`).
     sleep: Option<Arc<crate::vcpu::sleep::Sleep>>,
-    entry: EntryPoint,
     started: (Instant, u64),
     /// Each vCPU's counters while the VM runs (for the API's live exit profile).
-    pub live: Arc<LiveStats>,
+    live: Arc<LiveStats>,
 }
 
 impl Machine {
-    /// Creates the VM, loads the image and plugs in the serial port and debug-exit port.
+    /// Creates the VM with its memory, loads the image and attaches the configured devices.
     pub fn new(config: MachineConfig) -> Result<Machine, MachineError> {
         let started = (Instant::now(), cycles());
+        let host = HostProfile::choose(config.host);
+        tracing::info!("host profile: {}", host.describe());
         let map = MemoryMap::new(config.mem_size)?;
         let kvm = kvm::open()?;
         let max_vcpus = kvm.get_max_vcpus().min(usize::from(MAX_VCPUS)) as u8;
@@ -295,32 +257,17 @@ impl Machine {
         let vm = kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?;
         vm.set_tss_address(layout::TSS_GPA as usize).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
         vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
-        if let Err(e) = crate::host::emulate::syscall::trap_lstar_writes(&vm) {
-            tracing::debug!("no watch on the guest's system-call entry (MSR filter): {e}");
+        if host.nested() {
+            if let Err(e) = crate::host::emulate::syscall::trap_lstar_writes(&vm) {
+                tracing::debug!("no watch on the guest's system-call entry (MSR filter): {e}");
+            }
         }
         let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
         vm.create_pit2(pit).map_err(ioctl("KVM_CREATE_PIT2"))?;
 
-        let regions: Vec<_> =
-            map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
-        let memory = GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?;
-        for (slot, region) in memory.iter().enumerate() {
-            let host = memory.get_host_address(region.start_addr()).map_err(|e| MachineError::Memory(e.into()))?;
-            // Transparent huge pages where the host offers them: fewer TLB misses for the
-            // guest and for every copy to or from guest buffers. Only advice: ignore failure.
-            // SAFETY: the range is exactly this region's mapping, owned by `memory`.
-            unsafe { libc::madvise(host.cast(), region.len() as usize, libc::MADV_HUGEPAGE) };
-            let mapping = kvm_userspace_memory_region {
-                slot: slot as u32,
-                flags: 0,
-                guest_phys_addr: region.start_addr().0,
-                memory_size: region.len(),
-                userspace_addr: host as u64,
-            };
-            // SAFETY: the mapping belongs to `memory`, which the Machine keeps alive as long as the VM.
-            unsafe { vm.set_user_memory_region(mapping) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
-        }
-
+        let memslots = u32::try_from(kvm.get_nr_memslots()).unwrap_or(u32::MAX);
+        let mut allocators = Allocators::new(&map.pci_windows(), memslots)?;
+        let memory = map_guest_ram(&vm, &map, &mut allocators)?;
         let tables = acpi::write_tables(&memory, &map, config.vcpus)?;
         let spec = BootSpec { cmdline: &config.cmdline, initrd: config.initrd.as_deref(), rsdp: tables.rsdp };
         // Before the image: a multiboot image may be linked over it (and then owns the page).
@@ -330,275 +277,108 @@ impl Machine {
             boot::bios_state::program_pic_and_pit(&vm).map_err(ioctl("KVM_SET_IRQCHIP/KVM_SET_PIT2"))?;
         }
 
-        let control = Arc::new(RunControl::default());
         let vm = Arc::new(vm);
-        let buses = Arc::new(SharedBuses::new(BusSet::default()));
-        let ioeventfds = Arc::new(IoeventfdRegistry::new(vm.clone(), config.ioeventfd_limits));
-        let gsi_router = Arc::new(GsiRouter::new(vm.clone()));
-        let shadow =
-            EcamShadow::new(vm.clone(), layout::ECAM_GPA, layout::ECAM_FIRST_SLOT).map_err(PciError::Shadow)?;
-        let pci = Arc::new(PciRoot::new(buses.clone(), ioeventfds.clone(), shadow, config.ecam, map.pci_windows())?);
-        let mut machine = Machine {
-            kvm,
-            map,
-            vcpu_count: config.vcpus,
-            threads_per_core: if config.smt { 2 } else { 1 },
-            supported_cpuid,
-            ioeventfds,
-            vm,
-            memory,
-            control: control.clone(),
-            buses,
-            pci: pci.clone(),
-            allocators: Allocators::new(&map.pci_windows())?,
-            doorbell: Arc::new(Doorbell::default()),
-            gsi_router,
-            nets: Vec::new(),
-            drives: Vec::new(),
-            serial: None,
-            i8042: None,
-            devices: Vec::new(),
-            confine_caller: config.confine_caller,
-            sample_every: config.sample_every,
-            stuck_after: config.stuck_after,
-            sleep: None,
-            entry,
-            started,
-            live: Arc::new(LiveStats::new(usize::from(config.vcpus), 0)),
-        };
-        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(MachineError::Serial)?;
-        machine.vm.register_irqfd(&serial_irq, layout::COM1_IRQ).map_err(ioctl("KVM_IRQFD (COM1)"))?;
-        let irq = serial::IrqLine::new(Some(serial_irq), Some(machine.gsi_router.clone()));
-        let serial = Arc::new(Serial::new(config.serial_out, irq).map_err(MachineError::Serial)?);
-        machine.serial = Some(serial.clone());
-        if let Some(input) = config.serial_in {
-            serial.spawn_input(input).map_err(MachineError::Serial)?;
+        let control = Arc::new(RunControl::default());
+        let d = config.devices;
+        let dm_config =
+            DeviceManagerConfig { ioeventfd_limits: d.ioeventfd_limits, ecam: d.ecam, pci_config_io: d.pci_config_io };
+        let mut devices = DeviceManager::new(vm.clone(), memory.clone(), &map, allocators, dm_config)?;
+        devices.attach_serial(d.serial_out, d.serial_in)?;
+        devices.attach_debug_exit(control.clone())?;
+        devices.attach_keyboard(control.clone())?;
+        let pm = devices.attach_power(control.clone(), d.test_devices)?;
+        for attach in d.fixed {
+            attach(&mut devices)?;
         }
-        machine.add_pio_device("serial", layout::COM1_PORT, serial::SERIAL_LEN, serial)?;
-        let debug_exit = Arc::new(DebugExit::new(control.clone()));
-        machine.add_pio_device("debug-exit", abi::DEBUG_EXIT_PORT as u16, debug_exit::DEBUG_EXIT_LEN, debug_exit)?;
-        let keyboard_irq =
-            EventFd::new(libc::EFD_NONBLOCK).map_err(|source| MachineError::Device { name: "i8042".into(), source })?;
-        machine.vm.register_irqfd(&keyboard_irq, layout::I8042_IRQ).map_err(ioctl("KVM_IRQFD (i8042)"))?;
-        let i8042 = Arc::new(I8042::new(control.clone(), Some(keyboard_irq)));
-        machine.i8042 = Some(i8042.clone());
-        machine.add_pio_device("i8042", layout::I8042_DATA_PORT, i8042::I8042_LEN, i8042)?;
-        let pm = Arc::new(AcpiPm::new(control, config.test_devices));
-        machine.add_pio_device("acpi-pm", layout::ACPI_PM_PORT, layout::ACPI_PM_LEN, pm.clone())?;
-        if config.test_devices {
-            use crate::devices::legacy::cmos_rtc::{CmosRtc, RTC_LEN, RTC_PORT};
-            let rtc = Arc::new(CmosRtc::default());
-            machine.add_pio_device("cmos-rtc", RTC_PORT, RTC_LEN, rtc.clone())?;
-            let memory = machine.memory.clone();
-            machine.sleep = Some(Arc::new(crate::vcpu::sleep::Sleep::new(pm, rtc, tables.facs, memory)));
-        }
-        if config.pci_config_io {
-            machine.add_pio_device("pci-cf8", CF8_PORT, CF8_LEN, Arc::new(Cf8Device::new(pci.clone())))?;
-        }
-        machine.add_mmio_device("pci-ecam", layout::ECAM_GPA, ECAM_SIZE, Arc::new(EcamDevice::new(pci.clone())))?;
-        pci.add(0, 0, crate::pci::host_bridge())?;
-        if config.lab_devices {
-            machine.add_lab_devices()?;
-        }
-        if config.test_devices {
-            machine.add_test_devices(config.mem_size, config.vcpus)?;
-            if config.test_iommu {
-                machine.add_edu_behind_iommu()?;
+        let mut sleep = None;
+        if d.test_devices {
+            let rtc = devices.attach_rtc()?;
+            sleep = Some(Arc::new(crate::vcpu::sleep::Sleep::new(pm, rtc, tables.facs, memory.clone())));
+            devices.attach_qemu_test_devices(config.mem_size, config.vcpus)?;
+            if d.test_iommu {
+                devices.attach_edu_behind_iommu()?;
             }
         }
-        if config.boot_timer {
-            machine.add_boot_timer()?;
+        if d.boot_timer {
+            devices.attach_boot_timer(started.0)?;
         }
-        for net in &config.nets {
-            machine.add_virtio_net(net, config.poll)?;
+        for net in &d.nets {
+            devices.attach_net(net, d.poll)?;
         }
-        for drive in &config.drives {
-            machine.add_virtio_blk(drive, config.poll)?;
+        for drive in &d.drives {
+            devices.attach_blk(drive, d.poll)?;
         }
-        Ok(machine)
-    }
-
-    /// The lab's own devices, where the lab payloads expect them: the idle port and the
-    /// doorbell at 00:01.0 with its BARs at the ABI's addresses (taken from the allocators,
-    /// so nothing else lands there).
-    fn add_lab_devices(&mut self) -> Result<(), MachineError> {
-        let idle = Arc::new(crate::devices::idle::Idle::new(self.gsi_router.clone()));
-        self.add_pio_device("idle", abi::IDLE_PORT as u16, crate::devices::idle::IDLE_LEN, idle)?;
-        let slot = abi::DOORBELL_PCI_DEVICE as u8;
-        self.allocators.reserve_slot(slot)?;
-        self.allocators.reserve_bar(doorbell::MMIO_BAR, abi::DOORBELL_MMIO_GPA)?;
-        self.allocators.reserve_bar(doorbell::PIO_BAR, abi::DOORBELL_PIO_PORT)?;
-        let mmio = (self.register_device("doorbell-mmio"), abi::DOORBELL_MMIO_GPA);
-        let pio = (self.register_device("doorbell-pio"), abi::DOORBELL_PIO_PORT);
-        self.pci.add(slot, 0, doorbell::pci_function(self.doorbell.clone(), mmio, pio))?;
-        Ok(())
-    }
-
-    /// The devices kvm-unit-tests finds on QEMU's PC machine, where it looks for them.
-    fn add_test_devices(&mut self, mem_size: u64, vcpus: u8) -> Result<(), MachineError> {
-        use crate::devices::qemu_test::{fw_cfg, pc_testdev};
-        let cfg = Arc::new(fw_cfg::FwCfg::new(mem_size, vcpus));
-        self.add_pio_device("fw-cfg", fw_cfg::FW_CFG_PORT, fw_cfg::FW_CFG_LEN, cfg)?;
-        let ports = Arc::new(pc_testdev::PcTestdevPorts::default());
-        self.add_pio_device("pc-testdev", pc_testdev::SCRATCH_PORT, pc_testdev::PORTS_LEN, ports)?;
-        let irq = Arc::new(pc_testdev::PcTestdevIrq(self.vm.clone()));
-        self.add_pio_device("pc-testdev-irq", pc_testdev::IRQ_PORT, pc_testdev::IRQ_LINES, irq)?;
-        let iomem = Arc::new(pc_testdev::PcTestdevIomem::default());
-        self.add_mmio_device("pc-testdev-iomem", layout::PC_TESTDEV_IOMEM_GPA, pc_testdev::IOMEM_LEN, iomem)?;
-        let testdev = PciTestdev::new();
-        let slot = self.allocators.slot()?;
-        let (mem, io) = (self.allocators.bar(PciTestdev::MEM_BAR)?, self.allocators.bar(PciTestdev::IO_BAR)?);
-        let ids = (self.register_device("pci-testdev-mem"), self.register_device("pci-testdev-io"));
-        self.pci.add(slot, 0, testdev.pci_function(ids, mem, io))?;
-        testdev.attach(&self.pci, usize::from(slot) << 3);
-        Ok(())
-    }
-
-    /// QEMU's edu device and the VT-d model that translates its DMA and remaps its
-    /// interrupts, where kvm-unit-tests' `intel_iommu` looks for them.
-    fn add_edu_behind_iommu(&mut self) -> Result<(), MachineError> {
-        use crate::pci::{edu, iommu};
-        let unit = Arc::new(iommu::IntelIommu::new(self.memory.clone()));
-        self.add_mmio_device("intel-iommu", layout::IOMMU_GPA, iommu::IOMMU_LEN, unit.clone())?;
-        let (slot, pin, bar) = (self.allocators.slot()?, self.allocators.intx_pin()?, self.allocators.bar(edu::BAR)?);
-        let device = edu::Edu::new(self.memory.clone(), unit, self.vm.clone(), self.gsi_router.clone(), slot, pin)
-            .map_err(|e| MachineError::Device { name: "edu".into(), source: std::io::Error::other(e) })?;
-        let id = self.register_device("edu");
-        self.pci.add(slot, 0, device.pci_function(id, bar))?;
-        Ok(())
-    }
-
-    /// Plugs a virtio device in: a free PCI slot, BAR0 from the 32-bit window, one MSI-X
-    /// vector per queue plus one for config changes, every queue's notify address an
-    /// ioeventfd wherever the guest puts BAR0.
-    pub fn add_virtio(&mut self, name: &str, device: Box<dyn VirtioDevice>) -> Result<Arc<VirtioPci>, MachineError> {
-        let vectors = device.queue_max_sizes().len() + 1;
-        let msix = Msix::new(self.gsi_router.clone(), vectors)?;
-        let device_error = |source| MachineError::Device { name: name.into(), source };
-        let transport = Arc::new(VirtioPci::new(device, self.memory.clone(), msix).map_err(device_error)?);
-        let slot = self.allocators.slot()?;
-        let bar0 = self.allocators.bar(virtio::pci::BAR0)?;
-        let id = self.register_device(name);
-        tracing::debug!("{name}: PCI 00:{slot:02x}.0, BAR0 at {bar0:#x}, {vectors} MSI-X vectors");
-        self.pci.add(slot, 0, transport.pci_function(name, id, bar0).map_err(device_error)?)?;
-        Ok(transport)
-    }
-
-    fn add_virtio_net(&mut self, net: &NetConfig, poll: crate::poll::PollMode) -> Result<(), MachineError> {
-        let tap = Tap::open(&net.tap)?;
-        let tap_name = tap.name().to_string();
-        let device =
-            VirtioNet::new(tap, net.mac, net.tx, poll).with_mtu(net.mtu).with_limits(net.rx_limits, net.tx_limits);
-        let (stats, limits) = (device.stats.clone(), device.limiter_slots());
-        let name = match self.nets.len() {
-            0 => "virtio-net".to_string(),
-            n => format!("virtio-net{n}"),
-        };
-        let transport = self.add_virtio(&name, Box::new(device))?;
-        self.nets.push(NetHandle { stats, transport, tap_name, limits });
-        Ok(())
-    }
-
-    /// The first virtio-net device, which the labs use.
-    pub fn net(&self) -> Option<&NetHandle> {
-        self.nets.first()
-    }
-
-    /// Firecracker's boot-timer device, at the address Firecracker gives it (the first
-    /// page of the 32-bit PCI window, taken from the BAR allocator).
-    fn add_boot_timer(&mut self) -> Result<(), MachineError> {
-        use crate::devices::legacy::boot_timer::{BootTimer, BOOT_TIMER_GPA, BOOT_TIMER_LEN};
-        let page = crate::pci::BarSpec { kind: crate::pci::BarKind::Memory32, size: BOOT_TIMER_LEN };
-        self.allocators.reserve_bar(page, BOOT_TIMER_GPA)?;
-        let timer = Arc::new(BootTimer::new(self.started.0));
-        self.add_mmio_device("boot-timer", BOOT_TIMER_GPA, BOOT_TIMER_LEN, timer).map(|_| ())
-    }
-
-    fn add_virtio_blk(&mut self, drive: &DriveConfig, poll: crate::poll::PollMode) -> Result<(), MachineError> {
-        let device = VirtioBlk::new(drive, poll)?;
-        let disk = device.disk();
-        let name = format!("virtio-blk{}", self.drives.len());
-        tracing::info!(
-            "{name}: {} ({} bytes{}{}, {} engine)",
-            drive.path.display(),
-            disk.capacity,
-            if disk.readonly { ", read-only" } else { "" },
-            if disk.is_direct() { ", O_DIRECT" } else { "" },
-            device.engine_name()
-        );
-        let (stats, disk, limits) = (device.stats.clone(), device.disk_slot(), device.limiter_slot());
-        let transport = self.add_virtio(&name, Box::new(device))?;
-        self.drives.push(DriveHandle { name, stats, transport, disk, limits });
-        Ok(())
-    }
-
-    /// Names a device for statistics and returns its id.
-    pub fn register_device(&mut self, name: &str) -> DeviceId {
-        self.devices.push(name.to_string());
-        DeviceId(self.devices.len() - 1)
-    }
-
-    pub fn add_pio_device(
-        &mut self,
-        name: &str,
-        port: u16,
-        len: u64,
-        device: Arc<dyn BusDevice>,
-    ) -> Result<DeviceId, MachineError> {
-        self.allocators.reserve_ports(port, len)?;
-        tracing::debug!("{name}: ports {port:#x}..{:#x}", u64::from(port) + len);
-        self.add_device(name, |b, id| b.pio.insert(PioAddress(port), len, id, device))
-    }
-
-    pub fn add_mmio_device(
-        &mut self,
-        name: &str,
-        addr: u64,
-        len: u64,
-        device: Arc<dyn BusDevice>,
-    ) -> Result<DeviceId, MachineError> {
-        tracing::debug!("{name}: MMIO {addr:#x}..{:#x}", addr + len);
-        self.add_device(name, |b, id| b.mmio.insert(MmioAddress(addr), len, id, device))
-    }
-
-    /// Names the device and places it with `insert` on the current bus layout.
-    fn add_device(
-        &mut self,
-        name: &str,
-        insert: impl FnOnce(&mut BusSet, DeviceId) -> Result<(), BusError>,
-    ) -> Result<DeviceId, MachineError> {
-        let id = self.register_device(name);
-        self.buses.update(|b| insert(b, id)).map_err(|source| MachineError::Bus { name: name.into(), source })?;
-        Ok(id)
+        let threads_per_core = if config.smt { 2 } else { 1 };
+        Ok(Machine {
+            kvm,
+            vm,
+            map,
+            memory,
+            devices,
+            vcpus: VcpuPlan { count: config.vcpus, threads_per_core, supported_cpuid, entry },
+            host,
+            control,
+            run: config.run,
+            sleep,
+            started,
+            live: Arc::new(LiveStats::new(usize::from(config.vcpus), 0)),
+        })
     }
 
     pub fn kvm(&self) -> &Kvm {
         &self.kvm
     }
 
+    pub fn vm(&self) -> &Arc<VmFd> {
+        &self.vm
+    }
+
+    /// Where RAM, holes, windows and fixed devices are in guest physical memory.
+    pub fn map(&self) -> &MemoryMap {
+        &self.map
+    }
+
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.memory
+    }
+
+    pub fn devices(&self) -> &DeviceManager {
+        &self.devices
+    }
+
+    /// To attach more devices before the machine runs.
+    pub fn devices_mut(&mut self) -> &mut DeviceManager {
+        &mut self.devices
+    }
+
+    pub fn control(&self) -> &Arc<RunControl> {
+        &self.control
+    }
+
+    pub fn host_profile(&self) -> &HostProfile {
+        &self.host
+    }
+
     /// How many vCPUs the machine has.
     pub fn vcpu_count(&self) -> u8 {
-        self.vcpu_count
+        self.vcpus.count
     }
 
     /// Creates vCPU `id` with its CPUID, MSRs, FPU and LAPIC; vCPU 0 is put at the entry
     /// point, the others wait for the guest to start them (INIT/SIPI, in-kernel LAPIC).
     pub fn create_vcpu(&self, id: u8) -> Result<Vcpu, MachineError> {
+        let plan = &self.vcpus;
         let fd = self.vm.create_vcpu(u64::from(id)).map_err(ioctl("KVM_CREATE_VCPU"))?;
-        cpu::setup(&fd, &cpu::cpuid_for(&self.supported_cpuid, id, self.vcpu_count, self.threads_per_core))?;
+        let masks = self.host.cpuid_masks();
+        cpu::setup(&fd, &cpu::cpuid_for(&plan.supported_cpuid, id, plan.count, plan.threads_per_core, &masks))?;
         if id == 0 {
-            regs::setup(&fd, &self.memory, self.entry)?;
+            regs::setup(&fd, &self.memory, plan.entry)?;
         }
         let run_size = self.kvm.get_vcpu_mmap_size().map_err(ioctl("KVM_GET_VCPU_MMAP_SIZE"))?;
-        let mut vcpu = Vcpu::new(
-            id,
-            fd,
-            run_size,
-            self.buses.clone(),
-            self.devices.len(),
-            self.control.clone(),
-            self.memory.clone(),
-        );
+        let nested = self.host.nested().then(|| NestedExits::new(self.memory.clone()));
+        let buses = self.devices.buses().clone();
+        let entries = self.devices.bus_names().len();
+        let mut vcpu = Vcpu::new(id, fd, run_size, buses, entries, self.control.clone(), nested);
         vcpu.publish_to(self.live.clone());
         if let Some(sleep) = &self.sleep {
             vcpu.sleep_with(sleep.clone());
@@ -609,7 +389,7 @@ impl Machine {
     /// The exit profile so far, while the VM runs (each vCPU's last publication).
     pub fn live_report(&self) -> RunReport {
         let vcpus = self.live.snapshot();
-        let mut stats = ExitStats::new(self.devices.len());
+        let mut stats = ExitStats::new(self.devices.bus_names().len());
         for v in &vcpus {
             stats.merge(v);
         }
@@ -634,23 +414,23 @@ impl Machine {
     /// [`Machine::run_to_end`] on a machine others hold too (the API reads its live
     /// profile meanwhile).
     pub fn run_shared(&self, timeout: Option<Duration>) -> Result<(RunReport, Option<MachineError>), MachineError> {
-        let mut vcpus = (0..self.vcpu_count).map(|id| self.create_vcpu(id)).collect::<Result<Vec<_>, _>>()?;
-        if let Some(after) = self.stuck_after {
-            for (vcpu, watch) in vcpus.iter_mut().zip(crate::vcpu::stuck::watches(usize::from(self.vcpu_count), after))
-            {
+        let mut vcpus = (0..self.vcpus.count).map(|id| self.create_vcpu(id)).collect::<Result<Vec<_>, _>>()?;
+        if let Some(after) = self.run.stuck_after {
+            let watches = crate::vcpu::stuck::watches(usize::from(self.vcpus.count), after);
+            for (vcpu, watch) in vcpus.iter_mut().zip(watches) {
                 vcpu.watch_for_stuck(watch);
             }
         }
-        let threads = crate::vcpu::threads::VcpuThreads::spawn(vcpus, self.control.clone())
-            .map_err(|e| MachineError::VcpuThread(e.to_string()))?;
+        let threads = crate::vcpu::threads::VcpuThreads::spawn(vcpus, self.control.clone(), self.host.clone())
+            .map_err(MachineError::VcpuThreads)?;
         // From here the main thread only waits, reports and tears down.
-        let confined = match self.confine_caller {
+        let confined = match self.run.confine_caller {
             true => crate::seccomp::confine(crate::seccomp::ThreadKind::Main),
             false => Ok(()),
         };
-        let outcome = threads.wait(timeout, self.sample_every);
+        let outcome = threads.wait(timeout, self.run.sample_every);
         self.drain_console();
-        let mut stats = ExitStats::new(self.devices.len());
+        let mut stats = ExitStats::new(self.devices.bus_names().len());
         for s in &outcome.stats {
             stats.merge(s);
         }
@@ -659,7 +439,7 @@ impl Machine {
         } else if let Some(e) = outcome.error {
             Some(e.into())
         } else if let Some(panicked) = outcome.panicked {
-            Some(MachineError::VcpuThread(format!("vCPU {panicked} panicked")))
+            Some(MachineError::VcpuPanicked(panicked))
         } else if outcome.timed_out {
             Some(MachineError::Timeout(timeout.unwrap_or_default()))
         } else {
@@ -672,40 +452,8 @@ impl Machine {
 
     /// Presses Ctrl-Alt-Del on the guest's keyboard (the API's SendCtrlAltDel); false if
     /// the guest is not taking keys (keyboard disabled, or its buffer full).
-    /// Gives drive `index` a new backing file on a running guest: its capacity re-read,
-    /// the guest told by a configuration-change interrupt (Firecracker's PATCH /drives).
-    pub fn update_drive(&self, index: usize, path: &std::path::Path) -> Result<(), MachineError> {
-        let drive = self.drives.get(index).ok_or(MachineError::NoDrive(index))?;
-        let disk = drive.disk.swap(path)?;
-        tracing::info!("{}: swapped to {} ({} bytes)", drive.name, path.display(), disk.capacity);
-        drive.transport.config_changed();
-        Ok(())
-    }
-
-    /// New rate limits for drive `index` (Firecracker's PATCH /drives rate_limiter).
-    pub fn set_drive_limits(&self, index: usize, limits: crate::rate_limiter::Limits) -> Result<(), MachineError> {
-        self.drives.get(index).ok_or(MachineError::NoDrive(index))?.limits.set(limits);
-        Ok(())
-    }
-
-    /// New rate limits for NIC `index`, each way that is given (PATCH /network-interfaces).
-    pub fn set_net_limits(
-        &self,
-        index: usize,
-        rx: Option<crate::rate_limiter::Limits>,
-        tx: Option<crate::rate_limiter::Limits>,
-    ) -> Result<(), MachineError> {
-        let nic = self.nets.get(index).ok_or(MachineError::NoNic(index))?;
-        for (slot, limits) in nic.limits.iter().zip([rx, tx]) {
-            if let Some(limits) = limits {
-                slot.set(limits);
-            }
-        }
-        Ok(())
-    }
-
     pub fn send_ctrl_alt_del(&self) -> bool {
-        self.i8042.as_ref().is_some_and(|k| k.ctrl_alt_del())
+        self.devices.keyboard().is_some_and(|k| k.ctrl_alt_del())
     }
 
     /// Builds the report after the vCPUs stopped.
@@ -718,22 +466,21 @@ impl Machine {
             stop: self.control.guest_stopped(),
             stats,
             vcpus,
-            devices: self.devices.clone(),
+            devices: self.devices.bus_names().to_vec(),
             elapsed,
             tsc_hz,
             vmm_memory: guest_start.and_then(vmm_memory_kib),
-            nets: self.nets.iter().map(|n| (n.tap_name.clone(), n.stats.snapshot())).collect(),
-            drives: self.drives.iter().map(|d| (d.name.clone(), d.stats.snapshot())).collect(),
+            nets: self.devices.nets().map(|n| (n.tap_name.clone(), n.stats.snapshot())).collect(),
+            drives: self.devices.drives().map(|d| (d.name.clone(), d.stats.snapshot())).collect(),
             samples: Vec::new(),
+            host_profile: self.host.describe(),
         }
     }
-}
 
-impl Machine {
     /// Lets the console writer catch up with what the guest printed (bounded: a consumer
     /// that stopped reading does not hold the VMM).
     pub fn drain_console(&self) {
-        if let Some(serial) = &self.serial {
+        if let Some(serial) = self.devices.serial() {
             if !serial.drain_output(Duration::from_secs(2)) {
                 tracing::warn!("console output not fully written: its reader is not keeping up");
             }
@@ -742,16 +489,33 @@ impl Machine {
 }
 
 impl Drop for Machine {
-    /// The config-space devices on the buses point back at the PCI root, which points at
-    /// the buses: emptying the buses breaks that cycle, so every device (and its threads,
-    /// taps and eventfds) goes away with the machine.
     fn drop(&mut self) {
         self.drain_console();
-        let _ = self.buses.update(|b| {
-            *b = BusSet::default();
-            Ok::<(), ()>(())
-        });
     }
+}
+
+/// Guest RAM: one mapping per region, each a KVM memory slot from the allocator.
+fn map_guest_ram(vm: &VmFd, map: &MemoryMap, allocators: &mut Allocators) -> Result<GuestMemoryMmap, MachineError> {
+    let regions: Vec<_> = map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
+    let memory = GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?;
+    let slots = allocators.memslots(memory.num_regions() as u32)?;
+    for (slot, region) in slots.zip(memory.iter()) {
+        let host = memory.get_host_address(region.start_addr()).map_err(|e| MachineError::Memory(e.into()))?;
+        // Transparent huge pages where the host offers them: fewer TLB misses for the
+        // guest and for every copy to or from guest buffers. Only advice: ignore failure.
+        // SAFETY: the range is exactly this region's mapping, owned by `memory`.
+        unsafe { libc::madvise(host.cast(), region.len() as usize, libc::MADV_HUGEPAGE) };
+        let mapping = kvm_userspace_memory_region {
+            slot,
+            flags: 0,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+        };
+        // SAFETY: the mapping belongs to `memory`, which the Machine keeps alive as long as the VM.
+        unsafe { vm.set_user_memory_region(mapping) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    Ok(memory)
 }
 
 /// The shared page: magic, the end of RAM below 4 GiB, then the payload's parameters.

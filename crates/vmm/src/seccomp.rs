@@ -4,13 +4,11 @@
 //! the filter raises SIGSYS; the handler names the call on stderr and ends the process.
 //! `--no-seccomp` turns them off, for debugging.
 
-use kvm_bindings::*;
 use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter};
 use seccompiler::{SeccompRule, TargetArch};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
-use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
 static HANDLER: Once = Once::new();
@@ -101,12 +99,11 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         // A vCPU's calls, and the lab's CPU-time reading between two runs.
         ThreadKind::LabVcpu => return [allowed(ThreadKind::Vcpu), vec![libc::SYS_getrusage]].concat(),
         // KVM_RUN and the vCPU/VM ioctls of exit handling (BAR moves, routes, memslots);
-        // getrandom for rdrand; tgkill for
+        // tgkill for
         // the stop kick; writev for string I/O to the console.
         // A device starts on the vCPU exit that sets DRIVER_OK, and its thread inherits
         // this filter under its own: so the device calls and thread creation are here too.
         ThreadKind::Vcpu => &[
-            libc::SYS_getrandom,
             libc::SYS_tgkill,
             libc::SYS_writev,
             libc::SYS_readv,
@@ -212,35 +209,12 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
     [COMMON, extra].concat()
 }
 
-// The ioctls a running VM makes, by request number (KVMIO is 0xAE).
-ioctl_io_nr!(KVM_RUN, KVMIO, 0x80);
-ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_regs);
-ioctl_iow_nr!(KVM_SET_REGS, KVMIO, 0x82, kvm_regs);
-ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_sregs);
-ioctl_iowr_nr!(KVM_TRANSLATE, KVMIO, 0x85, kvm_translation);
-ioctl_ior_nr!(KVM_GET_FPU, KVMIO, 0x8c, kvm_fpu);
-ioctl_iow_nr!(KVM_SET_FPU, KVMIO, 0x8d, kvm_fpu);
-ioctl_ior_nr!(KVM_GET_MP_STATE, KVMIO, 0x98, kvm_mp_state);
-ioctl_iow_nr!(KVM_SET_MP_STATE, KVMIO, 0x99, kvm_mp_state);
-ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
-ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
-ioctl_iow_nr!(KVM_SET_SREGS, KVMIO, 0x84, kvm_sregs);
-ioctl_iowr_nr!(KVM_GET_MSRS, KVMIO, 0x88, kvm_msrs);
-ioctl_iow_nr!(KVM_SET_MSRS, KVMIO, 0x89, kvm_msrs);
-ioctl_iow_nr!(KVM_SET_GUEST_DEBUG, KVMIO, 0x9b, kvm_guest_debug);
-ioctl_iow_nr!(KVM_SET_USER_MEMORY_REGION, KVMIO, 0x46, kvm_userspace_memory_region);
-ioctl_iow_nr!(KVM_IRQ_LINE, KVMIO, 0x61, kvm_irq_level);
-ioctl_iow_nr!(KVM_SET_GSI_ROUTING, KVMIO, 0x6a, kvm_irq_routing);
-ioctl_iow_nr!(KVM_IRQFD, KVMIO, 0x76, kvm_irqfd);
-ioctl_iow_nr!(KVM_IOEVENTFD, KVMIO, 0x79, kvm_ioeventfd);
-ioctl_iow_nr!(KVM_REGISTER_COALESCED_MMIO, KVMIO, 0x67, kvm_coalesced_mmio_zone);
-ioctl_iow_nr!(KVM_UNREGISTER_COALESCED_MMIO, KVMIO, 0x68, kvm_coalesced_mmio_zone);
+use crate::kvm::ioctl_numbers::*;
 
 /// The ioctl requests a thread kind may make; `None` where it makes none.
 fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
     // Exit handling moves BARs (memslots for the ECAM window, ioeventfds), reroutes
-    // MSI-X (GSI routing, irqfds) and raises pc-testdev lines; completing an instruction
-    // KVM could not emulate reads and writes registers, FPU state and pending events.
+    // MSI-X (GSI routing, irqfds) and raises pc-testdev lines.
     let vm = [KVM_SET_USER_MEMORY_REGION(), KVM_IOEVENTFD(), KVM_IRQFD(), KVM_SET_GSI_ROUTING(), KVM_IRQ_LINE()];
     match kind {
         ThreadKind::Vcpu => Some(
@@ -286,9 +260,34 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
     }
 }
 
-fn program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowed(kind).into_iter().map(|c| (c, vec![])).collect();
-    if let Some(requests) = ioctls(kind) {
+/// What a vCPU thread may do beyond [`ThreadKind::Vcpu`] on a nested host (crate::host):
+/// completing an instruction KVM could not emulate translates addresses, reads and writes
+/// FPU state and pending events and takes random numbers (rdrand); the LSTAR watch reads
+/// and writes MSRs and sets hardware breakpoints.
+fn nested_vcpu_rights() -> (Vec<i64>, Vec<u32>) {
+    let ioctls = [
+        KVM_TRANSLATE(),
+        KVM_GET_FPU(),
+        KVM_SET_FPU(),
+        KVM_GET_VCPU_EVENTS(),
+        KVM_SET_VCPU_EVENTS(),
+        KVM_GET_MSRS(),
+        KVM_SET_MSRS(),
+        KVM_SET_GUEST_DEBUG(),
+    ];
+    (vec![libc::SYS_getrandom], ioctls.into_iter().map(|r| r as u32).collect())
+}
+
+fn program(kind: ThreadKind, nested: bool) -> Result<BpfProgram, SeccompError> {
+    let mut calls = allowed(kind);
+    let mut requests = ioctls(kind);
+    if nested && matches!(kind, ThreadKind::Vcpu | ThreadKind::LabVcpu) {
+        let (extra_calls, extra_ioctls) = nested_vcpu_rights();
+        calls.extend(extra_calls);
+        requests.get_or_insert_with(Vec::new).extend(extra_ioctls);
+    }
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = calls.into_iter().map(|c| (c, vec![])).collect();
+    if let Some(requests) = requests {
         let build = |e| SeccompError::Build(kind, e);
         let by_request = requests
             .into_iter()
@@ -313,12 +312,21 @@ pub fn confine_or_log(kind: ThreadKind) -> bool {
 
 /// Confines the calling thread to what `kind` needs (nothing, with `--no-seccomp`).
 pub fn confine(kind: ThreadKind) -> Result<(), SeccompError> {
+    install(kind, false)
+}
+
+/// Confines a vCPU thread (`kind` Vcpu or LabVcpu) to what it needs on `host`.
+pub fn confine_vcpu(kind: ThreadKind, host: &crate::host::HostProfile) -> Result<(), SeccompError> {
+    install(kind, host.nested())
+}
+
+fn install(kind: ThreadKind, nested: bool) -> Result<(), SeccompError> {
     if !enabled() {
         return Ok(());
     }
     HANDLER.call_once(install_sigsys_handler);
     keep_thread_heaps();
-    let program = program(kind)?;
+    let program = program(kind, nested)?;
     seccompiler::apply_filter(&program).map_err(|e| SeccompError::Install(kind, e))
 }
 
@@ -462,7 +470,8 @@ mod tests {
             ThreadKind::Api,
             ThreadKind::Signals,
         ] {
-            program(kind).unwrap();
+            program(kind, true).unwrap();
+            program(kind, false).unwrap();
         }
     }
 }

@@ -109,3 +109,51 @@ pub fn virtio_transport(mem: GuestMemoryMmap) -> (Arc<VirtioPci>, Arc<AtomicU64>
     let transport = VirtioPci::new(Box::new(device), mem, msix).expect("eventfds for the kicks");
     (Arc::new(transport), activations)
 }
+
+/// A bus device with a 4 KiB scratch register file: what PCI tests and the config-space
+/// fuzz target put behind BARs.
+#[derive(Default)]
+pub struct ScratchDevice {
+    bytes: Mutex<Vec<u8>>,
+}
+
+impl crate::bus::BusDevice for ScratchDevice {
+    fn read(&self, offset: u64, data: &mut [u8]) {
+        let bytes = crate::sync::lock(&self.bytes);
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = usize::try_from(offset).ok().and_then(|o| bytes.get(o + i)).copied().unwrap_or(0);
+        }
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) {
+        let mut bytes = crate::sync::lock(&self.bytes);
+        let Ok(start) = usize::try_from(offset) else { return };
+        let end = start.saturating_add(data.len()).min(0x1000);
+        if start < end {
+            if bytes.len() < end {
+                bytes.resize(end, 0);
+            }
+            bytes[start..end].copy_from_slice(&data[..end - start]);
+        }
+    }
+}
+
+/// A PCI function with a 4 KiB memory BAR0 at `bar0` and a 16-port I/O BAR1 at `bar1`
+/// (bus ids 0 and 1), both decoded; `side_effects` marks its config reads as having them.
+pub fn two_bar_function(side_effects: bool, bar0: u64, bar1: u64) -> crate::pci::PciFunction {
+    use crate::bus::DeviceId;
+    use crate::pci::config::{COMMAND, COMMAND_IO, COMMAND_MEMORY};
+    use crate::pci::{BarKind, BarSpec, ConfigSpace, PciFunction, PciIds};
+    let ids =
+        PciIds { vendor: 0xe1e5, device: 0xd00, class: [0xff, 0, 0], revision: 1, subsystem_vendor: 0, subsystem: 0 };
+    let mut config = ConfigSpace::new(ids);
+    config.set_bar(0, BarSpec { kind: BarKind::Memory32, size: 0x1000 }, bar0);
+    config.set_bar(1, BarSpec { kind: BarKind::Io, size: 16 }, bar1);
+    let command = (COMMAND_IO | COMMAND_MEMORY).to_le_bytes();
+    config.write(COMMAND, &command);
+    let device = Arc::new(ScratchDevice::default());
+    let mut f =
+        PciFunction::new("scratch", config).with_bar(0, DeviceId(0), device.clone()).with_bar(1, DeviceId(1), device);
+    f.read_side_effects = side_effects;
+    f
+}

@@ -68,6 +68,7 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let socket = if args.no_api { None } else { Some(args.api_sock.clone()) };
     let mut vm = Vm::new(args.id.clone());
     vm.boot_timer = args.boot_timer;
+    vm.host_profile = args.host_profile;
     let shared = Arc::new(Shared { vm: Mutex::new(vm), metrics: Metrics::default(), socket });
     if let Some(path) = &args.metrics_path {
         shared.metrics.open(&path.to_string_lossy())?;

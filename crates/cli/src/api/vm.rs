@@ -44,19 +44,28 @@ pub struct Vm {
     pub state: State,
     /// `--boot-timer`: Firecracker's boot-timer device.
     pub boot_timer: bool,
+    /// `--host-profile`.
+    pub host_profile: exitless_vmm::host::ProfileChoice,
     /// Drive ids in the order their devices were built (the machine's `drives`).
     built_drives: Vec<String>,
 }
 
 impl Vm {
     pub fn new(id: String) -> Self {
-        Vm { id, config: VmConfig::default(), state: State::NotStarted, boot_timer: false, built_drives: Vec::new() }
+        Vm {
+            id,
+            config: VmConfig::default(),
+            state: State::NotStarted,
+            boot_timer: false,
+            host_profile: Default::default(),
+            built_drives: Vec::new(),
+        }
     }
 
     pub fn state_name(&self) -> &'static str {
         match self.state {
             State::NotStarted => "Not started",
-            State::Running { ref machine, .. } if machine.control.is_paused() => "Paused",
+            State::Running { ref machine, .. } if machine.control().is_paused() => "Paused",
             State::Running { .. } => "Running",
             State::Exited => "Exited",
         }
@@ -181,12 +190,13 @@ impl Vm {
         let drive = drive.ok_or_else(|| Fault(format!("No drive with id {id}.")))?;
         if let Some(path) = p.path_on_host {
             machine
+                .devices()
                 .update_drive(index, std::path::Path::new(&path))
                 .map_err(|e| Fault(format!("Unable to patch the block device: {}", crate::with_causes(&e))))?;
             drive.path_on_host = path;
         }
         if let Some(limiter) = p.rate_limiter {
-            machine.set_drive_limits(index, limiter.limits()).map_err(|e| Fault(e.to_string()))?;
+            machine.devices().set_drive_limits(index, limiter.limits()).map_err(|e| Fault(e.to_string()))?;
             drive.rate_limiter = Some(limiter);
         }
         Ok(())
@@ -200,7 +210,7 @@ impl Vm {
         let index = self.config.network_interfaces.iter().position(|n| n.iface_id == id);
         let index = index.ok_or_else(|| Fault(format!("No network interface with id {id}.")))?;
         let (rx, tx) = (p.rx_rate_limiter.map(|l| l.limits()), p.tx_rate_limiter.map(|l| l.limits()));
-        machine.set_net_limits(index, rx, tx).map_err(|e| Fault(e.to_string()))?;
+        machine.devices().set_net_limits(index, rx, tx).map_err(|e| Fault(e.to_string()))?;
         let nic = &mut self.config.network_interfaces[index];
         if p.rx_rate_limiter.is_some() {
             nic.rx_rate_limiter = p.rx_rate_limiter;
@@ -241,11 +251,11 @@ impl Vm {
         let machine = self.running("only a running one can be paused or resumed")?;
         match state {
             VmState::Paused => machine
-                .control
+                .control()
                 .pause(exitless_vmm::vcpu::watchdog::kick_signal(), PAUSE_LIMIT)
                 .map_err(|e| Fault(format!("Failed to pause the vCPUs: {e}."))),
             VmState::Resumed => {
-                machine.control.resume();
+                machine.control().resume();
                 Ok(())
             }
         }
@@ -310,16 +320,20 @@ impl Vm {
             mem_size: mem,
             vcpus: mc.vcpu_count,
             smt: mc.smt,
-            boot_timer: self.boot_timer,
             cmdline: boot.boot_args.clone().unwrap_or_else(|| exitless_vmm::boot::DEFAULT_CMDLINE.into()),
             initrd,
-            serial_in: Some(Box::new(std::io::stdin())),
-            serial_out: Box::new(crate::LiveStdout),
+            devices: exitless_vmm::DeviceConfig {
+                boot_timer: self.boot_timer,
+                serial_in: Some(Box::new(std::io::stdin())),
+                serial_out: Box::new(crate::LiveStdout),
+                nets,
+                drives,
+                ..Default::default()
+            },
             // The thread that runs the machine waits under the main thread's filter; when the
             // guest stops it writes metrics and removes the socket, which that filter allows.
-            confine_caller: true,
-            nets,
-            drives,
+            run: exitless_vmm::RunOptions { confine_caller: true, ..Default::default() },
+            host: self.host_profile,
             ..exitless_vmm::MachineConfig::new(image)
         };
         Machine::new(config).map_err(|e| Fault(format!("Cannot start the microVM: {}", crate::with_causes(&e))))

@@ -3,7 +3,7 @@
 //! and the VMM's CPU outside the vCPU (device thread and io_uring workers).
 
 use super::{BlkBenchError, RunResult, Workload};
-use crate::control::{drive, lab_machine, Window};
+use crate::control::{drive, lab_machine, LabMachine, Window};
 use crate::stats::cpu_time;
 use exitless_vmm::machine::read_result;
 use exitless_vmm::virtio::blk::DriveConfig;
@@ -20,7 +20,7 @@ struct Snapshot {
 }
 
 fn snapshot(machine: &Machine) -> Snapshot {
-    let d = machine.drives.first().map(|d| d.stats.snapshot()).unwrap_or_default();
+    let d = machine.devices().drives().next().map(|d| d.stats.snapshot()).unwrap_or_default();
     // Taken on the vCPU's thread (the lab's events run there): its CPU is the vCPU's.
     Snapshot {
         process_cpu: cpu_time(libc::RUSAGE_SELF),
@@ -60,20 +60,21 @@ pub fn run(g: &GuestRun) -> Result<RunResult, BlkBenchError> {
         g.poll_us,
     ];
     let drive_config = DriveConfig { direct: true, limits: g.limits, ..DriveConfig::new(g.file) };
-    let (machine, control) = lab_machine("blkbench", params, |c| {
-        c.drives = vec![drive_config];
-        c.poll = g.device_poll;
+    let LabMachine { machine, control, .. } = lab_machine("blkbench", params, |c| {
+        c.devices.drives = vec![drive_config];
+        c.devices.poll = g.device_poll;
     })?;
     let mut steps = Window::<Snapshot, BlkBenchError>::new(snapshot);
     drive(&machine, &control, g.timeout, &mut steps)?;
-    let status = machine.control.exit_status().unwrap_or(0);
+    let status = machine.control().exit_status().unwrap_or(0);
     if status > 1 {
         return Err(BlkBenchError::Guest(status));
     }
     let (begin, (end, exits)) =
         (steps.begin.ok_or(BlkBenchError::Missing("start"))?, steps.end.ok_or(BlkBenchError::Missing("end"))?);
-    let result = |i| read_result(&machine.memory, i);
+    let result = |i| read_result(machine.memory(), i);
     let vmm_cpu = (end.process_cpu - begin.process_cpu).saturating_sub(end.vcpu_cpu - begin.vcpu_cpu);
+    let throttled = machine.devices().drives().next().map_or(0, |d| d.stats.snapshot().throttled);
     Ok(RunResult {
         requests: result(0),
         seconds: result(1) as f64 / (g.tsc_khz as f64 * 1e3),
@@ -85,6 +86,6 @@ pub fn run(g: &GuestRun) -> Result<RunResult, BlkBenchError> {
         irqs: end.irqs - begin.irqs,
         vmm_cpu: vmm_cpu.as_secs_f64(),
         vcpu_cpu: Some((end.vcpu_cpu - begin.vcpu_cpu).as_secs_f64()),
-        throttled: machine.drives.first().map_or(0, |d| d.stats.snapshot().throttled),
+        throttled,
     })
 }

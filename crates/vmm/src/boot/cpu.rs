@@ -1,7 +1,8 @@
 //! Per-vCPU platform state a kernel expects from firmware: CPUID (APIC IDs, topology, a
-//! hypervisor leaf, features this VMM or host cannot honour masked), MSRs, FPU and local
+//! hypervisor leaf, the host profile's masks), MSRs, FPU and local
 //! APIC, after Firecracker's x86 setup.
 
+use crate::host::cpuid::Masks;
 use kvm_bindings::{kvm_fpu, kvm_msr_entry, CpuId, Msrs};
 use kvm_ioctls::VcpuFd;
 
@@ -21,42 +22,15 @@ fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> CpuError {
     move |source| CpuError::Ioctl { what, source }
 }
 
-// CPUID leaf 1 ECX.
-const ECX_CX16: u32 = 1 << 13;
-const ECX_XSAVE: u32 = 1 << 26;
-const ECX_OSXSAVE: u32 = 1 << 27;
-const ECX_AVX: u32 = 1 << 28;
 const ECX_HYPERVISOR: u32 = 1 << 31;
-const ECX_MONITOR: u32 = 1 << 3;
-const ECX_VMX: u32 = 1 << 5;
-const ECX_TM2: u32 = 1 << 8;
-const ECX_PDCM: u32 = 1 << 15;
-// CPUID leaf 1 EDX.
 const EDX_HTT: u32 = 1 << 28;
-const EDX_ACPI: u32 = 1 << 22;
-const EDX_TM: u32 = 1 << 29;
-// CPUID leaf 7 EBX.
-const EBX7_AVX2: u32 = 1 << 5;
-const EBX7_AVX512F: u32 = 1 << 16;
-
-/// Features hidden from every guest. CX16 (`cmpxchg16b`), XSAVE and AVX because KVM cannot
-/// emulate those instructions at CPL0 on a nested host like this one; MONITOR, VMX and the
-/// thermal/performance bits because this VMM offers none of them.
-const LEAF1_ECX_HIDDEN: u32 = ECX_CX16 | ECX_XSAVE | ECX_OSXSAVE | ECX_AVX | ECX_MONITOR | ECX_VMX | ECX_TM2 | ECX_PDCM;
-const LEAF1_EDX_HIDDEN: u32 = EDX_ACPI | EDX_TM;
-const LEAF7_EBX_HIDDEN: u32 = EBX7_AVX2 | EBX7_AVX512F;
-
-/// KVM's paravirtual features (leaf 0x4000_0001 EAX) whose use is a `vmcall`: PV unhalt
-/// (KVM_HC_KICK_CPU), PV IPIs (KVM_HC_SEND_IPI), PV yield (KVM_HC_SCHED_YIELD) and GPA range
-/// mapping. This nested host's KVM never completes a vmcall at CPL0 (the vCPU re-enters it
-/// forever), so a Linux guest offered PV IPIs hangs bringing up its second CPU; without
-/// them it sends IPIs through its APIC.
+/// KVM's feature leaf.
 const KVM_LEAF_FEATURES: u32 = 0x4000_0001;
-const KVM_PV_HYPERCALL_FEATURES: u32 = 1 << 7 | 1 << 11 | 1 << 13 | 1 << 16;
 
 /// CPUID for vCPU `id` of `count`: `threads` (1, or 2 with SMT) vCPUs per core, one
-/// package. APIC IDs are the vCPU ids, so with SMT vCPUs 2n and 2n+1 are one core's threads.
-pub fn cpuid_for(supported: &CpuId, id: u8, count: u8, threads: u8) -> CpuId {
+/// package, with the features in `masks` hidden. APIC IDs are the vCPU ids, so with SMT
+/// vCPUs 2n and 2n+1 are one core's threads.
+pub fn cpuid_for(supported: &CpuId, id: u8, count: u8, threads: u8, masks: &Masks) -> CpuId {
     let threads = threads.clamp(1, count.max(1));
     let cores = count.max(1).div_ceil(threads);
     // Bits of APIC ID below each topology level.
@@ -65,8 +39,8 @@ pub fn cpuid_for(supported: &CpuId, id: u8, count: u8, threads: u8) -> CpuId {
     for e in cpuid.as_mut_slice() {
         match e.function {
             1 => {
-                e.ecx = (e.ecx & !LEAF1_ECX_HIDDEN) | ECX_HYPERVISOR;
-                e.edx = (e.edx & !LEAF1_EDX_HIDDEN) | EDX_HTT;
+                e.ecx = (e.ecx & !masks.leaf1_ecx) | ECX_HYPERVISOR;
+                e.edx = (e.edx & !masks.leaf1_edx) | EDX_HTT;
                 // Initial APIC ID, logical processors per package, CLFLUSH size 64.
                 e.ebx = (u32::from(id) << 24) | (u32::from(count) << 16) | (8 << 8) | (e.ebx & 0xff);
             }
@@ -78,10 +52,10 @@ pub fn cpuid_for(supported: &CpuId, id: u8, count: u8, threads: u8) -> CpuId {
                 e.eax &= 0x3ff;
                 e.eax |= u32::from(cores - 1) << 26 | u32::from(sharing.max(1) - 1) << 14;
             }
-            7 if e.index == 0 => e.ebx &= !LEAF7_EBX_HIDDEN,
-            KVM_LEAF_FEATURES => e.eax &= !KVM_PV_HYPERCALL_FEATURES,
-            // No XSAVE state components (XSAVE is hidden).
-            0xd => (e.eax, e.ebx, e.ecx, e.edx) = (0, 0, 0, 0),
+            7 if e.index == 0 => e.ebx &= !masks.leaf7_ebx,
+            KVM_LEAF_FEATURES => e.eax &= !masks.kvm_features,
+            // No XSAVE state components where XSAVE is hidden.
+            0xd if masks.no_xsave_state => (e.eax, e.ebx, e.ecx, e.edx) = (0, 0, 0, 0),
             // Extended topology: level 0 SMT (`threads` per core), level 1 core (`count`
             // logical processors in the package).
             0xb | 0x1f => {
@@ -182,18 +156,24 @@ mod tests {
             kvm_cpuid_entry2 { function: KVM_LEAF_FEATURES, eax: u32::MAX, ..Default::default() },
         ];
         let supported = CpuId::from_entries(&entries).unwrap();
-        let cpuid = cpuid_for(&supported, 3, 4, 1);
+        let cpuid = cpuid_for(&supported, 3, 4, 1, &Masks::NESTED);
         let e = cpuid.as_slice();
         assert_eq!(e[0].ebx >> 24, 3, "initial APIC ID");
         assert_eq!((e[0].ebx >> 16) & 0xff, 4, "logical processors");
-        assert_eq!(e[0].ecx & (ECX_CX16 | ECX_XSAVE | ECX_AVX), 0);
+        assert_eq!(e[0].ecx & Masks::NESTED.leaf1_ecx, 0);
         assert_ne!(e[0].ecx & ECX_HYPERVISOR, 0);
         assert_eq!(e[1].edx, 3, "x2APIC ID");
         assert_eq!((e[2].ebx, e[2].eax), (4, 2), "4 cores need 2 bits of APIC ID");
-        assert_eq!(e[3].ebx & EBX7_AVX2, 0);
+        assert_eq!(e[3].ebx & Masks::NESTED.leaf7_ebx, 0);
         assert_eq!((e[1].ebx, e[1].eax), (1, 0), "one thread per core");
         assert_eq!(e[4].eax & 1 << 11, 0, "no PV IPIs: they are vmcalls");
         assert_ne!(e[4].eax & 1 << 3, 0, "kvmclock (an MSR) stays");
+        // A native host's profile hides only what the platform lacks.
+        let native = cpuid_for(&supported, 3, 4, 1, &Masks::PLATFORM);
+        let n = native.as_slice();
+        assert_ne!(n[0].ecx & 1 << 13, 0, "CX16 offered");
+        assert_eq!(n[0].ecx & Masks::PLATFORM.leaf1_ecx, 0);
+        assert_eq!((n[3].ebx, n[4].eax), (u32::MAX, u32::MAX), "AVX2 and PV features offered");
     }
 
     #[test]
@@ -205,14 +185,14 @@ mod tests {
             kvm_cpuid_entry2 { function: 4, eax: 3 << 5, ..Default::default() }, // L3
         ];
         let supported = CpuId::from_entries(&entries).unwrap();
-        let cpuid = cpuid_for(&supported, 5, 8, 2);
+        let cpuid = cpuid_for(&supported, 5, 8, 2, &Masks::NESTED);
         let e = cpuid.as_slice();
         assert_eq!((e[0].eax, e[0].ebx, e[0].edx), (1, 2, 5), "SMT level: 1 bit, 2 threads");
         assert_eq!((e[1].eax, e[1].ebx), (3, 8), "core level: 4 cores, 8 threads");
         assert_eq!((e[2].eax >> 26, (e[2].eax >> 14) & 0xfff), (3, 1), "L1 shared by a core's 2 threads");
         assert_eq!((e[3].eax >> 14) & 0xfff, 7, "L3 shared by all 8");
         // One vCPU with SMT on is a lone thread.
-        let one = cpuid_for(&supported, 0, 1, 2);
+        let one = cpuid_for(&supported, 0, 1, 2, &Masks::NESTED);
         assert_eq!((one.as_slice()[0].eax, one.as_slice()[0].ebx), (0, 1));
     }
 }

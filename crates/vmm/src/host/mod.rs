@@ -1,3 +1,166 @@
-//! What this host's KVM needs from the VMM beyond the KVM API.
+//! The host profile: what a host's KVM needs from the VMM beyond the KVM API, chosen once
+//! at start, so that the exit path on a host that needs nothing carries nothing.
+//!
+//! A host whose KVM runs guest CPL0 natively (kvm_intel, kvm_amd) is `native`: none of
+//! the workarounds below is installed. A nested, pagetable-based KVM (kvm_pvm) emulates
+//! guest CPL0 one instruction at a time and leaves some instructions and one transition
+//! undone; its profile is `nested`, and each workaround it turns on is listed in
+//! [`NESTED_WORKAROUNDS`] with why and what it costs (docs/architecture.md repeats them).
 
+pub mod cpuid;
 pub mod emulate;
+pub mod nested_exits;
+
+pub use nested_exits::NestedExits;
+
+/// `--host-profile`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProfileChoice {
+    /// Probe the host (the default).
+    #[default]
+    Auto,
+    Nested,
+    Native,
+}
+
+impl std::str::FromStr for ProfileChoice {
+    type Err = ProfileParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(ProfileChoice::Auto),
+            "nested" => Ok(ProfileChoice::Nested),
+            "native" => Ok(ProfileChoice::Native),
+            other => Err(ProfileParseError(other.to_string())),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("no host profile '{0}' (have: auto, nested, native)")]
+pub struct ProfileParseError(String);
+
+/// Which workarounds a machine installs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostKind {
+    /// Guest CPL0 runs natively: no workaround.
+    Native,
+    /// Guest CPL0 is emulated and left incomplete in places: every workaround.
+    Nested,
+}
+
+/// The profile in force and why it was chosen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostProfile {
+    pub kind: HostKind,
+    pub why: String,
+}
+
+/// One workaround of the nested profile: its name, why the host needs it, and its cost.
+pub struct Workaround {
+    pub name: &'static str,
+    pub why: &'static str,
+    pub cost: &'static str,
+}
+
+pub const NESTED_WORKAROUNDS: &[Workaround] = &[
+    Workaround {
+        name: "CPUID masks",
+        why: "KVM cannot emulate cmpxchg16b, XSAVE or AVX at CPL0, and never completes vmcall (KVM's PV hypercalls)",
+        cost: "the guest sees no CX16/XSAVE/AVX/AVX2/AVX-512 and no PV unhalt, PV IPIs, PV yield",
+    },
+    Workaround {
+        name: "instruction completion",
+        why: "KVM gives up on some CPL0 instructions (clac/stac, popcnt, fences, rdrand, SSE, int3, int n)",
+        cost: "one userspace exit per such instruction; the vCPU filter allows SET_REGS/SET_SREGS/SET_FPU",
+    },
+    Workaround {
+        name: "LSTAR watch",
+        why: "SYSCALL from CPL3 lands on LSTAR still at CPL3: the VMM finishes the switch",
+        cost: "an MSR filter on every VM; two exits per guest page fault while watched; SET_GUEST_DEBUG and SET_MSRS allowed",
+    },
+    Workaround {
+        name: "vmcall watch",
+        why: "a vCPU sampled on vmcall again and again will never get past it",
+        cost: "reading the instruction at RIP on a sampled vCPU, only with --sample-guest",
+    },
+];
+
+impl HostProfile {
+    /// The profile `choice` asks for, probing the host for `auto`.
+    pub fn choose(choice: ProfileChoice) -> HostProfile {
+        match choice {
+            ProfileChoice::Auto => HostProfile::probe(),
+            ProfileChoice::Nested => HostProfile { kind: HostKind::Nested, why: "forced by --host-profile".into() },
+            ProfileChoice::Native => HostProfile { kind: HostKind::Native, why: "forced by --host-profile".into() },
+        }
+    }
+
+    /// Which KVM module serves /dev/kvm: kvm_pvm runs guest CPL0 by emulation (nested),
+    /// kvm_intel and kvm_amd run it in hardware (native).
+    pub fn probe() -> HostProfile {
+        HostProfile::from_modules(|m| std::path::Path::new("/sys/module").join(m).exists())
+    }
+
+    fn from_modules(loaded: impl Fn(&str) -> bool) -> HostProfile {
+        if loaded("kvm_pvm") {
+            return HostProfile {
+                kind: HostKind::Nested,
+                why: "KVM is kvm_pvm: guest CPL0 is emulated, some of it never completed".into(),
+            };
+        }
+        let why = match ["kvm_intel", "kvm_amd"].into_iter().find(|m| loaded(m)) {
+            Some(module) => format!("KVM is {module}: guest CPL0 runs in hardware"),
+            None => "no known nested KVM module loaded".to_string(),
+        };
+        HostProfile { kind: HostKind::Native, why }
+    }
+
+    pub fn nested(&self) -> bool {
+        self.kind == HostKind::Nested
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            HostKind::Native => "native",
+            HostKind::Nested => "nested",
+        }
+    }
+
+    /// The features hidden from the guest's CPUID.
+    pub fn cpuid_masks(&self) -> cpuid::Masks {
+        match self.kind {
+            HostKind::Native => cpuid::Masks::PLATFORM,
+            HostKind::Nested => cpuid::Masks::NESTED,
+        }
+    }
+
+    /// The workarounds this profile installs.
+    pub fn workarounds(&self) -> &'static [Workaround] {
+        match self.kind {
+            HostKind::Native => &[],
+            HostKind::Nested => NESTED_WORKAROUNDS,
+        }
+    }
+
+    /// `nested (KVM is kvm_pvm: ...)`, for logs and the exit profile.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.name(), self.why)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_follows_the_kvm_module_and_the_flag_wins() {
+        assert!(HostProfile::from_modules(|m| m == "kvm_pvm" || m == "kvm_intel").nested());
+        let native = HostProfile::from_modules(|m| m == "kvm_amd");
+        assert_eq!((native.kind, native.why.contains("kvm_amd")), (HostKind::Native, true));
+        assert!(native.workarounds().is_empty());
+        assert_eq!(HostProfile::choose(ProfileChoice::Native).kind, HostKind::Native);
+        assert_eq!(HostProfile::choose(ProfileChoice::Nested).workarounds().len(), NESTED_WORKAROUNDS.len());
+        assert!("fast".parse::<ProfileChoice>().is_err());
+        assert_eq!("native".parse::<ProfileChoice>().unwrap(), ProfileChoice::Native);
+    }
+}

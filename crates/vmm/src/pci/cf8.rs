@@ -4,21 +4,22 @@
 use super::root::PciRoot;
 use crate::bus::BusDevice;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 pub const CF8_PORT: u16 = 0xcf8;
 /// 0xCF8-0xCFF.
 pub const CF8_LEN: u64 = 8;
 const ENABLE: u32 = 1 << 31;
 
+/// Holds the root weakly: the root owns the buses this device sits on.
 pub struct Cf8Device {
-    root: Arc<PciRoot>,
+    root: Weak<PciRoot>,
     address: AtomicU32,
 }
 
 impl Cf8Device {
-    pub fn new(root: Arc<PciRoot>) -> Self {
-        Cf8Device { root, address: AtomicU32::new(0) }
+    pub fn new(root: &Arc<PciRoot>) -> Self {
+        Cf8Device { root: Arc::downgrade(root), address: AtomicU32::new(0) }
     }
 
     /// Function index and register for a data access at byte `lane` of 0xCFC, or None when
@@ -39,9 +40,9 @@ impl BusDevice for Cf8Device {
         match offset {
             // The latch answers dword accesses only.
             0 if data.len() == 4 => data.copy_from_slice(&(self.address.load(Ordering::Acquire) & !0x3).to_le_bytes()),
-            4..=7 => match self.target(offset as usize - 4) {
-                Some((index, reg)) => self.root.config_read(index, reg, data),
-                None => data.fill(0xff),
+            4..=7 => match (self.target(offset as usize - 4), self.root.upgrade()) {
+                (Some((index, reg)), Some(root)) => root.config_read(index, reg, data),
+                _ => data.fill(0xff),
             },
             _ => data.fill(0xff),
         }
@@ -54,8 +55,8 @@ impl BusDevice for Cf8Device {
                 self.address.store(v, Ordering::Release);
             }
             4..=7 => {
-                if let Some((index, reg)) = self.target(offset as usize - 4) {
-                    self.root.config_write(index, reg, data);
+                if let (Some((index, reg)), Some(root)) = (self.target(offset as usize - 4), self.root.upgrade()) {
+                    root.config_write(index, reg, data);
                 }
             }
             _ => {}

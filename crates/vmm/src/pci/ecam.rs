@@ -13,7 +13,7 @@ use crate::bus::BusDevice;
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_READONLY};
 use kvm_ioctls::VmFd;
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{Bytes, VolatileMemory};
 
@@ -32,15 +32,20 @@ fn all_ones_page() -> std::io::Result<std::fs::File> {
 
 /// Bytes of the bus-0 ECAM window.
 pub const ECAM_SIZE: u64 = (FUNCTIONS * CONFIG_SIZE) as u64;
+const _: () = assert!(ECAM_SIZE == crate::layout::ECAM_SIZE);
+
+/// The most memory slots the shadow can need: every other page mapped.
+pub const SHADOW_MAX_SLOTS: u32 = (FUNCTIONS / 2) as u32;
 
 /// Serves ECAM accesses that exit: all writes, and reads when the window is trapped.
+/// Holds the root weakly: the root owns the buses this device sits on.
 pub struct EcamDevice {
-    root: Arc<PciRoot>,
+    root: Weak<PciRoot>,
 }
 
 impl EcamDevice {
-    pub fn new(root: Arc<PciRoot>) -> Self {
-        EcamDevice { root }
+    pub fn new(root: &Arc<PciRoot>) -> Self {
+        EcamDevice { root: Arc::downgrade(root) }
     }
 
     /// Function and register of an access, or None when it crosses a function's page.
@@ -52,15 +57,15 @@ impl EcamDevice {
 
 impl BusDevice for EcamDevice {
     fn read(&self, offset: u64, data: &mut [u8]) {
-        match Self::decode(offset, data.len()) {
-            Some((index, reg)) => self.root.config_read(index, reg, data),
-            None => data.fill(0xff),
+        match (Self::decode(offset, data.len()), self.root.upgrade()) {
+            (Some((index, reg)), Some(root)) => root.config_read(index, reg, data),
+            _ => data.fill(0xff),
         }
     }
 
     fn write(&self, offset: u64, data: &[u8]) {
-        if let Some((index, reg)) = Self::decode(offset, data.len()) {
-            self.root.config_write(index, reg, data);
+        if let (Some((index, reg)), Some(root)) = (Self::decode(offset, data.len()), self.root.upgrade()) {
+            root.config_write(index, reg, data);
         }
     }
 }
@@ -92,7 +97,8 @@ pub struct EcamShadow {
     pages: MmapRegion<()>,
     sink: Arc<dyn MemslotSink>,
     gpa: u64,
-    first_slot: u32,
+    /// The KVM memory slots it may use.
+    slot_range: std::ops::Range<u32>,
     /// Slots in use, with the first page and page count of each.
     slots: Vec<(u32, usize, usize)>,
 }
@@ -102,7 +108,7 @@ impl EcamShadow {
     /// as a private mapping of one shared all-ones page, so the 256 absent functions cost one
     /// page, not 1 MiB per VM; the first store to a page copies it (copy-on-write) and the
     /// copy is that function's own.
-    pub fn new(sink: Arc<dyn MemslotSink>, gpa: u64, first_slot: u32) -> Result<Self, String> {
+    pub fn new(sink: Arc<dyn MemslotSink>, gpa: u64, slot_range: std::ops::Range<u32>) -> Result<Self, String> {
         let pages = MmapRegion::new(ECAM_SIZE as usize).map_err(|e| format!("cannot map ECAM shadow pages: {e}"))?;
         let ones = all_ones_page().map_err(|e| format!("cannot make the ECAM all-ones page: {e}"))?;
         for index in 0..FUNCTIONS {
@@ -124,7 +130,7 @@ impl EcamShadow {
                 return Err(format!("cannot map the ECAM all-ones page: {}", std::io::Error::last_os_error()));
             }
         }
-        Ok(EcamShadow { pages, sink, gpa, first_slot, slots: Vec::new() })
+        Ok(EcamShadow { pages, sink, gpa, slot_range, slots: Vec::new() })
     }
 
     /// Rewrites function `index`'s page from its config space (None: all-ones), one aligned
@@ -152,7 +158,10 @@ impl EcamShadow {
             while page < FUNCTIONS && mapped(page) {
                 page += 1;
             }
-            let slot = self.first_slot + self.slots.len() as u32;
+            let slot = self.slot_range.start + self.slots.len() as u32;
+            if !self.slot_range.contains(&slot) {
+                return Err(format!("the ECAM shadow needs more than its {} memory slots", self.slot_range.len()));
+            }
             let offset = (start * CONFIG_SIZE) as u64;
             let size = ((page - start) * CONFIG_SIZE) as u64;
             self.sink.set_readonly_slot(slot, self.gpa + offset, size, self.pages.as_ptr() as u64 + offset)?;

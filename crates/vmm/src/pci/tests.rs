@@ -1,13 +1,12 @@
 //! The PCI layer without KVM: config mechanisms, BAR moves, the ECAM shadow.
 
 use super::cf8::Cf8Device;
-use super::config::{BarKind, BarSpec, ConfigSpace, PciIds, BAR0, COMMAND};
+use super::config::{BarKind, BarSpec, BAR0, COMMAND};
 use super::ecam::{EcamDevice, EcamShadow};
 use super::{host_bridge, EcamMode, PciFunction, PciRoot};
 use crate::bus::{BusDevice, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
-use crate::devices::Doorbell;
 use crate::ioeventfd::{IoeventfdKey, IoeventfdLimits, IoeventfdRegistry};
-use crate::testing::FakeKvm;
+use crate::testing::{two_bar_function, FakeKvm, ScratchDevice};
 use std::sync::Arc;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -20,29 +19,15 @@ struct Rig {
     root: Arc<PciRoot>,
 }
 
-fn doorbell_function(side_effects: bool) -> PciFunction {
-    doorbell_function_at(side_effects, 0xd000_0000, 0x510)
-}
-
-fn doorbell_function_at(side_effects: bool, bar0: u64, bar1: u64) -> PciFunction {
-    let ids =
-        PciIds { vendor: 0xe1e5, device: 0xd00, class: [0xff, 0, 0], revision: 1, subsystem_vendor: 0, subsystem: 0 };
-    let mut config = ConfigSpace::new(ids);
-    config.set_bar(0, BarSpec { kind: BarKind::Memory32, size: 0x1000 }, bar0);
-    config.set_bar(1, BarSpec { kind: BarKind::Io, size: 16 }, bar1);
-    config.write(COMMAND, &[0x3, 0]);
-    let bell = Arc::new(Doorbell::default());
-    let mut f =
-        PciFunction::new("doorbell", config).with_bar(0, DeviceId(0), bell.clone()).with_bar(1, DeviceId(1), bell);
-    f.read_side_effects = side_effects;
-    f
+fn scratch_function(side_effects: bool) -> PciFunction {
+    two_bar_function(side_effects, 0xd000_0000, 0x510)
 }
 
 fn rig(mode: EcamMode) -> Rig {
     let kvm = Arc::new(FakeKvm::default());
     let buses = Arc::new(SharedBuses::new(BusSet::default()));
     let ioeventfds = Arc::new(IoeventfdRegistry::new(kvm.clone(), IoeventfdLimits::default()));
-    let shadow = EcamShadow::new(kvm.clone(), ECAM, 1).unwrap();
+    let shadow = EcamShadow::new(kvm.clone(), ECAM, 1..129).unwrap();
     let root = Arc::new(
         PciRoot::new(
             buses.clone(),
@@ -54,7 +39,7 @@ fn rig(mode: EcamMode) -> Rig {
         .unwrap(),
     );
     root.add(0, 0, host_bridge()).unwrap();
-    root.add(1, 0, doorbell_function(false)).unwrap();
+    root.add(1, 0, scratch_function(false)).unwrap();
     Rig { kvm, buses, ioeventfds, root }
 }
 
@@ -68,7 +53,7 @@ fn cf8_read(cf8: &Cf8Device, address: u32, lane: u64, len: usize) -> u32 {
 #[test]
 fn mechanism_one_reads_every_size_and_lane() {
     let r = rig(EcamMode::Trapped);
-    let cf8 = Cf8Device::new(r.root.clone());
+    let cf8 = Cf8Device::new(&r.root);
     let dev1 = 0x8000_0000 | (1 << 11);
     assert_eq!(cf8_read(&cf8, dev1, 0, 4), 0x0d00_e1e5);
     assert_eq!(cf8_read(&cf8, dev1, 2, 2), 0x0d00);
@@ -93,7 +78,7 @@ fn mechanism_one_reads_every_size_and_lane() {
 #[test]
 fn ecam_and_cf8_see_the_same_bytes() {
     let r = rig(EcamMode::Trapped);
-    let (cf8, ecam) = (Cf8Device::new(r.root.clone()), EcamDevice::new(r.root.clone()));
+    let (cf8, ecam) = (Cf8Device::new(&r.root), EcamDevice::new(&r.root));
     for index in [0usize, 8, 16] {
         for reg in (0..256).step_by(4) {
             let mut by_ecam = [0u8; 4];
@@ -113,7 +98,7 @@ fn ecam_and_cf8_see_the_same_bytes() {
 #[test]
 fn moving_a_bar_moves_its_bus_range_and_ioeventfds() {
     let r = rig(EcamMode::Trapped);
-    let ecam = EcamDevice::new(r.root.clone());
+    let ecam = EcamDevice::new(&r.root);
     let (buses, _) = r.buses.snapshot();
     assert!(buses.mmio.lookup(MmioAddress(0xd000_0000), 4).is_some());
     assert!(buses.pio.lookup(PioAddress(0x510), 4).is_some());
@@ -141,10 +126,10 @@ fn moving_a_bar_moves_its_bus_range_and_ioeventfds() {
 #[test]
 fn a_bars_ioeventfds_follow_its_decode_and_placement() {
     let r = rig(EcamMode::Trapped);
-    let ecam = EcamDevice::new(r.root.clone());
+    let ecam = EcamDevice::new(&r.root);
     let fd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-    let function = doorbell_function_at(false, 0xc000_0000, 0x520)
-        .with_ioeventfds(0, vec![(IoeventfdKey::mmio(0x10, 0, None), fd)]);
+    let function =
+        two_bar_function(false, 0xc000_0000, 0x520).with_ioeventfds(0, vec![(IoeventfdKey::mmio(0x10, 0, None), fd)]);
     r.root.add(2, 0, function).unwrap();
     let live = |addr| r.ioeventfds.contains(&IoeventfdKey::mmio(addr, 0, None));
     assert!(live(0xc000_0010), "registered where the BAR was placed");
@@ -171,8 +156,8 @@ fn a_bars_ioeventfds_follow_its_decode_and_placement() {
 #[test]
 fn bars_outside_their_window_or_overlapping_stay_off_the_bus() {
     let r = rig(EcamMode::Trapped);
-    let ecam = EcamDevice::new(r.root.clone());
-    r.buses.update(|b| b.pio.insert(PioAddress(0x600), 8, DeviceId(9), Arc::new(Doorbell::default()))).unwrap();
+    let ecam = EcamDevice::new(&r.root);
+    r.buses.update(|b| b.pio.insert(PioAddress(0x600), 8, DeviceId(9), Arc::new(ScratchDevice::default()))).unwrap();
     for (bar, value, what) in [
         (1u64, 0x600u32, "overlaps another device"),
         (1, 0x100, "below the I/O window"),
@@ -192,7 +177,7 @@ fn bars_outside_their_window_or_overlapping_stay_off_the_bus() {
 #[test]
 fn the_mapped_window_tracks_writes_before_the_next_read() {
     let r = rig(EcamMode::Mapped);
-    let ecam = EcamDevice::new(r.root.clone());
+    let ecam = EcamDevice::new(&r.root);
     let shadow_page = |index: usize| {
         let mut page = [0u8; 4096];
         let snapshot = r.root.config_snapshot(index);
@@ -215,7 +200,7 @@ fn a_function_with_read_side_effects_keeps_its_page_trapped() {
     let r = rig(EcamMode::Mapped);
     r.root
         .add(2, 0, {
-            let mut f = doorbell_function(true);
+            let mut f = scratch_function(true);
             f.config.set_bar(0, BarSpec { kind: BarKind::Memory32, size: 0x1000 }, 0xd000_1000);
             f.config.set_bar(1, BarSpec { kind: BarKind::Io, size: 16 }, 0x520);
             f

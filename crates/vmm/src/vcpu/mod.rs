@@ -13,7 +13,7 @@ pub mod threads;
 pub mod watchdog;
 
 use crate::bus::{Bus, BusAddress, BusSet, MmioAddress, PioAddress, SharedBuses};
-use crate::host::emulate;
+use crate::host::nested_exits::{HostExit, NestedExits};
 use crate::stats::{DeviceCounts, ExitKind, ExitStats, LiveStats};
 use crate::vcpu::control::{GuestStop, RunControl};
 use crate::vcpu::samples::GuestSamples;
@@ -23,7 +23,6 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
-use vm_memory::GuestMemoryMmap;
 
 /// KVM_INTERNAL_ERROR_EMULATION: KVM could not emulate an instruction.
 const EMULATION_FAILED: u32 = 1;
@@ -160,10 +159,8 @@ enum RareExit {
     FailEntry(u64, u32),
     InternalError,
     SystemEvent(u32),
-    /// A breakpoint the VMM set (the system-call entry; emulate::syscall).
-    Debug,
-    /// A guest write of an MSR the VMM traps (LSTAR; emulate::syscall).
-    WriteMsr(u32, u64),
+    /// What only a nested host produces (crate::host::nested_exits).
+    Host(HostExit),
     Unexpected(String),
 }
 
@@ -179,8 +176,8 @@ impl From<Result<VcpuExit<'_>, kvm_ioctls::Error>> for RareExit {
             Ok(VcpuExit::FailEntry(reason, cpu)) => RareExit::FailEntry(reason, cpu),
             Ok(VcpuExit::InternalError) => RareExit::InternalError,
             Ok(VcpuExit::SystemEvent(event, _)) => RareExit::SystemEvent(event),
-            Ok(VcpuExit::Debug(_)) => RareExit::Debug,
-            Ok(VcpuExit::X86Wrmsr(exit)) => RareExit::WriteMsr(exit.index, exit.data),
+            Ok(VcpuExit::Debug(_)) => RareExit::Host(HostExit::Debug),
+            Ok(VcpuExit::X86Wrmsr(exit)) => RareExit::Host(HostExit::WriteMsr(exit.index, exit.data)),
             Ok(other) => RareExit::Unexpected(format!("{other:?}")),
         }
     }
@@ -196,8 +193,6 @@ pub struct Vcpu {
     fd: VcpuFd,
     run_size: usize,
     control: Arc<RunControl>,
-    /// Guest RAM, to complete instructions KVM could not emulate.
-    memory: GuestMemoryMmap,
     /// The exit being handled and when `KVM_RUN` returned; booked at the next entry.
     pending: Option<(ExitKind, u64)>,
     coalesced_ring: bool,
@@ -206,8 +201,9 @@ pub struct Vcpu {
     live: Option<(Arc<LiveStats>, u64)>,
     /// Guest RIPs found when the VMM kicked this vCPU to sample it (`--sample-guest`).
     pub samples: GuestSamples,
-    /// Finishes system calls the host left at CPL3.
-    syscall: emulate::syscall::SyscallFixup,
+    /// The nested host profile's exits (instruction completion, the LSTAR watch); None
+    /// on a native host, where those exits are faults.
+    nested: Option<NestedExits>,
     /// Ends the run when no vCPU makes progress any more (`--stuck-after`), from the samples.
     stuck: Option<StuckWatch>,
     /// Where the vCPU goes while the guest is in ACPI S3, and how it comes back.
@@ -222,20 +218,19 @@ impl Vcpu {
         buses: Arc<SharedBuses>,
         devices: usize,
         control: Arc<RunControl>,
-        memory: GuestMemoryMmap,
+        nested: Option<NestedExits>,
     ) -> Self {
         Vcpu {
             id,
             fd,
             run_size,
             control,
-            memory,
+            nested,
             pending: None,
             coalesced_ring: false,
             exits: ExitHandler::new(buses, devices),
             live: None,
             samples: GuestSamples::default(),
-            syscall: Default::default(),
             stuck: None,
             sleep: None,
         }
@@ -460,7 +455,8 @@ impl Vcpu {
                 if !self.control.needs_attention() {
                     if let Ok(regs) = self.fd.get_regs() {
                         if self.samples.record(regs.rip) == STUCK_SAMPLES {
-                            if let Some(what) = self.never_completed_at(regs.rip) {
+                            let never = self.nested.as_ref().and_then(|n| n.never_completed_at(&self.fd, regs.rip));
+                            if let Some(what) = never {
                                 return Err(self.fault(&format!(
                                     "stuck on `{what}` for {STUCK_SAMPLES} samples in a row: this host's KVM never \
                                      completes it at CPL0 (the vCPU re-enters it forever)"
@@ -491,15 +487,7 @@ impl Vcpu {
                 if suberror != EMULATION_FAILED {
                     format!("KVM internal error, suberror {suberror} (2: simultaneous exceptions)")
                 } else {
-                    match emulate::complete(&self.fd, &self.memory) {
-                        Ok(done) => {
-                            self.exits.stats.completed[done as usize] += 1;
-                            return Ok(ExitKind::InternalError);
-                        }
-                        Err(emulate::NotCompleted(why)) => {
-                            format!("KVM could not emulate an instruction and neither can exitless: {why}")
-                        }
-                    }
+                    return self.host_exit(HostExit::EmulationFailed);
                 }
             }
             RareExit::SystemEvent(SYSTEM_EVENT_SHUTDOWN) => {
@@ -511,44 +499,22 @@ impl Vcpu {
                 return Ok(ExitKind::SystemEvent);
             }
             RareExit::SystemEvent(event) => format!("system event {event} (3: crash)"),
-            RareExit::WriteMsr(emulate::syscall::MSR_LSTAR, value) => {
-                match self.syscall.lstar_written(&self.fd, &self.memory, value) {
-                    Ok(accepted) => {
-                        if !accepted {
-                            // The exit is KVM_EXIT_X86_WRMSR: `msr` is the live union
-                            // member; error = 1 makes KVM inject #GP.
-                            self.fd.get_kvm_run().__bindgen_anon_1.msr.error = 1;
-                        }
-                        return Ok(ExitKind::WrMsr);
-                    }
-                    Err(why) => format!("cannot watch the system-call entry: {why}"),
-                }
-            }
-            RareExit::WriteMsr(index, _) => format!("a trapped write of MSR {index:#x} that exitless does not handle"),
-            RareExit::Debug => match self.syscall.at_breakpoint(&self.fd, &self.memory) {
-                Ok(finished) => {
-                    if finished {
-                        self.exits.stats.completed[emulate::Completed::Syscall as usize] += 1;
-                    }
-                    return Ok(ExitKind::Debug);
-                }
-                Err(why) => why,
-            },
+            RareExit::Host(exit) => return self.host_exit(exit),
             RareExit::Unexpected(what) => format!("unexpected exit {what}"),
         };
         Err(self.fault(&what))
     }
 
-    /// The instruction at `rip` if it is one this host's KVM re-enters forever at CPL0
-    /// (`vmcall`, `vmmcall`): a guest sampled on it again and again will never get past.
-    fn never_completed_at(&self, rip: u64) -> Option<&'static str> {
-        let sregs = self.fd.get_sregs().ok()?;
-        let mut bytes = [0u8; 3];
-        emulate::guest_access(&self.fd, &self.memory, sregs.cs.base.wrapping_add(rip), &mut bytes, false).ok()?;
-        match bytes {
-            [0x0f, 0x01, 0xc1] => Some("vmcall"),
-            [0x0f, 0x01, 0xd9] => Some("vmmcall"),
-            _ => None,
+    /// An exit the nested host profile handles; on a native host, a fault.
+    #[cold]
+    fn host_exit(&mut self, exit: HostExit) -> Result<ExitKind, VcpuError> {
+        let Some(nested) = self.nested.as_mut() else {
+            let what = format!("{exit:?}, which only a nested host produces (--host-profile native handles none)");
+            return Err(self.fault(&what));
+        };
+        match nested.handle(exit, &mut self.fd, &mut self.exits.stats) {
+            Ok(()) => Ok(exit.kind()),
+            Err(why) => Err(self.fault(&why)),
         }
     }
 

@@ -9,7 +9,7 @@
 
 use crate::devices::legacy::acpi_pm::{RTC_EN, RTC_STS, WAK_STS};
 use crate::devices::legacy::cmos_rtc::CmosRtc;
-use crate::devices::AcpiPm;
+use crate::devices::legacy::AcpiPm;
 use crate::vcpu::control::{GuestStop, RunControl};
 use kvm_bindings::{kvm_dtable, kvm_mp_state, kvm_regs, kvm_segment, KVM_MP_STATE_INIT_RECEIVED};
 use kvm_ioctls::VcpuFd;

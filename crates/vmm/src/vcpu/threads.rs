@@ -3,6 +3,7 @@
 //! `KVM_RUN` is kicked with a signal until it returns. With sampling on, the same kick,
 //! sent at a steady rate without the stop flag, makes each vCPU note where the guest was.
 
+use crate::host::HostProfile;
 use crate::seccomp::ThreadKind;
 use crate::stats::ExitStats;
 use crate::vcpu::control::RunControl;
@@ -54,16 +55,18 @@ pub struct Outcome {
 }
 
 impl VcpuThreads {
-    pub fn spawn(vcpus: Vec<Vcpu>, control: Arc<RunControl>) -> std::io::Result<VcpuThreads> {
+    /// One thread per vCPU, each confined to what a vCPU on `host` needs.
+    pub fn spawn(vcpus: Vec<Vcpu>, control: Arc<RunControl>, host: HostProfile) -> std::io::Result<VcpuThreads> {
         install_kick_handler();
         let (tx, finished) = channel();
         let mut threads = Vec::new();
         for mut vcpu in vcpus {
-            let (tx, stop) = (tx.clone(), control.clone());
+            let (tx, stop, host) = (tx.clone(), control.clone(), host.clone());
             let id = vcpu.id();
             let thread = std::thread::Builder::new().name(format!("vcpu{id}")).spawn(move || {
                 let registered = Registered::new(&stop, id);
-                let result = crate::seccomp::confine(ThreadKind::Vcpu).map_err(Into::into).and_then(|()| vcpu.run());
+                let result =
+                    crate::seccomp::confine_vcpu(ThreadKind::Vcpu, &host).map_err(Into::into).and_then(|()| vcpu.run());
                 drop(registered);
                 // Whatever ended this vCPU ends the others too.
                 stop.request_stop();

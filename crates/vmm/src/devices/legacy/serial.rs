@@ -130,6 +130,7 @@ mod tests {
     fn input_reaches_the_receive_register_and_raises_the_interrupt() {
         let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let router = Arc::new(GsiRouter::new(Arc::new(crate::testing::FakeKvm::default())));
+        let deliveries = router.count_deliveries();
         let serial = Arc::new(
             Serial::new(Box::new(Sink::default()), IrqLine::new(Some(irq.try_clone().unwrap()), Some(router.clone())))
                 .unwrap(),
@@ -152,6 +153,6 @@ mod tests {
         }
         assert_eq!(got, b"ok");
         assert!(irq.read().unwrap() >= 1, "the guest was interrupted");
-        assert!(router.delivered_count() >= 1, "an idle vCPU would have woken");
+        assert!(deliveries.count() >= 1, "an idle vCPU would have woken");
     }
 }

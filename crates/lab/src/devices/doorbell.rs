@@ -6,10 +6,10 @@
 //! A ring can also arrive through an eventfd signalled by KVM (an ioeventfd), through
 //! KVM's coalesced ring, or from a host thread; `count` includes them all.
 
-use crate::bus::{BusDevice, DeviceId};
-use crate::pci::config::{COMMAND, COMMAND_IO, COMMAND_MEMORY};
-use crate::pci::{BarKind, BarSpec, ConfigSpace, PciFunction, PciIds};
-use crate::poll::{PollMode, PollStats, PollWindow, SharedPollMode};
+use exitless_vmm::bus::{BusDevice, DeviceId};
+use exitless_vmm::pci::config::{COMMAND, COMMAND_IO, COMMAND_MEMORY};
+use exitless_vmm::pci::{BarKind, BarSpec, ConfigSpace, PciFunction, PciIds};
+use exitless_vmm::poll::{PollMode, PollStats, PollWindow, SharedPollMode};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -133,7 +133,7 @@ impl EventfdWorker {
         let (epoll2, stop2, sources2) = (epoll.clone(), stop.clone(), sources.clone());
         let (mode2, stats2) = (poll_mode.clone(), poll_stats.clone());
         let thread = std::thread::Builder::new().name("doorbell".into()).spawn(move || {
-            if !crate::seccomp::confine_or_log(crate::seccomp::ThreadKind::Device) {
+            if !exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Device) {
                 return;
             }
             let mut events = vec![EpollEvent::default(); 16];
@@ -167,7 +167,7 @@ impl EventfdWorker {
     /// CPU time the device thread has used (its pthread CPU clock).
     pub fn cpu_time(&self) -> Option<std::time::Duration> {
         use std::os::unix::thread::JoinHandleExt;
-        crate::poll::thread_cpu_time(self.thread.as_ref()?.as_pthread_t())
+        exitless_vmm::poll::thread_cpu_time(self.thread.as_ref()?.as_pthread_t())
     }
 }
 

@@ -6,8 +6,9 @@
 //! previous wait returned (so one that fired in between is not missed), or after the timeout.
 //! Each vCPU thread keeps its own place: one vCPU's wait does not use up another's wake-up.
 
-use crate::bus::BusDevice;
-use crate::irq::GsiRouter;
+use exitless_vmm::bus::BusDevice;
+use exitless_vmm::irq::{Deliveries, GsiRouter};
+use exitless_vmm::sync::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
@@ -18,7 +19,7 @@ pub const IDLE_LEN: u64 = 4;
 const MAX_WAIT: Duration = Duration::from_millis(10);
 
 pub struct Idle {
-    router: Arc<GsiRouter>,
+    deliveries: Arc<Deliveries>,
     /// Interrupts delivered when the device was made: where a vCPU's first wait starts.
     initial: u64,
     /// Per vCPU thread: the delivery count its last wait returned with.
@@ -26,8 +27,10 @@ pub struct Idle {
 }
 
 impl Idle {
-    pub fn new(router: Arc<GsiRouter>) -> Self {
-        Idle { initial: router.delivered_count(), router, seen: Mutex::new(HashMap::new()) }
+    /// An idle port woken by what `router` delivers (which starts counting deliveries).
+    pub fn new(router: &GsiRouter) -> Self {
+        let deliveries = router.count_deliveries();
+        Idle { initial: deliveries.count(), deliveries, seen: Mutex::new(HashMap::new()) }
     }
 }
 
@@ -43,22 +46,22 @@ impl BusDevice for Idle {
         let us = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
         let timeout = Duration::from_micros(u64::from(us)).min(MAX_WAIT);
         let me = std::thread::current().id();
-        let seen = *self.seen.lock().unwrap_or_else(|e| e.into_inner()).get(&me).unwrap_or(&self.initial);
-        let now = self.router.wait_beyond(seen, timeout);
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).insert(me, now);
+        let seen = *lock(&self.seen).get(&me).unwrap_or(&self.initial);
+        let now = self.deliveries.wait_beyond(seen, timeout);
+        lock(&self.seen).insert(me, now);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::FakeKvm;
+    use exitless_vmm::testing::FakeKvm;
     use std::time::Instant;
 
     #[test]
     fn a_wait_ends_at_an_interrupt_or_the_timeout() {
         let router = Arc::new(GsiRouter::new(Arc::new(FakeKvm::default())));
-        let idle = Idle::new(router.clone());
+        let idle = Idle::new(&router);
         let start = Instant::now();
         idle.write(0, &5000u32.to_le_bytes());
         assert!(start.elapsed() >= Duration::from_millis(5), "no interrupt: the whole timeout");
@@ -76,7 +79,7 @@ mod tests {
     #[test]
     fn one_vcpus_wait_does_not_use_up_anothers_wake_up() {
         let router = Arc::new(GsiRouter::new(Arc::new(FakeKvm::default())));
-        let idle = Arc::new(Idle::new(router.clone()));
+        let idle = Arc::new(Idle::new(&router));
         router.delivered();
         // vCPU A takes the interrupt...
         idle.write(0, &1_000_000u32.to_le_bytes());

@@ -1,0 +1,81 @@
+//! Attaching the PC devices a guest finds at fixed ports, each wired to its ISA interrupt.
+
+use super::{DeviceError, DeviceHandle, DeviceKind, DeviceManager};
+use crate::devices::legacy::cmos_rtc::{CmosRtc, RTC_LEN, RTC_PORT};
+use crate::devices::legacy::{boot_timer, debug_exit, i8042, serial, AcpiPm, DebugExit, Serial, I8042};
+use crate::layout;
+use crate::pci::{BarKind, BarSpec};
+use crate::vcpu::control::RunControl;
+use exitless_payloads::abi;
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::Instant;
+use vmm_sys_util::eventfd::EventFd;
+
+impl DeviceManager {
+    /// An irqfd on ISA line `irq` for device `name`.
+    fn isa_irqfd(&self, name: &'static str, irq: u32) -> Result<EventFd, DeviceError> {
+        let fd = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| DeviceError::Setup { name: name.into(), source })?;
+        self.vm.register_irqfd(&fd, irq).map_err(|source| DeviceError::Ioctl { name, what: "KVM_IRQFD", source })?;
+        Ok(fd)
+    }
+
+    /// COM1: output to `out` from a thread of its own, input from `input` if given.
+    pub fn attach_serial(
+        &mut self,
+        out: Box<dyn Write + Send>,
+        input: Option<Box<dyn Read + Send>>,
+    ) -> Result<Arc<Serial>, DeviceError> {
+        let setup = |source| DeviceError::Setup { name: "serial".into(), source };
+        let irq =
+            serial::IrqLine::new(Some(self.isa_irqfd("serial", layout::COM1_IRQ)?), Some(self.gsi_router.clone()));
+        let serial = Arc::new(Serial::new(out, irq).map_err(setup)?);
+        if let Some(input) = input {
+            serial.spawn_input(input).map_err(setup)?;
+        }
+        let handle = DeviceHandle::Serial(serial.clone());
+        self.attach_pio("serial", DeviceKind::Serial, layout::COM1_PORT, serial::SERIAL_LEN, serial.clone(), handle)?;
+        Ok(serial)
+    }
+
+    /// The port a payload writes its exit status to.
+    pub fn attach_debug_exit(&mut self, control: Arc<RunControl>) -> Result<(), DeviceError> {
+        let device = Arc::new(DebugExit::new(control));
+        let (port, len) = (abi::DEBUG_EXIT_PORT as u16, debug_exit::DEBUG_EXIT_LEN);
+        self.attach_pio("debug-exit", DeviceKind::DebugExit, port, len, device, DeviceHandle::Bus).map(drop)
+    }
+
+    /// The PS/2 controller: its reset line, and Ctrl-Alt-Del from the API.
+    pub fn attach_keyboard(&mut self, control: Arc<RunControl>) -> Result<(), DeviceError> {
+        let keyboard = Arc::new(I8042::new(control, Some(self.isa_irqfd("i8042", layout::I8042_IRQ)?)));
+        let handle = DeviceHandle::Keyboard(keyboard.clone());
+        let (port, len) = (layout::I8042_DATA_PORT, i8042::I8042_LEN);
+        self.attach_pio("i8042", DeviceKind::Keyboard, port, len, keyboard, handle).map(drop)
+    }
+
+    /// ACPI's PM registers (power off, reset; S3 when `s3`).
+    pub fn attach_power(&mut self, control: Arc<RunControl>, s3: bool) -> Result<Arc<AcpiPm>, DeviceError> {
+        let pm = Arc::new(AcpiPm::new(control, s3));
+        let (port, len) = (layout::ACPI_PM_PORT, layout::ACPI_PM_LEN);
+        self.attach_pio("acpi-pm", DeviceKind::PowerManagement, port, len, pm.clone(), DeviceHandle::Bus)?;
+        Ok(pm)
+    }
+
+    /// The CMOS RTC, whose alarm wakes a guest from S3.
+    pub fn attach_rtc(&mut self) -> Result<Arc<CmosRtc>, DeviceError> {
+        let rtc = Arc::new(CmosRtc::default());
+        self.attach_pio("cmos-rtc", DeviceKind::Rtc, RTC_PORT, RTC_LEN, rtc.clone(), DeviceHandle::Bus)?;
+        Ok(rtc)
+    }
+
+    /// Firecracker's boot-timer device, at the address Firecracker gives it (the first
+    /// page of the 32-bit PCI window, taken from the BAR allocator).
+    pub fn attach_boot_timer(&mut self, started: Instant) -> Result<(), DeviceError> {
+        use boot_timer::{BootTimer, BOOT_TIMER_GPA, BOOT_TIMER_LEN};
+        let page = BarSpec { kind: BarKind::Memory32, size: BOOT_TIMER_LEN };
+        self.allocators.reserve_bar(page, BOOT_TIMER_GPA)?;
+        let timer = Arc::new(BootTimer::new(started));
+        let kind = DeviceKind::BootTimer;
+        self.attach_mmio("boot-timer", kind, BOOT_TIMER_GPA, BOOT_TIMER_LEN, timer, DeviceHandle::Bus).map(drop)
+    }
+}

@@ -1,0 +1,347 @@
+//! The device manager: the one owner of the buses, the PCI root, every allocator (PCI
+//! slots, BAR windows, ports, IOAPIC pins, memory slots; GSIs through the router), the
+//! ioeventfd registry, and the list of every device with its name, kind, resources and
+//! handle. Each device kind has one `attach_*` (legacy.rs, virtio.rs, qemu_test.rs);
+//! snapshots, hot-swap and the API reach devices through [`DeviceManager::devices`].
+
+pub mod allocators;
+mod legacy;
+mod qemu_test;
+mod virtio;
+
+pub use allocators::{AllocError, Allocators};
+pub use virtio::{DriveHandle, NetConfig, NetHandle};
+
+use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
+use crate::devices::legacy::{Serial, I8042};
+use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
+use crate::irq::{GsiRouter, IrqError};
+use crate::layout::{self, MemoryMap};
+use crate::pci::cf8::{Cf8Device, CF8_LEN, CF8_PORT};
+use crate::pci::ecam::{EcamDevice, EcamShadow, ECAM_SIZE, SHADOW_MAX_SLOTS};
+use crate::pci::{BarSpec, EcamMode, PciError, PciFunction, PciRoot};
+use kvm_ioctls::VmFd;
+use std::sync::Arc;
+use vm_memory::GuestMemoryMmap;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("cannot place device {name}")]
+    Bus {
+        name: String,
+        #[source]
+        source: BusError,
+    },
+    #[error("cannot set up device {name}")]
+    Setup {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} failed for device {name}")]
+    Ioctl {
+        name: &'static str,
+        what: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    #[error(transparent)]
+    Irq(#[from] IrqError),
+    #[error(transparent)]
+    Pci(#[from] PciError),
+    #[error(transparent)]
+    Tap(#[from] crate::net::tap::TapError),
+    #[error(transparent)]
+    Drive(#[from] crate::virtio::blk::DiskError),
+    #[error("the machine has no drive {0}")]
+    NoDrive(usize),
+    #[error("the machine has no network interface {0}")]
+    NoNic(usize),
+}
+
+/// What a device is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    Serial,
+    Keyboard,
+    DebugExit,
+    PowerManagement,
+    Rtc,
+    BootTimer,
+    PciHostBridge,
+    PciConfigAccess,
+    VirtioNet,
+    VirtioBlock,
+    /// QEMU's devices for kvm-unit-tests (`--testdevs`).
+    QemuTest,
+    /// The lab's own devices (doorbell, idle port, lab control).
+    Lab,
+}
+
+/// Where a device answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resource {
+    Ports {
+        base: u16,
+        len: u64,
+    },
+    Mmio {
+        base: u64,
+        len: u64,
+    },
+    PciSlot(u8),
+    /// A BAR's first placement (the guest may move it).
+    Bar {
+        index: u8,
+        base: u64,
+    },
+    Irq(u32),
+}
+
+/// How the VMM reaches a device besides the buses.
+pub enum DeviceHandle {
+    /// Only through the buses.
+    Bus,
+    Serial(Arc<Serial>),
+    Keyboard(Arc<I8042>),
+    Net(NetHandle),
+    Block(DriveHandle),
+}
+
+/// One attached device.
+pub struct Device {
+    pub name: String,
+    pub kind: DeviceKind,
+    pub resources: Vec<Resource>,
+    pub handle: DeviceHandle,
+}
+
+/// A PCI function's place: its slot and, per BAR asked for, the bus id and address.
+pub struct PciPlacement {
+    pub slot: u8,
+    pub bars: Vec<(DeviceId, u64)>,
+}
+
+/// A BAR a PCI device asks for: anywhere in its window, or at an address its guest knows.
+pub struct BarRequest {
+    /// What the exit profile calls accesses to it (the device's name if empty).
+    pub label: &'static str,
+    pub spec: BarSpec,
+    pub at: Option<u64>,
+}
+
+/// Where the device manager starts from.
+pub struct DeviceManagerConfig {
+    pub ioeventfd_limits: IoeventfdLimits,
+    pub ecam: EcamMode,
+    /// Whether 0xCF8/0xCFC config access exists (see `MachineConfig`).
+    pub pci_config_io: bool,
+}
+
+pub struct DeviceManager {
+    vm: Arc<VmFd>,
+    memory: GuestMemoryMmap,
+    buses: Arc<SharedBuses>,
+    pci: Arc<PciRoot>,
+    allocators: Allocators,
+    gsi_router: Arc<GsiRouter>,
+    ioeventfds: Arc<IoeventfdRegistry>,
+    /// What each bus entry is called in the exit profile, by [`DeviceId`].
+    bus_names: Vec<String>,
+    devices: Vec<Device>,
+}
+
+impl DeviceManager {
+    /// The buses, the PCI root with its host bridge and config access, and the allocators
+    /// (`allocators` already gave guest RAM its memory slots).
+    pub fn new(
+        vm: Arc<VmFd>,
+        memory: GuestMemoryMmap,
+        map: &MemoryMap,
+        mut allocators: Allocators,
+        config: DeviceManagerConfig,
+    ) -> Result<Self, DeviceError> {
+        let buses = Arc::new(SharedBuses::new(BusSet::default()));
+        let ioeventfds = Arc::new(IoeventfdRegistry::new(vm.clone(), config.ioeventfd_limits));
+        let gsi_router = Arc::new(GsiRouter::new(vm.clone()));
+        let slots = allocators.memslots(SHADOW_MAX_SLOTS)?;
+        let shadow = EcamShadow::new(vm.clone(), layout::ECAM_GPA, slots).map_err(PciError::Shadow)?;
+        let pci = PciRoot::new(buses.clone(), ioeventfds.clone(), shadow, config.ecam, map.pci_windows())?;
+        let pci = Arc::new(pci);
+        let mut dm = DeviceManager {
+            vm,
+            memory,
+            buses,
+            pci: pci.clone(),
+            allocators,
+            gsi_router,
+            ioeventfds,
+            bus_names: Vec::new(),
+            devices: Vec::new(),
+        };
+        if config.pci_config_io {
+            let cf8 = Arc::new(Cf8Device::new(&pci));
+            dm.attach_pio("pci-cf8", DeviceKind::PciConfigAccess, CF8_PORT, CF8_LEN, cf8, DeviceHandle::Bus)?;
+        }
+        let ecam = Arc::new(EcamDevice::new(&pci));
+        let kind = DeviceKind::PciConfigAccess;
+        dm.attach_mmio("pci-ecam", kind, layout::ECAM_GPA, ECAM_SIZE, ecam, DeviceHandle::Bus)?;
+        pci.add(0, 0, crate::pci::host_bridge())?;
+        dm.push("host-bridge", DeviceKind::PciHostBridge, vec![Resource::PciSlot(0)], DeviceHandle::Bus);
+        Ok(dm)
+    }
+
+    /// Every attached device, in the order attached.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// What the exit profile calls each bus entry, by [`DeviceId`].
+    pub fn bus_names(&self) -> &[String] {
+        &self.bus_names
+    }
+
+    pub fn buses(&self) -> &Arc<SharedBuses> {
+        &self.buses
+    }
+
+    pub fn pci(&self) -> &Arc<PciRoot> {
+        &self.pci
+    }
+
+    pub fn ioeventfds(&self) -> &Arc<IoeventfdRegistry> {
+        &self.ioeventfds
+    }
+
+    pub fn gsi_router(&self) -> &Arc<GsiRouter> {
+        &self.gsi_router
+    }
+
+    pub fn allocators(&mut self) -> &mut Allocators {
+        &mut self.allocators
+    }
+
+    /// A device on the port I/O bus; its ports are taken from the I/O window where they
+    /// fall in it.
+    pub fn attach_pio(
+        &mut self,
+        name: &str,
+        kind: DeviceKind,
+        port: u16,
+        len: u64,
+        device: Arc<dyn BusDevice>,
+        handle: DeviceHandle,
+    ) -> Result<DeviceId, DeviceError> {
+        self.allocators.reserve_ports(port, len)?;
+        tracing::debug!("{name}: ports {port:#x}..{:#x}", u64::from(port) + len);
+        let id = self.insert(name, |b, id| b.pio.insert(PioAddress(port), len, id, device))?;
+        self.push(name, kind, vec![Resource::Ports { base: port, len }], handle);
+        Ok(id)
+    }
+
+    /// A device on the MMIO bus.
+    pub fn attach_mmio(
+        &mut self,
+        name: &str,
+        kind: DeviceKind,
+        addr: u64,
+        len: u64,
+        device: Arc<dyn BusDevice>,
+        handle: DeviceHandle,
+    ) -> Result<DeviceId, DeviceError> {
+        tracing::debug!("{name}: MMIO {addr:#x}..{:#x}", addr + len);
+        let id = self.insert(name, |b, id| b.mmio.insert(MmioAddress(addr), len, id, device))?;
+        self.push(name, kind, vec![Resource::Mmio { base: addr, len }], handle);
+        Ok(id)
+    }
+
+    /// A PCI function: a slot (`slot`, or the lowest free), its BARs placed by the
+    /// allocators, then `build` makes the function for that placement.
+    pub fn attach_pci(
+        &mut self,
+        name: &str,
+        kind: DeviceKind,
+        slot: Option<u8>,
+        bars: &[BarRequest],
+        build: impl FnOnce(&PciPlacement) -> Result<(PciFunction, DeviceHandle), DeviceError>,
+    ) -> Result<PciPlacement, DeviceError> {
+        let slot = match slot {
+            Some(n) => self.allocators.reserve_slot(n).map(|()| n)?,
+            None => self.allocators.slot()?,
+        };
+        let mut placement = PciPlacement { slot, bars: Vec::new() };
+        let mut resources = vec![Resource::PciSlot(slot)];
+        for (index, bar) in bars.iter().enumerate() {
+            let base = match bar.at {
+                Some(at) => self.allocators.reserve_bar(bar.spec, at).map(|()| at)?,
+                None => self.allocators.bar(bar.spec)?,
+            };
+            let label = if bar.label.is_empty() { name.to_string() } else { format!("{name}-{}", bar.label) };
+            placement.bars.push((self.name_bus_entry(&label), base));
+            resources.push(Resource::Bar { index: index as u8, base });
+        }
+        let (function, handle) = build(&placement)?;
+        self.pci.add(slot, 0, function)?;
+        tracing::debug!(
+            "{name}: PCI 00:{slot:02x}.0, BARs {:#x?}",
+            placement.bars.iter().map(|b| b.1).collect::<Vec<_>>()
+        );
+        self.push(name, kind, resources, handle);
+        Ok(placement)
+    }
+
+    /// Names a bus entry for the exit profile and returns its id.
+    fn name_bus_entry(&mut self, name: &str) -> DeviceId {
+        self.bus_names.push(name.to_string());
+        DeviceId(self.bus_names.len() - 1)
+    }
+
+    /// Names the entry and places it with `insert` on the current bus layout.
+    fn insert(
+        &mut self,
+        name: &str,
+        insert: impl FnOnce(&mut BusSet, DeviceId) -> Result<(), BusError>,
+    ) -> Result<DeviceId, DeviceError> {
+        let id = self.name_bus_entry(name);
+        self.buses.update(|b| insert(b, id)).map_err(|source| DeviceError::Bus { name: name.into(), source })?;
+        Ok(id)
+    }
+
+    fn push(&mut self, name: &str, kind: DeviceKind, resources: Vec<Resource>, handle: DeviceHandle) {
+        self.devices.push(Device { name: name.to_string(), kind, resources, handle });
+    }
+
+    /// COM1, whose queued output is drained before a run returns.
+    pub fn serial(&self) -> Option<&Arc<Serial>> {
+        self.devices.iter().find_map(|d| match &d.handle {
+            DeviceHandle::Serial(s) => Some(s),
+            _ => None,
+        })
+    }
+
+    /// The PS/2 controller, through which the API sends Ctrl-Alt-Del.
+    pub fn keyboard(&self) -> Option<&Arc<I8042>> {
+        self.devices.iter().find_map(|d| match &d.handle {
+            DeviceHandle::Keyboard(k) => Some(k),
+            _ => None,
+        })
+    }
+
+    /// The virtio-net devices, in the order attached.
+    pub fn nets(&self) -> impl Iterator<Item = &NetHandle> {
+        self.devices.iter().filter_map(|d| match &d.handle {
+            DeviceHandle::Net(n) => Some(n),
+            _ => None,
+        })
+    }
+
+    /// The virtio-blk devices, in the order attached.
+    pub fn drives(&self) -> impl Iterator<Item = &DriveHandle> {
+        self.devices.iter().filter_map(|d| match &d.handle {
+            DeviceHandle::Block(b) => Some(b),
+            _ => None,
+        })
+    }
+}

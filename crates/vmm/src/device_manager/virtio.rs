@@ -1,0 +1,133 @@
+//! Attaching virtio devices over PCI (the transport, MSI-X vectors, BAR0 and the notify
+//! ioeventfds), and the virtio-net and virtio-blk handles the API and the labs use.
+
+use super::{BarRequest, DeviceError, DeviceHandle, DeviceKind, DeviceManager};
+use crate::net::Tap;
+use crate::pci::msix::Msix;
+use crate::poll::PollMode;
+use crate::rate_limiter::{LimiterSlot, Limits};
+use crate::virtio::blk::{BlkStats, DiskSlot, DriveConfig, VirtioBlk};
+use crate::virtio::net::{NetStats, TxMode, VirtioNet};
+use crate::virtio::pci::VirtioPci;
+use crate::virtio::{self, VirtioDevice};
+use std::sync::Arc;
+
+/// `--net tap=NAME[,mac=..]` and `--net-tx`.
+#[derive(Clone, Debug)]
+pub struct NetConfig {
+    pub tap: String,
+    pub mac: [u8; 6],
+    pub tx: TxMode,
+    /// An MTU advised to the guest (VIRTIO_NET_F_MTU), if any.
+    pub mtu: Option<u16>,
+    /// Rate limits on received and sent frames.
+    pub rx_limits: Limits,
+    pub tx_limits: Limits,
+}
+
+/// A virtio-blk device, for the API, the lab and the report.
+pub struct DriveHandle {
+    pub name: String,
+    pub stats: Arc<BlkStats>,
+    pub transport: Arc<VirtioPci>,
+    /// The backing file, swapped by [`DeviceManager::update_drive`].
+    pub disk: Arc<DiskSlot>,
+    /// The rate limits, changed by [`DeviceManager::set_drive_limits`].
+    pub limits: Arc<LimiterSlot>,
+}
+
+/// A virtio-net device, for the API, the lab and the report.
+pub struct NetHandle {
+    pub stats: Arc<NetStats>,
+    pub transport: Arc<VirtioPci>,
+    pub tap_name: String,
+    /// The RX and TX rate limits, changed by [`DeviceManager::set_net_limits`].
+    pub limits: [Arc<LimiterSlot>; 2],
+}
+
+impl DeviceManager {
+    /// Plugs a virtio device in: a free PCI slot, BAR0 from the 32-bit window, one MSI-X
+    /// vector per queue plus one for config changes, every queue's notify address an
+    /// ioeventfd wherever the guest puts BAR0. `handle` makes the device's handle from
+    /// its transport.
+    pub fn attach_virtio(
+        &mut self,
+        name: &str,
+        kind: DeviceKind,
+        device: Box<dyn VirtioDevice>,
+        handle: impl FnOnce(Arc<VirtioPci>) -> DeviceHandle,
+    ) -> Result<Arc<VirtioPci>, DeviceError> {
+        let vectors = device.queue_max_sizes().len() + 1;
+        let msix = Msix::new(self.gsi_router.clone(), vectors)?;
+        let setup = |source| DeviceError::Setup { name: name.into(), source };
+        let transport = Arc::new(VirtioPci::new(device, self.memory.clone(), msix).map_err(setup)?);
+        let bars = [BarRequest { label: "", spec: virtio::pci::BAR0, at: None }];
+        let pci = transport.clone();
+        self.attach_pci(name, kind, None, &bars, |p| {
+            let function = pci.pci_function(name, p.bars[0].0, p.bars[0].1).map_err(setup)?;
+            Ok((function, handle(pci)))
+        })?;
+        Ok(transport)
+    }
+
+    /// A virtio-net device on tap `net.tap`.
+    pub fn attach_net(&mut self, net: &NetConfig, poll: PollMode) -> Result<(), DeviceError> {
+        let tap = Tap::open(&net.tap)?;
+        let tap_name = tap.name().to_string();
+        let device =
+            VirtioNet::new(tap, net.mac, net.tx, poll).with_mtu(net.mtu).with_limits(net.rx_limits, net.tx_limits);
+        let (stats, limits) = (device.stats.clone(), device.limiter_slots());
+        let name = match self.nets().count() {
+            0 => "virtio-net".to_string(),
+            n => format!("virtio-net{n}"),
+        };
+        let handle = |transport| DeviceHandle::Net(NetHandle { stats, transport, tap_name, limits });
+        self.attach_virtio(&name, DeviceKind::VirtioNet, Box::new(device), handle).map(drop)
+    }
+
+    /// A virtio-blk device on `drive`'s backing file.
+    pub fn attach_blk(&mut self, drive: &DriveConfig, poll: PollMode) -> Result<(), DeviceError> {
+        let device = VirtioBlk::new(drive, poll)?;
+        let disk = device.disk();
+        let name = format!("virtio-blk{}", self.drives().count());
+        tracing::info!(
+            "{name}: {} ({} bytes{}{}, {} engine)",
+            drive.path.display(),
+            disk.capacity,
+            if disk.readonly { ", read-only" } else { "" },
+            if disk.is_direct() { ", O_DIRECT" } else { "" },
+            device.engine_name()
+        );
+        let (stats, disk, limits) = (device.stats.clone(), device.disk_slot(), device.limiter_slot());
+        let drive_name = name.clone();
+        let handle = |transport| DeviceHandle::Block(DriveHandle { name: drive_name, stats, transport, disk, limits });
+        self.attach_virtio(&name, DeviceKind::VirtioBlock, Box::new(device), handle).map(drop)
+    }
+
+    /// Gives drive `index` a new backing file on a running guest: its capacity re-read,
+    /// the guest told by a configuration-change interrupt (Firecracker's PATCH /drives).
+    pub fn update_drive(&self, index: usize, path: &std::path::Path) -> Result<(), DeviceError> {
+        let drive = self.drives().nth(index).ok_or(DeviceError::NoDrive(index))?;
+        let disk = drive.disk.swap(path)?;
+        tracing::info!("{}: swapped to {} ({} bytes)", drive.name, path.display(), disk.capacity);
+        drive.transport.config_changed();
+        Ok(())
+    }
+
+    /// New rate limits for drive `index` (Firecracker's PATCH /drives rate_limiter).
+    pub fn set_drive_limits(&self, index: usize, limits: Limits) -> Result<(), DeviceError> {
+        self.drives().nth(index).ok_or(DeviceError::NoDrive(index))?.limits.set(limits);
+        Ok(())
+    }
+
+    /// New rate limits for NIC `index`, each way that is given (PATCH /network-interfaces).
+    pub fn set_net_limits(&self, index: usize, rx: Option<Limits>, tx: Option<Limits>) -> Result<(), DeviceError> {
+        let nic = self.nets().nth(index).ok_or(DeviceError::NoNic(index))?;
+        for (slot, limits) in nic.limits.iter().zip([rx, tx]) {
+            if let Some(limits) = limits {
+                slot.set(limits);
+            }
+        }
+        Ok(())
+    }
+}

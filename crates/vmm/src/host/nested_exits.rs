@@ -1,0 +1,92 @@
+//! The exits only a nested host produces, handled for the vCPU run loop: instructions KVM
+//! could not emulate, and the two exits of the LSTAR watch (emulate::syscall). A vCPU on a
+//! native host profile has no `NestedExits`, and these exits end its run as faults.
+
+use super::emulate::{self, syscall};
+use crate::stats::{Completed, ExitKind, ExitStats};
+use kvm_ioctls::VcpuFd;
+use vm_memory::GuestMemoryMmap;
+
+/// An exit the nested profile handles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostExit {
+    /// KVM_INTERNAL_ERROR_EMULATION: KVM could not emulate an instruction.
+    EmulationFailed,
+    /// A breakpoint the VMM set (the LSTAR watch).
+    Debug,
+    /// A guest write of an MSR the VMM traps.
+    WriteMsr(u32, u64),
+}
+
+impl HostExit {
+    pub fn kind(self) -> ExitKind {
+        match self {
+            HostExit::EmulationFailed => ExitKind::InternalError,
+            HostExit::Debug => ExitKind::Debug,
+            HostExit::WriteMsr(..) => ExitKind::WrMsr,
+        }
+    }
+}
+
+/// One vCPU's share of the nested profile.
+pub struct NestedExits {
+    /// Guest RAM, to decode and complete instructions.
+    memory: GuestMemoryMmap,
+    /// Finishes system calls the host left at CPL3.
+    syscall: syscall::SyscallFixup,
+}
+
+impl NestedExits {
+    pub fn new(memory: GuestMemoryMmap) -> Self {
+        NestedExits { memory, syscall: Default::default() }
+    }
+
+    /// Handles `exit`, counting what it completed; Err says why the run cannot go on.
+    pub fn handle(&mut self, exit: HostExit, fd: &mut VcpuFd, stats: &mut ExitStats) -> Result<(), String> {
+        match exit {
+            HostExit::EmulationFailed => match emulate::complete(fd, &self.memory) {
+                Ok(done) => {
+                    stats.completed[done as usize] += 1;
+                    Ok(())
+                }
+                Err(emulate::NotCompleted(why)) => {
+                    Err(format!("KVM could not emulate an instruction and neither can exitless: {why}"))
+                }
+            },
+            HostExit::WriteMsr(syscall::MSR_LSTAR, value) => {
+                let accepted = self
+                    .syscall
+                    .lstar_written(fd, &self.memory, value)
+                    .map_err(|why| format!("cannot watch the system-call entry: {why}"))?;
+                if !accepted {
+                    // The exit is KVM_EXIT_X86_WRMSR: `msr` is the live union member;
+                    // error = 1 makes KVM inject #GP.
+                    fd.get_kvm_run().__bindgen_anon_1.msr.error = 1;
+                }
+                Ok(())
+            }
+            HostExit::WriteMsr(index, _) => {
+                Err(format!("a trapped write of MSR {index:#x} that exitless does not handle"))
+            }
+            HostExit::Debug => {
+                if self.syscall.at_breakpoint(fd, &self.memory)? {
+                    stats.completed[Completed::Syscall as usize] += 1;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The instruction at `rip` if it is one this host's KVM re-enters forever at CPL0
+    /// (`vmcall`, `vmmcall`): a guest sampled on it again and again will never get past.
+    pub fn never_completed_at(&self, fd: &VcpuFd, rip: u64) -> Option<&'static str> {
+        let sregs = fd.get_sregs().ok()?;
+        let mut bytes = [0u8; 3];
+        emulate::guest_access(fd, &self.memory, sregs.cs.base.wrapping_add(rip), &mut bytes, false).ok()?;
+        match bytes {
+            [0x0f, 0x01, 0xc1] => Some("vmcall"),
+            [0x0f, 0x01, 0xd9] => Some("vmmcall"),
+            _ => None,
+        }
+    }
+}
