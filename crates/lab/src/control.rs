@@ -122,13 +122,13 @@ pub struct Console(Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl Console {
     pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+        String::from_utf8_lossy(&exitless_vmm::sync::lock(&self.0)).into_owned()
     }
 }
 
 impl std::io::Write for Console {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+        exitless_vmm::sync::lock(&self.0).extend_from_slice(buf);
         Ok(buf.len())
     }
 
@@ -192,6 +192,7 @@ where
     std::thread::scope(|scope| {
         let run = move || {
             let mut vcpu = vcpu;
+            vcpu.bind_kicks();
             let watchdog = Watchdog::arm_for_current_thread(machine.control().clone(), timeout);
             let result = exitless_vmm::seccomp::confine_vcpu(ThreadKind::LabVcpu, machine.host_profile())
                 .map_err(MachineError::from)
@@ -204,6 +205,7 @@ where
                     lab.on_event(machine, &mut vcpu, event)?;
                 }
             });
+            vcpu.unbind_kicks();
             // The vCPU goes back to be freed unconfined: glibc may read
             // /proc/sys/vm/overcommit_memory when a thread's heap shrinks.
             if watchdog.disarm() {

@@ -30,7 +30,7 @@ struct Queue {
 
 impl Queue {
     fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.pending)
     }
 }
 

@@ -160,7 +160,7 @@ impl IoeventfdRegistry {
         if key.len == 0 && key.datamatch.is_some() {
             return Err(IoeventfdError::ZeroLengthDatamatch(key));
         }
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = crate::sync::lock(&self.entries);
         if let Some((existing, _)) = entries.iter().find(|(k, _)| k.collides(&key)) {
             return Err(IoeventfdError::Collision { new: key, existing: *existing });
         }
@@ -178,7 +178,7 @@ impl IoeventfdRegistry {
     }
 
     pub fn unregister(&self, key: IoeventfdKey) -> Result<(), IoeventfdError> {
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = crate::sync::lock(&self.entries);
         let at = entries.iter().position(|(k, _)| *k == key).ok_or(IoeventfdError::NotRegistered(key))?;
         self.sink.ioeventfd(&key, &entries[at].1, false).map_err(|errno| IoeventfdError::Kvm { key, errno })?;
         entries.remove(at);
@@ -193,7 +193,7 @@ impl IoeventfdRegistry {
         from: u64,
         len: u64,
     ) -> Result<Vec<(IoeventfdKey, EventFd)>, IoeventfdError> {
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = crate::sync::lock(&self.entries);
         let mut taken = Vec::new();
         let mut i = 0;
         while i < entries.len() {
@@ -211,11 +211,11 @@ impl IoeventfdRegistry {
 
     /// Whether `key` is registered.
     pub fn contains(&self, key: &IoeventfdKey) -> bool {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(k, _)| k == key)
+        crate::sync::lock(&self.entries).iter().any(|(k, _)| k == key)
     }
 
     pub fn len(&self) -> usize {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner()).len()
+        crate::sync::lock(&self.entries).len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -169,12 +169,12 @@ impl LimiterSlot {
     }
 
     pub fn set(&self, limits: Limits) {
-        *self.limits.lock().unwrap_or_else(|e| e.into_inner()) = limits;
+        *crate::sync::lock(&self.limits) = limits;
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn limits(&self) -> Limits {
-        *self.limits.lock().unwrap_or_else(|e| e.into_inner())
+        *crate::sync::lock(&self.limits)
     }
 
     /// A fresh limiter if the limits changed since `seen` (which is moved on).

@@ -96,37 +96,19 @@ const COMMON: &[i64] = &[
 
 fn allowed(kind: ThreadKind) -> Vec<i64> {
     let extra: &[i64] = match kind {
-        // A vCPU's calls, and the lab's CPU-time reading between two runs.
-        ThreadKind::LabVcpu => return [allowed(ThreadKind::Vcpu), vec![libc::SYS_getrusage]].concat(),
+        // A vCPU's calls; the lab's CPU-time reading between two runs, and its helper
+        // threads (a poller, the doorbell's eventfd thread), started between two runs.
+        ThreadKind::LabVcpu => {
+            let lab = [libc::SYS_getrusage, libc::SYS_clone, libc::SYS_clone3, libc::SYS_set_robust_list];
+            let lab = [&lab[..], &[libc::SYS_rseq, libc::SYS_sched_getaffinity, libc::SYS_seccomp]].concat();
+            let devices = [libc::SYS_epoll_create1, libc::SYS_epoll_wait, libc::SYS_epoll_pwait, libc::SYS_epoll_ctl];
+            return [allowed(ThreadKind::Vcpu), lab, devices.to_vec()].concat();
+        }
         // KVM_RUN and the vCPU/VM ioctls of exit handling (BAR moves, routes, memslots);
-        // tgkill for
-        // the stop kick; writev for string I/O to the console.
-        // A device starts on the vCPU exit that sets DRIVER_OK, and its thread inherits
-        // this filter under its own: so the device calls and thread creation are here too.
-        ThreadKind::Vcpu => &[
-            libc::SYS_tgkill,
-            libc::SYS_writev,
-            libc::SYS_readv,
-            libc::SYS_eventfd2,
-            libc::SYS_fcntl, // duplicating an eventfd (F_DUPFD_CLOEXEC) as an ioeventfd moves
-            libc::SYS_epoll_create1,
-            libc::SYS_epoll_wait,
-            libc::SYS_epoll_pwait,
-            libc::SYS_epoll_ctl,
-            libc::SYS_clone,
-            libc::SYS_clone3,
-            libc::SYS_set_robust_list,
-            libc::SYS_rseq,
-            libc::SYS_sched_getaffinity,
-            // The device thread then narrows itself to its own filter (filters only add up).
-            libc::SYS_seccomp,
-            // virtio-blk's I/O (see Block).
-            libc::SYS_io_uring_enter,
-            libc::SYS_preadv,
-            libc::SYS_pwritev,
-            libc::SYS_fdatasync,
-            libc::SYS_fallocate,
-        ],
+        // tgkill for the stop kick; writev for string I/O to the console; eventfd2 and
+        // fcntl for the ioeventfds a BAR move re-registers. A device activated by a
+        // DRIVER_OK write only hands its job to its own thread (virtio::thread).
+        ThreadKind::Vcpu => &[libc::SYS_tgkill, libc::SYS_writev, libc::SYS_readv, libc::SYS_eventfd2, libc::SYS_fcntl],
         ThreadKind::Device => &[
             libc::SYS_fcntl,
             libc::SYS_epoll_create1,

@@ -266,7 +266,7 @@ impl LiveStats {
 
     /// Every vCPU's last published counters, by id.
     pub fn snapshot(&self) -> Vec<ExitStats> {
-        self.vcpus.iter().map(|v| v.lock().unwrap_or_else(|e| e.into_inner()).clone()).collect()
+        self.vcpus.iter().map(|v| crate::sync::lock(v).clone()).collect()
     }
 }
 

@@ -16,7 +16,7 @@ pub struct Registration(u64);
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        CLEANUPS.lock().unwrap_or_else(|e| e.into_inner()).retain(|(id, _)| *id != self.0);
+        crate::sync::lock(&CLEANUPS).retain(|(id, _)| *id != self.0);
     }
 }
 
@@ -27,7 +27,7 @@ pub fn on_signal(cleanup: impl Fn() + Send + 'static) -> Registration {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     watch();
     let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    CLEANUPS.lock().unwrap_or_else(|e| e.into_inner()).push((id, Box::new(cleanup)));
+    crate::sync::lock(&CLEANUPS).push((id, Box::new(cleanup)));
     Registration(id)
 }
 
@@ -52,7 +52,7 @@ pub fn watch() {
             let mut sig = 0;
             // SAFETY: waits for one of the blocked signals in `set`.
             if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
-                for (_, cleanup) in CLEANUPS.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+                for (_, cleanup) in crate::sync::lock(&CLEANUPS).drain(..) {
                     cleanup();
                 }
                 std::process::exit(128 + sig);

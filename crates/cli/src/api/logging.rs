@@ -45,7 +45,7 @@ impl Write for Sink {
         if buf.is_empty() {
             return Ok(0);
         }
-        let mut file = FILE.lock().unwrap_or_else(|e| e.into_inner());
+        let mut file = exitless_vmm::sync::lock(&FILE);
         let written = match file.as_mut() {
             Some(f) => sink::write_line(f, buf),
             None => std::io::stderr().write_all(buf).is_ok(),
@@ -150,7 +150,7 @@ pub fn set_format(format: Format) {
 pub fn to_file(path: &str, level: Option<&str>) -> Result<(), String> {
     let filter = level.map(filter_for).transpose()?;
     let file = sink::open(path).map_err(|e| format!("Cannot open the log file {path}: {e}"))?;
-    *FILE.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
+    *exitless_vmm::sync::lock(&FILE) = Some(file);
     set_level(filter)
 }
 

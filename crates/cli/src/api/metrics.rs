@@ -237,12 +237,12 @@ pub struct Metrics {
 impl Metrics {
     pub fn open(&self, path: &str) -> Result<(), String> {
         let file = sink::open(path).map_err(|e| format!("Cannot open the metrics file {path}: {e}"))?;
-        *self.file.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
+        *exitless_vmm::sync::lock(&self.file) = Some(file);
         Ok(())
     }
 
     pub fn is_open(&self) -> bool {
-        self.file.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        exitless_vmm::sync::lock(&self.file).is_some()
     }
 
     /// The API is ready: the process's start-up time (wall and CPU), as Firecracker reports it.
@@ -263,7 +263,7 @@ impl Metrics {
     /// Counts a request in Firecracker's `get/put/patch_api_requests` groups.
     pub fn count_request(&self, method: &str, path: &str, status: u16) {
         let Some((group, name)) = request_counter(method, path) else { return };
-        let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        let mut requests = exitless_vmm::sync::lock(&self.requests);
         *requests.entry((group, name.0)).or_default() += 1;
         if status >= 400 {
             if let Some(fails) = name.1 {
@@ -274,7 +274,7 @@ impl Metrics {
 
     /// Writes one line from `sample`; a line the file would not take is counted and dropped.
     pub fn write(&self, sample: Sample) -> Result<(), String> {
-        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let mut file = exitless_vmm::sync::lock(&self.file);
         let Some(file) = file.as_mut() else { return Err("No metrics file: PUT /metrics first.".into()) };
         let mut line = self.line(sample).to_string();
         line.push('\n');
@@ -292,7 +292,7 @@ impl Metrics {
         sample.count("logger", "missed_metrics_count", self.missed_lines.load(Ordering::Relaxed));
         sample.count("logger", "metrics_fails", self.failed_writes.load(Ordering::Relaxed));
         sample.count("logger", "missed_log_count", super::logging::MISSED_LINES.load(Ordering::Relaxed));
-        for (&(group, field), &n) in self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for (&(group, field), &n) in exitless_vmm::sync::lock(&self.requests).iter() {
             sample.count(group, field, n);
         }
         let mut groups: Map<String, Value> = Map::new();
@@ -312,7 +312,7 @@ impl Metrics {
         for (group, field, n) in sample.counts {
             *totals.entry((group, field.to_string())).or_default() += n;
         }
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = exitless_vmm::sync::lock(&self.last);
         for ((group, field), n) in totals {
             let value = match is_gauge(&group, &field) {
                 true => n,

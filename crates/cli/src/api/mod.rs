@@ -119,7 +119,7 @@ fn handler(shared: Arc<Shared>) -> server::Handler {
     std::rc::Rc::new(move |method: &str, path: &str, body: &[u8]| {
         let method = method.to_ascii_uppercase();
         let (reply, then) = {
-            let mut vm = shared.vm.lock().unwrap_or_else(|e| e.into_inner());
+            let mut vm = exitless_vmm::sync::lock(&shared.vm);
             routes::handle(&mut vm, &shared.metrics, &method, path, body)
         };
         shared.metrics.count_request(&method, path, reply.status);
@@ -145,7 +145,7 @@ fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machin
     if let Some(what) = c.unsupported() {
         return Err(vm::Fault(format!("exitless does not support {what}.")));
     }
-    let mut vm = shared.vm.lock().unwrap_or_else(|e| e.into_inner());
+    let mut vm = exitless_vmm::sync::lock(&shared.vm);
     if let Some(l) = c.logger {
         vm.set_logger(l)?;
     }
@@ -166,7 +166,7 @@ fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machin
 }
 
 fn flush_metrics(shared: &Shared) {
-    let sample = shared.vm.lock().unwrap_or_else(|e| e.into_inner()).metrics_sample();
+    let sample = exitless_vmm::sync::lock(&shared.vm).metrics_sample();
     if let Err(e) = shared.metrics.write(sample) {
         tracing::warn!("metrics: {e}");
     }
@@ -177,7 +177,7 @@ fn flush_metrics(shared: &Shared) {
 /// filter (so does the metrics thread).
 fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), String> {
     let machine = Arc::new(machine);
-    shared.vm.lock().unwrap_or_else(|e| e.into_inner()).state =
+    exitless_vmm::sync::lock(&shared.vm).state =
         State::Running { machine: machine.clone(), since: std::time::Instant::now() };
     let periodic = shared.clone();
     std::thread::Builder::new()
@@ -217,7 +217,7 @@ fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), Str
         if shared.metrics.is_open() {
             flush_metrics(&shared);
         }
-        shared.vm.lock().unwrap_or_else(|e| e.into_inner()).state = State::Exited;
+        exitless_vmm::sync::lock(&shared.vm).state = State::Exited;
         if let Some(path) = &shared.socket {
             let _ = std::fs::remove_file(path);
         }

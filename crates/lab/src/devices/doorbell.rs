@@ -37,7 +37,7 @@ impl Doorbell {
 
     /// Every ring so far, including those still waiting in an eventfd.
     pub fn count(&self) -> u64 {
-        for fd in self.eventfds.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for fd in exitless_vmm::sync::lock(&self.eventfds).iter() {
             drain(fd, self);
         }
         self.rings.load(Ordering::Acquire)
@@ -50,12 +50,12 @@ impl Doorbell {
 
     /// Adds an eventfd that KVM signals on a ring (see [`EventfdWorker`]).
     pub fn attach(&self, fd: Arc<EventFd>) {
-        self.eventfds.lock().unwrap_or_else(|e| e.into_inner()).push(fd);
+        exitless_vmm::sync::lock(&self.eventfds).push(fd);
     }
 
     pub fn detach(&self, fd: &Arc<EventFd>) {
         drain(fd, self);
-        self.eventfds.lock().unwrap_or_else(|e| e.into_inner()).retain(|f| !Arc::ptr_eq(f, fd));
+        exitless_vmm::sync::lock(&self.eventfds).retain(|f| !Arc::ptr_eq(f, fd));
     }
 }
 
@@ -119,7 +119,7 @@ pub struct EventfdWorker {
 
 /// Reads every source once; true if any had rings.
 fn drain_all(sources: &Mutex<Vec<(i32, EventFd)>>, doorbell: &Doorbell) -> bool {
-    sources.lock().unwrap_or_else(|e| e.into_inner()).iter().fold(false, |found, (_, fd)| drain(fd, doorbell) | found)
+    exitless_vmm::sync::lock(sources).iter().fold(false, |found, (_, fd)| drain(fd, doorbell) | found)
 }
 
 impl EventfdWorker {
@@ -155,12 +155,12 @@ impl EventfdWorker {
 
     pub fn watch(&self, fd: &EventFd) -> std::io::Result<()> {
         let own = fd.try_clone()?;
-        self.sources.lock().unwrap_or_else(|e| e.into_inner()).push((fd.as_raw_fd(), own));
+        exitless_vmm::sync::lock(&self.sources).push((fd.as_raw_fd(), own));
         self.epoll.ctl(ControlOperation::Add, fd.as_raw_fd(), EpollEvent::new(EventSet::IN, fd.as_raw_fd() as u64))
     }
 
     pub fn unwatch(&self, fd: &EventFd) -> std::io::Result<()> {
-        self.sources.lock().unwrap_or_else(|e| e.into_inner()).retain(|(raw, _)| *raw != fd.as_raw_fd());
+        exitless_vmm::sync::lock(&self.sources).retain(|(raw, _)| *raw != fd.as_raw_fd());
         self.epoll.ctl(ControlOperation::Delete, fd.as_raw_fd(), EpollEvent::default())
     }
 

@@ -27,7 +27,7 @@ impl SharedBuses {
 
     /// The current snapshot and its generation.
     pub fn snapshot(&self) -> (Arc<BusSet>, u64) {
-        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let current = crate::sync::lock(&self.current);
         (current.clone(), self.generation.load(Ordering::Acquire))
     }
 
@@ -38,7 +38,7 @@ impl SharedBuses {
 
     /// Applies `change` to a copy of the current layout and publishes it if it succeeds.
     pub fn update<E>(&self, change: impl FnOnce(&mut BusSet) -> Result<(), E>) -> Result<(), E> {
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let mut current = crate::sync::lock(&self.current);
         let mut next = BusSet::clone(&current);
         change(&mut next)?;
         *current = Arc::new(next);

@@ -74,8 +74,9 @@ impl DeviceManager {
     pub fn attach_net(&mut self, net: &NetConfig, poll: PollMode) -> Result<(), DeviceError> {
         let tap = Tap::open(&net.tap)?;
         let tap_name = tap.name().to_string();
-        let device =
-            VirtioNet::new(tap, net.mac, net.tx, poll).with_mtu(net.mtu).with_limits(net.rx_limits, net.tx_limits);
+        let setup = |source| DeviceError::Setup { name: "virtio-net".into(), source };
+        let device = VirtioNet::new(tap, net.mac, net.tx, poll).map_err(setup)?;
+        let device = device.with_mtu(net.mtu).with_limits(net.rx_limits, net.tx_limits);
         let (stats, limits) = (device.stats.clone(), device.limiter_slots());
         let name = match self.nets().count() {
             0 => "virtio-net".to_string(),

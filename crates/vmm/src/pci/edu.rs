@@ -130,7 +130,7 @@ impl Edu {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// Raises `bits` of the interrupt status: an MSI, or the INTx line up.

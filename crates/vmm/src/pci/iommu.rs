@@ -76,7 +76,7 @@ impl IntelIommu {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Registers> {
-        self.regs.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.regs)
     }
 
     fn read_u64(&self, at: u64) -> Option<u64> {

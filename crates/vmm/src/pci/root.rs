@@ -124,7 +124,7 @@ impl PciRoot {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, PciState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// Plugs `function` in at 00:`device`.`func` and places its BARs.

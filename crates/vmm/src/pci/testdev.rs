@@ -128,7 +128,7 @@ impl PciTestdev {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// Stops BAR `bar`'s test and starts test `n` of it (none if `n` is out of range).

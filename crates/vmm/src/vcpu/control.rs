@@ -101,7 +101,7 @@ impl RunControl {
     pub fn request_stop(&self) {
         self.flags.fetch_or(STOP, Ordering::AcqRel);
         // A paused vCPU is parked, not in KVM_RUN: wake it to see the stop.
-        let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        let _gate = crate::sync::lock(&self.gate);
         self.changed.notify_all();
     }
 
@@ -118,7 +118,7 @@ impl RunControl {
 
     /// A vCPU thread starts: from now on a pause kicks it.
     pub fn vcpu_started(&self, id: u8) {
-        let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        let mut gate = crate::sync::lock(&self.gate);
         let slot = usize::from(id);
         if gate.threads.len() <= slot {
             gate.threads.resize(slot + 1, None);
@@ -130,7 +130,7 @@ impl RunControl {
 
     /// A vCPU thread is about to end: never kick it again (its pthread_t dies with it).
     pub fn vcpu_ended(&self, id: u8) {
-        let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        let mut gate = crate::sync::lock(&self.gate);
         if let Some(slot) = gate.threads.get_mut(usize::from(id)) {
             *slot = None;
         }
@@ -140,7 +140,7 @@ impl RunControl {
     /// Sends `signal` (whose handler must be installed) to every running vCPU thread, so
     /// that one inside `KVM_RUN` returns from it.
     pub fn kick_vcpus(&self, signal: libc::c_int) {
-        Self::kick(&self.gate.lock().unwrap_or_else(|e| e.into_inner()), signal);
+        Self::kick(&crate::sync::lock(&self.gate), signal);
     }
 
     fn kick(gate: &Gate, signal: libc::c_int) {
@@ -159,7 +159,7 @@ impl RunControl {
 
     /// [`RunControl::park`], or until `deadline` passes: true then.
     pub fn park_until(&self, deadline: Option<Instant>) -> bool {
-        let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        let mut gate = crate::sync::lock(&self.gate);
         gate.parked += 1;
         self.changed.notify_all();
         let mut timed_out = false;
@@ -187,7 +187,7 @@ impl RunControl {
     /// until [`RunControl::wake`].
     pub fn suspend(&self, signal: libc::c_int) {
         self.flags.fetch_or(SUSPEND, Ordering::AcqRel);
-        Self::kick(&self.gate.lock().unwrap_or_else(|e| e.into_inner()), signal);
+        Self::kick(&crate::sync::lock(&self.gate), signal);
     }
 
     /// A wake event ends S3: the parked vCPUs go on (to resume through the firmware's path).
@@ -204,7 +204,7 @@ impl RunControl {
     pub fn pause(&self, signal: libc::c_int, limit: Duration) -> Result<(), PauseTimeout> {
         self.flags.fetch_or(PAUSE, Ordering::AcqRel);
         let start = Instant::now();
-        let mut gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        let mut gate = crate::sync::lock(&self.gate);
         loop {
             let running = gate.threads.iter().flatten().count();
             if gate.parked >= running || self.should_stop() {
@@ -226,7 +226,7 @@ impl RunControl {
     /// Lowers `bit` (PAUSE or SUSPEND) and wakes the parked vCPUs to look again.
     fn release(&self, bit: u8) {
         self.flags.fetch_and(!bit, Ordering::AcqRel);
-        let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        let _gate = crate::sync::lock(&self.gate);
         self.changed.notify_all();
     }
 

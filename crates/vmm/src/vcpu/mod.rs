@@ -288,8 +288,19 @@ impl Vcpu {
         self.pending = None;
     }
 
+    /// Lets kicks of the calling thread reach this vCPU through `immediate_exit`
+    /// ([`watchdog::bind_kicks`]); until [`Vcpu::unbind_kicks`] the vCPU must stay on it.
+    pub fn bind_kicks(&mut self) {
+        watchdog::bind_kicks(self.fd.get_kvm_run());
+    }
+
+    pub fn unbind_kicks(&mut self) {
+        watchdog::bind_kicks(std::ptr::null_mut());
+    }
+
     /// Runs until the guest exits or the VMM stops it.
     pub fn run(&mut self) -> Result<(), VcpuError> {
+        self.bind_kicks();
         let result = loop {
             match self.step() {
                 Ok(Step::Continue) => self.publish(false),
@@ -297,6 +308,7 @@ impl Vcpu {
                 Err(e) => break Err(e),
             }
         };
+        self.unbind_kicks();
         self.publish(true);
         result
     }
@@ -451,6 +463,9 @@ impl Vcpu {
     fn rare_exit(&mut self, exit: RareExit) -> Result<ExitKind, VcpuError> {
         let what = match exit {
             RareExit::Kicked => {
+                // The kick set immediate_exit (or found the vCPU in KVM_RUN): clear it, or
+                // every KVM_RUN would return at once.
+                self.fd.set_kvm_immediate_exit(0);
                 // A kick with neither stop nor pause raised is the sampler's.
                 if !self.control.needs_attention() {
                     if let Ok(regs) = self.fd.get_regs() {

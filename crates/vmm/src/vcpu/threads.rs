@@ -1,6 +1,6 @@
 //! One thread per vCPU, and stopping them all: when one vCPU ends (the guest stopped, or
 //! it failed) or the time is up, the stop flag is raised and every thread still inside
-//! `KVM_RUN` is kicked with a signal until it returns. With sampling on, the same kick,
+//! `KVM_RUN` is kicked with a signal (once: the handler sets `immediate_exit`). With sampling on, the same kick,
 //! sent at a steady rate without the stop flag, makes each vCPU note where the guest was.
 
 use crate::host::HostProfile;
@@ -15,8 +15,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How often a thread that has not stopped is kicked again.
-const KICK_INTERVAL: Duration = Duration::from_millis(10);
+/// One kick stops a vCPU (its handler sets `immediate_exit`); a thread still running this
+/// long after it is kicked again, in case it was between binding and running.
+const KICK_INTERVAL: Duration = Duration::from_millis(500);
 
 type Finished = (u8, Result<(), VcpuError>, ExitStats, GuestSamples);
 
@@ -96,9 +97,13 @@ impl VcpuThreads {
         let mut done = 0;
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut next_sample = sample_every.map(|p| Instant::now() + p);
+        let mut kicked: Option<Instant> = None;
         while done < count {
             let wait = if self.control.should_stop() {
-                self.control.kick_vcpus(kick_signal());
+                if kicked.is_none_or(|at| at.elapsed() >= KICK_INTERVAL) {
+                    self.control.kick_vcpus(kick_signal());
+                    kicked = Some(Instant::now());
+                }
                 KICK_INTERVAL
             } else {
                 [deadline, next_sample]

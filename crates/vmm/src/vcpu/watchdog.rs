@@ -1,7 +1,10 @@
-//! Stops a vCPU thread that overruns its time: raises the stop flag, then kicks the thread
-//! with a signal until it is disarmed, since `KVM_RUN` only returns (EINTR) when signalled.
+//! Kicks: a signal that makes a vCPU leave `KVM_RUN` (its handler sets `immediate_exit`,
+//! see [`bind_kicks`]); and the watchdog that stops a vCPU thread overrunning its time by
+//! raising the stop flag and kicking it.
 
 use crate::vcpu::control::RunControl;
+use kvm_bindings::kvm_run;
+use std::cell::Cell;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -10,7 +13,29 @@ pub fn kick_signal() -> libc::c_int {
     libc::SIGRTMIN()
 }
 
-extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+thread_local! {
+    /// The `kvm_run` page of the vCPU this thread runs, if any: where a kick sets
+    /// `immediate_exit`. Const-initialized, so the signal handler reads it without any
+    /// lazy initialization.
+    static KICK_TARGET: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// Makes kicks of the calling thread set `immediate_exit` in `run` (its vCPU's page), so
+/// a kick that lands outside `KVM_RUN` still makes the next `KVM_RUN` return at once: one
+/// signal is enough, as in Firecracker. Null unbinds.
+pub fn bind_kicks(run: *mut kvm_run) {
+    KICK_TARGET.with(|t| t.set(run));
+}
+
+extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let run = KICK_TARGET.with(Cell::get);
+    if !run.is_null() {
+        // SAFETY: a bound page belongs to the vCPU this thread runs, which unbinds it
+        // before the vCPU (and its mapping) goes away; a volatile byte store is
+        // async-signal-safe.
+        unsafe { std::ptr::addr_of_mut!((*run).immediate_exit).write_volatile(1) };
+    }
+}
 
 /// Installs the no-op handler that lets the kick signal interrupt `KVM_RUN`.
 pub fn install_kick_handler() {
@@ -39,7 +64,7 @@ impl Watchdog {
             // Unconfined it would still stop the run: only a weaker guard is lost.
             crate::seccomp::confine_or_log(crate::seccomp::ThreadKind::Helper);
             let (lock, cvar) = &*flag;
-            let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let guard = crate::sync::lock(lock);
             let (mut guard, result) =
                 cvar.wait_timeout_while(guard, timeout, |d| !*d).unwrap_or_else(|e| e.into_inner());
             if !result.timed_out() {
@@ -63,7 +88,7 @@ impl Watchdog {
 
     fn stop(&mut self) -> bool {
         let (lock, cvar) = &*self.disarmed;
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        *crate::sync::lock(lock) = true;
         cvar.notify_all();
         self.thread.take().is_some_and(|t| t.join().unwrap_or(false))
     }

@@ -4,6 +4,7 @@ pub mod blk;
 pub mod chain;
 pub mod net;
 pub mod pci;
+pub mod thread;
 
 use crate::pci::msix::Msix;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -143,7 +144,7 @@ impl Interrupt {
     fn signal(&self, vector: u16) {
         self.signalled.fetch_add(1, Ordering::Relaxed);
         if vector != NO_VECTOR {
-            self.msix.lock().unwrap_or_else(|e| e.into_inner()).trigger(vector);
+            crate::sync::lock(&self.msix).trigger(vector);
         }
     }
 }

@@ -9,15 +9,16 @@
 //! notifications off while it drains a queue and asks for one interrupt per batch.
 
 use super::chain::{self, ChainError, Segment};
+use super::thread::DeviceThread;
 use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 use crate::net::tap::{Tap, VNET_HDR_LEN};
 use crate::poll::{PollCounts, PollMode, PollStats, PollWindow};
 use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
+use crate::seccomp::ThreadKind;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -127,12 +128,13 @@ pub struct VirtioNet {
     tx_mode: TxMode,
     poll: PollMode,
     pub stats: Arc<NetStats>,
-    worker: Option<(EventFd, JoinHandle<()>)>,
+    thread: DeviceThread<()>,
 }
 
 impl VirtioNet {
-    pub fn new(tap: Tap, mac: [u8; 6], tx_mode: TxMode, poll: PollMode) -> Self {
-        VirtioNet {
+    /// A NIC on `tap`; its thread starts now, idle until the driver activates it.
+    pub fn new(tap: Tap, mac: [u8; 6], tx_mode: TxMode, poll: PollMode) -> std::io::Result<Self> {
+        Ok(VirtioNet {
             tap: Arc::new(tap),
             mac,
             mtu: None,
@@ -140,8 +142,8 @@ impl VirtioNet {
             tx_mode,
             poll,
             stats: Arc::default(),
-            worker: None,
-        }
+            thread: DeviceThread::spawn("virtio-net", ThreadKind::Device)?,
+        })
     }
 
     /// Rate limits on received (`rx`) and sent (`tx`) frames.
@@ -159,19 +161,6 @@ impl VirtioNet {
     pub fn with_mtu(mut self, mtu: Option<u16>) -> Self {
         self.mtu = mtu;
         self
-    }
-
-    fn stop(&mut self) {
-        if let Some((stop, thread)) = self.worker.take() {
-            let _ = stop.write(1);
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for VirtioNet {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 
@@ -202,23 +191,16 @@ impl VirtioDevice for VirtioNet {
     }
 
     fn activate(&mut self, queues: Vec<ActiveQueue>, activation: Activation) -> Result<(), ActivateError> {
-        self.stop();
-        let stop = EventFd::new(libc::EFD_NONBLOCK).map_err(ActivateError::Thread)?;
-        let stop_worker = stop.try_clone().map_err(ActivateError::Thread)?;
+        self.thread.stop();
         let mut worker = Worker::new(self.tap.clone(), self.tx_mode, self.stats.clone(), queues, activation)?;
         worker.poll = self.poll;
         worker.throttles = self.limits.clone().map(Throttle::new);
-        let thread = std::thread::Builder::new()
-            .name("virtio-net".into())
-            .spawn(move || worker.run(&stop_worker))
-            .map_err(ActivateError::Thread)?;
-        self.worker = Some((stop, thread));
-        Ok(())
+        self.thread.start(Box::new(move |stop| worker.run(stop)))
     }
 
     fn reset(&mut self) {
         // Outstanding chains are dropped with the queues: the driver re-posts after reset.
-        self.stop();
+        self.thread.stop();
     }
 }
 
@@ -289,9 +271,6 @@ impl Worker {
     fn run(&mut self, stop: &EventFd) {
         // SAFETY: pthread_self has no preconditions.
         self.io.stats.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
-        if let Err(e) = crate::seccomp::confine(crate::seccomp::ThreadKind::Device) {
-            return tracing::error!("virtio-net: not starting its thread unconfined: {e}");
-        }
         let epoll = match self.epoll(stop) {
             Ok(e) => e,
             Err(e) => return tracing::error!("virtio-net: cannot start its thread: {e}"),

@@ -148,7 +148,7 @@ impl VirtioPci {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Transport> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// The PCI function: virtio IDs, BAR0 at `bar0` (decode on), the virtio capabilities
@@ -184,14 +184,14 @@ impl VirtioPci {
         let pci_cfg = config.add_capability(CAP_VENDOR, &cap(CFG_PCI, 0, 0, &[0; 4]));
         config.set_writable(pci_cfg + PCI_CFG_BAR, 1);
         config.set_writable(pci_cfg + PCI_CFG_OFFSET, 12);
-        *self.pci_cfg_cap.lock().unwrap_or_else(|e| e.into_inner()) = pci_cfg;
-        let vectors = self.msix.lock().unwrap_or_else(|e| e.into_inner()).len() as u16;
+        *crate::sync::lock(&self.pci_cfg_cap) = pci_cfg;
+        let vectors = crate::sync::lock(&self.msix).len() as u16;
         let mut body = (vectors - 1).to_le_bytes().to_vec();
         body.extend_from_slice(&(MSIX_TABLE as u32).to_le_bytes()); // BIR 0
         body.extend_from_slice(&(MSIX_PBA as u32).to_le_bytes());
         let msix_cap = config.add_capability(CAP_MSIX, &body);
         config.set_write_mask(msix_cap + 2, &[0x00, 0xc0]);
-        *self.msix_cap.lock().unwrap_or_else(|e| e.into_inner()) = msix_cap;
+        *crate::sync::lock(&self.msix_cap) = msix_cap;
         config.write(COMMAND, &COMMAND_MEMORY.to_le_bytes());
         let mut function = PciFunction::new(name, config)
             .with_bar(0, id, self.clone())
@@ -204,7 +204,7 @@ impl VirtioPci {
 
     /// The BAR0 access the PCI_CFG window describes now: (offset, length), if valid.
     fn pci_cfg_target(&self, config: &ConfigSpace) -> Option<(u64, usize)> {
-        let cap = *self.pci_cfg_cap.lock().unwrap_or_else(|e| e.into_inner());
+        let cap = *crate::sync::lock(&self.pci_cfg_cap);
         let le32 = |at: usize| {
             let mut b = [0u8; 4];
             config.read(cap + at, &mut b);
@@ -218,7 +218,7 @@ impl VirtioPci {
 
     /// Whether `[offset, offset + len)` touches the PCI_CFG data window.
     fn touches_pci_cfg_data(&self, offset: usize, len: usize) -> bool {
-        let data = *self.pci_cfg_cap.lock().unwrap_or_else(|e| e.into_inner()) + PCI_CFG_DATA;
+        let data = *crate::sync::lock(&self.pci_cfg_cap) + PCI_CFG_DATA;
         data > PCI_CFG_DATA && offset < data + 4 && data < offset + len
     }
 
@@ -234,16 +234,16 @@ impl VirtioPci {
 
     /// The GSI behind each MSI-X vector.
     pub fn vector_gsis(&self) -> Vec<u32> {
-        self.msix.lock().unwrap_or_else(|e| e.into_inner()).gsis()
+        crate::sync::lock(&self.msix).gsis()
     }
 
     /// The device's configuration changed under the driver (a drive's new backing file):
     /// a new config_generation, and the configuration-change interrupt if the driver runs it.
     pub fn config_changed(&self) {
-        let mut t = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = crate::sync::lock(&self.state);
         t.config_generation = t.config_generation.wrapping_add(1);
         drop(t);
-        if let Some(i) = self.interrupt.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        if let Some(i) = crate::sync::lock(&self.interrupt).as_ref() {
             i.signal_config();
         }
     }
@@ -306,7 +306,7 @@ impl VirtioPci {
     }
 
     fn set_field(&self, t: &mut Transport, at: u64, v: u64) {
-        let vectors = self.msix.lock().unwrap_or_else(|e| e.into_inner()).len() as u64;
+        let vectors = crate::sync::lock(&self.msix).len() as u64;
         let valid_vector = |v: u64| if v < vectors { v as u16 } else { NO_VECTOR };
         let select = usize::from(t.queue_select);
         // Queue registers are frozen once the device runs.
@@ -370,7 +370,7 @@ impl VirtioPci {
             if let Err(e) = self.activate(t) {
                 tracing::warn!("virtio: cannot start the device: {e}; it needs a reset");
                 self.status.raise(STATUS_NEEDS_RESET);
-                if let Some(i) = self.interrupt.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                if let Some(i) = crate::sync::lock(&self.interrupt).as_ref() {
                     i.signal_config();
                 }
             }
@@ -394,7 +394,7 @@ impl VirtioPci {
             config_vector: t.config_vector,
             signalled: AtomicU64::new(0),
         });
-        *self.interrupt.lock().unwrap_or_else(|e| e.into_inner()) = Some(interrupt.clone());
+        *crate::sync::lock(&self.interrupt) = Some(interrupt.clone());
         let mut active = Vec::new();
         for (i, regs) in t.queues.iter().enumerate() {
             let queue_error = |source| ActivateError::Queue { index: i, source };
@@ -428,7 +428,7 @@ impl VirtioPci {
             *q = QueueRegs { max: q.max, size: q.max, vector: NO_VECTOR, ..Default::default() };
         }
         self.status.set(0);
-        *self.interrupt.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *crate::sync::lock(&self.interrupt) = None;
     }
 }
 
@@ -443,16 +443,14 @@ impl BusDevice for VirtioPci {
             }
             ISR => {
                 // Reading the ISR clears it (a side effect: this BAR is never mapped).
-                let interrupt = self.interrupt.lock().unwrap_or_else(|e| e.into_inner());
+                let interrupt = crate::sync::lock(&self.interrupt);
                 data[0] = interrupt.as_ref().map_or(0, |i| i.isr.swap(0, Ordering::AcqRel));
             }
             o if (DEVICE_CFG..DEVICE_CFG + DEVICE_CFG_LEN).contains(&o) => {
                 self.lock().device.read_config(o - DEVICE_CFG, data)
             }
-            o if (MSIX_TABLE..MSIX_PBA).contains(&o) => {
-                self.msix.lock().unwrap_or_else(|e| e.into_inner()).table_read(o - MSIX_TABLE, data)
-            }
-            o if o >= MSIX_PBA => self.msix.lock().unwrap_or_else(|e| e.into_inner()).pba_read(o - MSIX_PBA, data),
+            o if (MSIX_TABLE..MSIX_PBA).contains(&o) => crate::sync::lock(&self.msix).table_read(o - MSIX_TABLE, data),
+            o if o >= MSIX_PBA => crate::sync::lock(&self.msix).pba_read(o - MSIX_PBA, data),
             _ => {}
         }
     }
@@ -468,7 +466,7 @@ impl BusDevice for VirtioPci {
                 let _ = self.kicks[((o - NOTIFY) / NOTIFY_MULTIPLIER) as usize].write(1);
             }
             o if (MSIX_TABLE..MSIX_TABLE + 0x1000).contains(&o) => {
-                self.msix.lock().unwrap_or_else(|e| e.into_inner()).table_write(o - MSIX_TABLE, data)
+                crate::sync::lock(&self.msix).table_write(o - MSIX_TABLE, data)
             }
             _ => {}
         }
@@ -477,13 +475,13 @@ impl BusDevice for VirtioPci {
 
 impl ConfigHook for VirtioPci {
     fn config_written(&self, config: &ConfigSpace, offset: usize, len: usize) {
-        let cap = *self.msix_cap.lock().unwrap_or_else(|e| e.into_inner());
+        let cap = *crate::sync::lock(&self.msix_cap);
         if cap != 0 {
-            self.msix.lock().unwrap_or_else(|e| e.into_inner()).set_control(config.read_u16(cap + 2));
+            crate::sync::lock(&self.msix).set_control(config.read_u16(cap + 2));
         }
         if self.touches_pci_cfg_data(offset, len) {
             if let Some((bar_offset, length)) = self.pci_cfg_target(config) {
-                let data = *self.pci_cfg_cap.lock().unwrap_or_else(|e| e.into_inner()) + PCI_CFG_DATA;
+                let data = *crate::sync::lock(&self.pci_cfg_cap) + PCI_CFG_DATA;
                 let mut bytes = [0u8; 4];
                 config.read(data, &mut bytes);
                 self.write(bar_offset, &bytes[..length]);
@@ -500,7 +498,7 @@ impl ConfigHook for VirtioPci {
         if let Some((bar_offset, length)) = self.pci_cfg_target(config) {
             self.read(bar_offset, &mut window[..length]);
         }
-        let start = *self.pci_cfg_cap.lock().unwrap_or_else(|e| e.into_inner()) + PCI_CFG_DATA;
+        let start = *crate::sync::lock(&self.pci_cfg_cap) + PCI_CFG_DATA;
         for (i, byte) in data.iter_mut().enumerate() {
             if let Some(w) = (offset + i).checked_sub(start).and_then(|k| window.get(k)) {
                 *byte = *w;

@@ -230,14 +230,14 @@ impl State {
 impl CmosRtc {
     /// When the alarm next fires, if its interrupt is enabled (what wakes a guest from S3).
     pub fn next_wake(&self, now: SystemTime) -> Option<SystemTime> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let state = crate::sync::lock(&self.state);
         (state.ram[REG_B] & REG_B_AIE != 0).then(|| state.next_alarm(now)).flatten()
     }
 }
 
 impl BusDevice for CmosRtc {
     fn read(&self, offset: u64, data: &mut [u8]) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = crate::sync::lock(&self.state);
         let value = match offset {
             1 => {
                 let reg = state.index;
@@ -250,7 +250,7 @@ impl BusDevice for CmosRtc {
 
     fn write(&self, offset: u64, data: &[u8]) {
         let Some(&value) = data.first() else { return };
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = crate::sync::lock(&self.state);
         match offset {
             // Bit 7 masks NMIs on a PC; there is nothing here for it to mask.
             0 => state.index = usize::from(value & 0x7f),

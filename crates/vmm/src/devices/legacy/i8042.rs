@@ -80,7 +80,7 @@ impl I8042 {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// Ctrl, Alt and Delete pressed: false if the guest left no room for them (it is not

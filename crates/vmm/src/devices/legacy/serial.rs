@@ -53,7 +53,7 @@ impl Serial {
 
     /// Waits up to `timeout` for the guest's output so far to be written out.
     pub fn drain_output(&self, timeout: Duration) -> bool {
-        self.uart.lock().unwrap_or_else(|e| e.into_inner()).writer().drain(timeout)
+        crate::sync::lock(&self.uart).writer().drain(timeout)
     }
 
     /// Feeds what `input` yields into the receive FIFO, on a thread of its own, until it
@@ -70,7 +70,7 @@ impl Serial {
                 while !pending.is_empty() {
                     let Some(serial) = serial.upgrade() else { return };
                     let taken = {
-                        let mut uart = serial.uart.lock().unwrap_or_else(|e| e.into_inner());
+                        let mut uart = crate::sync::lock(&serial.uart);
                         let room = uart.fifo_capacity().min(pending.len());
                         uart.enqueue_raw_bytes(&pending[..room]).unwrap_or(0)
                     };
@@ -88,14 +88,14 @@ impl Serial {
 impl BusDevice for Serial {
     // The UART's registers are bytes; a wider access touches consecutive registers.
     fn read(&self, offset: u64, data: &mut [u8]) {
-        let mut uart = self.uart.lock().unwrap_or_else(|e| e.into_inner());
+        let mut uart = crate::sync::lock(&self.uart);
         for (i, byte) in data.iter_mut().enumerate() {
             *byte = uart.read(offset as u8 + i as u8);
         }
     }
 
     fn write(&self, offset: u64, data: &[u8]) {
-        let mut uart = self.uart.lock().unwrap_or_else(|e| e.into_inner());
+        let mut uart = crate::sync::lock(&self.uart);
         for (i, &byte) in data.iter().enumerate() {
             // Output errors (a closed stdout) must not stop the guest.
             let _ = uart.write(offset as u8 + i as u8, byte);

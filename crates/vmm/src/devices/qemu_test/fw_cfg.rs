@@ -44,7 +44,7 @@ impl BusDevice for FwCfg {
         if offset != 1 {
             return;
         }
-        let mut cursor = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cursor = crate::sync::lock(&self.cursor);
         let item = self.items.get(&cursor.0);
         for b in data.iter_mut() {
             *b = item.and_then(|v| v.get(cursor.1)).copied().unwrap_or(0);
@@ -56,7 +56,7 @@ impl BusDevice for FwCfg {
         // The selector is a 16-bit register at offset 0; data-port writes are not supported
         // (QEMU ignores them too, since 2.4).
         if offset == 0 && data.len() == 2 {
-            *self.cursor.lock().unwrap_or_else(|e| e.into_inner()) = (u16::from_le_bytes([data[0], data[1]]), 0);
+            *crate::sync::lock(&self.cursor) = (u16::from_le_bytes([data[0], data[1]]), 0);
         }
     }
 }

@@ -23,7 +23,7 @@ pub struct PcTestdevPorts {
 
 impl BusDevice for PcTestdevPorts {
     fn read(&self, offset: u64, data: &mut [u8]) {
-        let value = self.scratch.lock().unwrap_or_else(|e| e.into_inner()).to_le_bytes();
+        let value = crate::sync::lock(&self.scratch).to_le_bytes();
         for (i, b) in data.iter_mut().enumerate() {
             let at = offset as usize + i;
             *b = if (4..8).contains(&at) { 0 } else { value[at % 4] };
@@ -31,7 +31,7 @@ impl BusDevice for PcTestdevPorts {
     }
 
     fn write(&self, offset: u64, data: &[u8]) {
-        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let mut scratch = crate::sync::lock(&self.scratch);
         let mut value = scratch.to_le_bytes();
         for (i, &b) in data.iter().enumerate() {
             let at = offset as usize + i;
@@ -70,14 +70,14 @@ impl Default for PcTestdevIomem {
 
 impl BusDevice for PcTestdevIomem {
     fn read(&self, offset: u64, data: &mut [u8]) {
-        let mem = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mem = crate::sync::lock(&self.0);
         for (i, b) in data.iter_mut().enumerate() {
             *b = mem.get(offset as usize + i).copied().unwrap_or(0);
         }
     }
 
     fn write(&self, offset: u64, data: &[u8]) {
-        let mut mem = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut mem = crate::sync::lock(&self.0);
         for (i, &b) in data.iter().enumerate() {
             if let Some(slot) = mem.get_mut(offset as usize + i) {
                 *slot = b;

@@ -39,7 +39,7 @@ impl DriveConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
-    #[error("cannot open drive {0}: {1}")]
+    #[error("cannot open drive {0}")]
     Open(PathBuf, #[source] std::io::Error),
     #[error("drive {0} is in use by another process (it holds a lock on the file)")]
     Locked(PathBuf),
@@ -47,6 +47,8 @@ pub enum DiskError {
     NotAFile(PathBuf),
     #[error("drive id {0:?} is longer than 20 bytes")]
     IdTooLong(String),
+    #[error("cannot start the virtio-blk thread")]
+    Thread(#[source] std::io::Error),
 }
 
 pub struct Disk {

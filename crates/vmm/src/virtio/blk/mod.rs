@@ -9,18 +9,18 @@ pub mod request;
 pub mod slot;
 mod worker;
 
+use super::thread::DeviceThread;
 use super::{ActivateError, Activation, ActiveQueue, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 use crate::poll::{PollCounts, PollMode, PollStats};
 use crate::rate_limiter::LimiterSlot;
+use crate::seccomp::ThreadKind;
 pub use disk::{Disk, DiskError, DriveConfig};
 use engine::Engine;
 use request::SECTOR_SIZE;
 pub use slot::DiskSlot;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use vmm_sys_util::eventfd::EventFd;
 
 pub const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
 pub const VIRTIO_BLK_F_RO: u64 = 1 << 5;
@@ -117,12 +117,12 @@ pub struct VirtioBlk {
     disk: Arc<DiskSlot>,
     /// The drive's rate limits, changeable while it runs.
     limits: Arc<LimiterSlot>,
-    thread_pool: bool,
     /// The I/O engine and request slots, kept across resets (made once, before any
     /// seccomp filter); lent to the device thread while the device runs.
     kept: Option<worker::Kept>,
     pub stats: Arc<BlkStats>,
-    worker: Option<(EventFd, JoinHandle<worker::Kept>)>,
+    /// Lent the engine and slots while the device runs.
+    thread: DeviceThread<worker::Kept>,
     poll: PollMode,
 }
 
@@ -132,7 +132,8 @@ impl VirtioBlk {
         let kept = Self::fresh(config.thread_pool);
         let stats = Arc::new(BlkStats { engine: kept.engine.name(), ..Default::default() });
         let limits = Arc::new(LimiterSlot::new(config.limits));
-        Ok(VirtioBlk { disk, limits, thread_pool: config.thread_pool, kept: Some(kept), stats, worker: None, poll })
+        let thread = DeviceThread::spawn("virtio-blk", ThreadKind::Block).map_err(DiskError::Thread)?;
+        Ok(VirtioBlk { disk, limits, kept: Some(kept), stats, thread, poll })
     }
 
     fn fresh(thread_pool: bool) -> worker::Kept {
@@ -163,18 +164,12 @@ impl VirtioBlk {
         self.kept.as_ref().map_or("none", |k| k.engine.name())
     }
 
-    /// Stops the device thread once its requests in flight have completed.
+    /// Stops the device thread's job once its requests in flight have completed, and
+    /// takes the engine back.
     fn stop(&mut self) {
-        if let Some((stop, thread)) = self.worker.take() {
-            let _ = stop.write(1);
-            self.kept = thread.join().ok();
+        if let Some(kept) = self.thread.stop() {
+            self.kept = Some(kept);
         }
-    }
-}
-
-impl Drop for VirtioBlk {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 
@@ -231,9 +226,10 @@ impl VirtioDevice for VirtioBlk {
             return Err(ActivateError::QueueCount { want: 1, have: queues.len() });
         }
         let queue = queues.remove(0);
-        let worker::Kept { engine, slots } = self.kept.take().unwrap_or_else(|| Self::fresh(self.thread_pool));
-        let stop = EventFd::new(libc::EFD_NONBLOCK).map_err(ActivateError::Thread)?;
-        let stop_worker = stop.try_clone().map_err(ActivateError::Thread)?;
+        // Made before any filter (an io_uring ring cannot be set up on a vCPU thread); lost
+        // only if the thread died, and then the device cannot run again.
+        let lost = || ActivateError::Thread(std::io::Error::other("virtio-blk's engine was lost with its thread"));
+        let worker::Kept { engine, slots } = self.kept.take().ok_or_else(lost)?;
         let parts = worker::Parts {
             queue,
             activation,
@@ -244,12 +240,7 @@ impl VirtioDevice for VirtioBlk {
             slots,
             poll: self.poll,
         };
-        let thread = std::thread::Builder::new()
-            .name("virtio-blk".into())
-            .spawn(move || worker::run(parts, &stop_worker))
-            .map_err(ActivateError::Thread)?;
-        self.worker = Some((stop, thread));
-        Ok(())
+        self.thread.start(Box::new(move |stop| worker::run(parts, stop)))
     }
 
     fn reset(&mut self) {

@@ -22,7 +22,7 @@ impl DiskSlot {
     }
 
     pub fn current(&self) -> Arc<Disk> {
-        self.disk.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        crate::sync::lock(&self.disk).clone()
     }
 
     pub fn generation(&self) -> u64 {
@@ -42,7 +42,7 @@ impl DiskSlot {
         let same_file = same_file(&old.path, path);
         drop(old);
         let disk = Arc::new(Disk::open_locking(&config, !same_file)?);
-        *self.disk.lock().unwrap_or_else(|e| e.into_inner()) = disk.clone();
+        *crate::sync::lock(&self.disk) = disk.clone();
         self.generation.fetch_add(1, Ordering::AcqRel);
         Ok(disk)
     }

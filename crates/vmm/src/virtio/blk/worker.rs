@@ -104,12 +104,9 @@ pub(super) fn run(parts: Parts, stop: &EventFd) -> Kept {
     let mut w = Worker::new(parts);
     // SAFETY: pthread_self has no preconditions.
     w.stats.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
-    match crate::seccomp::confine(crate::seccomp::ThreadKind::Block) {
-        Err(e) => tracing::error!("virtio-blk: not starting its thread unconfined: {e}"),
-        Ok(()) => match w.epoll(stop) {
-            Ok(epoll) => w.serve(&epoll, stop),
-            Err(e) => tracing::error!("virtio-blk: cannot start its thread: {e}"),
-        },
+    match w.epoll(stop) {
+        Ok(epoll) => w.serve(&epoll, stop),
+        Err(e) => tracing::error!("virtio-blk: cannot start its thread: {e}"),
     }
     w.drain();
     Kept { engine: w.engine, slots: w.slots }
