@@ -138,9 +138,9 @@ pub enum DoorbellError {
     Machine(#[from] MachineError),
     #[error(transparent)]
     Ioeventfd(#[from] exitless_vmm::ioeventfd::IoeventfdError),
-    #[error("{what}: {source}")]
+    #[error("{what} failed")]
     Kvm { what: &'static str, source: kvm_ioctls::Error },
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error("the doorbell guest announced step {0}, which the lab did not list")]
     UnknownStep(usize),

@@ -3,7 +3,7 @@
 use crate::ioeventfd::{IoeventfdKey, IoeventfdSink};
 use crate::irq::GsiRouter;
 use crate::irq::{IrqError, IrqLevel, IrqSink, MsiMessage, Route};
-use crate::pci::ecam::MemslotSink;
+use crate::pci::ecam::{MemslotSink, ShadowError};
 use crate::pci::msix::Msix;
 use crate::virtio::pci::VirtioPci;
 use crate::virtio::{ActivateError, Activation, ActiveQueue, VirtioDevice, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
@@ -63,7 +63,7 @@ impl IoeventfdSink for FakeKvm {
 }
 
 impl MemslotSink for FakeKvm {
-    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, _host: u64) -> Result<(), String> {
+    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, _host: u64) -> Result<(), ShadowError> {
         let mut slots = self.slots.lock().unwrap();
         slots.retain(|s| s.0 != slot);
         if size > 0 {

@@ -43,7 +43,7 @@ pub enum BlkBenchError {
     Machine(#[from] MachineError),
     #[error(transparent)]
     Disk(#[from] DiskError),
-    #[error("cannot prepare {0}: {1}")]
+    #[error("cannot prepare {0}")]
     File(PathBuf, #[source] std::io::Error),
     #[error("the guest never announced its {0}")]
     Missing(&'static str),

@@ -78,7 +78,7 @@ fn check_elf(image: &[u8], map: &MemoryMap) -> Result<(), ImageError> {
         (_, _, t, 62) if t != 2 => return Err(ImageError::ElfKind("not an executable")),
         _ => return Err(ImageError::ElfKind("not for x86-64")),
     }
-    let (phoff, phentsize, phnum) = (u64_at(image, 32), u16_at(image, 54) as u64, u16_at(image, 56) as u64);
+    let (phoff, phentsize, phnum) = (u64_at(image, 32), u64::from(u16_at(image, 54)), u64::from(u16_at(image, 56)));
     let table_end = phentsize.checked_mul(phnum).and_then(|len| len.checked_add(phoff));
     if phentsize < 56 || table_end.is_none_or(|end| end > image.len() as u64) {
         return Err(ImageError::BadProgramHeaders);

@@ -25,9 +25,9 @@ const GDT: [u64; 6] = [
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegsError {
-    #[error("vCPU register ioctl failed: {0}")]
+    #[error("vCPU register ioctl failed")]
     Kvm(#[from] kvm_ioctls::Error),
-    #[error("cannot write boot tables into guest memory: {0}")]
+    #[error("cannot write boot tables into guest memory")]
     Memory(#[from] vm_memory::GuestMemoryError),
 }
 

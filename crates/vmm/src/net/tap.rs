@@ -33,7 +33,7 @@ pub enum TapError {
     Name(String, &'static str),
     #[error("cannot open /dev/net/tun: {0}")]
     Open(std::io::Error),
-    #[error("cannot set up tap {name}: {what}: {source}")]
+    #[error("cannot set up tap {name}: {what}")]
     Ioctl { name: String, what: &'static str, source: std::io::Error },
 }
 

@@ -70,14 +70,28 @@ impl BusDevice for EcamDevice {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum ShadowError {
+    #[error("cannot map the ECAM shadow pages")]
+    Map(#[source] std::io::Error),
+    #[error("KVM_SET_USER_MEMORY_REGION for ECAM memory slot {slot} failed")]
+    Slot {
+        slot: u32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the ECAM shadow needs more than its {0} memory slots")]
+    OutOfSlots(usize),
+}
+
 /// Something that can add and delete KVM memory slots (the VM; a stand-in in unit tests).
 pub trait MemslotSink: Send + Sync {
     /// `size` 0 deletes the slot.
-    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, host: u64) -> Result<(), String>;
+    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, host: u64) -> Result<(), ShadowError>;
 }
 
 impl MemslotSink for VmFd {
-    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, host: u64) -> Result<(), String> {
+    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, host: u64) -> Result<(), ShadowError> {
         let region = kvm_userspace_memory_region {
             slot,
             flags: KVM_MEM_READONLY,
@@ -88,7 +102,7 @@ impl MemslotSink for VmFd {
         // SAFETY: `host` points into the EcamShadow's mapping, which deletes its slots
         // before the mapping goes away.
         unsafe { self.set_user_memory_region(region) }
-            .map_err(|e| format!("KVM_SET_USER_MEMORY_REGION slot {slot}: {e}"))
+            .map_err(|e| ShadowError::Slot { slot, source: std::io::Error::from_raw_os_error(e.errno()) })
     }
 }
 
@@ -108,9 +122,9 @@ impl EcamShadow {
     /// as a private mapping of one shared all-ones page, so the 256 absent functions cost one
     /// page, not 1 MiB per VM; the first store to a page copies it (copy-on-write) and the
     /// copy is that function's own.
-    pub fn new(sink: Arc<dyn MemslotSink>, gpa: u64, slot_range: std::ops::Range<u32>) -> Result<Self, String> {
-        let pages = MmapRegion::new(ECAM_SIZE as usize).map_err(|e| format!("cannot map ECAM shadow pages: {e}"))?;
-        let ones = all_ones_page().map_err(|e| format!("cannot make the ECAM all-ones page: {e}"))?;
+    pub fn new(sink: Arc<dyn MemslotSink>, gpa: u64, slot_range: std::ops::Range<u32>) -> Result<Self, ShadowError> {
+        let pages = MmapRegion::new(ECAM_SIZE as usize).map_err(|e| ShadowError::Map(std::io::Error::other(e)))?;
+        let ones = all_ones_page().map_err(ShadowError::Map)?;
         for index in 0..FUNCTIONS {
             // SAFETY: index < FUNCTIONS, so the page lies inside `pages`.
             let at = unsafe { pages.as_ptr().add(index * CONFIG_SIZE) };
@@ -127,7 +141,7 @@ impl EcamShadow {
                 )
             };
             if mapped != at.cast() {
-                return Err(format!("cannot map the ECAM all-ones page: {}", std::io::Error::last_os_error()));
+                return Err(ShadowError::Map(std::io::Error::last_os_error()));
             }
         }
         Ok(EcamShadow { pages, sink, gpa, slot_range, slots: Vec::new() })
@@ -146,7 +160,7 @@ impl EcamShadow {
 
     /// Backs every page for which `mapped(page)` holds with read-only memory, one slot per
     /// run of consecutive pages; the others keep exiting.
-    pub fn map(&mut self, mapped: impl Fn(usize) -> bool) -> Result<(), String> {
+    pub fn map(&mut self, mapped: impl Fn(usize) -> bool) -> Result<(), ShadowError> {
         self.unmap()?;
         let mut page = 0;
         while page < FUNCTIONS {
@@ -160,7 +174,7 @@ impl EcamShadow {
             }
             let slot = self.slot_range.start + self.slots.len() as u32;
             if !self.slot_range.contains(&slot) {
-                return Err(format!("the ECAM shadow needs more than its {} memory slots", self.slot_range.len()));
+                return Err(ShadowError::OutOfSlots(self.slot_range.len()));
             }
             let offset = (start * CONFIG_SIZE) as u64;
             let size = ((page - start) * CONFIG_SIZE) as u64;
@@ -171,7 +185,7 @@ impl EcamShadow {
     }
 
     /// Deletes every slot: the whole window exits again.
-    pub fn unmap(&mut self) -> Result<(), String> {
+    pub fn unmap(&mut self) -> Result<(), ShadowError> {
         while let Some((slot, start, _)) = self.slots.pop() {
             let offset = (start * CONFIG_SIZE) as u64;
             self.sink.set_readonly_slot(slot, self.gpa + offset, 0, self.pages.as_ptr() as u64 + offset)?;

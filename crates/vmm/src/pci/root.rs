@@ -24,8 +24,8 @@ pub enum EcamMode {
 pub enum PciError {
     #[error("PCI slot 00:{0:02x}.{1} is taken or out of range")]
     SlotTaken(u8, u8),
-    #[error("cannot set up the ECAM shadow: {0}")]
-    Shadow(String),
+    #[error("cannot set up the ECAM shadow")]
+    Shadow(#[source] super::ecam::ShadowError),
 }
 
 /// What answers on one BAR, and where it is on the bus now.

@@ -35,7 +35,7 @@ const MAX_UNCLAIMED_WARNINGS: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VcpuError {
-    #[error("KVM_RUN failed on vCPU {0}: {1}")]
+    #[error("KVM_RUN failed on vCPU {0}")]
     Run(u8, #[source] kvm_ioctls::Error),
     #[error("guest stopped on vCPU {vcpu}: {what}\n{regs}")]
     GuestFault { vcpu: u8, what: String, regs: String },

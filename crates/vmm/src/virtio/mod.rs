@@ -43,7 +43,7 @@ pub trait VirtioDevice: Send {
 /// Why a device could not start on what the driver set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ActivateError {
-    #[error("queue {index}: {source:?}")]
+    #[error("queue {index} is not valid")]
     Queue { index: usize, source: virtio_queue::Error },
     #[error("queue {0}'s rings are not inside guest memory")]
     RingsOutsideMemory(usize),

@@ -267,7 +267,7 @@ mod tests {
     fn unmasked_exceptions_cannot_fault_the_host() {
         // divps xmm0, xmm1 with 1/0 and every exception unmasked in the guest's MXCSR.
         let plan = plan_of(&[0x0f, 0x5e, 0xc1]);
-        let mut fpu = fpu_with(&[(0, 1.0f32.to_bits() as u128), (1, 0)]);
+        let mut fpu = fpu_with(&[(0, u128::from(1.0f32.to_bits())), (1, 0)]);
         fpu.mxcsr = 0;
         run(&plan, &mut fpu, &mut [0; 16]).unwrap();
         assert_ne!(fpu.mxcsr & 0x4, 0, "divide-by-zero flag handed back");

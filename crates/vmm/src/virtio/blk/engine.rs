@@ -316,7 +316,7 @@ unsafe fn run(job: &Job) -> i64 {
         match job.op {
             Op::Read { offset } => libc::preadv(job.fd, job.iov, job.iovcnt as i32, offset as i64) as i64,
             Op::Write { offset } => libc::pwritev(job.fd, job.iov, job.iovcnt as i32, offset as i64) as i64,
-            Op::Flush => libc::fdatasync(job.fd) as i64,
+            Op::Flush => i64::from(libc::fdatasync(job.fd)),
         }
     };
     if r < 0 {
