@@ -133,7 +133,7 @@ pub fn check(image: &[u8], map: &MemoryMap) -> Result<(), MultibootError> {
 
 /// Loads the segments; returns the entry point and the first page past them.
 pub fn load(mem: &GuestMemoryMmap, map: &MemoryMap, image: &[u8]) -> Result<(u64, u64), super::LoadError> {
-    let (entry, segments) = parse(image, map).map_err(super::image::ImageError::from)?;
+    let (entry, segments) = parse(image, map).map_err(|e| super::LoadError::Image(e.into()))?;
     let mut end = 0;
     for s in &segments {
         mem.write_slice(&image[s.offset..s.offset + s.file_size], GuestAddress(s.addr))?;

@@ -1,19 +1,17 @@
 //! ECAM: config space as an MMIO window, one 4 KiB page per function.
 //!
-//! Trapped, every access exits and [`EcamDevice`] serves it. Mapped, the window is also
+//! Trapped, every access exits and [`EcamDevice`](super::ecam_device::EcamDevice) serves it. Mapped, the window is also
 //! backed by [`EcamShadow`]: read-only KVM memory slots over pages that hold each
 //! function's current config space, so guest reads never exit; writes still fault into
-//! the VMM (a read-only slot turns a write into an MMIO exit), reach [`EcamDevice`], and
+//! the VMM (a read-only slot turns a write into an MMIO exit), reach the `EcamDevice`, and
 //! the root rewrites the function's page before the vCPU resumes.
 
 use super::config::CONFIG_SIZE;
-use super::root::PciRoot;
 use super::FUNCTIONS;
-use crate::bus::BusDevice;
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_READONLY};
 use kvm_ioctls::VmFd;
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{Bytes, VolatileMemory};
 
@@ -36,39 +34,6 @@ const _: () = assert!(ECAM_SIZE == crate::layout::ECAM_SIZE);
 
 /// The most memory slots the shadow can need: every other page mapped.
 pub const SHADOW_MAX_SLOTS: u32 = (FUNCTIONS / 2) as u32;
-
-/// Serves ECAM accesses that exit: all writes, and reads when the window is trapped.
-/// Holds the root weakly: the root owns the buses this device sits on.
-pub struct EcamDevice {
-    root: Weak<PciRoot>,
-}
-
-impl EcamDevice {
-    pub fn new(root: &Arc<PciRoot>) -> Self {
-        EcamDevice { root: Arc::downgrade(root) }
-    }
-
-    /// Function and register of an access, or None when it crosses a function's page.
-    fn decode(offset: u64, len: usize) -> Option<(usize, usize)> {
-        let (index, reg) = ((offset as usize) / CONFIG_SIZE, (offset as usize) % CONFIG_SIZE);
-        (reg + len <= CONFIG_SIZE).then_some((index, reg))
-    }
-}
-
-impl BusDevice for EcamDevice {
-    fn read(&self, offset: u64, data: &mut [u8]) {
-        match (Self::decode(offset, data.len()), self.root.upgrade()) {
-            (Some((index, reg)), Some(root)) => root.config_read(index, reg, data),
-            _ => data.fill(0xff),
-        }
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) {
-        if let (Some((index, reg)), Some(root)) = (Self::decode(offset, data.len()), self.root.upgrade()) {
-            root.config_write(index, reg, data);
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShadowError {

@@ -4,6 +4,7 @@
 pub mod cf8;
 pub mod config;
 pub mod ecam;
+pub mod ecam_device;
 pub mod edu;
 pub mod iommu;
 pub mod msix;

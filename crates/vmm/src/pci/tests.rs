@@ -2,7 +2,8 @@
 
 use super::cf8::Cf8Device;
 use super::config::{BarKind, BarSpec, BAR0, COMMAND};
-use super::ecam::{EcamDevice, EcamShadow};
+use super::ecam::EcamShadow;
+use super::ecam_device::EcamDevice;
 use super::{host_bridge, EcamMode, PciFunction, PciRoot};
 use crate::bus::{BusDevice, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
 use crate::ioeventfd::{IoeventfdKey, IoeventfdLimits, IoeventfdRegistry};

@@ -1,0 +1,279 @@
+//! `exitless bench`: one subcommand per lab, with the lab's options.
+
+use super::*;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Process start to the guest's first serial byte, and VMM memory beyond guest RAM.
+    Boot(BootArgs),
+    /// A doorbell rung through userspace exits, ioeventfds, KVM's coalesced ring, polling.
+    Doorbell(DoorbellArgs),
+    /// PCI config reads by 0xCF8/0xCFC, by trapped ECAM and by read-only-mapped ECAM.
+    Pci(PciArgs),
+    /// virtio-net TX through a tap, copy against zerocopy, per message size.
+    Net(NetArgs),
+    /// virtio-blk: random 4K and sequential 64K reads and writes at qd 1 and 32, through
+    /// exitless and by the host itself on the same file (the floor).
+    Blk(BlkArgs),
+    /// Many microVMs at once, each an `exitless --api-sock` process booted through the API:
+    /// time until all run, VMM memory per VM, and a clean stop for every one.
+    Fleet(FleetArgs),
+}
+
+#[derive(Args)]
+pub struct BlkArgs {
+    /// The file to run on (created or extended to --size, and overwritten with the lab's
+    /// pattern); a temporary file in /var/tmp when not given. Put it on a real filesystem.
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<PathBuf>,
+    /// The file's size.
+    #[arg(long, default_value = "1G", value_parser = parse_blk_size)]
+    pub size: u64,
+    /// Seconds of I/O per workload, queue depth, path and repeat.
+    #[arg(long, default_value_t = 2.0, value_parser = parse_seconds)]
+    pub seconds: f64,
+    /// Repeats; which path goes first alternates, and medians are reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeat: u32,
+    /// Microseconds the guest driver polls its used ring before it sleeps for an
+    /// interrupt (0: sleep at once, one interrupt per wait).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub guest_poll_us: u64,
+    /// The device thread's polling modes each guest row is measured with (as --poll-us
+    /// takes them), comma-separated; rows of other modes are compared with `off`.
+    #[arg(long, value_delimiter = ',', default_value = "off,adaptive")]
+    pub poll: Vec<exitless_vmm::poll::PollMode>,
+    /// The operations limit (requests per second) the rate-limit row holds the guest's
+    /// random 4K reads to.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
+    pub limit_iops: u64,
+    /// The bandwidth limit the rate-limit row holds the guest's sequential 64K reads to.
+    #[arg(long, default_value = "40M", value_parser = parse_limit_bytes)]
+    pub limit_bandwidth: u64,
+    #[command(flatten)]
+    pub out: OutputArgs,
+    /// Give up on a guest that has not finished within this many seconds.
+    #[arg(long, default_value_t = 120.0, value_parser = parse_seconds)]
+    pub timeout: f64,
+}
+
+/// Bytes per second for a bandwidth limit: 1M to 100G.
+fn parse_limit_bytes(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        n if (1 << 20..=100 << 30).contains(&n) => Ok(n),
+        _ => Err(format!("'{s}' is not a bandwidth between 1M and 100G (bytes per second)")),
+    }
+}
+
+impl BlkArgs {
+    pub fn to_options(&self) -> exitless_lab::blk::Options {
+        exitless_lab::blk::Options {
+            file: self.file.clone(),
+            size: self.size,
+            seconds: self.seconds,
+            repeat: self.repeat,
+            guest_poll_us: self.guest_poll_us,
+            polls: exitless_vmm::poll::distinct(self.poll.iter().copied()),
+            limit_iops: self.limit_iops,
+            limit_bytes: self.limit_bandwidth,
+            outputs: self.out.outputs(),
+            timeout: std::time::Duration::from_secs_f64(self.timeout + self.seconds),
+        }
+    }
+}
+
+/// A disk size for the block lab: at least 1 MiB (so 64K blocks have room), whole MiBs.
+fn parse_blk_size(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => Ok(n),
+        _ => Err(format!("'{s}' is not a whole number of MiB, at least 1M")),
+    }
+}
+
+#[derive(Args)]
+pub struct NetArgs {
+    /// Frame sizes (bytes, or with K), comma-separated; up to 64K.
+    #[arg(long, value_delimiter = ',', default_value = "256,1K,4K,8K,16K,64K", value_parser = parse_frame_size)]
+    pub sizes: Vec<usize>,
+    /// Seconds of sending per size, path and repeat.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_seconds)]
+    pub seconds: f64,
+    /// Repeats; which path goes first alternates, and medians are reported.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeat: u32,
+    #[command(flatten)]
+    pub out: OutputArgs,
+    /// Give up on a guest that has not finished within this many seconds.
+    #[arg(long, default_value_t = 120.0, value_parser = parse_seconds)]
+    pub timeout: f64,
+    /// The device thread's polling modes each TX row is measured with (as --poll-us takes
+    /// them), comma-separated; rows of other modes are compared with `off`.
+    #[arg(long, value_delimiter = ',', default_value = "off,adaptive", conflicts_with = "rtt")]
+    pub poll: Vec<exitless_vmm::poll::PollMode>,
+    /// Measure round trips instead (one frame in flight through a netecho guest), with the
+    /// device thread's polling off and adaptive.
+    #[arg(long)]
+    pub rtt: bool,
+    /// Round trips per run, with --rtt.
+    #[arg(long, default_value_t = 2000, requires = "rtt", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub rounds: u64,
+}
+
+impl NetArgs {
+    pub fn to_rtt_options(&self) -> exitless_lab::net_rtt::RttOptions {
+        exitless_lab::net_rtt::RttOptions {
+            rounds: self.rounds,
+            // One size: the first given (256 bytes by default).
+            size: self.sizes.first().copied().unwrap_or(256),
+            repeat: self.repeat,
+            outputs: self.out.outputs(),
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+        }
+    }
+
+    pub fn to_options(&self) -> exitless_lab::net::Options {
+        exitless_lab::net::Options {
+            sizes: self.sizes.clone(),
+            seconds: self.seconds,
+            repeat: self.repeat,
+            polls: exitless_vmm::poll::distinct(self.poll.iter().copied()),
+            outputs: self.out.outputs(),
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+        }
+    }
+}
+
+/// A frame size: 64 bytes to 64K; 64K means the largest frame the tap takes (65535).
+fn parse_frame_size(s: &str) -> Result<usize, String> {
+    let n = parse_size(s)?;
+    match n {
+        65536 => Ok(65535),
+        64..=65535 => Ok(n as usize),
+        _ => Err(format!("frame size '{s}' is not between 64 and 64K")),
+    }
+}
+
+#[derive(Args)]
+pub struct PciArgs {
+    /// Timed dword config reads per method.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub reads: u64,
+    #[command(flatten)]
+    pub out: OutputArgs,
+    /// Give up on a guest that has not finished within this many seconds.
+    #[arg(long, default_value_t = 600.0, value_parser = parse_seconds)]
+    pub timeout: f64,
+}
+
+impl PciArgs {
+    pub fn to_options(&self) -> exitless_lab::pci::Options {
+        exitless_lab::pci::Options {
+            reads: self.reads,
+            outputs: self.out.outputs(),
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct DoorbellArgs {
+    /// Rings per path per repeat.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub iters: u64,
+    /// Repeats; paths are interleaved across them and medians reported.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub repeat: u32,
+    /// Privilege level of the guest's ring loop (on a nested host CPL0 code is emulated).
+    #[arg(long, default_value_t = 3, value_parser = parse_cpl)]
+    pub cpl: u8,
+    /// Only these paths, comma-separated (default: the published table's; check-* paths
+    /// test KVM's matching rules).
+    #[arg(long, value_delimiter = ',')]
+    pub paths: Vec<String>,
+    #[command(flatten)]
+    pub out: OutputArgs,
+    /// Give up on a guest that has not finished within this many seconds.
+    #[arg(long, default_value_t = 300.0, value_parser = parse_seconds)]
+    pub timeout: f64,
+}
+
+impl DoorbellArgs {
+    pub fn to_options(&self) -> Result<exitless_lab::doorbell::Options, String> {
+        use exitless_lab::doorbell::{find_path, PATHS};
+        let paths = if self.paths.is_empty() {
+            PATHS.iter().collect()
+        } else {
+            self.paths
+                .iter()
+                .map(|n| find_path(n).ok_or_else(|| format!("no doorbell path '{n}' (have: {})", path_names())))
+                .collect::<Result<_, _>>()?
+        };
+        Ok(exitless_lab::doorbell::Options {
+            iters: self.iters,
+            repeat: self.repeat,
+            cpl: self.cpl,
+            paths,
+            outputs: self.out.outputs(),
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+        })
+    }
+}
+
+fn path_names() -> String {
+    use exitless_lab::doorbell::{CHECK_PATHS, PATHS};
+    PATHS.iter().chain(CHECK_PATHS).map(|p| p.name).collect::<Vec<_>>().join(", ")
+}
+
+fn parse_cpl(s: &str) -> Result<u8, String> {
+    match s {
+        "0" => Ok(0),
+        "3" => Ok(3),
+        _ => Err(format!("'{s}' is not 0 or 3")),
+    }
+}
+
+#[derive(Args)]
+pub struct BootArgs {
+    /// How many runs (the median is reported).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub runs: u32,
+    /// Guest memory size.
+    #[arg(long, default_value = "128M", value_parser = parse_size)]
+    pub mem: u64,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+impl BootArgs {
+    pub fn to_options(&self) -> exitless_lab::boot::Options {
+        exitless_lab::boot::Options { runs: self.runs, mem: self.mem, json: self.json.clone() }
+    }
+}
+
+#[derive(Args)]
+pub struct FleetArgs {
+    /// How many microVMs.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub vms: u32,
+    /// Guest RAM per microVM, in MiB (mapped, barely touched by the idle guest).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub mem_mib: u32,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// How long one microVM may take to come up, or to stop.
+    #[arg(long, default_value_t = 60.0, value_parser = parse_seconds)]
+    pub timeout: f64,
+}
+
+impl FleetArgs {
+    pub fn to_options(&self) -> exitless_lab::fleet::Options {
+        exitless_lab::fleet::Options {
+            vms: self.vms,
+            mem_mib: self.mem_mib,
+            json: self.json.clone(),
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+        }
+    }
+}
