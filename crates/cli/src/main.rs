@@ -135,6 +135,30 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     Ok(ExitCode::from(u8::try_from(report.exit_status).unwrap_or(u8::MAX)))
 }
 
+fn peers(a: &args::PeersArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let exitless = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    for peer in [&a.firecracker, &a.cloud_hypervisor].into_iter().flatten() {
+        if !peer.is_file() {
+            return Err(format!("{}: no such file (scripts/peers.sh builds the peers)", peer.display()).into());
+        }
+    }
+    let opts = exitless_lab::peers::Options {
+        exitless,
+        firecracker: a.firecracker.clone(),
+        cloud_hypervisor: a.cloud_hypervisor.clone(),
+        runs: a.runs,
+        mem_mib: a.mem_mib,
+        timeout: std::time::Duration::from_secs_f64(a.timeout),
+    };
+    let report = exitless_lab::peers::run(&opts, &mut |line| eprintln!("peers: {line}"))?;
+    print!("{}", report.table(a.runs));
+    if let Some(path) = &a.json {
+        std::fs::write(path, report.json().to_string() + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
 fn payloads(args: PayloadsArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -170,6 +194,7 @@ fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>
             exitless_lab::pci::run(&a.to_options())?;
         }
         BenchCommand::Fleet(a) => exitless_lab::fleet::run(&a.to_options())?,
+        BenchCommand::Peers(a) => peers(&a)?,
         BenchCommand::Doorbell(a) => {
             exitless_lab::doorbell::run(&a.to_options()?)?;
         }

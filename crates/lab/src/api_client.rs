@@ -24,8 +24,27 @@ pub fn request(sock: &Path, method: &str, path: &str, body: Option<&Value>) -> R
         body.len()
     );
     stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body.as_bytes())).map_err(gone)?;
+    // Read the head, then exactly Content-Length bytes: a server may keep the connection
+    // open despite `Connection: close` (Firecracker's does).
     let mut reply = Vec::new();
-    stream.read_to_end(&mut reply).map_err(gone)?;
+    let mut chunk = [0u8; 4096];
+    let (head_len, body_len) = loop {
+        if let Some(at) = reply.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&reply[..at]).to_ascii_lowercase();
+            let len = head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok());
+            break (at + 4, len.unwrap_or(0usize));
+        }
+        match stream.read(&mut chunk).map_err(gone)? {
+            0 => return Err("the API closed the connection before its reply's headers".into()),
+            n => reply.extend_from_slice(&chunk[..n]),
+        }
+    };
+    while reply.len() < head_len + body_len {
+        match stream.read(&mut chunk).map_err(gone)? {
+            0 => break,
+            n => reply.extend_from_slice(&chunk[..n]),
+        }
+    }
     let text = String::from_utf8_lossy(&reply);
     let (head, body) = text.split_once("\r\n\r\n").ok_or("the API answered with no headers")?;
     let status = head

@@ -11,6 +11,7 @@ pub mod net;
 pub mod net_rtt;
 pub mod netns;
 pub mod pci;
+pub mod peers;
 pub mod report;
 pub mod sink;
 pub mod stats;

@@ -18,6 +18,31 @@ pub enum BenchCommand {
     /// Many microVMs at once, each an `exitless --api-sock` process booted through the API:
     /// time until all run, VMM memory per VM, and a clean stop for every one.
     Fleet(FleetArgs),
+    /// exitless beside Firecracker and Cloud Hypervisor: the same guest under each, driven
+    /// through each one's API, interleaved: start times and memory beyond guest RAM.
+    Peers(PeersArgs),
+}
+
+#[derive(Args)]
+pub struct PeersArgs {
+    /// A Firecracker binary (scripts/peers.sh builds one); its column is skipped without.
+    #[arg(long, value_name = "PATH")]
+    pub firecracker: Option<PathBuf>,
+    /// A Cloud Hypervisor binary; its column is skipped without.
+    #[arg(long, value_name = "PATH")]
+    pub cloud_hypervisor: Option<PathBuf>,
+    /// Starts per VMM, interleaved; medians are reported.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub runs: u32,
+    /// Guest RAM, in MiB.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    pub mem_mib: u32,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// How long one start may take.
+    #[arg(long, default_value_t = 30.0, value_parser = parse_seconds)]
+    pub timeout: f64,
 }
 
 #[derive(Args)]

@@ -73,8 +73,33 @@ linux64_start:
 2:	hlt
 	jmp 2b
 
-	.section .rodata
+/* One stub per vector, 16 bytes apart: push a zero where the CPU pushes no error code,
+ * push the vector, go to the common handler (runtime.c: cpu_setup points the IDT here). */
+	.section .text
+	.p2align 4
+	.globl isr_stubs
+isr_stubs:
+	.set vec, 0
+	.rept 256
+	.p2align 4
+	.if (vec == 8) || (vec >= 10 && vec <= 14) || (vec == 17) || (vec == 21) || (vec == 29) || (vec == 30)
+	.else
+	pushq $0
+	.endif
+	pushq $vec
+	jmp isr_common
+	.set vec, vec + 1
+	.endr
+
+isr_common:            /* on the TSS's RSP0 stack: vector, error code, then the CPU's frame */
+	movq %rsp, %rdi
+	call isr_handler
+3:	pause
+	jmp 3b
+
+	.section .data
 	.p2align 3
+	.globl gdt
 gdt:
 	.quad 0                         /* 0x00 null */
 	.quad 0x00af9a000000ffff        /* 0x08 64-bit code, DPL0 */
@@ -82,6 +107,7 @@ gdt:
 	.quad 0x00cffa000000ffff        /* 0x18 32-bit code, DPL3 (unused, keeps sysret layout) */
 	.quad 0x00cff2000000ffff        /* 0x20 data, DPL3 -> selector 0x23 */
 	.quad 0x00affa000000ffff        /* 0x28 64-bit code, DPL3 -> selector 0x2b */
+	.quad 0, 0                      /* 0x30 64-bit TSS, filled in by cpu_setup */
 gdt_end:
 gdt_ptr:                        /* for lgdt in 32-bit mode: a 4-byte base */
 	.word gdt_end - gdt - 1

@@ -10,15 +10,79 @@ static volatile u64 *const shared = (volatile u64 *)SHARED_PAGE_GPA;
 void *boot_start_info;
 void *boot_zero_page;
 
+/* The PVH boot protocol promises no IDT and no usable TSS (Firecracker and Cloud
+ * Hypervisor leave a TSS without an I/O bitmap, so port I/O at CPL3 faults there): the
+ * runtime brings its own. The I/O bitmap allows every port, for the CPL3 loops. */
+struct tss64 {
+	u32 reserved0;
+	u64 rsp[3];
+	u64 reserved1;
+	u64 ist[7];
+	u64 reserved2;
+	u16 reserved3;
+	u16 iomap_base;
+} __attribute__((packed));
+
+static struct {
+	struct tss64 tss;
+	u8 iomap[65536 / 8 + 1]; /* a clear bit allows the port; the last byte ends the map */
+} __attribute__((packed, aligned(16))) tss_block;
+
+struct idt_gate {
+	u16 offset_lo, selector;
+	u8 ist, type;
+	u16 offset_mid;
+	u32 offset_hi, reserved;
+} __attribute__((packed));
+
+static struct idt_gate idt[256] __attribute__((aligned(16)));
+static u8 exception_stack[16384] __attribute__((aligned(16)));
+extern u64 gdt[];
+extern char gdt_ptr64[];
+extern char isr_stubs[];
+
+static void cpu_setup(void) {
+	struct { u16 limit; u64 base; } __attribute__((packed)) idtr = { sizeof(idt) - 1, (u64)idt };
+	u64 tss = (u64)&tss_block, limit = sizeof(tss_block) - 1;
+	tss_block.tss.rsp[0] = (u64)exception_stack + sizeof(exception_stack);
+	tss_block.tss.iomap_base = sizeof(struct tss64);
+	tss_block.iomap[sizeof(tss_block.iomap) - 1] = 0xff;
+	for (int v = 0; v < 256; v++) {
+		u64 at = (u64)isr_stubs + 16 * (u64)v;
+		idt[v] = (struct idt_gate){ (u16)at, 0x08, 0, 0x8e, (u16)(at >> 16), (u32)(at >> 32), 0 };
+	}
+	/* 64-bit available TSS (type 9), present, DPL0: two GDT slots at selector 0x30. */
+	gdt[6] = (limit & 0xffff) | (tss & 0xffffff) << 16 | 0x89ULL << 40 | ((limit >> 16) & 0xf) << 48 |
+		 ((tss >> 24) & 0xff) << 56;
+	gdt[7] = tss >> 32;
+	/* The 64-bit ELF entry runs on the VMM's GDT: the runtime's own has the TSS. */
+	__asm__ volatile("lgdt %0" ::"m"(*gdt_ptr64));
+	__asm__ volatile("lidt %0" ::"m"(idtr));
+	__asm__ volatile("ltr %w0" ::"r"(0x30));
+}
+
+struct isr_frame {
+	u64 vector, error, rip, cs, rflags, rsp, ss;
+};
+
+void isr_handler(struct isr_frame *f) {
+	print("exitless runtime: exception %lu (error %lx) at rip %lx, cpl %lu\n", f->vector, f->error, f->rip, f->cs & 3);
+	guest_exit(0xe0 + (u32)f->vector);
+}
+
 void runtime_start(void *start_info, void *zero_page) {
 	boot_start_info = start_info;
 	boot_zero_page = zero_page;
+	cpu_setup();
 	guest_exit((u32)main());
 }
 
 __attribute__((noreturn)) void guest_exit(u32 status) {
 	outl(DEBUG_EXIT_PORT, status);
-	for (;;) /* only reached where no debug-exit device listens */
+	/* No debug-exit device listens (another VMM): reset through the i8042, which ends
+	 * Firecracker and Cloud Hypervisor. */
+	outb(0x64, 0xfe);
+	for (;;)
 		__asm__ volatile("pause");
 }
 
