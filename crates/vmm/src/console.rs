@@ -1,7 +1,9 @@
 //! Console output off the vCPU thread: the UART appends to a bounded buffer (no syscall,
 //! no flush under the UART lock) and a thread of its own writes it out. A consumer that
 //! stops reading fills the buffer; after that bytes are dropped and counted, so the guest
-//! never waits on the host's stdout.
+//! never waits on the host's stdout. Output goes out a line at a time (one write(2) per
+//! line, as Firecracker's): a partial line waits at most [`PARTIAL_LINE_WAIT`], and a
+//! drain writes everything, so the last bytes of a crashing guest are not lost.
 
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex};
@@ -9,12 +11,18 @@ use std::time::{Duration, Instant};
 
 /// Bytes held for a slow consumer before output is dropped.
 const CAPACITY: usize = 1 << 20;
+/// How long a line without its newline waits for the rest before it is written anyway.
+pub const PARTIAL_LINE_WAIT: Duration = Duration::from_millis(20);
+/// Queued bytes written without waiting for a newline.
+const BATCH: usize = 4096;
 
 #[derive(Default)]
 struct Pending {
     bytes: Vec<u8>,
     /// The writer thread holds a batch it took out of `bytes`.
     writing: bool,
+    /// A line ended, a batch filled or a drain asked: write without waiting.
+    urgent: bool,
     closed: bool,
     dropped: u64,
 }
@@ -53,11 +61,25 @@ impl ConsoleOut {
             loop {
                 let batch = {
                     let mut p = q.lock();
-                    while p.bytes.is_empty() && !p.closed {
-                        p = q.ready.wait(p).unwrap_or_else(|e| e.into_inner());
+                    while !p.urgent && !p.closed {
+                        if p.bytes.is_empty() {
+                            p = q.ready.wait(p).unwrap_or_else(|e| e.into_inner());
+                            continue;
+                        }
+                        // A partial line: the rest, a newline or the timeout, whichever first.
+                        let (guard, waited) =
+                            q.ready.wait_timeout(p, PARTIAL_LINE_WAIT).unwrap_or_else(|e| e.into_inner());
+                        p = guard;
+                        if waited.timed_out() {
+                            break;
+                        }
                     }
+                    p.urgent = false;
                     if p.bytes.is_empty() {
-                        return;
+                        if p.closed {
+                            return;
+                        }
+                        continue;
                     }
                     p.writing = true;
                     std::mem::take(&mut p.bytes)
@@ -75,6 +97,8 @@ impl ConsoleOut {
     pub fn drain(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut p = self.queue.lock();
+        p.urgent = true;
+        self.queue.ready.notify_one();
         while !p.bytes.is_empty() || p.writing {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -101,7 +125,14 @@ impl Write for ConsoleOut {
             }
             p.dropped += (buf.len() - room) as u64;
         }
+        let first = p.bytes.is_empty();
         p.bytes.extend_from_slice(&buf[..room]);
+        if buf[..room].contains(&b'\n') || p.bytes.len() >= BATCH {
+            p.urgent = true;
+        } else if !first {
+            // The writer already waits out this partial line.
+            return Ok(buf.len());
+        }
         drop(p);
         self.queue.ready.notify_one();
         Ok(buf.len())
@@ -124,10 +155,12 @@ pub(crate) mod tests {
     use super::*;
     use std::sync::mpsc;
 
+    /// What was written, and in how many writes.
     #[derive(Clone, Default)]
-    pub struct Sink(pub Arc<Mutex<Vec<u8>>>);
+    pub struct Sink(pub Arc<Mutex<Vec<u8>>>, pub Arc<Mutex<u32>>);
     impl Write for Sink {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            *self.1.lock().unwrap() += 1;
             self.0.lock().unwrap().extend_from_slice(buf);
             Ok(buf.len())
         }
@@ -146,6 +179,21 @@ pub(crate) mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn a_line_is_one_write_and_a_partial_line_still_arrives() {
+        let sink = Sink::default();
+        let mut out = ConsoleOut::spawn(Box::new(sink.clone())).unwrap();
+        for &b in b"booting...\n" {
+            out.write_all(&[b]).unwrap();
+        }
+        std::thread::sleep(PARTIAL_LINE_WAIT * 5);
+        assert_eq!(*sink.1.lock().unwrap(), 1, "eleven bytes, one write");
+        out.write_all(b"no newline yet").unwrap();
+        std::thread::sleep(PARTIAL_LINE_WAIT * 10);
+        assert_eq!(sink.0.lock().unwrap().as_slice(), b"booting...\nno newline yet", "without a drain");
+        assert_eq!(*sink.1.lock().unwrap(), 2, "one write per line, one for the partial line");
     }
 
     #[test]

@@ -257,11 +257,13 @@ impl Machine {
         let vm = kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?;
         vm.set_tss_address(layout::TSS_GPA as usize).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
         vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
-        if host.nested() {
-            if let Err(e) = crate::host::emulate::syscall::trap_lstar_writes(&vm) {
-                tracing::debug!("no watch on the guest's system-call entry (MSR filter): {e}");
-            }
-        }
+        let vm = Arc::new(vm);
+        // KVM_X86_SET_MSR_FILTER waits for an SRCU grace period (23 ms here, a third of the
+        // start): it runs beside the rest of the setup and is joined before any vCPU exists.
+        let lstar_watch = host.nested().then(|| {
+            let vm = vm.clone();
+            std::thread::spawn(move || crate::host::emulate::syscall::trap_lstar_writes(&vm))
+        });
         let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
         vm.create_pit2(pit).map_err(ioctl("KVM_CREATE_PIT2"))?;
 
@@ -277,7 +279,6 @@ impl Machine {
             boot::bios_state::program_pic_and_pit(&vm).map_err(ioctl("KVM_SET_IRQCHIP/KVM_SET_PIT2"))?;
         }
 
-        let vm = Arc::new(vm);
         let control = Arc::new(RunControl::default());
         let d = config.devices;
         let dm_config =
@@ -307,6 +308,11 @@ impl Machine {
         }
         for drive in &d.drives {
             devices.attach_blk(drive, d.poll)?;
+        }
+        match lstar_watch.map(std::thread::JoinHandle::join) {
+            Some(Ok(Err(e))) => tracing::debug!("no watch on the guest's system-call entry (MSR filter): {e}"),
+            Some(Err(_)) => tracing::warn!("the thread installing the MSR filter panicked"),
+            _ => {}
         }
         let threads_per_core = if config.smt { 2 } else { 1 };
         Ok(Machine {
