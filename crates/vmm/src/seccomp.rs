@@ -239,13 +239,10 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
             Some(requests)
         }
         // Restoring the terminal (TCGETS/TCSETS*); tearing down what the VM registered.
-        ThreadKind::Main => Some(
-            [libc::TCGETS, libc::TCSETS, libc::TCSETSW, libc::TCSETSF]
-                .into_iter()
-                .chain(vm)
-                .map(|r| r as u32)
-                .collect(),
-        ),
+        ThreadKind::Main => {
+            let terminal = [libc::TCGETS, libc::TCSETS, libc::TCSETSW, libc::TCSETSF].map(|r| r as u32);
+            Some(terminal.into_iter().chain(vm.map(|r| r as u32)).collect())
+        }
         _ => None,
     }
 }
@@ -335,6 +332,7 @@ pub fn keep_thread_heaps() {
         // Two: the VMM's threads barely allocate once running (the exit paths never do),
         // and each arena a thread would otherwise make is resident memory in every VM.
         // SAFETY: mallopt only sets malloc tunables.
+        #[cfg(target_env = "gnu")]
         unsafe {
             libc::mallopt(libc::M_ARENA_MAX, 2);
             libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);

@@ -74,7 +74,7 @@ impl Tap {
         let ioctl = |what, request, arg: *const libc::c_void| {
             // SAFETY: `file` is a tun fd; each request gets the argument type the tun driver
             // expects, and the return value is checked.
-            let ret = unsafe { libc::ioctl(file.as_raw_fd(), request, arg) };
+            let ret = unsafe { libc::ioctl(file.as_raw_fd(), request as _, arg) };
             if ret < 0 {
                 Err(TapError::Ioctl { name: name.into(), what, source: std::io::Error::last_os_error() })
             } else {
@@ -103,7 +103,7 @@ impl Tap {
         let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(sock) };
         let mut flags = IfReq { name: req.name, flags: 0, _pad: [0; 22] };
         // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS take a struct ifreq, which IfReq lays out.
-        if unsafe { libc::ioctl(sock.as_raw_fd(), SIOCGIFFLAGS, &mut flags as *mut IfReq) } < 0 {
+        if unsafe { libc::ioctl(sock.as_raw_fd(), SIOCGIFFLAGS as _, &mut flags as *mut IfReq) } < 0 {
             return Err(err("SIOCGIFFLAGS"));
         }
         // A tap made beforehand and already up needs no privilege at all.
@@ -112,7 +112,7 @@ impl Tap {
         }
         flags.flags |= IFF_UP;
         // SAFETY: as above.
-        if unsafe { libc::ioctl(sock.as_raw_fd(), SIOCSIFFLAGS, &flags as *const IfReq) } < 0 {
+        if unsafe { libc::ioctl(sock.as_raw_fd(), SIOCSIFFLAGS as _, &flags as *const IfReq) } < 0 {
             return Err(err("SIOCSIFFLAGS: bringing it up needs CAP_NET_ADMIN, or run `ip link set <tap> up` first"));
         }
         Ok(())

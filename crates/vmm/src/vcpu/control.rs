@@ -1,5 +1,6 @@
 //! How a device or the VMM tells the vCPUs to stop, and why; and how the API pauses them.
 
+use crate::vcpu::watchdog::Pthread;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -47,7 +48,7 @@ const SUSPEND: u8 = 4;
 #[derive(Default)]
 struct Gate {
     /// Each running vCPU thread, by id, so a pause can kick it out of `KVM_RUN`.
-    threads: Vec<Option<libc::pthread_t>>,
+    threads: Vec<Option<Pthread>>,
     parked: usize,
 }
 
@@ -123,8 +124,7 @@ impl RunControl {
         if gate.threads.len() <= slot {
             gate.threads.resize(slot + 1, None);
         }
-        // SAFETY: pthread_self has no preconditions.
-        gate.threads[slot] = Some(unsafe { libc::pthread_self() });
+        gate.threads[slot] = Some(Pthread::current());
         self.changed.notify_all();
     }
 
@@ -145,9 +145,9 @@ impl RunControl {
 
     fn kick(gate: &Gate, signal: libc::c_int) {
         for &thread in gate.threads.iter().flatten() {
-            // SAFETY: a registered thread has not passed vcpu_ended (which takes the gate's
-            // lock, held by our caller), so its pthread_t is still valid.
-            unsafe { libc::pthread_kill(thread, signal) };
+            // A registered thread has not passed vcpu_ended (which takes the gate's lock,
+            // held by our caller), so it is still alive.
+            thread.kill(signal);
         }
     }
 

@@ -13,6 +13,29 @@ pub fn kick_signal() -> libc::c_int {
     libc::SIGRTMIN()
 }
 
+/// A thread to signal. glibc's pthread_t is an integer, musl's a pointer; either is an
+/// opaque identifier that may be used from any thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pthread(libc::pthread_t);
+
+// SAFETY: a pthread_t only names a thread; the pointer (musl) is never dereferenced here,
+// only passed to pthread_kill, which is valid from any thread while the target lives.
+unsafe impl Send for Pthread {}
+
+impl Pthread {
+    /// The calling thread.
+    pub fn current() -> Pthread {
+        // SAFETY: pthread_self has no preconditions.
+        Pthread(unsafe { libc::pthread_self() })
+    }
+
+    /// Sends `signal`; the caller makes sure the thread has not ended.
+    pub fn kill(self, signal: libc::c_int) {
+        // SAFETY: the caller guarantees the thread is alive (see each call site).
+        unsafe { libc::pthread_kill(self.0, signal) };
+    }
+}
+
 thread_local! {
     /// The `kvm_run` page of the vCPU this thread runs, if any: where a kick sets
     /// `immediate_exit`. Const-initialized, so the signal handler reads it without any
@@ -56,8 +79,7 @@ impl Watchdog {
     /// Arms a watchdog for the calling thread, which must call [`Watchdog::disarm`] when done.
     pub fn arm_for_current_thread(control: Arc<RunControl>, timeout: Duration) -> Watchdog {
         install_kick_handler();
-        // SAFETY: pthread_self has no preconditions.
-        let target = unsafe { libc::pthread_self() };
+        let target = Pthread::current();
         let disarmed = Arc::new((Mutex::new(false), Condvar::new()));
         let flag = disarmed.clone();
         let thread = std::thread::spawn(move || {
@@ -72,8 +94,8 @@ impl Watchdog {
             }
             control.request_stop();
             while !*guard {
-                // SAFETY: the target thread is alive until it disarms us (it joins this thread).
-                unsafe { libc::pthread_kill(target, kick_signal()) };
+                // The target thread is alive until it disarms us (it joins this thread).
+                target.kill(kick_signal());
                 guard = cvar.wait_timeout(guard, Duration::from_millis(10)).unwrap_or_else(|e| e.into_inner()).0;
             }
             true
