@@ -3,9 +3,15 @@
 #define PVH_MAGIC 0x336ec578u
 
 u64 acpi_rsdp(void) {
-	if (boot_zero_page) return *(volatile u64 *)((u64)boot_zero_page + 0x70);
-	if (boot_start_info && *(volatile u32 *)boot_start_info == PVH_MAGIC)
-		return *(volatile u64 *)((u64)boot_start_info + 32);
+	u64 given = 0;
+	if (boot_zero_page) given = *(volatile u64 *)((u64)boot_zero_page + 0x70);
+	else if (boot_start_info && *(volatile u32 *)boot_start_info == PVH_MAGIC)
+		given = *(volatile u64 *)((u64)boot_start_info + 32);
+	if (given) return given;
+	/* Not handed over (Firecracker leaves rsdp_paddr 0): the BIOS area, 16-byte aligned. */
+	for (u64 at = 0xe0000; at < 0x100000; at += 16)
+		if (*(volatile u64 *)at == 0x2052545020445352ULL) /* "RSD PTR " */
+			return at;
 	return 0;
 }
 

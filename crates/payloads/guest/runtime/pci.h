@@ -5,6 +5,10 @@
 
 enum pci_method { PCI_PIO = 1, PCI_ECAM = 2 };
 
+/* Bus 0's ECAM window: from the ACPI MCFG table where there is one (another VMM puts it
+ * elsewhere), exitless's own address otherwise. Set by the runtime before main. */
+extern u64 pci_ecam_base;
+
 static inline u32 pci_cf8_address(u32 fn, u32 reg) { return 0x80000000u | (fn << 8) | (reg & 0xfc); }
 
 /* fn is the bus-0 function index: device << 3 | function. */
@@ -13,7 +17,7 @@ static inline u32 pci_read(int method, u32 fn, u32 reg, u32 size) {
 		outl(0xcf8, pci_cf8_address(fn, reg));
 		return port_read((u16)(0xcfc + (reg & 3)), size);
 	}
-	return (u32)mmio_read(ECAM_GPA + fn * 4096 + reg, size);
+	return (u32)mmio_read(pci_ecam_base + fn * 4096 + reg, size);
 }
 
 static inline void pci_write(int method, u32 fn, u32 reg, u32 size, u32 value) {
@@ -22,7 +26,7 @@ static inline void pci_write(int method, u32 fn, u32 reg, u32 size, u32 value) {
 		port_write((u16)(0xcfc + (reg & 3)), size, value);
 		return;
 	}
-	mmio_write(ECAM_GPA + fn * 4096 + reg, size, value);
+	mmio_write(pci_ecam_base + fn * 4096 + reg, size, value);
 }
 
 /* Bus 0's functions, as a standard scan finds them (function 0 first, the others only on

@@ -1,4 +1,6 @@
 #include "runtime.h"
+#include "acpi.h"
+#include "pci.h"
 
 typedef __builtin_va_list va_list;
 #define va_start __builtin_va_start
@@ -70,10 +72,32 @@ void isr_handler(struct isr_frame *f) {
 	guest_exit(0xe0 + (u32)f->vector);
 }
 
+u64 pci_ecam_base = ECAM_GPA;
+
+extern u64 pdpt[512];
+extern u64 high_pd[2][512];
+
+int map_high(u64 addr) {
+	static u32 used;
+	u64 gib = addr >> 30;
+	if (gib < 4 || (pdpt[gib] & 1)) return 0;
+	if (gib >= 512 || used >= 2) return -1;
+	for (u64 i = 0; i < 512; i++) high_pd[used][i] = (gib << 30) + (i << 21) + 0x87; /* 2 MiB, user, rw */
+	pdpt[gib] = (u64)high_pd[used++] | 0x7;
+	return 0;
+}
+
+/* The MCFG's first allocation (bus 0's segment), if the platform has the table. */
+static void find_ecam(void) {
+	u64 mcfg = acpi_table(acpi_rsdp(), "MCFG");
+	if (mcfg && *(volatile u32 *)(mcfg + 4) >= 44 + 16) pci_ecam_base = *(volatile u64 *)(mcfg + 44);
+}
+
 void runtime_start(void *start_info, void *zero_page) {
 	boot_start_info = start_info;
 	boot_zero_page = zero_page;
 	cpu_setup();
+	find_ecam();
 	guest_exit((u32)main());
 }
 

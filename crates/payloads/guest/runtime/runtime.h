@@ -40,6 +40,9 @@ __attribute__((noreturn)) void guest_exit(u32 status);
 
 /* Drop to CPL3 with IOPL 3 (port I/O still allowed), interrupts off; returns at CPL3. */
 void enter_user(void);
+/* Identity-maps the GiB holding `addr` if it lies above 4 GiB (a 64-bit BAR); -1 if out of
+ * spare page directories. */
+int map_high(u64 addr);
 
 /* Sleep in the VMM until a device interrupt is delivered or `us` microseconds pass (the
  * idle port: this host cannot halt a CPL3 guest, so waiting is a paravirtual exit). */

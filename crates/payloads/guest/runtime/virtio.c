@@ -14,6 +14,8 @@ int vdev_find(struct vdev *n, u32 id) {
 		if (cfg32(found[i], 0) == ((0x1040 + id) << 16 | 0x1af4)) n->fn = found[i];
 	if (n->fn == 0xffffffff) return -1;
 	n->bar0 = cfg32(n->fn, 0x10) & ~0xfULL;
+	if ((cfg32(n->fn, 0x10) & 6) == 4) n->bar0 |= (u64)cfg32(n->fn, 0x14) << 32; /* 64-bit BAR */
+	if (map_high(n->bar0)) return -3;
 	pci_write(PCI_ECAM, n->fn, 4, 2, pci_read(PCI_ECAM, n->fn, 4, 2) | 2);
 	for (u32 cap = cfg8(n->fn, 0x34); cap; cap = cfg8(n->fn, cap + 1)) {
 		u32 id = cfg8(n->fn, cap);
@@ -77,7 +79,10 @@ int vdev_init(struct vdev *n, u32 id, u64 wanted, u16 nqueues, u16 qsize) {
 		for (u32 i = 0; i < 6; i++) n->mac[i] = (u8)mmio_read(n->device_cfg + i, 1);
 	/* MSI-X: vector i delivers IDT vector VIRTIO_IRQ_BASE + i to APIC 0. */
 	lapic_enable();
-	u64 table = n->bar0 + 0x4000;
+	/* The table's place from the capability (BIR 0: BAR0), not from exitless's layout. */
+	u32 table_at = cfg32(n->fn, n->msix_cap + 4);
+	if (table_at & 7) return -4;
+	u64 table = n->bar0 + (table_at & ~7u);
 	for (u32 v = 0; v <= nqueues; v++) {
 		mmio_write(table + 16 * v, 4, 0xfee00000);
 		mmio_write(table + 16 * v + 4, 4, 0);
