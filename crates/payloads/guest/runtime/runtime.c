@@ -101,10 +101,21 @@ void runtime_start(void *start_info, void *zero_page) {
 	guest_exit((u32)main());
 }
 
+/* ACPI soft-off through a hardware-reduced FADT's sleep control register (Cloud
+ * Hypervisor's, which takes an i8042 reset as a reboot): SLP_TYP 5, SLP_EN. */
+static void acpi_poweroff(void) {
+	u64 fadt = acpi_table(acpi_rsdp(), "FACP");
+	if (!fadt || *(volatile u32 *)(fadt + 4) < 244 + 12) return;
+	u8 space = *(volatile u8 *)(fadt + 244);
+	u64 reg = *(volatile u64 *)(fadt + 244 + 4);
+	if (space == 1 && reg && reg < 0x10000) outb((u16)reg, (5 << 2) | (1 << 5));
+}
+
 __attribute__((noreturn)) void guest_exit(u32 status) {
 	outl(DEBUG_EXIT_PORT, status);
-	/* No debug-exit device listens (another VMM): reset through the i8042, which ends
-	 * Firecracker and Cloud Hypervisor. */
+	/* No debug-exit device listens (another VMM): ACPI soft-off where the platform has a
+	 * sleep control register, then a reset through the i8042, which ends Firecracker. */
+	acpi_poweroff();
 	outb(0x64, 0xfe);
 	for (;;)
 		__asm__ volatile("pause");

@@ -38,6 +38,9 @@ u8 vdev_status(struct vdev *n) { return (u8)mmio_read(n->common + VC_STATUS, 1);
 void vdev_setup_queue(struct vdev *n, struct vq *q, u16 index, u16 qsize, u16 vector) {
 	u64 c = n->common;
 	q->index = index;
+	mmio_write(c + VC_Q_SELECT, 2, index);
+	u16 max = (u16)mmio_read(c + VC_Q_SIZE, 2); /* the device's largest (Cloud Hypervisor: 128) */
+	if (max && qsize > max) qsize = max;
 	q->size = qsize;
 	q->avail_idx = q->last_used = 0;
 	q->desc = (struct vring_desc *)rings[index][0];
@@ -47,9 +50,13 @@ void vdev_setup_queue(struct vdev *n, struct vq *q, u16 index, u16 qsize, u16 ve
 	mmio_write(c + VC_Q_SELECT, 2, index);
 	mmio_write(c + VC_Q_SIZE, 2, qsize);
 	mmio_write(c + VC_Q_VECTOR, 2, vector);
-	mmio_write(c + VC_Q_DESC, 8, (u64)q->desc);
-	mmio_write(c + VC_Q_DRIVER, 8, (u64)q->avail);
-	mmio_write(c + VC_Q_DEVICE, 8, (u64)q->used);
+	/* 64-bit fields as two 32-bit writes: what every device must take (virtio 1.2, 4.1.3.1);
+	 * Firecracker refuses 8-byte accesses. */
+	u64 rings_at[3] = { (u64)q->desc, (u64)q->avail, (u64)q->used };
+	for (u32 r = 0; r < 3; r++) {
+		mmio_write(c + VC_Q_DESC + 8 * r, 4, (u32)rings_at[r]);
+		mmio_write(c + VC_Q_DESC + 8 * r + 4, 4, (u32)(rings_at[r] >> 32));
+	}
 	q->notify = n->notify_base + mmio_read(c + VC_Q_NOTIFY_OFF, 2) * n->notify_mult;
 	mmio_write(c + VC_Q_ENABLE, 2, 1);
 }
@@ -102,7 +109,7 @@ int vq_push(struct vq *q, u16 head) {
 	barrier();
 	q->avail->idx = ++q->avail_idx;
 	mb(); /* the index must be visible before we read the device's avail_event */
-	u16 event = q->used->avail_event;
+	u16 event = *vq_avail_event(q);
 	return (u16)(q->avail_idx - event - 1) < (u16)(q->avail_idx - old);
 }
 

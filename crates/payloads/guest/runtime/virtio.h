@@ -89,7 +89,10 @@ void vq_kick(struct vq *q);
 /* The next used chain's head (and length), or -1 when none is ready. */
 int vq_pop_used(struct vq *q, u32 *len);
 /* Ask for an interrupt once `n` more chains have been used (EVENT_IDX). */
-static inline void vq_interrupt_after(struct vq *q, u16 n) { q->avail->used_event = (u16)(q->last_used + n - 1); }
+/* used_event and avail_event follow the rings, whose length is the queue's size. */
+static inline volatile u16 *vq_used_event(struct vq *q) { return &q->avail->ring[q->size]; }
+static inline volatile u16 *vq_avail_event(struct vq *q) { return (volatile u16 *)&q->used->ring[q->size]; }
+static inline void vq_interrupt_after(struct vq *q, u16 n) { *vq_used_event(q) = (u16)(q->last_used + n - 1); }
 
 /* Whether the LAPIC has interrupt `vector` pending (IRR): proof an MSI arrived. */
 int lapic_irr(u32 vector);
