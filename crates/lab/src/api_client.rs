@@ -70,3 +70,16 @@ pub fn expect_ok(sock: &Path, method: &str, path: &str, body: Option<&Value>) ->
 pub fn listening(sock: &Path) -> bool {
     UnixStream::connect(sock).is_ok()
 }
+
+/// Reads the guest's console until a line containing `needle`.
+pub fn wait_for_line(console: &mut impl std::io::BufRead, needle: &str) -> Result<(), String> {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match console.read_line(&mut line) {
+            Ok(0) | Err(_) => return Err("its console closed before the guest said it runs".into()),
+            Ok(_) if line.contains(needle) => return Ok(()),
+            Ok(_) => {}
+        }
+    }
+}

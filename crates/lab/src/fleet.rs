@@ -8,7 +8,7 @@
 use crate::api_client::expect_ok;
 use crate::report::{print_table, targets_json, targets_text, Target, WriteError};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -76,15 +76,7 @@ fn start_one(exe: &Path, dir: &Path, kernel: &Path, i: u32, opts: &Options, flee
         expect_ok(&sock, "PUT", "/boot-source", Some(&json!({"kernel_image_path": kernel})))?;
         expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"})))?;
         let mut console = BufReader::new(stdout);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match console.read_line(&mut line) {
-                Ok(0) | Err(_) => return Err("its console closed before the guest said it runs".into()),
-                Ok(_) if line.contains(RUNNING_LINE) => break,
-                Ok(_) => {}
-            }
-        }
+        crate::api_client::wait_for_line(&mut console, RUNNING_LINE)?;
         Ok(console)
     })();
     match result {

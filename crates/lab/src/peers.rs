@@ -6,7 +6,7 @@
 use crate::api_client::listening;
 use crate::stats::median;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -180,15 +180,7 @@ fn boot(
         }
     }
     let mut console = BufReader::new(stdout);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        match console.read_line(&mut line) {
-            Ok(0) | Err(_) => return Err("its console closed before the guest said it runs".into()),
-            Ok(_) if line.contains(FIRST_LINE) => break,
-            Ok(_) => {}
-        }
-    }
+    crate::api_client::wait_for_line(&mut console, FIRST_LINE)?;
     let first_line = spawned.elapsed();
     let (rss_kib, pss_kib, anon_kib) = memory_beyond_guest(child.id(), mem << 20).ok_or("cannot read its smaps")?;
     Ok(Sample {
