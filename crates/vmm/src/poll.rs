@@ -141,10 +141,12 @@ impl PollStats {
 
 /// CPU time a thread has used so far, from its pthread CPU clock (what a device thread's
 /// polling costs is read this way; clock_gettime is allowed under every filter).
-pub fn thread_cpu_time(thread: libc::pthread_t) -> Option<Duration> {
+///
+/// # Safety
+/// `thread` must not have ended (a pthread_t is a pointer on musl).
+pub unsafe fn thread_cpu_time(thread: libc::pthread_t) -> Option<Duration> {
     let mut clock: libc::clockid_t = 0;
-    // SAFETY: the caller's live thread (device threads run until their device is dropped)
-    // and a clockid we own.
+    // SAFETY: the caller guarantees a live thread; a clockid we own.
     if unsafe { libc::pthread_getcpuclockid(thread, &mut clock) } != 0 {
         return None;
     }

@@ -167,7 +167,8 @@ impl EventfdWorker {
     /// CPU time the device thread has used (its pthread CPU clock).
     pub fn cpu_time(&self) -> Option<std::time::Duration> {
         use std::os::unix::thread::JoinHandleExt;
-        exitless_vmm::poll::thread_cpu_time(self.thread.as_ref()?.as_pthread_t() as _)
+        // SAFETY: the worker's thread runs until the worker is dropped (it joins it).
+        unsafe { exitless_vmm::poll::thread_cpu_time(self.thread.as_ref()?.as_pthread_t() as _) }
     }
 }
 

@@ -145,9 +145,9 @@ impl RunControl {
 
     fn kick(gate: &Gate, signal: libc::c_int) {
         for &thread in gate.threads.iter().flatten() {
-            // A registered thread has not passed vcpu_ended (which takes the gate's lock,
-            // held by our caller), so it is still alive.
-            thread.kill(signal);
+            // SAFETY: a registered thread has not passed vcpu_ended (which takes the gate's
+            // lock, held by our caller), so it is still alive.
+            unsafe { thread.kill(signal) };
         }
     }
 

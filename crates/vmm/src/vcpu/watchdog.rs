@@ -29,9 +29,13 @@ impl Pthread {
         Pthread(unsafe { libc::pthread_self() })
     }
 
-    /// Sends `signal`; the caller makes sure the thread has not ended.
-    pub fn kill(self, signal: libc::c_int) {
-        // SAFETY: the caller guarantees the thread is alive (see each call site).
+    /// Sends `signal`.
+    ///
+    /// # Safety
+    /// The thread must not have ended: a pthread_t of a joined or detached-and-exited
+    /// thread may name freed memory (musl) or another thread.
+    pub unsafe fn kill(self, signal: libc::c_int) {
+        // SAFETY: the caller guarantees the thread is alive.
         unsafe { libc::pthread_kill(self.0, signal) };
     }
 }
@@ -94,8 +98,8 @@ impl Watchdog {
             }
             control.request_stop();
             while !*guard {
-                // The target thread is alive until it disarms us (it joins this thread).
-                target.kill(kick_signal());
+                // SAFETY: the target thread is alive until it disarms us (it joins this thread).
+                unsafe { target.kill(kick_signal()) };
                 guard = cvar.wait_timeout(guard, Duration::from_millis(10)).unwrap_or_else(|e| e.into_inner()).0;
             }
             true

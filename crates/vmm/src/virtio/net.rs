@@ -75,7 +75,9 @@ impl NetStats {
     pub fn thread_cpu(&self) -> Option<std::time::Duration> {
         match self.thread.load(Ordering::Acquire) {
             0 => None,
-            thread => crate::poll::thread_cpu_time(thread as libc::pthread_t),
+            // SAFETY: a non-zero id is a device thread that has not ended: the device clears
+            // it (Drop for VirtioNet) before its thread is joined.
+            thread => unsafe { crate::poll::thread_cpu_time(thread as libc::pthread_t) },
         }
     }
 }
@@ -161,6 +163,13 @@ impl VirtioNet {
     pub fn with_mtu(mut self, mtu: Option<u16>) -> Self {
         self.mtu = mtu;
         self
+    }
+}
+
+impl Drop for VirtioNet {
+    fn drop(&mut self) {
+        // Before the fields drop (and the thread is joined): readers stop naming it.
+        self.stats.thread.store(0, Ordering::Release);
     }
 }
 
