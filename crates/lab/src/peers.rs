@@ -3,7 +3,7 @@
 //! interleaved run by run: spawn to API ready, spawn to the guest's first line, and the
 //! VMM's memory beyond guest RAM once the guest runs. A peer not given is skipped.
 
-use crate::api_client::listening;
+use crate::api_client::{expect_ok, listening};
 use crate::stats::median;
 use serde_json::{json, Value};
 use std::io::BufReader;
@@ -95,20 +95,6 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Pee
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)
-}
-
-/// A request that must succeed; a refused connection is tried again for a while
-/// (Firecracker's API thread takes one connection at a time, with a short backlog).
-fn expect_ok(sock: &Path, method: &str, path: &str, body: Option<&Value>) -> Result<Option<Value>, String> {
-    let start = Instant::now();
-    loop {
-        match crate::api_client::expect_ok(sock, method, path, body) {
-            Err(e) if e.contains("cannot reach") && start.elapsed() < Duration::from_secs(2) => {
-                std::thread::sleep(Duration::from_micros(200))
-            }
-            other => return other,
-        }
-    }
 }
 
 /// `PATH --version`'s first line.

@@ -249,9 +249,9 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
 
 /// What a vCPU thread may do beyond [`ThreadKind::Vcpu`] on a nested host (crate::host):
 /// completing an instruction KVM could not emulate translates addresses, reads and writes
-/// FPU state and pending events; the LSTAR watch reads
-/// and writes MSRs and sets hardware breakpoints.
-fn nested_vcpu_rights() -> (Vec<i64>, Vec<u32>) {
+/// FPU state and pending events; the LSTAR watch reads and writes MSRs and sets hardware
+/// breakpoints.
+fn nested_vcpu_ioctls() -> Vec<u32> {
     let ioctls = [
         KVM_TRANSLATE(),
         KVM_GET_FPU(),
@@ -263,18 +263,15 @@ fn nested_vcpu_rights() -> (Vec<i64>, Vec<u32>) {
         KVM_SET_GUEST_DEBUG(),
     ];
     // rdrand's value comes from the host's getrandom, which the base filter allows.
-    (Vec::new(), ioctls.into_iter().map(|r| r as u32).collect())
+    ioctls.into_iter().map(|r| r as u32).collect()
 }
 
 fn program(kind: ThreadKind, nested: bool) -> Result<BpfProgram, SeccompError> {
-    let mut calls = allowed(kind);
     let mut requests = ioctls(kind);
     if nested && matches!(kind, ThreadKind::Vcpu | ThreadKind::LabVcpu) {
-        let (extra_calls, extra_ioctls) = nested_vcpu_rights();
-        calls.extend(extra_calls);
-        requests.get_or_insert_with(Vec::new).extend(extra_ioctls);
+        requests.get_or_insert_with(Vec::new).extend(nested_vcpu_ioctls());
     }
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = calls.into_iter().map(|c| (c, vec![])).collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowed(kind).into_iter().map(|c| (c, vec![])).collect();
     if let Some(requests) = requests {
         let build = |e| SeccompError::Build(kind, e);
         let by_request = requests

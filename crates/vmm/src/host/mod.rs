@@ -4,8 +4,10 @@
 //! A host whose KVM runs guest CPL0 natively (kvm_intel, kvm_amd) is `native`: none of
 //! the workarounds below is installed. A nested, pagetable-based KVM (kvm_pvm) emulates
 //! guest CPL0 one instruction at a time and leaves some instructions and one transition
-//! undone; its profile is `nested`, and each workaround it turns on is listed in
-//! [`NESTED_WORKAROUNDS`] with why and what it costs (docs/architecture.md repeats them).
+//! undone; its profile is `nested`, which installs the CPUID masks (`cpuid`), instruction
+//! completion (`emulate`, `nested_exits`), the LSTAR watch (`emulate::syscall`) and the vCPU
+//! filter's extra ioctls (crate::seccomp). docs/architecture.md, "The nested-host profile",
+//! says why each is needed and what it costs.
 
 pub mod cpuid;
 pub mod emulate;
@@ -54,36 +56,6 @@ pub struct HostProfile {
     pub kind: HostKind,
     pub why: String,
 }
-
-/// One workaround of the nested profile: its name, why the host needs it, and its cost.
-pub struct Workaround {
-    pub name: &'static str,
-    pub why: &'static str,
-    pub cost: &'static str,
-}
-
-pub const NESTED_WORKAROUNDS: &[Workaround] = &[
-    Workaround {
-        name: "CPUID masks",
-        why: "KVM cannot emulate cmpxchg16b, XSAVE or AVX at CPL0, and never completes vmcall (KVM's PV hypercalls)",
-        cost: "the guest sees no CX16/XSAVE/AVX/AVX2/AVX-512 and no PV unhalt, PV IPIs, PV yield",
-    },
-    Workaround {
-        name: "instruction completion",
-        why: "KVM gives up on some CPL0 instructions (clac/stac, popcnt, fences, rdrand, SSE, int3, int n)",
-        cost: "one userspace exit per such instruction; the vCPU filter allows SET_REGS/SET_SREGS/SET_FPU",
-    },
-    Workaround {
-        name: "LSTAR watch",
-        why: "SYSCALL from CPL3 lands on LSTAR still at CPL3: the VMM finishes the switch",
-        cost: "an MSR filter on every VM; two exits per guest page fault while watched; SET_GUEST_DEBUG and SET_MSRS allowed",
-    },
-    Workaround {
-        name: "vmcall watch",
-        why: "a vCPU sampled on vmcall again and again will never get past it",
-        cost: "reading the instruction at RIP on a sampled vCPU, only with --sample-guest",
-    },
-];
 
 impl HostProfile {
     /// The profile `choice` asks for, probing the host for `auto`.
@@ -134,14 +106,6 @@ impl HostProfile {
         }
     }
 
-    /// The workarounds this profile installs.
-    pub fn workarounds(&self) -> &'static [Workaround] {
-        match self.kind {
-            HostKind::Native => &[],
-            HostKind::Nested => NESTED_WORKAROUNDS,
-        }
-    }
-
     /// `nested (KVM is kvm_pvm: ...)`, for logs and the exit profile.
     pub fn describe(&self) -> String {
         format!("{} ({})", self.name(), self.why)
@@ -157,9 +121,9 @@ mod tests {
         assert!(HostProfile::from_modules(|m| m == "kvm_pvm" || m == "kvm_intel").nested());
         let native = HostProfile::from_modules(|m| m == "kvm_amd");
         assert_eq!((native.kind, native.why.contains("kvm_amd")), (HostKind::Native, true));
-        assert!(native.workarounds().is_empty());
+        assert_eq!(native.cpuid_masks(), cpuid::Masks::PLATFORM);
         assert_eq!(HostProfile::choose(ProfileChoice::Native).kind, HostKind::Native);
-        assert_eq!(HostProfile::choose(ProfileChoice::Nested).workarounds().len(), NESTED_WORKAROUNDS.len());
+        assert_eq!(HostProfile::choose(ProfileChoice::Nested).cpuid_masks(), cpuid::Masks::NESTED);
         assert!("fast".parse::<ProfileChoice>().is_err());
         assert_eq!("native".parse::<ProfileChoice>().unwrap(), ProfileChoice::Native);
     }
