@@ -3,13 +3,12 @@
 use exitless::{api, args, report, terminal, top, with_causes, LiveStdout};
 
 use args::{BenchCommand, Cli, Command, PayloadsArgs, RunArgs};
-use clap::Parser;
 use exitless_vmm::{DeviceConfig, Machine, MachineConfig, RunOptions};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     exitless_vmm::seccomp::keep_thread_heaps();
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_args() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             let _ = e.print();
@@ -45,16 +44,17 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         });
     };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .without_time()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("EXITLESS_LOG")
-                .unwrap_or_else(|_| "warn,virtio_queue=off".into()),
-        )
-        .init();
+    {
+        use tracing_subscriber::prelude::*;
+        let filter = api::logging::filter_from_env()
+            .unwrap_or_else(|| api::logging::parse_filter("warn,virtio_queue=off").unwrap_or_default());
+        let fmt = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .without_time();
+        tracing_subscriber::registry().with(filter).with(fmt).init();
+    }
     let result = match command {
         Command::Run(args) => run(args),
         Command::Payloads(args) => payloads(args),
@@ -95,7 +95,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         initrd,
         params: args.params.clone(),
         devices: DeviceConfig {
-            serial_in: Some(Box::new(std::io::stdin())),
+            serial_in: terminal::console_input(),
             serial_out: Box::new(LiveStdout),
             pci_config_io: args.pci_config_io,
             ecam: args.ecam,
@@ -148,7 +148,9 @@ fn peers(a: &args::PeersArgs) -> Result<(), Box<dyn std::error::Error>> {
         cloud_hypervisor: a.cloud_hypervisor.clone(),
         runs: a.runs,
         mem_mib: a.mem_mib,
-        timeout: std::time::Duration::from_secs_f64(a.timeout),
+        timeout: std::time::Duration::from_secs_f64(a.timeout + a.io_seconds),
+        fleet: a.fleet,
+        io_seconds: a.io_seconds,
     };
     let report = exitless_lab::peers::run(&opts, &mut |line| eprintln!("peers: {line}"))?;
     print!("{}", report.table(a.runs));

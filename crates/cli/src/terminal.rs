@@ -33,3 +33,17 @@ impl Drop for RawMode {
         unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &self.saved) };
     }
 }
+
+/// The guest console's input: stdin, unless it is /dev/null (what orchestrators and
+/// scripts usually give), which never yields a byte and needs no reader thread.
+pub fn console_input() -> Option<Box<dyn std::io::Read + Send>> {
+    use std::os::unix::fs::MetadataExt;
+    let null = std::fs::metadata("/dev/null").ok().map(|m| m.rdev());
+    // SAFETY: fstat writes only into `st`, a plain-data struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: STDIN_FILENO is a descriptor number; fstat fails cleanly if it is closed.
+    let is_null = unsafe { libc::fstat(libc::STDIN_FILENO, &mut st) } == 0
+        && st.st_mode & libc::S_IFMT == libc::S_IFCHR
+        && Some(st.st_rdev) == null;
+    (!is_null).then(|| Box::new(std::io::stdin()) as Box<dyn std::io::Read + Send>)
+}

@@ -71,14 +71,14 @@ pub fn listening(sock: &Path) -> bool {
     UnixStream::connect(sock).is_ok()
 }
 
-/// Reads the guest's console until a line containing `needle`.
-pub fn wait_for_line(console: &mut impl std::io::BufRead, needle: &str) -> Result<(), String> {
+/// Reads the guest's console until a line containing `needle`, and returns that line.
+pub fn wait_for_line(console: &mut impl std::io::BufRead, needle: &str) -> Result<String, String> {
     let mut line = String::new();
     loop {
         line.clear();
         match console.read_line(&mut line) {
             Ok(0) | Err(_) => return Err("its console closed before the guest said it runs".into()),
-            Ok(_) if line.contains(needle) => return Ok(()),
+            Ok(_) if line.contains(needle) => return Ok(line),
             Ok(_) => {}
         }
     }

@@ -8,7 +8,7 @@
 //! SIGTERM and SIGHUP remove the socket too (the process then exits 128 + the signal).
 
 pub mod fuzzing;
-mod logging;
+pub mod logging;
 mod metrics;
 pub mod model;
 mod routes;
@@ -179,21 +179,23 @@ fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), Str
     let machine = Arc::new(machine);
     exitless_vmm::sync::lock(&shared.vm).state =
         State::Running { machine: machine.clone(), since: std::time::Instant::now() };
-    let periodic = shared.clone();
-    std::thread::Builder::new()
-        .name("api-metrics".into())
-        .spawn(move || {
-            if !exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Api) {
-                return;
-            }
-            loop {
-                std::thread::sleep(metrics::PERIOD);
-                if periodic.metrics.is_open() {
+    // Metrics are configured before boot or never: without a file there is nothing to
+    // flush, and no thread to start before the guest runs.
+    if shared.metrics.is_open() {
+        let periodic = shared.clone();
+        std::thread::Builder::new()
+            .name("api-metrics".into())
+            .spawn(move || {
+                if !exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Api) {
+                    return;
+                }
+                loop {
+                    std::thread::sleep(metrics::PERIOD);
                     flush_metrics(&periodic);
                 }
-            }
-        })
-        .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
+            })
+            .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
+    }
     let shared = shared.clone();
     let spawned = std::thread::Builder::new().name("vmm".into()).spawn(move || {
         let outcome = machine.run_shared(None);

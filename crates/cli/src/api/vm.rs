@@ -324,7 +324,7 @@ impl Vm {
             initrd,
             devices: exitless_vmm::DeviceConfig {
                 boot_timer: self.boot_timer,
-                serial_in: Some(Box::new(std::io::stdin())),
+                serial_in: crate::terminal::console_input(),
                 serial_out: Box::new(crate::LiveStdout),
                 nets,
                 drives,

@@ -18,8 +18,9 @@ pub enum BenchCommand {
     /// Many microVMs at once, each an `exitless --api-sock` process booted through the API:
     /// time until all run, VMM memory per VM, and a clean stop for every one.
     Fleet(FleetArgs),
-    /// exitless beside Firecracker and Cloud Hypervisor: the same guest under each, driven
-    /// through each one's API, interleaved: start times and memory beyond guest RAM.
+    /// exitless beside Firecracker and Cloud Hypervisor: the same guests under each, driven
+    /// through each one's API, interleaved: start, memory beyond guest RAM (one VM and a
+    /// fleet), blkbench and nettx on each one's virtio devices.
     Peers(PeersArgs),
 }
 
@@ -43,6 +44,12 @@ pub struct PeersArgs {
     /// How long one start may take.
     #[arg(long, default_value_t = 30.0, value_parser = parse_seconds)]
     pub timeout: f64,
+    /// VMs per VMM in the fleet rows, started at once (0: no fleet rows).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=200))]
+    pub fleet: u32,
+    /// Seconds of each I/O run, blkbench and nettx (0: no I/O rows).
+    #[arg(long, default_value_t = 2.0, value_parser = parse_seconds_or_zero)]
+    pub io_seconds: f64,
 }
 
 #[derive(Args)]

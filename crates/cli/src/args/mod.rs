@@ -18,6 +18,29 @@ pub struct Cli {
     pub api: ApiArgs,
 }
 
+/// Firecracker's process interface alone, for the common start: an orchestrator spawning
+/// the VMM with its flags. Parsing it does not build the commands' and labs' argument
+/// trees, which were a tenth of the code a start touched (and kept resident).
+#[derive(Parser)]
+#[command(name = "exitless", version = VERSION)]
+struct FirecrackerCli {
+    #[command(flatten)]
+    api: ApiArgs,
+}
+
+impl Cli {
+    /// The same result as `Cli::try_parse`, taking the short way when no argument names a
+    /// command or asks for help or the version.
+    pub fn try_parse_args() -> Result<Cli, clap::Error> {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        let long_way = ["run", "payloads", "bench", "top", "help", "-h", "--help", "-V", "--version"];
+        if args.len() > 1 && !args[1..].iter().any(|a| long_way.iter().any(|w| a == w)) {
+            return FirecrackerCli::try_parse_from(args).map(|f| Cli { command: None, api: f.api });
+        }
+        Cli::try_parse_from(args)
+    }
+}
+
 /// The Firecracker release whose API and flags exitless serves.
 pub const FIRECRACKER_API: &str = "1.16.1";
 
@@ -440,6 +463,14 @@ fn parse_u64(s: &str) -> Result<u64, String> {
 /// The longest time any option takes (a year): beyond it a Duration would overflow, and
 /// no run needs it.
 const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// Seconds, or 0 for "none of it".
+fn parse_seconds_or_zero(s: &str) -> Result<f64, String> {
+    if s.parse::<f64>() == Ok(0.0) {
+        return Ok(0.0);
+    }
+    parse_seconds(s)
+}
 
 fn parse_seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {

@@ -1,7 +1,5 @@
 #include "acpi.h"
 
-#define PVH_MAGIC 0x336ec578u
-
 u64 acpi_rsdp(void) {
 	u64 given = 0;
 	if (boot_zero_page) given = *(volatile u64 *)((u64)boot_zero_page + 0x70);

@@ -119,10 +119,11 @@ gdt_ptr64:                      /* for lgdt in 64-bit mode: an 8-byte base */
 
 /* Identity map of the low 4 GiB with 2 MiB pages, all user-accessible so CPL3 loops
  * can reach RAM, the shared page and MMIO without a switch back to CPL0. Higher GiBs (a
- * 64-bit BAR another VMM placed there) get a page directory from `high_pd` on demand. */
+ * 64-bit BAR another VMM placed there) get a page directory from `high_pd` on demand, and
+ * beyond 512 GiB the spare PDPT `high_pdpt`. */
 	.section .data.pagetables, "aw"
 	.p2align 12
-	.globl pml4, pdpt, high_pd
+	.globl pml4, pdpt, high_pdpt, high_pd
 pml4:
 	.quad pdpt + 0x7
 	.fill 511, 8, 0
@@ -132,6 +133,8 @@ pdpt:
 	.quad pd + 0x2000 + 0x7
 	.quad pd + 0x3000 + 0x7
 	.fill 508, 8, 0                 /* above 4 GiB: mapped on demand (map_high) */
+high_pdpt:
+	.fill 512, 8, 0                 /* a spare PDPT: BARs above 512 GiB (Cloud Hypervisor's) */
 high_pd:
 	.fill 2 * 512, 8, 0             /* two spare page directories */
 pd:

@@ -48,8 +48,10 @@ int map_high(u64 addr);
  * idle port: this host cannot halt a CPL3 guest, so waiting is a paravirtual exit). */
 static inline void idle_wait(u32 us) { outl(IDLE_PORT, us); }
 
-/* The shared page: parameters from the VMM (the fallback where the VMM left 0 or nothing,
- * e.g. under QEMU) and results for it. */
+/* The shared page: parameters from the VMM and results for it. A parameter the shared
+ * page leaves 0 (or that has no shared page: QEMU, Firecracker, Cloud Hypervisor) comes
+ * from the kernel command line's "exitless.params=v0,v1,..." (decimal or 0x hex), and
+ * failing that is `fallback`. */
 u64 param(u32 index, u64 fallback);
 void set_result(u32 index, u64 value);
 int have_vmm_params(void);
@@ -60,6 +62,8 @@ u64 guest_mem_end(void);
 
 /* Small deterministic PRNG (xorshift64*). */
 u64 rand64(u64 *state);
+
+#define PVH_MAGIC 0x336ec578u
 
 /* What the boot protocol handed over: the PVH start info (PVH entry), or the Linux zero
  * page (64-bit Linux entry); the other is null. */

@@ -1,0 +1,183 @@
+//! One VMM process with one guest: spawned, configured and booted through its own API the
+//! way its users drive it, read from its console, measured, and killed when dropped.
+
+use super::Vmm;
+use crate::api_client::{expect_ok, listening};
+use serde_json::json;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What the guest gets besides RAM and one vCPU.
+#[derive(Clone, Debug, Default)]
+pub struct Guest {
+    pub kernel: PathBuf,
+    /// The kernel command line: how a payload gets its parameters under every VMM.
+    pub cmdline: Option<String>,
+    /// A virtio-blk disk, read-only.
+    pub disk: Option<PathBuf>,
+    /// A virtio-net interface on this tap.
+    pub tap: Option<String>,
+    pub mem_mib: u32,
+}
+
+/// A VMM process running a guest; killed (and its socket removed) when dropped.
+pub struct Running {
+    child: Child,
+    console: BufReader<ChildStdout>,
+    sock: PathBuf,
+    pub spawned: Instant,
+    pub api_ready: Duration,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.sock);
+    }
+}
+
+/// Spawns `vmm` with its API on `sock` and boots `guest` through that API.
+pub fn launch(vmm: Vmm, exe: &Path, sock: &Path, guest: &Guest, timeout: Duration) -> Result<Running, String> {
+    let _ = std::fs::remove_file(sock);
+    let mut cmd = Command::new(exe);
+    match vmm {
+        Vmm::Exitless => cmd.arg("--api-sock").arg(sock),
+        // Firecracker's virtio devices are MMIO unless asked for PCI; the payloads find
+        // theirs on PCI.
+        Vmm::Firecracker if guest.disk.is_some() || guest.tap.is_some() => {
+            cmd.arg("--api-sock").arg(sock).arg("--enable-pci")
+        }
+        Vmm::Firecracker => cmd.arg("--api-sock").arg(sock),
+        Vmm::CloudHypervisor => cmd.arg("--api-socket").arg(sock),
+    };
+    let spawned = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut running =
+        Running { child, console: BufReader::new(stdout), sock: sock.to_path_buf(), spawned, api_ready: Duration::ZERO };
+    while !listening(sock) {
+        if spawned.elapsed() > timeout {
+            return Err(format!("its API socket did not appear within {timeout:?}"));
+        }
+        if let Ok(Some(status)) = running.child.try_wait() {
+            return Err(format!("it exited ({status}) before serving its API"));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    running.api_ready = spawned.elapsed();
+    boot(vmm, sock, guest)?;
+    Ok(running)
+}
+
+fn boot(vmm: Vmm, sock: &Path, guest: &Guest) -> Result<(), String> {
+    const MAC: &str = "06:00:ac:10:00:02";
+    let mem = u64::from(guest.mem_mib);
+    match vmm {
+        Vmm::Exitless | Vmm::Firecracker => {
+            expect_ok(sock, "PUT", "/machine-config", Some(&json!({"vcpu_count": 1, "mem_size_mib": mem})))?;
+            let mut boot = json!({"kernel_image_path": guest.kernel});
+            if let Some(cmdline) = &guest.cmdline {
+                boot["boot_args"] = json!(cmdline);
+            }
+            expect_ok(sock, "PUT", "/boot-source", Some(&boot))?;
+            if let Some(disk) = &guest.disk {
+                let drive = json!({"drive_id": "disk", "path_on_host": disk, "is_root_device": false, "is_read_only": true});
+                expect_ok(sock, "PUT", "/drives/disk", Some(&drive))?;
+            }
+            if let Some(tap) = &guest.tap {
+                let net = json!({"iface_id": "eth0", "host_dev_name": tap, "guest_mac": MAC});
+                expect_ok(sock, "PUT", "/network-interfaces/eth0", Some(&net))?;
+            }
+            expect_ok(sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"})))?;
+        }
+        Vmm::CloudHypervisor => {
+            let mut config = json!({
+                "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+                "memory": {"size": mem << 20},
+                "payload": {"kernel": guest.kernel},
+                "serial": {"mode": "Tty"},
+                "console": {"mode": "Off"},
+            });
+            if let Some(cmdline) = &guest.cmdline {
+                config["payload"]["cmdline"] = json!(cmdline);
+            }
+            if let Some(disk) = &guest.disk {
+                config["disks"] = json!([{"path": disk, "readonly": true}]);
+            }
+            if let Some(tap) = &guest.tap {
+                config["net"] = json!([{"tap": tap, "mac": MAC}]);
+            }
+            expect_ok(sock, "PUT", "/api/v1/vm.create", Some(&config))?;
+            expect_ok(sock, "PUT", "/api/v1/vm.boot", None)?;
+        }
+    }
+    Ok(())
+}
+
+impl Running {
+    /// Reads the guest's console up to a line containing `needle`; returns that line.
+    pub fn wait_for(&mut self, needle: &str) -> Result<String, String> {
+        crate::api_client::wait_for_line(&mut self.console, needle)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// CPU time of the process's threads that do not run the guest: the VMM's own work
+    /// (its device, I/O and API threads). A vCPU thread's time is mostly the guest's.
+    pub fn cpu_outside_vcpus(&self) -> Duration {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid())) else { return Duration::ZERO };
+        let ticks: u64 = tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+            .filter_map(|stat| {
+                // "pid (comm) state ...": comm may hold spaces, so split at the last ')'.
+                let (head, rest) = stat.rsplit_once(')')?;
+                let comm = head.split_once('(')?.1;
+                if comm.contains("vcpu") {
+                    return None;
+                }
+                let fields: Vec<&str> = rest.split_whitespace().collect();
+                // utime and stime are fields 14 and 15; `rest` starts at field 3.
+                Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+            })
+            .sum();
+        // SAFETY: sysconf only reads a constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Duration::from_nanos(ticks * 1_000_000_000 / hz)
+    }
+}
+
+/// Resident, proportional and anonymous KiB of process `pid`, less every mapping at least
+/// as large as guest RAM (`guest_bytes`): what the VMM costs beyond the memory it gives.
+pub fn memory_beyond_guest(pid: u32, guest_bytes: u64) -> Option<(u64, u64, u64)> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let kib = |v: &str| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok();
+    let (mut rss, mut pss, mut anon, mut guest) = (0, 0, 0, false);
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let Some(first) = fields.next() else { continue };
+        if let Some((start, end)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
+            let size = u64::from_str_radix(end, 16).ok()?.saturating_sub(u64::from_str_radix(start, 16).ok()?);
+            guest = size >= guest_bytes;
+        } else if !guest {
+            let value = || kib(line.split_once(':').map_or("", |(_, v)| v));
+            match first {
+                "Rss:" => rss += value()?,
+                "Pss:" => pss += value()?,
+                "Anonymous:" => anon += value()?,
+                _ => {}
+            }
+        }
+    }
+    Some((rss, pss, anon))
+}

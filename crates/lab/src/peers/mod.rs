@@ -1,0 +1,268 @@
+//! `bench peers`: exitless beside Firecracker and Cloud Hypervisor, the same guests under
+//! each, each driven through its own API as its users drive it, interleaved run by run.
+//! Start (spawn to API ready, to the `wait` payload's first line) and memory beyond guest
+//! RAM for one VM; the same for a fleet of N started at once; and the I/O rows (blkbench
+//! and nettx on each VMM's own virtio-pci devices). A peer not given is skipped.
+
+mod io;
+mod launch;
+mod report;
+
+pub use io::IoSample;
+pub use launch::memory_beyond_guest;
+
+use launch::{launch, Guest, Running};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// What the `wait` guest prints once it runs.
+const FIRST_LINE: &str = "wait: running";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vmm {
+    Exitless,
+    Firecracker,
+    CloudHypervisor,
+}
+
+impl Vmm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Vmm::Exitless => "exitless",
+            Vmm::Firecracker => "firecracker",
+            Vmm::CloudHypervisor => "cloud-hypervisor",
+        }
+    }
+}
+
+pub struct Options {
+    pub exitless: PathBuf,
+    pub firecracker: Option<PathBuf>,
+    pub cloud_hypervisor: Option<PathBuf>,
+    pub runs: u32,
+    pub mem_mib: u32,
+    pub timeout: Duration,
+    /// VMs in the fleet rows (0: none).
+    pub fleet: u32,
+    /// Seconds per I/O run (0: no I/O rows).
+    pub io_seconds: f64,
+}
+
+/// One start of one VMM.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sample {
+    pub api_ready_ms: f64,
+    pub first_line_ms: f64,
+    pub rss_kib: u64,
+    pub pss_kib: u64,
+    pub anon_kib: u64,
+}
+
+/// N VMs of one VMM started at once: until the last guest's line, and memory per VM
+/// while all run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FleetSample {
+    pub all_running_ms: f64,
+    pub rss_kib: f64,
+    pub pss_kib: f64,
+    pub anon_kib: f64,
+}
+
+/// One VMM's column.
+pub struct Column {
+    pub vmm: Vmm,
+    pub version: String,
+    pub starts: Vec<Sample>,
+    pub fleets: Vec<FleetSample>,
+    pub blk: Vec<IoSample>,
+    pub net: Vec<IoSample>,
+    /// Why an I/O row is empty, when it is.
+    pub io_skipped: Option<String>,
+}
+
+pub struct Report {
+    pub mem_mib: u32,
+    pub fleet: u32,
+    pub io_seconds: f64,
+    pub columns: Vec<Column>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PeersError {
+    #[error("cannot prepare the lab: {0}")]
+    Setup(String),
+    #[error("{vmm}: {what}")]
+    Start { vmm: &'static str, what: String },
+}
+
+pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, PeersError> {
+    let dir = std::env::temp_dir().join(format!("exitless-peers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| PeersError::Setup(format!("{}: {e}", dir.display())))?;
+    let result = run_in(opts, &dir, progress);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn run_in(opts: &Options, dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<Report, PeersError> {
+    let kernel = dir.join("wait.elf");
+    let elf = exitless_payloads::find("wait").map(|p| p.elf).unwrap_or_default();
+    std::fs::write(&kernel, elf).map_err(|e| PeersError::Setup(format!("{}: {e}", kernel.display())))?;
+    let wait = Guest { kernel, mem_mib: opts.mem_mib, ..Guest::default() };
+    let mut vmms = vec![(Vmm::Exitless, opts.exitless.clone())];
+    vmms.extend(opts.firecracker.clone().map(|p| (Vmm::Firecracker, p)));
+    vmms.extend(opts.cloud_hypervisor.clone().map(|p| (Vmm::CloudHypervisor, p)));
+    let mut columns: Vec<Column> = vmms
+        .iter()
+        .map(|(vmm, exe)| Column {
+            vmm: *vmm,
+            version: version(exe),
+            starts: Vec::new(),
+            fleets: Vec::new(),
+            blk: Vec::new(),
+            net: Vec::new(),
+            io_skipped: None,
+        })
+        .collect();
+    let fail = |vmm: Vmm| move |what: String| PeersError::Start { vmm: vmm.name(), what };
+    let io = if opts.io_seconds > 0.0 { Some(IoSetup::new(dir)?) } else { None };
+    for run in 0..opts.runs {
+        for (column, (vmm, exe)) in columns.iter_mut().zip(&vmms) {
+            let sample = start_one(*vmm, exe, dir, &wait, opts).map_err(fail(*vmm))?;
+            progress(&format!(
+                "run {}/{} {}: first line {:.1} ms, {} KiB resident",
+                run + 1,
+                opts.runs,
+                vmm.name(),
+                sample.first_line_ms,
+                sample.rss_kib
+            ));
+            column.starts.push(sample);
+        }
+        if opts.fleet > 0 {
+            for (column, (vmm, exe)) in columns.iter_mut().zip(&vmms) {
+                let sample = fleet(*vmm, exe, dir, &wait, opts).map_err(fail(*vmm))?;
+                progress(&format!(
+                    "run {}/{} {}: {} at once, all running in {:.0} ms, {:.0} KiB proportional each",
+                    run + 1,
+                    opts.runs,
+                    vmm.name(),
+                    opts.fleet,
+                    sample.all_running_ms,
+                    sample.pss_kib
+                ));
+                column.fleets.push(sample);
+            }
+        }
+        if let Some(io) = &io {
+            for (column, (vmm, exe)) in columns.iter_mut().zip(&vmms) {
+                io_rows(column, *vmm, exe, dir, io, opts, run, progress);
+            }
+        }
+    }
+    Ok(Report { mem_mib: opts.mem_mib, fleet: opts.fleet, io_seconds: opts.io_seconds, columns })
+}
+
+/// What the I/O rows share: the pattern-filled disk, a tap (when this process may make
+/// one) and the TSC's rate (the guests count cycles).
+struct IoSetup {
+    disk: PathBuf,
+    tap: Result<io::Tap, String>,
+    tsc_khz: u64,
+}
+
+impl IoSetup {
+    fn new(dir: &Path) -> Result<Self, PeersError> {
+        let disk = io::blk_disk(dir).map_err(PeersError::Setup)?;
+        let tsc_khz = crate::control::guest_tsc_khz().map_err(|e| PeersError::Setup(format!("TSC rate: {e}")))?;
+        let tap = io::Tap::create(&format!("xlpeer{}", std::process::id() % 10_000));
+        Ok(IoSetup { disk, tap, tsc_khz: u64::from(tsc_khz) })
+    }
+}
+
+/// One blkbench and one nettx run of `vmm`. A VMM that cannot run one (a peer without
+/// the device) leaves its row empty with the reason, rather than ending the lab.
+#[allow(clippy::too_many_arguments)]
+fn io_rows(
+    column: &mut Column,
+    vmm: Vmm,
+    exe: &Path,
+    dir: &Path,
+    io: &IoSetup,
+    opts: &Options,
+    run: u32,
+    progress: &mut dyn FnMut(&str),
+) {
+    match io::blk(vmm, exe, dir, &io.disk, opts, io.tsc_khz) {
+        Ok(s) => {
+            progress(&format!("run {}/{} {}: blkbench {:.0} IOPS", run + 1, opts.runs, vmm.name(), s.per_second));
+            column.blk.push(s);
+        }
+        Err(e) => column.io_skipped = Some(format!("blkbench: {e}")),
+    }
+    match &io.tap {
+        Ok(tap) => match io::net(vmm, exe, dir, &tap.0, opts, io.tsc_khz) {
+            Ok(s) => {
+                let gbps = s.bytes_per_second * 8.0 / 1e9;
+                progress(&format!("run {}/{} {}: nettx {gbps:.2} Gb/s", run + 1, opts.runs, vmm.name()));
+                column.net.push(s);
+            }
+            Err(e) => column.io_skipped = Some(format!("nettx: {e}")),
+        },
+        Err(e) => column.io_skipped = Some(format!("nettx: no tap ({e})")),
+    }
+}
+
+/// `PATH --version`'s first line.
+fn version(exe: &Path) -> String {
+    let out = std::process::Command::new(exe).arg("--version").stderr(std::process::Stdio::null()).output();
+    out.ok().and_then(|o| String::from_utf8_lossy(&o.stdout).lines().next().map(str::to_string)).unwrap_or_default()
+}
+
+/// One VM: spawned, booted, measured once its guest runs, then killed.
+fn start_one(vmm: Vmm, exe: &Path, dir: &Path, guest: &Guest, opts: &Options) -> Result<Sample, String> {
+    let mut vm = launch(vmm, exe, &dir.join(format!("{}.sock", vmm.name())), guest, opts.timeout)?;
+    vm.wait_for(FIRST_LINE)?;
+    let first_line = vm.spawned.elapsed();
+    measure(&vm, first_line, guest)
+}
+
+fn measure(vm: &Running, first_line: Duration, guest: &Guest) -> Result<Sample, String> {
+    let guest_bytes = u64::from(guest.mem_mib) << 20;
+    let (rss_kib, pss_kib, anon_kib) = memory_beyond_guest(vm.pid(), guest_bytes).ok_or("cannot read its smaps")?;
+    Ok(Sample {
+        api_ready_ms: vm.api_ready.as_secs_f64() * 1e3,
+        first_line_ms: first_line.as_secs_f64() * 1e3,
+        rss_kib,
+        pss_kib,
+        anon_kib,
+    })
+}
+
+/// `opts.fleet` VMs of `vmm`, each launched and awaited on a thread of its own; measured
+/// when all run, then all killed.
+fn fleet(vmm: Vmm, exe: &Path, dir: &Path, guest: &Guest, opts: &Options) -> Result<FleetSample, String> {
+    let began = Instant::now();
+    let vms: Vec<Result<Running, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..opts.fleet)
+            .map(|i| {
+                let sock = dir.join(format!("{}-{i}.sock", vmm.name()));
+                scope.spawn(move || {
+                    let mut vm = launch(vmm, exe, &sock, guest, opts.timeout)?;
+                    vm.wait_for(FIRST_LINE)?;
+                    Ok(vm)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("its thread panicked".into()))).collect()
+    });
+    let all_running = began.elapsed();
+    let vms: Vec<Running> = vms.into_iter().collect::<Result<_, _>>()?;
+    let samples: Vec<Sample> = vms.iter().map(|vm| measure(vm, all_running, guest)).collect::<Result<_, _>>()?;
+    let mean = |f: fn(&Sample) -> u64| samples.iter().map(|s| f(s) as f64).sum::<f64>() / samples.len().max(1) as f64;
+    Ok(FleetSample {
+        all_running_ms: all_running.as_secs_f64() * 1e3,
+        rss_kib: mean(|s| s.rss_kib),
+        pss_kib: mean(|s| s.pss_kib),
+        anon_kib: mean(|s| s.anon_kib),
+    })
+}

@@ -1,0 +1,177 @@
+//! The peers table, its targets, its JSON and its chart.
+
+use super::{Column, FleetSample, IoSample, Report, Sample, Vmm};
+use crate::stats::median;
+use serde_json::{json, Value};
+use std::fmt::Write;
+
+/// A row: its label, its JSON field, its decimals and how to read it from a column.
+struct Row {
+    label: String,
+    field: &'static str,
+    digits: usize,
+    value: Box<dyn Fn(&Column) -> f64>,
+}
+
+fn start_row(label: &str, field: &'static str, digits: usize, f: fn(&Sample) -> f64) -> Row {
+    Row { label: label.into(), field, digits, value: Box::new(move |c| med(c.starts.iter().map(f))) }
+}
+
+fn fleet_row(label: String, field: &'static str, f: fn(&FleetSample) -> f64) -> Row {
+    Row { label, field, digits: 0, value: Box::new(move |c| med(c.fleets.iter().map(f))) }
+}
+
+fn io_row(label: &str, field: &'static str, digits: usize, blk: bool, f: fn(&IoSample) -> f64) -> Row {
+    let value = move |c: &Column| med(if blk { &c.blk } else { &c.net }.iter().map(f));
+    Row { label: label.into(), field, digits, value: Box::new(value) }
+}
+
+fn med(values: impl Iterator<Item = f64>) -> f64 {
+    median(&values.collect::<Vec<_>>())
+}
+
+impl Report {
+    fn rows(&self) -> Vec<Row> {
+        let mut rows = vec![
+            start_row("spawn to API ready (ms)", "api_ready_ms", 1, |s| s.api_ready_ms),
+            start_row("spawn to the guest's first line (ms)", "first_line_ms", 1, |s| s.first_line_ms),
+            start_row("resident beyond guest RAM (KiB)", "rss_kib", 0, |s| s.rss_kib as f64),
+            start_row("proportional beyond guest RAM (KiB)", "pss_kib", 0, |s| s.pss_kib as f64),
+            start_row("anonymous beyond guest RAM (KiB)", "anon_kib", 0, |s| s.anon_kib as f64),
+        ];
+        if self.fleet > 0 {
+            let n = self.fleet;
+            rows.extend([
+                fleet_row(format!("{n} at once: until all run (ms)"), "fleet_all_running_ms", |f| f.all_running_ms),
+                fleet_row(format!("{n} at once: resident per VM (KiB)"), "fleet_rss_kib", |f| f.rss_kib),
+                fleet_row(format!("{n} at once: proportional per VM (KiB)"), "fleet_pss_kib", |f| f.pss_kib),
+                fleet_row(format!("{n} at once: anonymous per VM (KiB)"), "fleet_anon_kib", |f| f.anon_kib),
+            ]);
+        }
+        if self.io_seconds > 0.0 {
+            rows.extend([
+                io_row("blkbench randread 4K qd32 (IOPS)", "blk_randread_4k_qd32_iops", 0, true, |s| s.per_second),
+                io_row("nettx 64K (Gb/s)", "nettx_64k_gbps", 2, false, |s| s.bytes_per_second * 8.0 / 1e9),
+                io_row("nettx 64K Gb/s per VMM CPU-second", "nettx_64k_gbps_per_cpu_s", 1, false, |s| {
+                    s.gbps_per_cpu_second()
+                }),
+                io_row("nettx 64K VMM CPU (%)", "nettx_64k_vmm_cpu_pct", 0, false, |s| {
+                    s.vmm_cpu_s / s.seconds.max(1e-9) * 100.0
+                }),
+            ]);
+        }
+        rows
+    }
+
+    fn column(&self, vmm: Vmm) -> Option<&Column> {
+        self.columns.iter().find(|c| c.vmm == vmm)
+    }
+
+    /// The targets: start and resident memory at most Firecracker's, anonymous
+    /// memory at most 300 KiB, and I/O at least the better peer's.
+    pub fn targets(&self) -> Vec<(String, String, Option<bool>)> {
+        let me = self.column(Vmm::Exitless);
+        let of = |c: Option<&Column>, f: &dyn Fn(&Column) -> f64| c.map(f).filter(|v| !v.is_nan());
+        let fc = self.column(Vmm::Firecracker);
+        let vs_fc = |name: &str, f: &dyn Fn(&Column) -> f64, unit: &str| {
+            let what = format!("{name} <= Firecracker's");
+            match (of(me, f), of(fc, f)) {
+                (Some(mine), Some(theirs)) => (what, format!("{mine:.1} vs {theirs:.1} {unit}"), Some(mine <= theirs)),
+                _ => (what, "no Firecracker given".into(), None),
+            }
+        };
+        let first = |c: &Column| med(c.starts.iter().map(|s| s.first_line_ms));
+        let rss = |c: &Column| med(c.starts.iter().map(|s| s.rss_kib as f64));
+        let anon = of(me, &|c: &Column| med(c.starts.iter().map(|s| s.anon_kib as f64)));
+        let mut targets = vec![
+            vs_fc("spawn to first line", &first, "ms"),
+            vs_fc("resident beyond guest RAM", &rss, "KiB"),
+            (
+                "anonymous beyond guest RAM <= 300 KiB".into(),
+                anon.map_or("-".into(), |a| format!("{a:.0} KiB")),
+                anon.map(|a| a <= 300.0),
+            ),
+        ];
+        if self.io_seconds > 0.0 {
+            let peers: Vec<&Column> = self.columns.iter().filter(|c| c.vmm != Vmm::Exitless).collect();
+            let vs_best = |name: &str, f: &dyn Fn(&Column) -> f64, unit: &str| {
+                let what = format!("{name} >= the better peer's");
+                let best = peers.iter().filter_map(|c| of(Some(c), f).map(|v| (v, c.vmm))).max_by(|a, b| a.0.total_cmp(&b.0));
+                match (of(me, f), best) {
+                    (Some(mine), Some((theirs, who))) => {
+                        (what, format!("{mine:.1} vs {theirs:.1} {unit} ({})", who.name()), Some(mine >= theirs))
+                    }
+                    _ => (what, "no peer ran it".into(), None),
+                }
+            };
+            targets.push(vs_best("blkbench randread 4K qd32 IOPS", &|c| med(c.blk.iter().map(|s| s.per_second)), "IOPS"));
+            targets.push(vs_best(
+                "nettx 64K Gb/s per VMM CPU-second",
+                &|c| med(c.net.iter().map(IoSample::gbps_per_cpu_second)),
+                "",
+            ));
+        }
+        targets
+    }
+
+    pub fn table(&self, runs: u32) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "peers lab: 1 vCPU, {} MiB, {runs} runs interleaved (medians)", self.mem_mib);
+        let _ = write!(s, "  {:<42}", "");
+        for c in &self.columns {
+            let _ = write!(s, " {:>16}", c.vmm.name());
+        }
+        s.push('\n');
+        for row in self.rows() {
+            let _ = write!(s, "  {:<42}", row.label);
+            for c in &self.columns {
+                let v = (row.value)(c);
+                let cell = if v.is_nan() { "-".to_string() } else { format!("{v:.*}", row.digits) };
+                let _ = write!(s, " {cell:>16}");
+            }
+            s.push('\n');
+        }
+        for c in &self.columns {
+            let _ = writeln!(s, "  {}: {}", c.vmm.name(), c.version);
+            if let Some(why) = &c.io_skipped {
+                let _ = writeln!(s, "    I/O row skipped: {why}");
+            }
+        }
+        let _ = writeln!(s, "targets:");
+        for (target, measured, met) in self.targets() {
+            let verdict = match met {
+                Some(true) => "met",
+                Some(false) => "NOT met",
+                None => "skipped",
+            };
+            let _ = writeln!(s, "  {target:<46} {measured:>34}  {verdict}");
+        }
+        s
+    }
+
+    pub fn json(&self) -> Value {
+        let rows = self.rows();
+        let vmms: serde_json::Map<String, Value> = self
+            .columns
+            .iter()
+            .map(|c| {
+                let mut fields = serde_json::Map::new();
+                fields.insert("version".into(), json!(c.version));
+                for row in &rows {
+                    let v = (row.value)(c);
+                    fields.insert(row.field.into(), if v.is_nan() { Value::Null } else { json!(v) });
+                }
+                if let Some(why) = &c.io_skipped {
+                    fields.insert("io_skipped".into(), json!(why));
+                }
+                (c.vmm.name().to_string(), Value::Object(fields))
+            })
+            .collect();
+        let targets: Vec<Value> = self
+            .targets()
+            .into_iter()
+            .map(|(target, measured, met)| json!({"target": target, "measured": measured, "met": met}))
+            .collect();
+        json!({"mem_mib": self.mem_mib, "fleet": self.fleet, "io_seconds": self.io_seconds, "vmms": vmms, "targets": targets})
+    }
+}
