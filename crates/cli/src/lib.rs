@@ -23,6 +23,20 @@ pub fn with_causes(e: &dyn std::error::Error) -> String {
     line
 }
 
+/// Warnings and errors to stderr, plainly (`run` and the labs; the API server logs the
+/// Firecracker way instead). `EXITLESS_LOG` takes `target=level` directives.
+pub fn init_stderr_logging() {
+    use tracing_subscriber::prelude::*;
+    let filter = api::logging::filter_from_env()
+        .unwrap_or_else(|| api::logging::parse_filter("warn,virtio_queue=off").unwrap_or_default());
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .without_time();
+    tracing_subscriber::registry().with(filter).with(fmt).init();
+}
+
 /// Serial output straight to stdout, flushed byte by byte so the console is live.
 pub struct LiveStdout;
 

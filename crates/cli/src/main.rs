@@ -2,7 +2,7 @@
 
 use exitless::{api, args, report, terminal, top, with_causes, LiveStdout};
 
-use args::{BenchCommand, Cli, Command, PayloadsArgs, RunArgs};
+use args::{Cli, Command, PayloadsArgs, RunArgs};
 use exitless_vmm::{DeviceConfig, Machine, MachineConfig, RunOptions};
 use std::process::ExitCode;
 
@@ -20,11 +20,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
         Err(e) => {
-            // One line, not clap's usage block: what was wrong, up to the usage text.
-            let msg = e.to_string();
-            let what: Vec<&str> =
-                msg.lines().map(str::trim).take_while(|l| !l.starts_with("Usage:")).filter(|l| !l.is_empty()).collect();
-            eprintln!("exitless: {}", what.join(" ").trim_start_matches("error: "));
+            eprintln!("exitless: {}", args::one_line(&e));
             return ExitCode::from(2);
         }
     };
@@ -44,21 +40,11 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         });
     };
-    {
-        use tracing_subscriber::prelude::*;
-        let filter = api::logging::filter_from_env()
-            .unwrap_or_else(|| api::logging::parse_filter("warn,virtio_queue=off").unwrap_or_default());
-        let fmt = tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .with_target(false)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .without_time();
-        tracing_subscriber::registry().with(filter).with(fmt).init();
-    }
+    exitless::init_stderr_logging();
     let result = match command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Payloads(args) => payloads(args),
-        Command::Bench(bench) => run_bench(bench),
+        Command::Bench { args } => bench(&args),
         Command::Top(args) => {
             let interval = std::time::Duration::from_secs_f64(args.interval.max(0.05));
             top::run(&args.api_sock, interval, args.iterations).map(|()| ExitCode::SUCCESS).map_err(Into::into)
@@ -135,32 +121,6 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     Ok(ExitCode::from(u8::try_from(report.exit_status).unwrap_or(u8::MAX)))
 }
 
-fn peers(a: &args::PeersArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let exitless = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-    for peer in [&a.firecracker, &a.cloud_hypervisor].into_iter().flatten() {
-        if !peer.is_file() {
-            return Err(format!("{}: no such file (scripts/peers.sh builds the peers)", peer.display()).into());
-        }
-    }
-    let opts = exitless_lab::peers::Options {
-        exitless,
-        firecracker: a.firecracker.clone(),
-        cloud_hypervisor: a.cloud_hypervisor.clone(),
-        runs: a.runs,
-        mem_mib: a.mem_mib,
-        timeout: std::time::Duration::from_secs_f64(a.timeout + a.io_seconds),
-        fleet: a.fleet,
-        io_seconds: a.io_seconds,
-    };
-    let report = exitless_lab::peers::run(&opts, &mut |line| eprintln!("peers: {line}"))?;
-    print!("{}", report.table(a.runs));
-    if let Some(path) = &a.json {
-        std::fs::write(path, report.json().to_string() + "\n")
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-    Ok(())
-}
-
 fn payloads(args: PayloadsArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -180,26 +140,12 @@ fn payloads(args: PayloadsArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    match bench {
-        BenchCommand::Boot(a) => exitless_lab::boot::run(&a.to_options())?,
-        BenchCommand::Net(a) if a.rtt => {
-            exitless_lab::net_rtt::run(&a.to_rtt_options())?;
-        }
-        BenchCommand::Net(a) => {
-            exitless_lab::net::run(&a.to_options())?;
-        }
-        BenchCommand::Blk(a) => {
-            exitless_lab::blk::run(&a.to_options())?;
-        }
-        BenchCommand::Pci(a) => {
-            exitless_lab::pci::run(&a.to_options())?;
-        }
-        BenchCommand::Fleet(a) => exitless_lab::fleet::run(&a.to_options())?,
-        BenchCommand::Peers(a) => peers(&a)?,
-        BenchCommand::Doorbell(a) => {
-            exitless_lab::doorbell::run(&a.to_options()?)?;
-        }
-    }
-    Ok(ExitCode::SUCCESS)
+/// `exitless bench ...`: the labs live in `exitless-bench`, beside this binary, so that
+/// the VMM every orchestrator starts carries (and maps) none of their code.
+fn bench(args: &[std::ffi::OsString]) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    use std::os::unix::process::CommandExt;
+    let me = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let labs = me.with_file_name("exitless-bench");
+    let e = std::process::Command::new(&labs).args(args).exec();
+    Err(format!("cannot run {}: {e} (cargo build --release builds it beside exitless)", labs.display()).into())
 }

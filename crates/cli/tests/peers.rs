@@ -1,5 +1,6 @@
-//! `bench peers` with exitless alone (the peers are not built in CI): the table's rows and
-//! the JSON's fields and targets, with Firecracker's targets skipped, not passed.
+//! `bench peers` with exitless alone (the peers are not built in CI): the table's rows, the
+//! fleet and I/O rows, the JSON's fields and targets (the peers' skipped, not passed) and
+//! the chart.
 
 mod common;
 use common::*;
@@ -9,8 +10,11 @@ fn peers_measures_exitless_and_skips_missing_peers() {
     if !kvm_or_skip("peers_measures_exitless_and_skips_missing_peers") {
         return;
     }
-    let path = tempdir().join("peers.json");
-    let out = exitless(&["bench", "peers", "--runs", "2", "--json", path.to_str().unwrap()]);
+    let dir = tempdir();
+    let path = dir.join("peers.json");
+    let svg = dir.join("peers.svg");
+    let args = ["--runs", "2", "--fleet", "3", "--io-seconds", "0.3", "--svg", svg.to_str().unwrap()];
+    let out = exitless(&[&["bench", "peers", "--json", path.to_str().unwrap()][..], &args].concat());
     assert!(out.status.success(), "{}", stderr(&out));
     let table = stdout(&out);
     for row in ["spawn to API ready", "spawn to the guest's first line", "resident beyond guest RAM", "anonymous"] {
@@ -22,10 +26,20 @@ fn peers_measures_exitless_and_skips_missing_peers() {
     let ready = me["api_ready_ms"].as_f64().unwrap();
     assert!(ready > 0.0 && first > ready, "the API is ready before the guest runs: {me}");
     assert!(me["rss_kib"].as_f64().unwrap() > 0.0, "{me}");
+    // Three at once take longer than one, and share their binary's pages.
+    assert!(me["fleet_all_running_ms"].as_f64().unwrap() > ready, "{me}");
+    assert!(me["fleet_pss_kib"].as_f64().unwrap() < me["fleet_rss_kib"].as_f64().unwrap(), "{me}");
+    // The payloads ran on exitless's own devices, every block verified.
+    assert!(me["blk_randread_4k_qd32_iops"].as_f64().unwrap() > 0.0, "{me}");
+    assert!(me["nettx_64k_gbps"].as_f64().unwrap() > 0.0, "{me}");
+    assert!(me["nettx_64k_gbps_per_cpu_s"].as_f64().unwrap() > 0.0, "{me}");
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(chart.starts_with("<svg") && chart.contains("\nexitless\n"), "{chart}");
     assert!(json["vmms"].get("firecracker").is_none(), "{json}");
     let targets = json["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 3, "{json}");
+    assert_eq!(targets.len(), 5, "{json}");
     assert!(targets[0]["met"].is_null(), "no Firecracker: skipped, not met: {json}");
+    assert!(targets[4]["met"].is_null(), "no peer: skipped, not met: {json}");
     let out = exitless(&["bench", "peers", "--firecracker", "/nonexistent/firecracker"]);
     assert!(!out.status.success());
     assert_eq!(stderr(&out).trim().lines().count(), 1, "one line: {}", stderr(&out));

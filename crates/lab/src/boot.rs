@@ -68,7 +68,7 @@ pub fn run(opts: &Options) -> Result<(), BootBenchError> {
     if let Some(path) = &opts.json {
         std::fs::File::create(path).map_err(|e| crate::report::WriteError(path.clone(), e))?;
     }
-    let exe = std::env::current_exe().map_err(BootBenchError::Spawn)?;
+    let exe = crate::exitless_binary().map_err(BootBenchError::Spawn)?;
     let report = std::env::temp_dir().join(format!("exitless-boot-{}.json", std::process::id()));
     let (mut first, mut rss) = (Vec::new(), Vec::new());
     for _ in 0..opts.runs {

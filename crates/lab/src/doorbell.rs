@@ -5,11 +5,11 @@
 //! vCPU, wires the doorbell for that path before the guest starts ringing. Medians over
 //! the repeats are reported.
 
+use crate::chart;
 use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabMachine, LabSteps};
 use crate::devices::doorbell::{Doorbell, EventfdWorker};
 use crate::report::{targets_json, targets_text, Outputs, Target, WriteError};
 use crate::stats::median;
-use crate::svg;
 use exitless_payloads::abi::*;
 use exitless_vmm::ioeventfd::IoeventfdKey;
 use exitless_vmm::machine::{read_result, shared_slot};
@@ -565,7 +565,8 @@ pub fn run(opts: &Options) -> Result<Vec<Row>, DoorbellError> {
         || json(&rows, opts, tsc_khz),
         || {
             let bars: Vec<_> = rows.iter().map(|r| (r.path.name.to_string(), r.iops)).collect();
-            svg::bar_chart(&format!("doorbell: rings per second, CPL{} guest loop", opts.cpl), "iops", &bars, true)
+            let title = format!("doorbell: rings per second, CPL{} guest loop", opts.cpl);
+            chart::draw(&[chart::Panel::single(&title, "rings/s", bars, true)])
         },
     )?;
     Ok(rows)

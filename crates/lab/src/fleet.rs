@@ -131,7 +131,7 @@ pub fn run(opts: &Options) -> Result<(), FleetError> {
     if let Some(path) = &opts.json {
         std::fs::File::create(path).map_err(|e| WriteError(path.clone(), e))?;
     }
-    let exe = std::env::current_exe().map_err(|e| FleetError::Setup(e.to_string()))?;
+    let exe = crate::exitless_binary().map_err(|e| FleetError::Setup(e.to_string()))?;
     // No dots in the path: some Firecracker clients cannot reach a socket under one.
     let dir = std::env::temp_dir().join(format!("exitless_fleet_{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| FleetError::Setup(format!("{}: {e}", dir.display())))?;

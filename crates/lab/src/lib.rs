@@ -3,6 +3,7 @@
 pub mod api_client;
 pub mod blk;
 pub mod boot;
+pub mod chart;
 pub mod control;
 pub mod devices;
 pub mod doorbell;
@@ -15,4 +16,18 @@ pub mod peers;
 pub mod report;
 pub mod sink;
 pub mod stats;
-pub mod svg;
+
+/// The `exitless` binary the labs start VMs with: beside the running one (the labs run
+/// from `exitless-bench`, installed next to `exitless`).
+pub fn exitless_binary() -> std::io::Result<std::path::PathBuf> {
+    let me = std::env::current_exe()?;
+    let vmm = me.with_file_name("exitless");
+    if vmm.is_file() {
+        Ok(vmm)
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{} is missing (cargo build --release builds it)", vmm.display()),
+        ))
+    }
+}

@@ -2,12 +2,12 @@
 //! both TX paths (copy, zerocopy) into a tap inside the lab's own network namespace,
 //! where a sink checks every frame. Also the echo round trip used by the tests.
 
+use crate::chart;
 use crate::control::{drive, guest_tsc_khz, lab_machine, LabMachine, Window};
 use crate::netns::{Netns, NetnsError};
 use crate::report::{no_row_slower_than_off, targets_json, targets_text, Outputs, Target, WriteError};
 use crate::sink::{frame, Sink, SinkError, SinkReport};
 use crate::stats::median;
-use crate::svg;
 use exitless_vmm::machine::read_result;
 use exitless_vmm::poll::PollMode;
 use exitless_vmm::virtio::net::TxMode;
@@ -403,9 +403,11 @@ pub fn run(opts: &Options) -> Result<Vec<Row>, NetBenchError> {
     opts.outputs.write(
         || json(&rows),
         || {
-            let label = |r: &Row| format!("{} {} poll {}", human_size(r.size), path_name(r.path), r.poll);
-            let bars: Vec<_> = rows.iter().map(|r| (label(r), r.gbps_per_cpu_second)).collect();
-            svg::bar_chart("virtio-net TX: Gb/s per second of VMM CPU", "Gb/s per CPU-s", &bars, false)
+            let bars = rows
+                .iter()
+                .map(|r| (human_size(r.size), format!("{} poll {}", path_name(r.path), r.poll), r.gbps_per_cpu_second));
+            let title = "virtio-net TX: Gb/s per second of VMM CPU, by message size";
+            chart::draw(&[chart::Panel::grouped(title, "Gb/s per CPU-s", false, bars)])
         },
     )?;
     Ok(rows)

@@ -192,8 +192,13 @@ pub fn run(opts: &RttOptions) -> Result<Vec<RttRow>, NetBenchError> {
             json!({"bench": "net-rtt", "size": opts.size, "repeat": opts.repeat, "rows": rows, "targets": targets})
         },
         || {
-            let bars: Vec<_> = rows.iter().map(|r| (format!("poll {}", r.poll), r.rtt_us)).collect();
-            crate::svg::bar_chart("net: round trip, us (shorter is better)", "us", &bars, false)
+            let bars = rows.iter().map(|r| ("round trip".to_string(), format!("poll {}", r.poll), r.rtt_us));
+            crate::chart::draw(&[crate::chart::Panel::grouped(
+                "net: round trip (shorter is better)",
+                "us",
+                false,
+                bars,
+            )])
         },
     )?;
     Ok(rows)

@@ -2,9 +2,9 @@
 //! backed with read-only memory (no exit), in one guest run, with a scan-and-size of bus
 //! 0 per method and a check that all three saw identical bytes.
 
+use crate::chart;
 use crate::control::{drive, guest_tsc_khz, lab_machine, LabEvent, LabMachine, LabSteps};
 use crate::report::{targets_json, targets_text, Outputs, Target, WriteError};
-use crate::svg;
 use exitless_payloads::abi::*;
 use exitless_vmm::machine::{read_result, shared_slot};
 use exitless_vmm::pci::EcamMode;
@@ -216,7 +216,7 @@ pub fn run(opts: &Options) -> Result<Vec<Row>, PciBenchError> {
         || json(&rows),
         || {
             let bars: Vec<_> = rows.iter().map(|r| (r.method.name().to_string(), 1.0 / r.us_per_read * 1e6)).collect();
-            svg::bar_chart("PCI config reads per second", "reads/s", &bars, true)
+            chart::draw(&[chart::Panel::single("PCI config reads per second", "reads/s", bars, true)])
         },
     )?;
     Ok(rows)

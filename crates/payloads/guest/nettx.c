@@ -6,7 +6,8 @@
  * comes, leaving the CPU to the host.
  * Params: 0 = frame size (default 1514), 1 = frames (default 1000), 2 = time limit in
  * ms (0: none), 3 = TSC kHz (for the time limit), 4 = 1 to poll a full ring instead of
- * sleeping (under a VMM without exitless's idle port).
+ * sleeping (under a VMM without exitless's idle port), 5 = 1 to stay up after the result
+ * line until the VMM is stopped (so that its CPU time can be read).
  * Results: 0 = frames sent, 1 = cycles, 2 = kicks, 3 = idle waits.
  */
 #include "runtime.h"
@@ -67,5 +68,7 @@ int main(void) {
 	set_result(3, idles);
 	lab_op(LAB_OP_END, 0);
 	print("nettx: %lu frames of %lu bytes in %lu cycles, %lu kicks, %lu idle waits\n", seq, size, cycles, kicks, idles);
+	if (param(5, 0) == 1)
+		for (;;) __asm__ volatile("pause");
 	return 0;
 }

@@ -16,10 +16,10 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, RwLock};
 use tracing::{Event, Subscriber};
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::filter::Targets;
 use tracing_subscriber::{reload, Registry};
 
 static FILE: Mutex<Option<File>> = Mutex::new(None);

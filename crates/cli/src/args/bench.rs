@@ -41,6 +41,9 @@ pub struct PeersArgs {
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Draw the table as grouped bars, one colour per VMM, into FILE (SVG).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
     /// How long one start may take.
     #[arg(long, default_value_t = 30.0, value_parser = parse_seconds)]
     pub timeout: f64,

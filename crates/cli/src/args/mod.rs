@@ -28,6 +28,14 @@ struct FirecrackerCli {
     api: ApiArgs,
 }
 
+/// A clap error on one line, not clap's usage block: what was wrong, up to the usage text.
+pub fn one_line(e: &clap::Error) -> String {
+    let msg = e.to_string();
+    let what: Vec<&str> =
+        msg.lines().map(str::trim).take_while(|l| !l.starts_with("Usage:")).filter(|l| !l.is_empty()).collect();
+    what.join(" ").trim_start_matches("error: ").to_string()
+}
+
 impl Cli {
     /// The same result as `Cli::try_parse`, taking the short way when no argument names a
     /// command or asks for help or the version.
@@ -151,12 +159,16 @@ fn parse_instance_id(s: &str) -> Result<String, String> {
 #[derive(Subcommand)]
 pub enum Command {
     /// Boot a guest (the built-in demo unless told otherwise) and print its serial output.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List the built-in guest payloads.
     Payloads(PayloadsArgs),
-    /// Run a lab benchmark.
-    #[command(subcommand, arg_required_else_help = true)]
-    Bench(BenchCommand),
+    /// Run a lab benchmark (`exitless bench --help` lists them; they live in
+    /// exitless-bench, beside this binary).
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// A live view of a running microVM's exits per second, by reason and device (from
     /// its API socket's GET /exits), refreshed like kvm_stat.
     Top(TopArgs),

@@ -9,9 +9,9 @@ pub mod host;
 pub mod limits;
 pub mod pattern;
 
+use crate::chart;
 use crate::report::{no_row_slower_than_off, targets_json, targets_text, Outputs, Target, WriteError};
 use crate::stats::median;
-use crate::svg;
 use exitless_vmm::poll::PollMode;
 use exitless_vmm::virtio::blk::{Disk, DiskError, DriveConfig};
 use exitless_vmm::MachineError;
@@ -444,15 +444,12 @@ pub fn run(opts: &Options) -> Result<Measured, BlkBenchError> {
     opts.outputs.write(
         || json(&m),
         || {
-            let bars: Vec<_> = m
-                .rows
-                .iter()
-                .map(|r| {
-                    let poll = r.path.poll().map_or(String::new(), |p| format!(" poll {p}"));
-                    (format!("{} qd{} {}{poll}", r.workload.name(), r.qd, r.path.name()), r.iops)
-                })
-                .collect();
-            svg::bar_chart("virtio-blk: IOPS, guest through exitless against the host's own", "IOPS", &bars, false)
+            let bars = m.rows.iter().map(|r| {
+                let poll = r.path.poll().map_or(String::new(), |p| format!(" poll {p}"));
+                (format!("{} qd{}", r.workload.name(), r.qd), format!("{}{poll}", r.path.name()), r.iops)
+            });
+            let title = "virtio-blk: guest through exitless against the host's own";
+            chart::draw(&[chart::Panel::grouped(title, "IOPS", false, bars)])
         },
     )?;
     Ok(m)

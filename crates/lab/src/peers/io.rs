@@ -82,8 +82,9 @@ pub fn blk(vmm: Vmm, exe: &Path, dir: &Path, disk: &Path, opts: &Options, tsc_kh
 /// nettx 64 KiB frames for `opts.io_seconds` through `tap`.
 pub fn net(vmm: Vmm, exe: &Path, dir: &Path, tap: &str, opts: &Options, tsc_khz: u64) -> Result<IoSample, String> {
     let ms = (opts.io_seconds * 1e3) as u64;
-    // frame size, no frame limit, the time limit, TSC kHz, poll a full ring.
-    let cmdline = params(&[NET_FRAME, u64::MAX >> 1, ms, tsc_khz, 1]);
+    // frame size, no frame limit, the time limit, TSC kHz, poll a full ring, and stay up
+    // after the result line (a VMM whose guest stops ends, and its CPU time with it).
+    let cmdline = params(&[NET_FRAME, u64::MAX >> 1, ms, tsc_khz, 1, 1]);
     let guest = Guest {
         kernel: payload(dir, "nettx")?,
         cmdline: Some(cmdline),

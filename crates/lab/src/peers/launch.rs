@@ -61,8 +61,13 @@ pub fn launch(vmm: Vmm, exe: &Path, sock: &Path, guest: &Guest, timeout: Duratio
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
-    let mut running =
-        Running { child, console: BufReader::new(stdout), sock: sock.to_path_buf(), spawned, api_ready: Duration::ZERO };
+    let mut running = Running {
+        child,
+        console: BufReader::new(stdout),
+        sock: sock.to_path_buf(),
+        spawned,
+        api_ready: Duration::ZERO,
+    };
     while !listening(sock) {
         if spawned.elapsed() > timeout {
             return Err(format!("its API socket did not appear within {timeout:?}"));
@@ -89,7 +94,8 @@ fn boot(vmm: Vmm, sock: &Path, guest: &Guest) -> Result<(), String> {
             }
             expect_ok(sock, "PUT", "/boot-source", Some(&boot))?;
             if let Some(disk) = &guest.disk {
-                let drive = json!({"drive_id": "disk", "path_on_host": disk, "is_root_device": false, "is_read_only": true});
+                let drive =
+                    json!({"drive_id": "disk", "path_on_host": disk, "is_root_device": false, "is_read_only": true});
                 expect_ok(sock, "PUT", "/drives/disk", Some(&drive))?;
             }
             if let Some(tap) = &guest.tap {

@@ -96,7 +96,8 @@ impl Report {
             let peers: Vec<&Column> = self.columns.iter().filter(|c| c.vmm != Vmm::Exitless).collect();
             let vs_best = |name: &str, f: &dyn Fn(&Column) -> f64, unit: &str| {
                 let what = format!("{name} >= the better peer's");
-                let best = peers.iter().filter_map(|c| of(Some(c), f).map(|v| (v, c.vmm))).max_by(|a, b| a.0.total_cmp(&b.0));
+                let best =
+                    peers.iter().filter_map(|c| of(Some(c), f).map(|v| (v, c.vmm))).max_by(|a, b| a.0.total_cmp(&b.0));
                 match (of(me, f), best) {
                     (Some(mine), Some((theirs, who))) => {
                         (what, format!("{mine:.1} vs {theirs:.1} {unit} ({})", who.name()), Some(mine >= theirs))
@@ -104,7 +105,11 @@ impl Report {
                     _ => (what, "no peer ran it".into(), None),
                 }
             };
-            targets.push(vs_best("blkbench randread 4K qd32 IOPS", &|c| med(c.blk.iter().map(|s| s.per_second)), "IOPS"));
+            targets.push(vs_best(
+                "blkbench randread 4K qd32 IOPS",
+                &|c| med(c.blk.iter().map(|s| s.per_second)),
+                "IOPS",
+            ));
             targets.push(vs_best(
                 "nettx 64K Gb/s per VMM CPU-second",
                 &|c| med(c.net.iter().map(IoSample::gbps_per_cpu_second)),
@@ -147,6 +152,45 @@ impl Report {
             let _ = writeln!(s, "  {target:<46} {measured:>34}  {verdict}");
         }
         s
+    }
+
+    /// Grouped bars, one colour per VMM: a panel for start times, one for memory, one per
+    /// I/O measure (each with its own unit).
+    pub fn svg(&self) -> String {
+        use crate::chart::Panel;
+        let rows = self.rows();
+        let triples = |pick: &dyn Fn(&Row) -> bool| -> Vec<(String, String, f64)> {
+            rows.iter()
+                .filter(|r| pick(r))
+                .flat_map(|r| {
+                    self.columns.iter().map(move |c| (r.label.clone(), c.vmm.name().to_string(), (r.value)(c)))
+                })
+                .collect()
+        };
+        let mut panels = vec![
+            Panel::grouped("Start (shorter is better)", "ms", false, triples(&|r| r.field.ends_with("_ms"))),
+            Panel::grouped(
+                "Memory beyond guest RAM (less is better)",
+                "KiB",
+                false,
+                triples(&|r| r.field.ends_with("_kib")),
+            ),
+        ];
+        if self.io_seconds > 0.0 {
+            panels.push(Panel::grouped(
+                "virtio-blk (more is better)",
+                "IOPS",
+                false,
+                triples(&|r| r.field.ends_with("_iops")),
+            ));
+            panels.push(Panel::grouped(
+                "virtio-net TX (more is better)",
+                "Gb/s per VMM CPU-second",
+                false,
+                triples(&|r| r.field.ends_with("per_cpu_s")),
+            ));
+        }
+        crate::chart::draw(&panels)
     }
 
     pub fn json(&self) -> Value {
