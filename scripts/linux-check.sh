@@ -76,6 +76,8 @@ if grep -q check=reboot /proc/cmdline; then r mode reboot; reboot -f; fi
 r cpus "\$(grep -c ^processor /proc/cpuinfo)"
 r vda-md5 "\$(md5sum /dev/vda | cut -d' ' -f1)"
 echo -n "$pattern" | dd of=/dev/vdb bs=512 seek=8 conv=fsync 2>/dev/null && r vdb-write done
+r rng-current "\$(cat /sys/class/misc/hw_random/rng_current 2>/dev/null)"
+r rng-bytes "\$(dd if=/dev/hwrng bs=32 count=2 2>/dev/null | od -An -tx1 | tr -d ' \\n')"
 ip link set lo up
 ip link set eth0 up
 ip addr add $guest_ip/24 dev eth0
@@ -106,7 +108,7 @@ boot() { # mode, log prefix, extra exitless flags...: runs one guest to its end;
   start=$(date +%s.%N)
   ip netns exec "$ns" "$exitless" run --kernel "$kernel" --initrd initrd.cpio --mem 256M --vcpus "$vcpus" \
     --cmdline "$cmdline check=$mode" --drive path=read.img,readonly=on --drive path=write.img \
-    --net tap="$tap" --timeout "$timeout" --json "$log.json" ${EXITLESS_FLAGS:-} "$@" </dev/null >"$log.log" 2>"$log.err" &
+    --net tap="$tap" --entropy --timeout "$timeout" --json "$log.json" ${EXITLESS_FLAGS:-} "$@" </dev/null >"$log.log" 2>"$log.err" &
   vmm=$!
   init_s=
   if [ "$mode" = full ]; then
@@ -212,7 +214,10 @@ check "virtio-net TCP $net_mib MiB" "$([ "$rx" = "$net_bytes $sent_md5" ]; echo 
   "sent /dev/vda over and over (md5 $sent_md5) in ${tx_s:-?} s, the host received ${rx:-nothing}"
 check "poweroff ends the VMM with 0" "$([ "$status" = 0 ] && [ "$(result mode full.log)" = poweroff ]; echo $?)" "status $status"
 echo "SKIP offloads: exitless offers no virtio-net offloads yet (the offloads issue)"
-echo "SKIP vsock, rng, MMDS, snapshot/restore: not in exitless yet (their issues add the checks)"
+rng=$(result rng-bytes full.log)
+check "virtio-rng" "$([ "$(result rng-current full.log)" = virtio_rng.0 ] && [ ${#rng} = 128 ] && [ "${rng:0:64}" != "${rng:64:64}" ]; echo $?)" \
+  "current $(result rng-current full.log), 64 bytes from /dev/hwrng: ${rng:-none}"
+echo "SKIP vsock, MMDS, snapshot/restore: not in exitless yet (their issues add the checks)"
 python3 - full.json <<'PY' || true
 import json, sys
 r = json.load(open(sys.argv[1]))

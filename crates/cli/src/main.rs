@@ -90,6 +90,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             nets: args.nets(),
             poll: args.poll_us,
             drives: args.drive.clone(),
+            entropy: args.entropy.then(Default::default),
             fixed,
             ..Default::default()
         },

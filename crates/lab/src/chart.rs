@@ -47,23 +47,6 @@ impl Panel {
         }
         Panel { title: title.into(), unit: unit.into(), groups, series, log }
     }
-
-    /// Whether the series have names to show: not a `single` panel's.
-    fn has_legend(&self) -> bool {
-        !(self.series.len() == 1 && self.series[0].name == self.unit)
-    }
-
-    /// A panel of single bars: one series, one value per row.
-    pub fn single(title: &str, unit: &str, rows: Vec<(String, f64)>, log: bool) -> Panel {
-        let (groups, values) = rows.into_iter().unzip();
-        Panel {
-            title: title.into(),
-            unit: unit.into(),
-            groups,
-            series: vec![Series { name: unit.into(), values }],
-            log,
-        }
-    }
 }
 
 const PALETTE: [RGBColor; 6] = [
@@ -130,13 +113,12 @@ fn draw_panel<DB: DrawingBackend>(
     let groups = p.groups.len() as f64;
     let caption =
         if p.log { format!("{}, {} (log scale)", p.title, p.unit) } else { format!("{}, {}", p.title, p.unit) };
-    let (legend, area) = area.split_vertically(if p.has_legend() { LEGEND } else { 0 });
-    if p.has_legend() {
-        draw_legend(&legend, p, label_w).map_err(err)?;
-    }
+    let (legend, area) = area.split_vertically(LEGEND);
+    draw_legend(&legend, p, label_w).map_err(err)?;
     let mut chart = ChartBuilder::on(&area)
         .caption(caption, ("sans-serif", 16))
         .margin(8)
+        .margin_right(40)
         .x_label_area_size(24)
         .y_label_area_size(label_w)
         .build_cartesian_2d(lo..hi, 0.0..groups)
@@ -157,7 +139,13 @@ fn draw_panel<DB: DrawingBackend>(
                 String::new()
             }
         })
-        .x_label_formatter(&move |x: &f64| if log { human(10f64.powf(*x)) } else { human(*x) })
+        // A log axis is labelled at its decades only.
+        .x_labels(if log { ((hi - lo).ceil() as usize).max(1) * 4 } else { 10 })
+        .x_label_formatter(&move |x: &f64| match log {
+            true if (x - x.round()).abs() < 1e-6 => human(10f64.powf(x.round())),
+            true => String::new(),
+            false => human(*x),
+        })
         .label_style(("sans-serif", 13))
         .draw()
         .map_err(err)?;
@@ -202,6 +190,7 @@ fn draw_legend<DB: DrawingBackend>(
 pub fn human(v: f64) -> String {
     match v {
         v if !v.is_finite() => "-".into(),
+        v if v.abs() >= 1e9 => format!("{:.2}G", v / 1e9),
         v if v.abs() >= 1e6 => format!("{:.2}M", v / 1e6),
         v if v.abs() >= 1e4 => format!("{:.0}k", v / 1e3),
         v if v.abs() >= 1e3 => format!("{:.1}k", v / 1e3),
@@ -254,9 +243,10 @@ mod tests {
 
     #[test]
     fn log_panels_and_empty_ones_draw() {
-        let p = Panel::single("x", "ops/s", vec![("a".into(), 10.0), ("b".into(), 1e6)], true);
+        let t = |g: &str, v| (g.to_string(), "s".to_string(), v);
+        let p = Panel::grouped("x", "ops/s", true, [t("a", 10.0), t("b", 1e6)]);
         assert!(draw(&[p]).contains("ops/s (log scale)"));
-        let empty = Panel::single("y", "u", vec![], false);
+        let empty = Panel::grouped("y", "u", false, []);
         assert!(draw(&[empty]).starts_with("<svg"));
     }
 }

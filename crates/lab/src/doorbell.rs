@@ -564,9 +564,15 @@ pub fn run(opts: &Options) -> Result<Vec<Row>, DoorbellError> {
     opts.outputs.write(
         || json(&rows, opts, tsc_khz),
         || {
-            let bars: Vec<_> = rows.iter().map(|r| (r.path.name.to_string(), r.iops)).collect();
+            // Grouped by mechanism, a colour per access: port I/O, MMIO, or neither.
+            let bars = rows.iter().map(|r| {
+                let name = r.path.name;
+                let access = ["pio", "mmio"].into_iter().find(|a| name.split('-').any(|w| w == *a));
+                let mechanism = name.split('-').filter(|w| Some(*w) != access).collect::<Vec<_>>().join("-");
+                (mechanism, access.unwrap_or("no guest access").to_string(), r.iops)
+            });
             let title = format!("doorbell: rings per second, CPL{} guest loop", opts.cpl);
-            chart::draw(&[chart::Panel::single(&title, "rings/s", bars, true)])
+            chart::draw(&[chart::Panel::grouped(&title, "rings/s", true, bars)])
         },
     )?;
     Ok(rows)

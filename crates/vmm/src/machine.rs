@@ -108,6 +108,8 @@ pub struct DeviceConfig {
     pub nets: Vec<NetConfig>,
     /// virtio-blk devices, one per drive, in order.
     pub drives: Vec<DriveConfig>,
+    /// A virtio-rng device and its rate limits (Firecracker's `PUT /entropy`).
+    pub entropy: Option<crate::rate_limiter::Limits>,
     /// Firecracker's boot-timer device (`--boot-timer`): logs the time until the guest
     /// writes 123 to it.
     pub boot_timer: bool,
@@ -169,6 +171,7 @@ impl Default for DeviceConfig {
             pci_config_io: true,
             nets: Vec::new(),
             drives: Vec::new(),
+            entropy: None,
             boot_timer: false,
             test_devices: false,
             test_iommu: false,
@@ -308,6 +311,9 @@ impl Machine {
         }
         for drive in &d.drives {
             devices.attach_blk(drive, d.poll)?;
+        }
+        if let Some(limits) = d.entropy {
+            devices.attach_rng(limits)?;
         }
         match lstar_watch.map(std::thread::JoinHandle::join) {
             Some(Ok(Err(e))) => tracing::debug!("no watch on the guest's system-call entry (MSR filter): {e}"),

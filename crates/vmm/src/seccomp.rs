@@ -29,6 +29,8 @@ pub enum ThreadKind {
     Device,
     /// virtio-blk's thread: the Device calls plus its file I/O.
     Block,
+    /// virtio-rng's thread: the Device calls plus getrandom.
+    Entropy,
     /// Writes the guest's console output.
     ConsoleOut,
     /// Feeds the console's input.
@@ -125,6 +127,14 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_epoll_ctl,
             libc::SYS_readv,
             libc::SYS_writev,
+        ],
+        ThreadKind::Entropy => &[
+            libc::SYS_fcntl,
+            libc::SYS_epoll_create1,
+            libc::SYS_epoll_wait,
+            libc::SYS_epoll_pwait,
+            libc::SYS_epoll_ctl,
+            libc::SYS_getrandom,
         ],
         // The ring is made before any filter; the thread only enters it (or, without
         // io_uring, makes the calls itself); fallocate serves discard and write-zeroes.
@@ -450,6 +460,7 @@ mod tests {
             ThreadKind::LabVcpu,
             ThreadKind::Device,
             ThreadKind::Block,
+            ThreadKind::Entropy,
             ThreadKind::ConsoleOut,
             ThreadKind::SerialIn,
             ThreadKind::Helper,

@@ -162,6 +162,9 @@ fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machin
         let id = n.iface_id.clone();
         vm.set_network_interface(&id, n)?;
     }
+    if let Some(e) = c.entropy {
+        vm.set_entropy(e)?;
+    }
     vm.build()
 }
 

@@ -131,6 +131,14 @@ pub fn limits(r: Option<&RateLimiter>) -> exitless_vmm::rate_limiter::Limits {
     r.map(RateLimiter::limits).unwrap_or_default()
 }
 
+/// `PUT /entropy`: a virtio-rng device, optionally rate limited.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Entropy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<RateLimiter>,
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkInterface {
@@ -231,7 +239,7 @@ pub struct VmConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mmds_config: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entropy: Option<serde_json::Value>,
+    pub entropy: Option<Entropy>,
     #[serde(default, deserialize_with = "null_is_default", skip_serializing_if = "Vec::is_empty")]
     pub pmem: Vec<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -248,7 +256,6 @@ impl VmConfig {
             (self.balloon.is_some(), "balloon: balloon devices"),
             (self.vsock.is_some(), "vsock: vsock devices"),
             (self.mmds_config.is_some(), "mmds-config: the microVM metadata service (MMDS)"),
-            (self.entropy.is_some(), "entropy: virtio-rng devices"),
             (!self.pmem.is_empty(), "pmem: virtio-pmem devices"),
             (self.memory_hotplug.is_some(), "memory-hotplug: memory hotplug"),
             (self.serial.is_some(), "serial: serial output redirection"),

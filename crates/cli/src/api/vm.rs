@@ -221,6 +221,13 @@ impl Vm {
         Ok(())
     }
 
+    /// `PUT /entropy`: a virtio-rng device (again: its new rate limits), before boot.
+    pub fn set_entropy(&mut self, e: super::model::Entropy) -> Result<(), Fault> {
+        self.pre_boot()?;
+        self.config.entropy = Some(e);
+        Ok(())
+    }
+
     pub fn set_logger(&mut self, l: Logger) -> Result<(), Fault> {
         self.pre_boot()?;
         super::logging::set(&l)?;
@@ -328,6 +335,7 @@ impl Vm {
                 serial_out: Box::new(crate::LiveStdout),
                 nets,
                 drives,
+                entropy: self.config.entropy.map(|e| super::model::limits(e.rate_limiter.as_ref())),
                 ..Default::default()
             },
             // The thread that runs the machine waits under the main thread's filter; when the

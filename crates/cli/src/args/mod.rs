@@ -250,6 +250,10 @@ pub struct RunArgs {
     /// its requests and bytes per second (Firecracker's rate limiter).
     #[arg(long, value_name = "path=FILE[,readonly=on][,id=NAME][,direct=on][,engine=pool][,iops=N][,bw=SIZE]", value_parser = parse_drive)]
     pub drive: Vec<exitless_vmm::virtio::blk::DriveConfig>,
+    /// A virtio-rng entropy device (bytes from the host's getrandom), as Firecracker's
+    /// `PUT /entropy`.
+    #[arg(long)]
+    pub entropy: bool,
     /// Parameters for the payload, comma-separated integers (payload-specific).
     #[arg(long, value_delimiter = ',', value_parser = parse_u64)]
     pub params: Vec<u64>,

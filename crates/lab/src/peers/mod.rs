@@ -126,7 +126,10 @@ fn run_in(opts: &Options, dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<
     let fail = |vmm: Vmm| move |what: String| PeersError::Start { vmm: vmm.name(), what };
     let io = if opts.io_seconds > 0.0 { Some(IoSetup::new(dir)?) } else { None };
     for run in 0..opts.runs {
-        for (column, (vmm, exe)) in columns.iter_mut().zip(&vmms) {
+        // Each run starts with the next VMM, so that none always follows another's teardown.
+        let order: Vec<usize> = (0..vmms.len()).map(|k| (k + run as usize) % vmms.len()).collect();
+        for &i in &order {
+            let (column, (vmm, exe)) = (&mut columns[i], &vmms[i]);
             let sample = start_one(*vmm, exe, dir, &wait, opts).map_err(fail(*vmm))?;
             progress(&format!(
                 "run {}/{} {}: first line {:.1} ms, {} KiB resident",
@@ -139,7 +142,8 @@ fn run_in(opts: &Options, dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<
             column.starts.push(sample);
         }
         if opts.fleet > 0 {
-            for (column, (vmm, exe)) in columns.iter_mut().zip(&vmms) {
+            for &i in &order {
+                let (column, (vmm, exe)) = (&mut columns[i], &vmms[i]);
                 let sample = fleet(*vmm, exe, dir, &wait, opts).map_err(fail(*vmm))?;
                 progress(&format!(
                     "run {}/{} {}: {} at once, all running in {:.0} ms, {:.0} KiB proportional each",
@@ -154,7 +158,8 @@ fn run_in(opts: &Options, dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<
             }
         }
         if let Some(io) = &io {
-            for (column, (vmm, exe)) in columns.iter_mut().zip(&vmms) {
+            for &i in &order {
+                let (column, (vmm, exe)) = (&mut columns[i], &vmms[i]);
                 io_rows(column, *vmm, exe, dir, io, opts, run, progress);
             }
         }

@@ -29,6 +29,7 @@ struct vq {
 
 #define VIRTIO_ID_NET 1
 #define VIRTIO_ID_BLOCK 2
+#define VIRTIO_ID_RNG 4
 
 struct vdev {
 	u32 fn;               /* bus-0 function index */

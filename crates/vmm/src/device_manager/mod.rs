@@ -10,7 +10,7 @@ mod qemu_test;
 mod virtio;
 
 pub use allocators::{AllocError, Allocators};
-pub use virtio::{DriveHandle, NetConfig, NetHandle};
+pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle};
 
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
 use crate::devices::legacy::{Serial, I8042};
@@ -75,6 +75,7 @@ pub enum DeviceKind {
     PciConfigAccess,
     VirtioNet,
     VirtioBlock,
+    VirtioRng,
     /// QEMU's devices for kvm-unit-tests (`--testdevs`).
     QemuTest,
     /// The lab's own devices (doorbell, idle port, lab control).
@@ -109,6 +110,7 @@ pub enum DeviceHandle {
     Keyboard(Arc<I8042>),
     Net(NetHandle),
     Block(DriveHandle),
+    Entropy(EntropyHandle),
 }
 
 /// One attached device.
@@ -339,6 +341,14 @@ impl DeviceManager {
     }
 
     /// The virtio-blk devices, in the order attached.
+    /// The entropy device, if there is one.
+    pub fn entropy(&self) -> Option<&EntropyHandle> {
+        self.devices.iter().find_map(|d| match &d.handle {
+            DeviceHandle::Entropy(e) => Some(e),
+            _ => None,
+        })
+    }
+
     pub fn drives(&self) -> impl Iterator<Item = &DriveHandle> {
         self.devices.iter().filter_map(|d| match &d.handle {
             DeviceHandle::Block(b) => Some(b),

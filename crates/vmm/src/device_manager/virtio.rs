@@ -9,6 +9,7 @@ use crate::rate_limiter::{LimiterSlot, Limits};
 use crate::virtio::blk::{BlkStats, DiskSlot, DriveConfig, VirtioBlk};
 use crate::virtio::net::{NetStats, TxMode, VirtioNet};
 use crate::virtio::pci::VirtioPci;
+use crate::virtio::rng::{RngStats, VirtioRng};
 use crate::virtio::{self, VirtioDevice};
 use std::sync::Arc;
 
@@ -43,6 +44,13 @@ pub struct NetHandle {
     pub tap_name: String,
     /// The RX and TX rate limits, changed by [`DeviceManager::set_net_limits`].
     pub limits: [Arc<LimiterSlot>; 2],
+}
+
+/// The virtio-rng device, for the API and the report.
+pub struct EntropyHandle {
+    pub stats: Arc<RngStats>,
+    pub transport: Arc<VirtioPci>,
+    pub limits: Arc<LimiterSlot>,
 }
 
 impl DeviceManager {
@@ -103,6 +111,15 @@ impl DeviceManager {
         let drive_name = name.clone();
         let handle = |transport| DeviceHandle::Block(DriveHandle { name: drive_name, stats, transport, disk, limits });
         self.attach_virtio(&name, DeviceKind::VirtioBlock, Box::new(device), handle).map(drop)
+    }
+
+    /// A virtio-rng device (Firecracker's `PUT /entropy`), held to `limits`.
+    pub fn attach_rng(&mut self, limits: Limits) -> Result<(), DeviceError> {
+        let setup = |source| DeviceError::Setup { name: "virtio-rng".into(), source };
+        let device = VirtioRng::new(limits).map_err(setup)?;
+        let (stats, limits) = (device.stats.clone(), device.limiter_slot());
+        let handle = |transport| DeviceHandle::Entropy(EntropyHandle { stats, transport, limits });
+        self.attach_virtio("virtio-rng", DeviceKind::VirtioRng, Box::new(device), handle).map(drop)
     }
 
     /// Gives drive `index` a new backing file on a running guest: its capacity re-read,

@@ -4,6 +4,7 @@ pub mod blk;
 pub mod chain;
 pub mod net;
 pub mod pci;
+pub mod rng;
 pub mod thread;
 
 use crate::pci::msix::Msix;
