@@ -8,21 +8,9 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     exitless_vmm::seccomp::keep_thread_heaps();
-    let cli = match Cli::try_parse_args() {
+    let cli = match args::parsed(Cli::try_parse_args(), "exitless") {
         Ok(cli) => cli,
-        Err(e) if !e.use_stderr() => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        // `exitless` or `exitless bench` alone: the list of commands, not a one-liner.
-        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            let _ = e.print();
-            return ExitCode::from(2);
-        }
-        Err(e) => {
-            eprintln!("exitless: {}", args::one_line(&e));
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let Some(command) = cli.command else {
         // Firecracker's process interface: its flags, its API.

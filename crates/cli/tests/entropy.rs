@@ -54,7 +54,7 @@ fn firecrackers_entropy_section_with_a_rate_limiter() {
 
 #[test]
 fn put_entropy_through_the_api_before_boot_only() {
-    use exitless_lab::api_client::{expect_ok, listening, request};
+    use exitless_lab::api_client::{expect_ok, request};
     use std::io::BufRead;
     if !kvm_or_skip("put_entropy_through_the_api_before_boot_only") {
         return;
@@ -62,17 +62,7 @@ fn put_entropy_through_the_api_before_boot_only() {
     let dir = tempdir();
     let payloads = payloads_in(&dir);
     let sock = dir.join("api.sock");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_exitless"))
-        .args(["--api-sock", sock.to_str().unwrap()])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !listening(&sock) && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let mut child = api_process(&sock, std::process::Stdio::piped());
     let fault = |body: serde_json::Value| {
         let reply = request(&sock, "PUT", "/entropy", Some(&body)).unwrap();
         (reply.status, reply.body.map(|b| b["fault_message"].to_string()).unwrap_or_default())
@@ -93,17 +83,7 @@ fn put_entropy_through_the_api_before_boot_only() {
     assert!(result.contains("6 requests") && result.contains(", 0 failed"), "{result}");
     let _ = child.wait();
     // A second VMM, started: PUT /entropy after boot is refused.
-    let _ = std::fs::remove_file(&sock);
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_exitless"))
-        .args(["--api-sock", sock.to_str().unwrap()])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    while !listening(&sock) && std::time::Instant::now() < deadline + std::time::Duration::from_secs(10) {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let mut child = api_process(&sock, std::process::Stdio::null());
     let boot = serde_json::json!({"kernel_image_path": payloads.join("wait.elf")});
     expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
     expect_ok(&sock, "PUT", "/actions", Some(&serde_json::json!({"action_type": "InstanceStart"}))).unwrap();

@@ -215,7 +215,8 @@ pub fn run(opts: &Options) -> Result<Vec<Row>, PciBenchError> {
     opts.outputs.write(
         || json(&rows),
         || {
-            let bars = rows.iter().map(|r| ("config reads".to_string(), r.method.name().to_string(), 1e6 / r.us_per_read));
+            let bars =
+                rows.iter().map(|r| ("config reads".to_string(), r.method.name().to_string(), 1e6 / r.us_per_read));
             chart::draw(&[chart::Panel::grouped("PCI config reads per second, by method", "reads/s", true, bars)])
         },
     )?;

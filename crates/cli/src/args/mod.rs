@@ -28,8 +28,30 @@ struct FirecrackerCli {
     api: ApiArgs,
 }
 
+/// What a parse gave: the arguments, or the exit code once help, the version or one line
+/// saying what was wrong is printed (`who: ...`). A command alone (`exitless`, `exitless
+/// bench`) prints its list of commands, not a one-liner.
+pub fn parsed<T>(result: Result<T, clap::Error>, who: &str) -> Result<T, std::process::ExitCode> {
+    use std::process::ExitCode;
+    match result {
+        Ok(args) => Ok(args),
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            Err(ExitCode::SUCCESS)
+        }
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            Err(ExitCode::from(2))
+        }
+        Err(e) => {
+            eprintln!("{who}: {}", one_line(&e));
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
 /// A clap error on one line, not clap's usage block: what was wrong, up to the usage text.
-pub fn one_line(e: &clap::Error) -> String {
+fn one_line(e: &clap::Error) -> String {
     let msg = e.to_string();
     let what: Vec<&str> =
         msg.lines().map(str::trim).take_while(|l| !l.starts_with("Usage:")).filter(|l| !l.is_empty()).collect();

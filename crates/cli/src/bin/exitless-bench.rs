@@ -15,20 +15,9 @@ struct Bench {
 
 fn main() -> ExitCode {
     exitless_vmm::seccomp::keep_thread_heaps();
-    let cli = match <Bench as clap::Parser>::try_parse() {
+    let cli = match exitless::args::parsed(<Bench as clap::Parser>::try_parse(), "exitless bench") {
         Ok(cli) => cli,
-        Err(e) if !e.use_stderr() => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            let _ = e.print();
-            return ExitCode::from(2);
-        }
-        Err(e) => {
-            eprintln!("exitless bench: {}", exitless::args::one_line(&e));
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     exitless::init_stderr_logging();
     run_bench(cli.command).unwrap_or_else(|e| {

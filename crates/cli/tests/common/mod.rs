@@ -134,3 +134,20 @@ impl Drop for RemoveLinks {
         }
     }
 }
+
+/// `exitless --api-sock SOCK`, its stdout as given, once its API answers (or 10 s pass).
+pub fn api_process(sock: &std::path::Path, stdout: std::process::Stdio) -> std::process::Child {
+    let _ = std::fs::remove_file(sock);
+    let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(["--api-sock", sock.to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run exitless");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(sock).is_err() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child
+}

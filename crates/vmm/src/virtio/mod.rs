@@ -121,6 +121,28 @@ pub fn rearm_notifications(queue: &mut Queue, mem: &GuestMemoryMmap, kicks_wante
     }
 }
 
+/// After a device used chains of queue `index`: its interrupt, if the driver asked for
+/// one (EVENT_IDX), counted in `irqs`. An unreadable used_event index is the driver's
+/// fault, for the caller to report.
+pub fn interrupt_if_needed(
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    interrupt: &Interrupt,
+    index: usize,
+    irqs: &AtomicU64,
+) -> Result<(), &'static str> {
+    use virtio_queue::QueueT;
+    match queue.needs_notification(mem) {
+        Ok(true) => {
+            irqs.fetch_add(1, Ordering::Relaxed);
+            interrupt.signal_queue(index);
+            Ok(())
+        }
+        Ok(false) => Ok(()),
+        Err(_) => Err("cannot read the used_event index"),
+    }
+}
+
 /// Interrupts from a device: ISR bits for the record, MSI-X vectors for delivery.
 pub struct Interrupt {
     pub msix: Arc<Mutex<Msix>>,

@@ -397,13 +397,9 @@ impl Worker {
     }
 
     fn interrupt_if_needed(&mut self, queue: usize) {
-        match self.queues[queue].needs_notification(&self.mem) {
-            Ok(true) => {
-                self.io.stats.irqs.fetch_add(1, Ordering::Relaxed);
-                self.interrupt.signal_queue(queue);
-            }
-            Ok(false) => {}
-            Err(_) => self.fail("cannot read the used_event index"),
+        let irqs = &self.io.stats.irqs;
+        if let Err(e) = super::interrupt_if_needed(&mut self.queues[queue], &self.mem, &self.interrupt, queue, irqs) {
+            self.fail(e);
         }
     }
 

@@ -204,13 +204,8 @@ impl Worker {
         if !used_any {
             return;
         }
-        match self.queue.needs_notification(&self.mem) {
-            Ok(true) => {
-                self.stats.irqs.fetch_add(1, Ordering::Relaxed);
-                self.interrupt.signal_queue(0);
-            }
-            Ok(false) => {}
-            Err(_) => self.fail("cannot read its used_event index"),
+        if let Err(e) = super::interrupt_if_needed(&mut self.queue, &self.mem, &self.interrupt, 0, &self.stats.irqs) {
+            self.fail(e);
         }
     }
 

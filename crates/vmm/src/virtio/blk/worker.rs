@@ -424,13 +424,10 @@ impl Worker {
         if !std::mem::take(&mut self.used_any) {
             return;
         }
-        match self.queue.needs_notification(&self.mem) {
-            Ok(true) => {
-                self.stats.irqs.fetch_add(1, Ordering::Relaxed);
-                self.interrupt.signal_queue(0);
-            }
-            Ok(false) => {}
-            Err(_) => self.fail("cannot read the used_event index"),
+        if let Err(e) =
+            crate::virtio::interrupt_if_needed(&mut self.queue, &self.mem, &self.interrupt, 0, &self.stats.irqs)
+        {
+            self.fail(e);
         }
     }
 }
