@@ -76,6 +76,7 @@ if grep -q check=reboot /proc/cmdline; then r mode reboot; reboot -f; fi
 r cpus "\$(grep -c ^processor /proc/cpuinfo)"
 r vda-md5 "\$(md5sum /dev/vda | cut -d' ' -f1)"
 echo -n "$pattern" | dd of=/dev/vdb bs=512 seek=8 conv=fsync 2>/dev/null && r vdb-write done
+r vsock-bound "\$(ls /sys/bus/virtio/drivers/vmw_vsock_virtio_transport 2>/dev/null | grep -c '^virtio')"
 r rng-current "\$(cat /sys/class/misc/hw_random/rng_current 2>/dev/null)"
 r rng-bytes "\$(dd if=/dev/hwrng bs=32 count=2 2>/dev/null | od -An -tx1 | tr -d ' \\n')"
 ip link set lo up
@@ -106,9 +107,10 @@ boot() { # mode, log prefix, extra exitless flags...: runs one guest to its end;
   local mode=$1 log=$2 start now
   shift 2
   start=$(date +%s.%N)
+  rm -f "$work/$log.vsock"
   ip netns exec "$ns" "$exitless" run --kernel "$kernel" --initrd initrd.cpio --mem 256M --vcpus "$vcpus" \
     --cmdline "$cmdline check=$mode" --drive path=read.img,readonly=on --drive path=write.img \
-    --net tap="$tap" --entropy --timeout "$timeout" --json "$log.json" ${EXITLESS_FLAGS:-} "$@" </dev/null >"$log.log" 2>"$log.err" &
+    --net tap="$tap" --entropy --vsock cid=3,uds="$work/$log.vsock" --timeout "$timeout" --json "$log.json" ${EXITLESS_FLAGS:-} "$@" </dev/null >"$log.log" 2>"$log.err" &
   vmm=$!
   init_s=
   if [ "$mode" = full ]; then
@@ -217,7 +219,9 @@ echo "SKIP offloads: exitless offers no virtio-net offloads yet (the offloads is
 rng=$(result rng-bytes full.log)
 check "virtio-rng" "$([ "$(result rng-current full.log)" = virtio_rng.0 ] && [ ${#rng} = 128 ] && [ "${rng:0:64}" != "${rng:64:64}" ]; echo $?)" \
   "current $(result rng-current full.log), 64 bytes from /dev/hwrng: ${rng:-none}"
-echo "SKIP vsock, MMDS, snapshot/restore: not in exitless yet (their issues add the checks)"
+check "virtio-vsock" "$([ "$(result vsock-bound full.log)" = 1 ]; echo $?)" \
+  "Linux's virtio transport bound to the device: $(result vsock-bound full.log) (data: the vsockecho payload's tests)"
+echo "SKIP MMDS, snapshot/restore: not in exitless yet (their issues add the checks)"
 python3 - full.json <<'PY' || true
 import json, sys
 r = json.load(open(sys.argv[1]))

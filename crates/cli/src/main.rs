@@ -79,6 +79,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             poll: args.poll_us,
             drives: args.drive.clone(),
             entropy: args.entropy.then(Default::default),
+            vsock: args.vsock.clone(),
             fixed,
             ..Default::default()
         },

@@ -108,6 +108,8 @@ pub struct DeviceConfig {
     pub nets: Vec<NetConfig>,
     /// virtio-blk devices, one per drive, in order.
     pub drives: Vec<DriveConfig>,
+    /// A virtio-vsock device (Firecracker's `PUT /vsock`).
+    pub vsock: Option<crate::virtio::vsock::VsockConfig>,
     /// A virtio-rng device and its rate limits (Firecracker's `PUT /entropy`).
     pub entropy: Option<crate::rate_limiter::Limits>,
     /// Firecracker's boot-timer device (`--boot-timer`): logs the time until the guest
@@ -172,6 +174,7 @@ impl Default for DeviceConfig {
             nets: Vec::new(),
             drives: Vec::new(),
             entropy: None,
+            vsock: None,
             boot_timer: false,
             test_devices: false,
             test_iommu: false,
@@ -314,6 +317,9 @@ impl Machine {
         }
         if let Some(limits) = d.entropy {
             devices.attach_rng(limits)?;
+        }
+        if let Some(vsock) = &d.vsock {
+            devices.attach_vsock(vsock)?;
         }
         match lstar_watch.map(std::thread::JoinHandle::join) {
             Some(Ok(Err(e))) => tracing::debug!("no watch on the guest's system-call entry (MSR filter): {e}"),

@@ -31,6 +31,9 @@ pub enum ThreadKind {
     Block,
     /// virtio-rng's thread: the Device calls plus getrandom.
     Entropy,
+    /// virtio-vsock's thread: the Device calls plus accepting host connections on its
+    /// listening socket and connecting to the host's `<uds_path>_<port>` sockets.
+    Vsock,
     /// Writes the guest's console output.
     ConsoleOut,
     /// Feeds the console's input.
@@ -127,6 +130,22 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_epoll_ctl,
             libc::SYS_readv,
             libc::SYS_writev,
+        ],
+        ThreadKind::Vsock => &[
+            libc::SYS_fcntl,
+            libc::SYS_epoll_create1,
+            libc::SYS_epoll_wait,
+            libc::SYS_epoll_pwait,
+            libc::SYS_epoll_ctl,
+            libc::SYS_readv,
+            libc::SYS_writev,
+            libc::SYS_accept4,
+            libc::SYS_socket,
+            libc::SYS_connect,
+            libc::SYS_shutdown,
+            // std's UnixStream reads and writes with recv/send.
+            libc::SYS_recvfrom,
+            libc::SYS_sendto,
         ],
         ThreadKind::Entropy => &[
             libc::SYS_fcntl,
@@ -248,6 +267,8 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
             requests.extend([KVM_REGISTER_COALESCED_MMIO() as u32, KVM_UNREGISTER_COALESCED_MMIO() as u32]);
             Some(requests)
         }
+        // std makes a socket non-blocking with FIONBIO.
+        ThreadKind::Vsock => Some(vec![libc::FIONBIO as u32]),
         // Restoring the terminal (TCGETS/TCSETS*); tearing down what the VM registered.
         ThreadKind::Main => {
             let terminal = [libc::TCGETS, libc::TCSETS, libc::TCSETSW, libc::TCSETSF].map(|r| r as u32);
@@ -461,6 +482,7 @@ mod tests {
             ThreadKind::Device,
             ThreadKind::Block,
             ThreadKind::Entropy,
+            ThreadKind::Vsock,
             ThreadKind::ConsoleOut,
             ThreadKind::SerialIn,
             ThreadKind::Helper,

@@ -165,6 +165,9 @@ fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machin
     if let Some(e) = c.entropy {
         vm.set_entropy(e)?;
     }
+    if let Some(v) = c.vsock {
+        vm.set_vsock(v)?;
+    }
     vm.build()
 }
 

@@ -131,6 +131,17 @@ pub fn limits(r: Option<&RateLimiter>) -> exitless_vmm::rate_limiter::Limits {
     r.map(RateLimiter::limits).unwrap_or_default()
 }
 
+/// `PUT /vsock`: Firecracker's vsock device (`vsock_id` is accepted and ignored, as
+/// Firecracker has deprecated it).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Vsock {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock_id: Option<String>,
+    pub guest_cid: u32,
+    pub uds_path: String,
+}
+
 /// `PUT /entropy`: a virtio-rng device, optionally rate limited.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -235,7 +246,7 @@ pub struct VmConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balloon: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vsock: Option<serde_json::Value>,
+    pub vsock: Option<Vsock>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mmds_config: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -254,7 +265,6 @@ impl VmConfig {
         [
             (self.cpu_config.is_some(), "cpu-config: custom CPU templates"),
             (self.balloon.is_some(), "balloon: balloon devices"),
-            (self.vsock.is_some(), "vsock: vsock devices"),
             (self.mmds_config.is_some(), "mmds-config: the microVM metadata service (MMDS)"),
             (!self.pmem.is_empty(), "pmem: virtio-pmem devices"),
             (self.memory_hotplug.is_some(), "memory-hotplug: memory hotplug"),

@@ -40,7 +40,6 @@ pub enum Then {
 const NOT_SUPPORTED: &[(&str, &str)] = &[
     ("snapshot", "snapshots"),
     ("mmds", "the microVM metadata service (MMDS)"),
-    ("vsock", "vsock devices"),
     ("balloon", "balloon devices"),
     ("cpu-config", "custom CPU templates"),
     ("serial", "serial output redirection"),
@@ -99,6 +98,7 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PUT", ["logger"]) => done(vm.set_logger(parse(body)?)),
         ("PUT", ["metrics"]) => done(vm.set_metrics(parse(body)?, metrics)),
         ("PUT", ["entropy"]) => done(vm.set_entropy(parse(body)?)),
+        ("PUT", ["vsock"]) => done(vm.set_vsock(parse(body)?)),
         ("PUT", ["actions"]) => action(vm, metrics, parse(body)?),
         ("PATCH", ["vm"]) => done(vm.set_state(parse::<model::Vm>(body)?.state)),
         ("GET" | "PUT" | "PATCH", _) => Err(Fault(format!("Invalid request: {method} {path} is not an endpoint."))),

@@ -221,6 +221,20 @@ impl Vm {
         Ok(())
     }
 
+    /// `PUT /vsock`: a virtio-vsock device (again: its new settings), before boot. The
+    /// socket is bound at the start; a path that exists is refused then.
+    pub fn set_vsock(&mut self, v: super::model::Vsock) -> Result<(), Fault> {
+        self.pre_boot()?;
+        if v.guest_cid < 3 {
+            return Err(Fault(format!("Invalid guest CID {}: it must be 3 or more.", v.guest_cid)));
+        }
+        if v.uds_path.is_empty() {
+            return Err(Fault("The vsock's uds_path is empty.".into()));
+        }
+        self.config.vsock = Some(v);
+        Ok(())
+    }
+
     /// `PUT /entropy`: a virtio-rng device (again: its new rate limits), before boot.
     pub fn set_entropy(&mut self, e: super::model::Entropy) -> Result<(), Fault> {
         self.pre_boot()?;
@@ -336,6 +350,10 @@ impl Vm {
                 nets,
                 drives,
                 entropy: self.config.entropy.map(|e| super::model::limits(e.rate_limiter.as_ref())),
+                vsock: self.config.vsock.as_ref().map(|v| exitless_vmm::virtio::vsock::VsockConfig {
+                    guest_cid: u64::from(v.guest_cid),
+                    uds_path: v.uds_path.clone().into(),
+                }),
                 ..Default::default()
             },
             // The thread that runs the machine waits under the main thread's filter; when the

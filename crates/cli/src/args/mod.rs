@@ -276,6 +276,11 @@ pub struct RunArgs {
     /// `PUT /entropy`.
     #[arg(long)]
     pub entropy: bool,
+    /// A virtio-vsock device, as Firecracker's `PUT /vsock`: the guest's CID (3 or more)
+    /// and the Unix socket host processes connect to (`CONNECT <port>\n`); the guest's
+    /// connections to port P reach `<uds>_P`.
+    #[arg(long, value_name = "cid=N,uds=PATH", value_parser = parse_vsock)]
+    pub vsock: Option<exitless_vmm::virtio::vsock::VsockConfig>,
     /// Parameters for the payload, comma-separated integers (payload-specific).
     #[arg(long, value_delimiter = ',', value_parser = parse_u64)]
     pub params: Vec<u64>,
@@ -438,6 +443,19 @@ pub fn parse_net(s: &str) -> Result<(String, Option<[u8; 6]>), String> {
         }
     }
     Ok((tap.ok_or("--net needs tap=NAME")?, mac))
+}
+
+pub fn parse_vsock(s: &str) -> Result<exitless_vmm::virtio::vsock::VsockConfig, String> {
+    let (mut cid, mut uds) = (None, None);
+    for part in s.split(',') {
+        match part.split_once('=') {
+            Some(("cid", n)) => cid = Some(n.parse::<u64>().map_err(|_| format!("cid '{n}' is not a number"))?),
+            Some(("uds", p)) if !p.is_empty() => uds = Some(PathBuf::from(p)),
+            _ => return Err(format!("'{part}' is not cid=N or uds=PATH")),
+        }
+    }
+    let guest_cid = cid.ok_or("--vsock needs cid=N")?;
+    Ok(exitless_vmm::virtio::vsock::VsockConfig { guest_cid, uds_path: uds.ok_or("--vsock needs uds=PATH")? })
 }
 
 pub fn parse_drive(s: &str) -> Result<exitless_vmm::virtio::blk::DriveConfig, String> {

@@ -2,7 +2,7 @@
 #include "pci.h"
 
 /* Queue memory: per queue one page of descriptors, one for avail, one for used. */
-static u8 rings[2][3][4096] __attribute__((aligned(4096)));
+static u8 rings[VDEV_MAX_QUEUES][3][4096] __attribute__((aligned(4096)));
 
 static u32 cfg8(u32 fn, u32 reg) { return pci_read(PCI_ECAM, fn, reg, 1); }
 static u32 cfg32(u32 fn, u32 reg) { return pci_read(PCI_ECAM, fn, reg, 4); }
@@ -66,7 +66,7 @@ void lapic_enable(void) { mmio_write(0xfee000f0, 4, 0x1ff); }
 int lapic_irr(u32 vector) { return (mmio_read(0xfee00200 + (vector / 32) * 16, 4) >> (vector % 32)) & 1; }
 
 int vdev_init(struct vdev *n, u32 id, u64 wanted, u16 nqueues, u16 qsize) {
-	if (nqueues > 2 || vdev_find(n, id)) return -1;
+	if (nqueues > VDEV_MAX_QUEUES || vdev_find(n, id)) return -1;
 	u64 c = n->common;
 	vdev_set_status(n, 0);
 	vdev_set_status(n, VS_ACK);

@@ -30,6 +30,9 @@ struct vq {
 #define VIRTIO_ID_NET 1
 #define VIRTIO_ID_BLOCK 2
 #define VIRTIO_ID_RNG 4
+#define VIRTIO_ID_VSOCK 19
+/* The most queues a payload drives (virtio-vsock's rx, tx and event). */
+#define VDEV_MAX_QUEUES 3
 
 struct vdev {
 	u32 fn;               /* bus-0 function index */
@@ -39,8 +42,8 @@ struct vdev {
 	u64 features;
 	u8 mac[6];            /* virtio-net only */
 	union {
-		struct vq q[2];
-		struct { struct vq rx, tx; };
+		struct vq q[VDEV_MAX_QUEUES];
+		struct { struct vq rx, tx, event; }; /* virtio-net, virtio-vsock */
 	};
 };
 

@@ -10,7 +10,7 @@ mod qemu_test;
 mod virtio;
 
 pub use allocators::{AllocError, Allocators};
-pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle};
+pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle, VsockHandle};
 
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
 use crate::devices::legacy::{Serial, I8042};
@@ -33,6 +33,8 @@ pub enum DeviceError {
         #[source]
         source: BusError,
     },
+    #[error("cannot set up virtio-vsock")]
+    Vsock(#[from] crate::virtio::vsock::VsockError),
     #[error("cannot set up device {name}")]
     Setup {
         name: String,
@@ -76,6 +78,7 @@ pub enum DeviceKind {
     VirtioNet,
     VirtioBlock,
     VirtioRng,
+    VirtioVsock,
     /// QEMU's devices for kvm-unit-tests (`--testdevs`).
     QemuTest,
     /// The lab's own devices (doorbell, idle port, lab control).
@@ -111,6 +114,7 @@ pub enum DeviceHandle {
     Net(NetHandle),
     Block(DriveHandle),
     Entropy(EntropyHandle),
+    Vsock(VsockHandle),
 }
 
 /// One attached device.
@@ -341,6 +345,14 @@ impl DeviceManager {
     }
 
     /// The virtio-blk devices, in the order attached.
+    /// The vsock device, if there is one.
+    pub fn vsock(&self) -> Option<&VsockHandle> {
+        self.devices.iter().find_map(|d| match &d.handle {
+            DeviceHandle::Vsock(v) => Some(v),
+            _ => None,
+        })
+    }
+
     /// The entropy device, if there is one.
     pub fn entropy(&self) -> Option<&EntropyHandle> {
         self.devices.iter().find_map(|d| match &d.handle {

@@ -10,6 +10,7 @@ use crate::virtio::blk::{BlkStats, DiskSlot, DriveConfig, VirtioBlk};
 use crate::virtio::net::{NetStats, TxMode, VirtioNet};
 use crate::virtio::pci::VirtioPci;
 use crate::virtio::rng::{RngStats, VirtioRng};
+use crate::virtio::vsock::{VirtioVsock, VsockConfig, VsockStats};
 use crate::virtio::{self, VirtioDevice};
 use std::sync::Arc;
 
@@ -51,6 +52,13 @@ pub struct EntropyHandle {
     pub stats: Arc<RngStats>,
     pub transport: Arc<VirtioPci>,
     pub limits: Arc<LimiterSlot>,
+}
+
+/// The virtio-vsock device, for the API, the lab and the report.
+pub struct VsockHandle {
+    pub stats: Arc<VsockStats>,
+    pub transport: Arc<VirtioPci>,
+    pub uds_path: std::path::PathBuf,
 }
 
 impl DeviceManager {
@@ -120,6 +128,14 @@ impl DeviceManager {
         let (stats, limits) = (device.stats.clone(), device.limiter_slot());
         let handle = |transport| DeviceHandle::Entropy(EntropyHandle { stats, transport, limits });
         self.attach_virtio("virtio-rng", DeviceKind::VirtioRng, Box::new(device), handle).map(drop)
+    }
+
+    /// A virtio-vsock device with Firecracker's Unix-socket host side (`PUT /vsock`).
+    pub fn attach_vsock(&mut self, config: &VsockConfig) -> Result<(), DeviceError> {
+        let device = VirtioVsock::new(config.clone())?;
+        let (stats, uds_path) = (device.stats.clone(), device.uds_path().to_path_buf());
+        let handle = |transport| DeviceHandle::Vsock(VsockHandle { stats, transport, uds_path });
+        self.attach_virtio("virtio-vsock", DeviceKind::VirtioVsock, Box::new(device), handle).map(drop)
     }
 
     /// Gives drive `index` a new backing file on a running guest: its capacity re-read,

@@ -6,6 +6,7 @@ pub mod net;
 pub mod pci;
 pub mod rng;
 pub mod thread;
+pub mod vsock;
 
 use crate::pci::msix::Msix;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};

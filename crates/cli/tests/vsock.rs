@@ -1,0 +1,163 @@
+//! virtio-vsock with Firecracker's host side, against the `vsockecho` guest: 16 host
+//! connections at once through `CONNECT <port>`, each's bytes echoed and verified; a
+//! guest connection to the host's `<uds>_<port>`; a port nobody listens on refused.
+
+mod common;
+use common::*;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// `exitless run --payload vsockecho` with a vsock at `uds`; returns once the guest listens.
+fn echo_guest(uds: &std::path::Path, params: &str) -> (Child, BufReader<std::process::ChildStdout>) {
+    let vsock = format!("cid=3,uds={}", uds.display());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(["run", "--payload", "vsockecho", "--vsock", &vsock, "--params", params, "--timeout", "60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 && !line.contains("listening") {
+        line.clear();
+    }
+    assert!(line.contains("CID 3 listening on port 1234"), "{line}");
+    (child, out)
+}
+
+fn finish(mut child: Child, mut out: BufReader<std::process::ChildStdout>) -> String {
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(status.success(), "{status}: {rest}\n{err}");
+    rest
+}
+
+fn pattern(stream: usize, i: usize) -> u8 {
+    (i * 31 + stream * 7) as u8
+}
+
+#[test]
+fn sixteen_host_connections_are_echoed_byte_for_byte() {
+    if !kvm_or_skip("sixteen_host_connections_are_echoed_byte_for_byte") {
+        return;
+    }
+    let dir = tempdir();
+    let uds = dir.join("v.sock");
+    let (child, out) = echo_guest(&uds, "1234,16");
+    const BYTES: usize = 64 << 10;
+    let clients: Vec<_> = (0..16)
+        .map(|s| {
+            let uds = uds.clone();
+            std::thread::spawn(move || {
+                let mut stream = UnixStream::connect(&uds).unwrap();
+                stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                stream.write_all(b"CONNECT 1234\n").unwrap();
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut ok = String::new();
+                reader.read_line(&mut ok).unwrap();
+                assert!(ok.starts_with("OK ") && ok.trim()[3..].parse::<u32>().is_ok(), "{ok:?}");
+                let data: Vec<u8> = (0..BYTES).map(|i| pattern(s, i)).collect();
+                let writer = std::thread::spawn(move || {
+                    for chunk in data.chunks(4096) {
+                        stream.write_all(chunk).unwrap();
+                    }
+                    stream
+                });
+                let mut echo = vec![0u8; BYTES];
+                reader.read_exact(&mut echo).unwrap();
+                let stream = writer.join().unwrap();
+                assert!(echo.iter().enumerate().all(|(i, &b)| b == pattern(s, i)), "stream {s}: bytes differ");
+                drop(stream);
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let rest = finish(child, out);
+    assert!(rest.contains(&format!("{} bytes echoed on 16 streams", 16 * BYTES)), "{rest}");
+    assert!(rest.contains(", 0 errors"), "{rest}");
+}
+
+#[test]
+fn the_guest_connects_to_the_hosts_port_and_unknown_ports_are_refused() {
+    if !kvm_or_skip("the_guest_connects_to_the_hosts_port_and_unknown_ports_are_refused") {
+        return;
+    }
+    let dir = tempdir();
+    let uds = dir.join("v.sock");
+    // The host's side of port 7000: echoes what the guest sends.
+    let listener = UnixListener::bind(format!("{}_7000", uds.display())).unwrap();
+    let host = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 4096];
+        let mut total = 0;
+        while let Ok(n @ 1..) = s.read(&mut buf) {
+            s.write_all(&buf[..n]).unwrap();
+            total += n;
+        }
+        total
+    });
+    let (child, out) = echo_guest(&uds, "1234,1,7000,10000");
+    // Meanwhile: a host connection to a port the guest does not listen on is closed
+    // without an OK.
+    let mut stream = UnixStream::connect(&uds).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.write_all(b"CONNECT 4321\n").unwrap();
+    let mut reply = String::new();
+    let _ = stream.read_to_string(&mut reply);
+    assert!(reply.is_empty(), "{reply:?}");
+    let rest = finish(child, out);
+    assert!(rest.contains("10000 client bytes checked, 0 errors"), "{rest}");
+    assert_eq!(host.join().unwrap(), 10000);
+    assert!(!uds.exists(), "the VMM removes its socket");
+}
+
+#[test]
+fn firecrackers_vsock_section_and_put_vsock() {
+    use exitless_lab::api_client::{expect_ok, request};
+    if !kvm_or_skip("firecrackers_vsock_section_and_put_vsock") {
+        return;
+    }
+    let dir = tempdir();
+    let payloads = payloads_in(&dir);
+    let uds = dir.join("fc.vsock");
+    // Through the API: a bad CID is refused, a good one configures the device.
+    let sock = dir.join("api.sock");
+    let mut child = api_process(&sock, Stdio::piped());
+    let bad = request(&sock, "PUT", "/vsock", Some(&serde_json::json!({"guest_cid": 2, "uds_path": uds}))).unwrap();
+    assert_eq!(bad.status, 400, "{:?}", bad.body);
+    let vsock = serde_json::json!({"vsock_id": "vsock0", "guest_cid": 3, "uds_path": uds});
+    expect_ok(&sock, "PUT", "/vsock", Some(&vsock)).unwrap();
+    let boot =
+        serde_json::json!({"kernel_image_path": payloads.join("vsockecho.elf"), "boot_args": "exitless.params=1234,1"});
+    expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
+    expect_ok(&sock, "PUT", "/actions", Some(&serde_json::json!({"action_type": "InstanceStart"}))).unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 && !line.contains("listening") {
+        line.clear();
+    }
+    let mut stream = UnixStream::connect(&uds).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream.write_all(b"CONNECT 1234\nhello").unwrap();
+    let mut reply = [0u8; 64];
+    let mut got = Vec::new();
+    while !got.ends_with(b"hello") {
+        let n = stream.read(&mut reply).unwrap();
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&reply[..n]);
+    }
+    assert!(got.starts_with(b"OK "), "{:?}", String::from_utf8_lossy(&got));
+    drop(stream);
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("5 bytes echoed on 1 streams"), "{rest}");
+    let _ = child.wait();
+}

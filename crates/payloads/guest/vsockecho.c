@@ -1,0 +1,203 @@
+/*
+ * vsock guest: an echo server on a port, and optionally a client of the host.
+ * Server: accepts every REQUEST to its port and echoes each stream's bytes back on it,
+ * within the host's credit (an RX buffer is held, and so is everything after it, until
+ * its echo can go: the device runs out of buffers and waits, nothing is dropped). A
+ * SHUTDOWN is answered with RST. It ends once `closes` streams have closed.
+ * Client (param 2 = a host port): connects to the host (CID 2) on that port, sends
+ * `bytes` bytes of a pattern, reads them back (the host side echoes), checks them, and
+ * shuts the stream down; this counts as one of the closes.
+ * Params: 0 = listening port (default 1234), 1 = closes to wait for (default 1),
+ * 2 = host port to connect to (default none), 3 = client bytes (default 4096).
+ * Results: 0 = bytes echoed, 1 = streams accepted, 2 = client bytes checked, 3 = errors.
+ */
+#include "runtime.h"
+#include "virtio.h"
+
+#define HDR 44
+#define SLOTS 64
+#define SLOT_BYTES (HDR + 4096)
+#define MAX_CONNS 64
+/* Half the receive buffers: the host's data can never hold them all, so a credit update
+ * always finds a buffer to arrive in. */
+#define BUF_ALLOC (SLOTS / 2 * 4096u)
+#define CLIENT_PORT 5555
+
+enum { OP_REQUEST = 1, OP_RESPONSE, OP_RST, OP_SHUTDOWN, OP_RW, OP_CREDIT_UPDATE, OP_CREDIT_REQUEST };
+
+struct hdr {
+	u64 src_cid, dst_cid;
+	u32 src_port, dst_port, len;
+	u16 type, op;
+	u32 flags, buf_alloc, fwd_cnt;
+} __attribute__((packed));
+
+struct conn {
+	int used, client, asked;
+	u32 host_port, guest_port;
+	u32 peer_buf_alloc, peer_fwd_cnt, tx_cnt, fwd_cnt;
+};
+
+static struct vdev vs;
+static u8 rxbuf[SLOTS][SLOT_BYTES] __attribute__((aligned(4096)));
+static u8 txbuf[SLOTS][SLOT_BYTES] __attribute__((aligned(4096)));
+static u16 tx_free[SLOTS];
+static u32 tx_nfree;
+static struct conn conns[MAX_CONNS];
+static u64 guest_cid;
+static u16 held[SLOTS];
+static u32 held_head, held_n;
+static u64 echoed, accepted, checked, errors, closes;
+static u8 expect_byte(u64 i) { return (u8)(i * 7 + 3); }
+
+static struct conn *find(u32 host_port, u32 guest_port) {
+	for (int i = 0; i < MAX_CONNS; i++)
+		if (conns[i].used && conns[i].host_port == host_port && conns[i].guest_port == guest_port) return &conns[i];
+	return 0;
+}
+
+static struct conn *add(u32 host_port, u32 guest_port) {
+	for (int i = 0; i < MAX_CONNS; i++)
+		if (!conns[i].used) {
+			conns[i] = (struct conn){1, 0, 0, host_port, guest_port, 0, 0, 0, 0};
+			return &conns[i];
+		}
+	return 0;
+}
+
+static u32 credit(struct conn *c) { return c->peer_buf_alloc - (c->tx_cnt - c->peer_fwd_cnt); }
+
+static void reclaim_tx(void) {
+	int head;
+	while ((head = vq_pop_used(&vs.tx, 0)) >= 0) tx_free[tx_nfree++] = (u16)head;
+}
+
+/* Sends a packet to the host on `c` (or to the given ports for a connection we do not
+ * keep) with `len` payload bytes from `data`. */
+static void send(u32 host_port, u32 guest_port, struct conn *c, u16 op, u32 flags, const u8 *data, u32 len) {
+	while (!tx_nfree) reclaim_tx();
+	u16 slot = tx_free[--tx_nfree];
+	struct hdr *h = (struct hdr *)txbuf[slot];
+	*h = (struct hdr){guest_cid, 2, guest_port, host_port, len, 1, op, flags, BUF_ALLOC, c ? c->fwd_cnt : 0};
+	for (u32 i = 0; i < len; i++) txbuf[slot][HDR + i] = data[i];
+	if (c) c->tx_cnt += len;
+	vs.tx.desc[slot] = (struct vring_desc){(u64)txbuf[slot], HDR + len, 0, 0};
+	if (vq_push(&vs.tx, slot)) vq_kick(&vs.tx);
+}
+
+static void repost(u16 head) {
+	vs.rx.desc[head] = (struct vring_desc){(u64)rxbuf[head], SLOT_BYTES, VRING_DESC_F_WRITE, 0};
+	if (vq_push(&vs.rx, head)) vq_kick(&vs.rx);
+}
+
+static void client_send(struct conn *c, u64 bytes) {
+	static u8 chunk[4096];
+	for (u64 at = 0; at < bytes;) {
+		u32 n = bytes - at < sizeof chunk ? (u32)(bytes - at) : (u32)sizeof chunk;
+		for (u32 i = 0; i < n; i++) chunk[i] = expect_byte(at + i);
+		send(c->host_port, c->guest_port, c, OP_RW, 0, chunk, n);
+		at += n;
+	}
+}
+
+/* Acts on the packet in RX buffer `head`; returns 0 if it must wait for credit. */
+static int handle(u16 head, u32 listen_port, u64 client_bytes) {
+	struct hdr *h = (struct hdr *)rxbuf[head];
+	struct conn *c = find(h->src_port, h->dst_port);
+	if (c) c->peer_buf_alloc = h->buf_alloc, c->peer_fwd_cnt = h->fwd_cnt;
+	switch (h->op) {
+	case OP_REQUEST:
+		if (c || h->dst_port != listen_port || !(c = add(h->src_port, h->dst_port))) {
+			send(h->src_port, h->dst_port, 0, OP_RST, 0, 0, 0);
+			break;
+		}
+		c->peer_buf_alloc = h->buf_alloc, c->peer_fwd_cnt = h->fwd_cnt;
+		accepted++;
+		send(c->host_port, c->guest_port, c, OP_RESPONSE, 0, 0, 0);
+		break;
+	case OP_RESPONSE:
+		if (c && c->client) client_send(c, client_bytes);
+		else send(h->src_port, h->dst_port, 0, OP_RST, 0, 0, 0), errors++;
+		break;
+	case OP_RW:
+		if (!c) {
+			send(h->src_port, h->dst_port, 0, OP_RST, 0, 0, 0);
+			break;
+		}
+		if (c->client) {
+			for (u32 i = 0; i < h->len; i++) errors += rxbuf[head][HDR + i] != expect_byte(checked + i);
+			checked += h->len;
+			c->fwd_cnt += h->len;
+			if (checked >= client_bytes) send(c->host_port, c->guest_port, c, OP_SHUTDOWN, 3, 0, 0);
+			break;
+		}
+		if (credit(c) < h->len) {
+			if (!c->asked) send(c->host_port, c->guest_port, c, OP_CREDIT_REQUEST, 0, 0, 0);
+			c->asked = 1;
+			return 0;
+		}
+		c->asked = 0;
+		c->fwd_cnt += h->len;
+		send(c->host_port, c->guest_port, c, OP_RW, 0, rxbuf[head] + HDR, h->len);
+		echoed += h->len;
+		break;
+	case OP_SHUTDOWN:
+	case OP_RST:
+		if (h->op == OP_SHUTDOWN) send(h->src_port, h->dst_port, c, OP_RST, 0, 0, 0);
+		if (c) c->used = 0, closes++;
+		break;
+	case OP_CREDIT_REQUEST:
+		if (c) send(c->host_port, c->guest_port, c, OP_CREDIT_UPDATE, 0, 0, 0);
+		break;
+	default: /* CREDIT_UPDATE: the credit is already recorded */
+		break;
+	}
+	return 1;
+}
+
+int main(void) {
+	u64 listen_port = param(0, 1234), want_closes = param(1, 1), host_port = param(2, 0), client_bytes = param(3, 4096);
+	enter_user();
+	int err = vdev_init(&vs, VIRTIO_ID_VSOCK, VIRTIO_F_EVENT_IDX, 3, SLOTS);
+	if (err) {
+		print("vsockecho: virtio-vsock init failed at step %d\n", -err);
+		return 3;
+	}
+	guest_cid = mmio_read(vs.device_cfg, 4) | (u64)mmio_read(vs.device_cfg + 4, 4) << 32;
+	for (u16 i = 0; i < SLOTS && i < vs.rx.size; i++) repost(i);
+	for (u16 i = 0; i < SLOTS && i < vs.tx.size; i++) tx_free[tx_nfree++] = i;
+	vq_interrupt_after(&vs.rx, 0xffff);
+	vq_interrupt_after(&vs.tx, 0xffff);
+	print("vsockecho: CID %lu listening on port %lu\n", guest_cid, listen_port);
+	if (host_port) {
+		struct conn *c = add((u32)host_port, CLIENT_PORT);
+		c->client = 1;
+		send(c->host_port, c->guest_port, c, OP_REQUEST, 0, 0, 0);
+	}
+	while (closes < want_closes) {
+		reclaim_tx();
+		u32 len;
+		int head;
+		while (held_n < SLOTS && (head = vq_pop_used(&vs.rx, &len)) >= 0) {
+			/* Every packet carries the host's credit: record it now, not when its turn
+			 * comes (a held RW may be waiting for exactly this). */
+			struct hdr *h = (struct hdr *)rxbuf[head];
+			struct conn *c = find(h->src_port, h->dst_port);
+			if (c) c->peer_buf_alloc = h->buf_alloc, c->peer_fwd_cnt = h->fwd_cnt;
+			held[(held_head + held_n++) % SLOTS] = (u16)head;
+		}
+		int progressed = 0;
+		while (held_n && handle(held[held_head], (u32)listen_port, client_bytes)) {
+			repost(held[held_head]);
+			held_head = (held_head + 1) % SLOTS, held_n--;
+			progressed = 1;
+		}
+		if (!progressed) __asm__ volatile("pause");
+	}
+	set_result(0, echoed);
+	set_result(1, accepted);
+	set_result(2, checked);
+	set_result(3, errors);
+	print("vsockecho: %lu bytes echoed on %lu streams, %lu client bytes checked, %lu errors\n", echoed, accepted, checked, errors);
+	return errors ? 1 : 0;
+}

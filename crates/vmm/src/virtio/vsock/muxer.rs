@@ -1,0 +1,512 @@
+//! The vsock device thread: moves packets between the guest's queues and the host's Unix
+//! sockets. One epoll set holds the three queues' kick eventfds, the stop eventfd, the
+//! listening socket, host connections still writing their `CONNECT <port>\n`, and every
+//! established stream (edge-triggered). Packets for the guest are control packets first
+//! (in the order they arose), then data from the streams in turn, one packet per stream
+//! per turn, so that no stream starves another.
+
+use super::conn::{Conn, Read, State};
+use super::packet::{self, Header, HEADER_LEN};
+use super::{VsockConfig, VsockStats};
+use crate::virtio::chain::{self, Segment};
+use crate::virtio::{Activation, ActiveQueue, DeviceStatus, Interrupt};
+use std::collections::{HashMap, VecDeque};
+use std::io::{ErrorKind, Read as _, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+const RX: usize = 0;
+const TX: usize = 1;
+const EVT: usize = 2;
+const TOKEN_STOP: u64 = 3;
+const TOKEN_LISTENER: u64 = 4;
+const FIRST_TOKEN: u64 = 8;
+/// Connections at once; more are refused (the host's closed, the guest's reset).
+const MAX_CONNECTIONS: usize = 1024;
+/// Host ports for host-initiated connections start here, as Firecracker's do.
+const FIRST_LOCAL_PORT: u32 = 1 << 30;
+/// The longest `CONNECT <port>\n` line.
+const MAX_CONNECT_LINE: usize = 32;
+
+type Key = (u32, u32); // (host port, guest port)
+
+/// A host connection that has not said which guest port it wants yet.
+struct Connecting {
+    stream: UnixStream,
+    line: Vec<u8>,
+}
+
+enum Entry {
+    Host(Connecting),
+    Conn(Key),
+}
+
+pub struct Muxer {
+    guest_cid: u64,
+    uds_path: PathBuf,
+    listener: Arc<UnixListener>,
+    stats: Arc<VsockStats>,
+    queues: Vec<Queue>,
+    kicks: Vec<Arc<EventFd>>,
+    mem: GuestMemoryMmap,
+    interrupt: Arc<Interrupt>,
+    status: Arc<DeviceStatus>,
+    conns: HashMap<Key, (u64, Conn)>,
+    tokens: HashMap<u64, Entry>,
+    next_token: u64,
+    next_local_port: u32,
+    /// Packets for the guest without payload, in order.
+    control: VecDeque<Header>,
+    /// Streams with data for the guest, in turn.
+    ready: VecDeque<Key>,
+    segs: Vec<Segment>,
+    used: [bool; 3],
+    broken: bool,
+}
+
+impl Muxer {
+    pub fn new(
+        config: &VsockConfig,
+        listener: Arc<UnixListener>,
+        stats: Arc<VsockStats>,
+        queues: [ActiveQueue; 3],
+        a: Activation,
+    ) -> Muxer {
+        let (queues, kicks) = queues.into_iter().map(|q| (q.queue, q.kick)).unzip();
+        Muxer {
+            guest_cid: config.guest_cid,
+            uds_path: config.uds_path.clone(),
+            listener,
+            stats,
+            queues,
+            kicks,
+            mem: a.mem,
+            interrupt: a.interrupt,
+            status: a.status,
+            conns: HashMap::new(),
+            tokens: HashMap::new(),
+            next_token: FIRST_TOKEN,
+            next_local_port: FIRST_LOCAL_PORT,
+            control: VecDeque::new(),
+            ready: VecDeque::new(),
+            segs: Vec::with_capacity(16),
+            used: [false; 3],
+            broken: false,
+        }
+    }
+
+    pub fn run(&mut self, stop: &EventFd) {
+        let epoll = match self.epoll(stop) {
+            Ok(e) => e,
+            Err(e) => return tracing::error!("virtio-vsock: cannot start its thread: {e}"),
+        };
+        let mut events = [EpollEvent::default(); 32];
+        self.process_tx(&epoll);
+        loop {
+            self.process_rx();
+            self.interrupts();
+            let n = match epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return tracing::error!("virtio-vsock: epoll failed: {e}"),
+            };
+            for event in &events[..n] {
+                match event.data() {
+                    TOKEN_STOP => return,
+                    t if t < 3 => {
+                        if let Ok(k) = self.kicks[t as usize].read() {
+                            self.stats.kicks.fetch_add(k, Ordering::Relaxed);
+                        }
+                        if t as usize == TX {
+                            self.process_tx(&epoll);
+                        }
+                    }
+                    TOKEN_LISTENER => self.accept(&epoll),
+                    token => self.socket_event(&epoll, token, event.event_set()),
+                }
+            }
+        }
+    }
+
+    fn epoll(&self, stop: &EventFd) -> std::io::Result<Epoll> {
+        let epoll = Epoll::new()?;
+        epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_STOP))?;
+        for (i, kick) in self.kicks.iter().enumerate() {
+            epoll.ctl(ControlOperation::Add, kick.as_raw_fd(), EpollEvent::new(EventSet::IN, i as u64))?;
+        }
+        epoll.ctl(ControlOperation::Add, self.listener.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_LISTENER))?;
+        Ok(epoll)
+    }
+
+    fn watch(&mut self, epoll: &Epoll, fd: i32, entry: Entry) -> Option<u64> {
+        let token = self.next_token;
+        self.next_token += 1;
+        let events = EventSet::IN | EventSet::OUT | EventSet::READ_HANG_UP | EventSet::EDGE_TRIGGERED;
+        epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(events, token)).ok()?;
+        self.tokens.insert(token, entry);
+        Some(token)
+    }
+
+    /// A host process connected to `uds_path`: it will say which port it wants.
+    fn accept(&mut self, epoll: &Epoll) {
+        while let Ok((stream, _)) = self.listener.accept() {
+            if self.tokens.len() >= MAX_CONNECTIONS || stream.set_nonblocking(true).is_err() {
+                continue; // dropped: the host sees its connection closed
+            }
+            let fd = stream.as_raw_fd();
+            self.watch(epoll, fd, Entry::Host(Connecting { stream, line: Vec::new() }));
+        }
+    }
+
+    fn socket_event(&mut self, epoll: &Epoll, token: u64, events: EventSet) {
+        match self.tokens.get_mut(&token) {
+            Some(Entry::Host(c)) => {
+                let mut byte = [0u8; 1];
+                // One byte at a time: nothing after the line is ours to consume.
+                loop {
+                    match c.stream.read(&mut byte) {
+                        Ok(1) if byte[0] == b'\n' => break self.host_connect(epoll, token),
+                        Ok(1) if c.line.len() < MAX_CONNECT_LINE => c.line.push(byte[0]),
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                        _ => break self.forget(epoll, token),
+                    }
+                }
+            }
+            Some(Entry::Conn(key)) => {
+                let key = *key;
+                let Some((_, conn)) = self.conns.get_mut(&key) else { return };
+                if events.contains(EventSet::OUT) {
+                    conn.flush();
+                }
+                if events.intersects(EventSet::IN | EventSet::READ_HANG_UP | EventSet::HANG_UP) && !conn.readable {
+                    conn.readable = true;
+                    self.ready.push_back(key);
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// `CONNECT <port>`: a REQUEST to the guest's port from a fresh host port.
+    fn host_connect(&mut self, epoll: &Epoll, token: u64) {
+        let Some(Entry::Host(c)) = self.tokens.remove(&token) else { return };
+        let line = String::from_utf8_lossy(&c.line);
+        let port = line.strip_prefix("CONNECT ").and_then(|p| p.trim().parse::<u32>().ok());
+        let Some(peer_port) = port else {
+            let _ = epoll.ctl(ControlOperation::Delete, c.stream.as_raw_fd(), EpollEvent::default());
+            return; // closed: not a request this device understands
+        };
+        let local_port = self.free_local_port(peer_port);
+        let mut conn = Conn::new(c.stream, local_port, peer_port, State::Connecting);
+        self.control.push_back(conn.header(self.guest_cid, packet::OP_REQUEST, 0));
+        self.tokens.insert(token, Entry::Conn((local_port, peer_port)));
+        self.conns.insert((local_port, peer_port), (token, conn));
+        self.stats.connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn free_local_port(&mut self, peer_port: u32) -> u32 {
+        loop {
+            let port = self.next_local_port;
+            self.next_local_port = self.next_local_port.checked_add(1).unwrap_or(FIRST_LOCAL_PORT);
+            if !self.conns.contains_key(&(port, peer_port)) {
+                return port;
+            }
+        }
+    }
+
+    /// Closes token's socket and forgets it.
+    fn forget(&mut self, epoll: &Epoll, token: u64) {
+        match self.tokens.remove(&token) {
+            Some(Entry::Host(c)) => {
+                let _ = epoll.ctl(ControlOperation::Delete, c.stream.as_raw_fd(), EpollEvent::default());
+            }
+            Some(Entry::Conn(key)) => {
+                if let Some((_, conn)) = self.conns.remove(&key) {
+                    let _ = epoll.ctl(ControlOperation::Delete, conn.stream.as_raw_fd(), EpollEvent::default());
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn reset(&mut self, epoll: &Epoll, key: Key) {
+        if let Some((token, _)) = self.conns.get(&key) {
+            let token = *token;
+            self.forget(epoll, token);
+        }
+        self.stats.resets.fetch_add(1, Ordering::Relaxed);
+        self.control.push_back(Header::to_guest(self.guest_cid, key.0, key.1, packet::OP_RST));
+    }
+
+    /// The guest's packets: each acted on and returned.
+    fn process_tx(&mut self, epoll: &Epoll) {
+        if self.broken || !self.queues[TX].ready() {
+            return;
+        }
+        loop {
+            if self.queues[TX].disable_notification(&self.mem).is_err() {
+                return self.fail("cannot write the tx queue's avail_event");
+            }
+            while let Some(chain) = self.queues[TX].pop_descriptor_chain(&self.mem) {
+                let head = chain.head_index();
+                let total = chain::segments(chain, &self.mem, false, usize::MAX, &mut self.segs);
+                if let Err(e) = total.map_err(|e| e.to_string()).and_then(|total| self.tx_packet(epoll, total)) {
+                    self.stats.bad_packets.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("virtio-vsock: a packet from the guest: {e}");
+                }
+                if self.queues[TX].add_used(&self.mem, head, 0).is_err() {
+                    return self.fail("cannot write the tx used ring");
+                }
+                self.used[TX] = true;
+            }
+            match crate::virtio::rearm_notifications(&mut self.queues[TX], &self.mem, true) {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(e) => return self.fail(e),
+            }
+        }
+    }
+
+    /// One packet from the guest, its chain's `total` bytes in `self.segs`.
+    fn tx_packet(&mut self, epoll: &Epoll, total: usize) -> Result<(), String> {
+        let mut raw = [0u8; HEADER_LEN];
+        if total < HEADER_LEN || chain::gather(&self.mem, &self.segs, &mut raw) < HEADER_LEN {
+            return Err(packet::BadPacket::Short.to_string());
+        }
+        let h = Header::parse(&raw);
+        packet::check(&h, self.guest_cid, total - HEADER_LEN).map_err(|e| e.to_string())?;
+        self.stats.tx_packets.fetch_add(1, Ordering::Relaxed);
+        let key = (h.dst_port, h.src_port);
+        if let Some((_, conn)) = self.conns.get_mut(&key) {
+            conn.peer_credit_from(&h);
+        }
+        match h.op {
+            packet::OP_REQUEST => self.guest_connect(epoll, key),
+            packet::OP_RESPONSE => match self.conns.get_mut(&key) {
+                Some((_, conn)) if conn.state == State::Connecting => {
+                    conn.state = State::Established;
+                    // Firecracker's answer to CONNECT: the host port, on its own line.
+                    let _ = conn.stream.write_all(format!("OK {}\n", key.0).as_bytes());
+                    if !conn.readable {
+                        conn.readable = true;
+                        self.ready.push_back(key);
+                    }
+                }
+                _ => self.reset(epoll, key),
+            },
+            packet::OP_RW => {
+                let payload = skip(&self.segs, HEADER_LEN);
+                match self.conns.get_mut(&key) {
+                    Some((_, conn)) if conn.state == State::Established => {
+                        if conn.write_guest_bytes(&self.mem, &payload, h.len as usize).is_err() {
+                            self.reset(epoll, key);
+                            return Err(format!("port {}: more than its credit", key.1));
+                        }
+                        self.stats.tx_bytes.fetch_add(u64::from(h.len), Ordering::Relaxed);
+                        if conn.credit_update_due() {
+                            let update = conn.credit_update(self.guest_cid);
+                            self.control.push_back(update);
+                        }
+                    }
+                    _ => self.reset(epoll, key),
+                }
+            }
+            packet::OP_CREDIT_REQUEST => match self.conns.get_mut(&key) {
+                Some((_, conn)) => {
+                    let update = conn.credit_update(self.guest_cid);
+                    self.control.push_back(update);
+                }
+                None => self.reset(epoll, key),
+            },
+            packet::OP_CREDIT_UPDATE => match self.conns.get_mut(&key) {
+                // More credit: a stream that stopped for it goes on.
+                Some((_, conn)) if !conn.readable => {
+                    conn.readable = true;
+                    self.ready.push_back(key);
+                }
+                Some(_) => {}
+                None => self.reset(epoll, key),
+            },
+            packet::OP_SHUTDOWN => match self.conns.get_mut(&key) {
+                Some((_, conn)) => {
+                    let both = packet::SHUTDOWN_RCV | packet::SHUTDOWN_SEND;
+                    if h.flags & both == both || conn.host_closed {
+                        self.reset(epoll, key);
+                    } else if h.flags & packet::SHUTDOWN_SEND != 0 {
+                        conn.guest_done_sending = true;
+                        conn.flush();
+                    }
+                }
+                None => self.reset(epoll, key),
+            },
+            // RST: the connection is gone (if it was ever there); nothing to answer.
+            _ => {
+                if let Some((token, _)) = self.conns.get(&key) {
+                    let token = *token;
+                    self.forget(epoll, token);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The guest connects to the host's port P: `<uds_path>_P`.
+    fn guest_connect(&mut self, epoll: &Epoll, key: Key) {
+        if self.conns.contains_key(&key) || self.tokens.len() >= MAX_CONNECTIONS {
+            return self.reset(epoll, key);
+        }
+        let mut path = self.uds_path.clone().into_os_string();
+        path.push(format!("_{}", key.0));
+        let stream = match UnixStream::connect(&path) {
+            Ok(s) if s.set_nonblocking(true).is_ok() => s,
+            _ => return self.reset(epoll, key),
+        };
+        let mut conn = Conn::new(stream, key.0, key.1, State::Established);
+        let response = conn.header(self.guest_cid, packet::OP_RESPONSE, 0);
+        let fd = conn.stream.as_raw_fd();
+        let Some(token) = self.watch(epoll, fd, Entry::Conn(key)) else { return self.reset(epoll, key) };
+        self.conns.insert(key, (token, conn));
+        self.control.push_back(response);
+        self.stats.connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Fills the guest's receive buffers: control packets, then data in turn.
+    fn process_rx(&mut self) {
+        if self.broken || !self.queues[RX].ready() {
+            return;
+        }
+        while !self.control.is_empty() || !self.ready.is_empty() {
+            let Some(chain) = self.queues[RX].pop_descriptor_chain(&self.mem) else {
+                match crate::virtio::rearm_notifications(&mut self.queues[RX], &self.mem, true) {
+                    Ok(true) => continue,
+                    Ok(false) => return, // the guest's next kick brings buffers
+                    Err(e) => return self.fail(e),
+                }
+            };
+            let head = chain.head_index();
+            if chain::segments(chain, &self.mem, true, usize::MAX, &mut self.segs).is_err() {
+                self.stats.bad_packets.fetch_add(1, Ordering::Relaxed);
+                self.put_rx(head, 0);
+                continue;
+            }
+            let written = match self.control.pop_front() {
+                Some(h) => self.write_header(&h),
+                None => self.rx_data(),
+            };
+            match written {
+                Some(len) => self.put_rx(head, len),
+                // Nothing to put in it after all: back on the avail ring.
+                None => self.queues[RX].go_to_previous_position(),
+            }
+        }
+    }
+
+    fn put_rx(&mut self, head: u16, len: u32) {
+        if self.queues[RX].add_used(&self.mem, head, len).is_err() {
+            return self.fail("cannot write the rx used ring");
+        }
+        self.used[RX] = true;
+        self.stats.rx_packets.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn write_header(&self, h: &Header) -> Option<u32> {
+        (chain::scatter(&self.mem, &self.segs, &h.bytes()) == HEADER_LEN).then_some(HEADER_LEN as u32)
+    }
+
+    /// One packet of data from the next ready stream, or a SHUTDOWN for one the host
+    /// closed; None once no stream has anything (the buffer goes back).
+    fn rx_data(&mut self) -> Option<u32> {
+        let payload = skip(&self.segs, HEADER_LEN);
+        while let Some(key) = self.ready.pop_front() {
+            let Some((_, conn)) = self.conns.get_mut(&key) else { continue };
+            if conn.state != State::Established || conn.host_closed {
+                conn.readable = false;
+                continue;
+            }
+            if conn.peer_credit() == 0 {
+                // Asked for credit; its CREDIT_UPDATE puts the stream back in turn.
+                conn.readable = false;
+                let h = conn.header(self.guest_cid, packet::OP_CREDIT_REQUEST, 0);
+                return self.write_header(&h);
+            }
+            let (h, keep) = match conn.read_for_guest(&self.mem, &payload) {
+                Read::Bytes(n) => {
+                    self.stats.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    (conn.header(self.guest_cid, packet::OP_RW, n as u32), true)
+                }
+                Read::WouldBlock => {
+                    conn.readable = false;
+                    continue;
+                }
+                Read::Closed => {
+                    conn.host_closed = true;
+                    conn.readable = false;
+                    let mut h = conn.header(self.guest_cid, packet::OP_SHUTDOWN, 0);
+                    h.flags = packet::SHUTDOWN_RCV | packet::SHUTDOWN_SEND;
+                    (h, false)
+                }
+            };
+            if keep {
+                self.ready.push_back(key);
+            }
+            let written = h.len + HEADER_LEN as u32;
+            return (chain::scatter(&self.mem, &self.segs[..], &h.bytes()) == HEADER_LEN).then_some(written);
+        }
+        None
+    }
+
+    fn interrupts(&mut self) {
+        for q in [RX, TX, EVT] {
+            if std::mem::take(&mut self.used[q]) {
+                let (queue, irqs) = (&mut self.queues[q], &self.stats.irqs);
+                if let Err(e) = crate::virtio::interrupt_if_needed(queue, &self.mem, &self.interrupt, q, irqs) {
+                    self.fail(e);
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self, what: &str) {
+        if !self.broken {
+            tracing::warn!("virtio-vsock: {what}; the device needs a reset");
+            self.broken = true;
+            self.status.needs_reset(&self.interrupt);
+        }
+    }
+}
+
+/// The segments after the first `n` bytes.
+fn skip(segs: &[Segment], mut n: usize) -> Vec<Segment> {
+    let mut out = Vec::with_capacity(segs.len());
+    for s in segs {
+        if n >= s.len {
+            n -= s.len;
+            continue;
+        }
+        out.push(Segment { addr: s.addr + n as u64, len: s.len - n, writable: s.writable });
+        n = 0;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skips_the_header_across_segments() {
+        let s = |addr, len| Segment { addr, len, writable: true };
+        let out = skip(&[s(0x1000, 16), s(0x2000, 100)], HEADER_LEN);
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].addr, out[0].len), (0x2000 + 28, 72));
+        assert!(skip(&[s(0x1000, 44)], HEADER_LEN).is_empty());
+    }
+}
