@@ -16,6 +16,7 @@ pub mod peers;
 pub mod report;
 pub mod sink;
 pub mod stats;
+pub mod vsock;
 
 /// The `exitless` binary the labs start VMs with: beside the running one (the labs run
 /// from `exitless-bench`, installed next to `exitless`).

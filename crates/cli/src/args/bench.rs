@@ -22,6 +22,36 @@ pub enum BenchCommand {
     /// through each one's API, interleaved: start, memory beyond guest RAM (one VM and a
     /// fleet), blkbench and nettx on each one's virtio devices.
     Peers(PeersArgs),
+    /// virtio-vsock through Firecracker's Unix-socket host side: 64-byte round trips and
+    /// an echoed stream of 64 KiB writes, exits per message, beside net --rtt.
+    Vsock(VsockArgs),
+}
+
+#[derive(Args)]
+pub struct VsockArgs {
+    /// Round trips of 64 bytes.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub rounds: u32,
+    /// Bytes the stream sends (each echoed back).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub stream: u64,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Give up on a guest that has not finished within this many seconds.
+    #[arg(long, default_value_t = 120.0, value_parser = parse_seconds)]
+    pub timeout: f64,
+}
+
+impl VsockArgs {
+    pub fn to_options(&self) -> exitless_lab::vsock::Options {
+        exitless_lab::vsock::Options {
+            rounds: self.rounds,
+            stream_bytes: usize::try_from(self.stream).unwrap_or(usize::MAX),
+            json: self.json.clone(),
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+        }
+    }
 }
 
 #[derive(Args)]

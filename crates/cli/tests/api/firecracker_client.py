@@ -91,7 +91,7 @@ refused("drive id '..'", lambda: api.drive.put(drive_id="..", path_on_host="/dev
                                               is_read_only=True))
 refused("body and path ids differ", lambda: api.drive.request("PUT", "/drives/one", drive_id="two",
                                                                path_on_host="/dev/null", is_root_device=False))
-refused("vsock", lambda: api.vsock.put(guest_cid=3, uds_path="/tmp/v.sock"), "does not support")
+refused("vsock with the host's CID", lambda: api.vsock.put(guest_cid=2, uds_path="/tmp/v.sock"), "CID")
 refused("snapshot", lambda: api.create_snapshot.put(snapshot_path="/tmp/s", mem_file_path="/tmp/m"), "does not support")
 refused("mmds", lambda: api.mmds.put(latest={}), "does not support")
 status, body = raw(api, "PUT", "/machine-config", "{not json")

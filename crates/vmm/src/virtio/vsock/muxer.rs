@@ -135,6 +135,15 @@ impl Muxer {
         }
     }
 
+    /// The guest's packets and the replies to them, once (super::process_once).
+    pub fn process_once(&mut self) {
+        if let Ok(epoll) = Epoll::new() {
+            self.process_tx(&epoll);
+            self.process_rx();
+            self.interrupts();
+        }
+    }
+
     fn epoll(&self, stop: &EventFd) -> std::io::Result<Epoll> {
         let epoll = Epoll::new()?;
         epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_STOP))?;
