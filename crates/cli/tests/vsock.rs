@@ -161,3 +161,16 @@ fn firecrackers_vsock_section_and_put_vsock() {
     assert!(rest.contains("5 bytes echoed on 1 streams"), "{rest}");
     let _ = child.wait();
 }
+
+#[test]
+fn bench_vsock_measures_round_trips_and_a_verified_stream() {
+    if !kvm_or_skip("bench_vsock_measures_round_trips_and_a_verified_stream") {
+        return;
+    }
+    let (out, json) = bench_json(&["vsock", "--rounds", "50", "--stream", "4M"]);
+    assert!(stdout(&out).contains("round trip, 64 B"), "{}", stdout(&out));
+    assert!(json["rtt_us"].as_f64().unwrap() > 0.0, "{json}");
+    assert!(json["stream_gbytes_per_s"].as_f64().unwrap() > 0.0, "{json}");
+    assert!(json["exits_per_rtt"].as_f64().unwrap() >= 0.0, "{json}");
+    assert_eq!(json["targets"].as_array().unwrap().len(), 3, "{json}");
+}

@@ -1,9 +1,11 @@
 /*
  * vsock guest: an echo server on a port, and optionally a client of the host.
- * Server: accepts every REQUEST to its port and echoes each stream's bytes back on it,
- * within the host's credit (an RX buffer is held, and so is everything after it, until
- * its echo can go: the device runs out of buffers and waits, nothing is dropped). A
- * SHUTDOWN is answered with RST. It ends once `closes` streams have closed.
+ * Server: accepts every REQUEST to its port and echoes each stream's bytes back on it.
+ * Each stream's bytes go into its own ring (what it advertises as buf_alloc) and every
+ * receive buffer is handed back at once, so the host's data never holds the buffers its
+ * credit updates need; the ring drains as the host's credit allows. A host that sends
+ * beyond the ring (its credit) is an error. A SHUTDOWN is answered with RST. It ends once
+ * `closes` streams have closed.
  * Client (param 2 = a host port): connects to the host (CID 2) on that port, sends
  * `bytes` bytes of a pattern, reads them back (the host side echoes), checks them, and
  * shuts the stream down; this counts as one of the closes.
@@ -18,9 +20,8 @@
 #define SLOTS 64
 #define SLOT_BYTES (HDR + 4096)
 #define MAX_CONNS 64
-/* Half the receive buffers: the host's data can never hold them all, so a credit update
- * always finds a buffer to arrive in. */
-#define BUF_ALLOC (SLOTS / 2 * 4096u)
+#define RING (64u << 10) /* per stream: what the host may have in flight to us */
+#define BUF_ALLOC RING
 #define CLIENT_PORT 5555
 
 enum { OP_REQUEST = 1, OP_RESPONSE, OP_RST, OP_SHUTDOWN, OP_RW, OP_CREDIT_UPDATE, OP_CREDIT_REQUEST };
@@ -36,6 +37,7 @@ struct conn {
 	int used, client, asked;
 	u32 host_port, guest_port;
 	u32 peer_buf_alloc, peer_fwd_cnt, tx_cnt, fwd_cnt;
+	u32 head, tail; /* ring bytes [head, tail), both counting from the stream's start */
 };
 
 static struct vdev vs;
@@ -44,11 +46,21 @@ static u8 txbuf[SLOTS][SLOT_BYTES] __attribute__((aligned(4096)));
 static u16 tx_free[SLOTS];
 static u32 tx_nfree;
 static struct conn conns[MAX_CONNS];
+static u8 rings[MAX_CONNS][RING];
 static u64 guest_cid;
-static u16 held[SLOTS];
-static u32 held_head, held_n;
 static u64 echoed, accepted, checked, errors, closes;
 static u8 expect_byte(u64 i) { return (u8)(i * 7 + 3); }
+
+/* Copies n bytes, 8 or 4 at a time where both sides allow (the throughput row measures the
+ * device, not this loop). */
+static void copy(u8 *to, const u8 *from, u32 n) {
+	u32 i = 0;
+	if ((((u64)to | (u64)from) & 7) == 0)
+		for (; i + 8 <= n; i += 8) *(u64 *)(to + i) = *(const u64 *)(from + i);
+	else if ((((u64)to | (u64)from) & 3) == 0)
+		for (; i + 4 <= n; i += 4) *(u32 *)(to + i) = *(const u32 *)(from + i);
+	for (; i < n; i++) to[i] = from[i];
+}
 
 static struct conn *find(u32 host_port, u32 guest_port) {
 	for (int i = 0; i < MAX_CONNS; i++)
@@ -59,7 +71,7 @@ static struct conn *find(u32 host_port, u32 guest_port) {
 static struct conn *add(u32 host_port, u32 guest_port) {
 	for (int i = 0; i < MAX_CONNS; i++)
 		if (!conns[i].used) {
-			conns[i] = (struct conn){1, 0, 0, host_port, guest_port, 0, 0, 0, 0};
+			conns[i] = (struct conn){1, 0, 0, host_port, guest_port, 0, 0, 0, 0, 0, 0};
 			return &conns[i];
 		}
 	return 0;
@@ -79,7 +91,7 @@ static void send(u32 host_port, u32 guest_port, struct conn *c, u16 op, u32 flag
 	u16 slot = tx_free[--tx_nfree];
 	struct hdr *h = (struct hdr *)txbuf[slot];
 	*h = (struct hdr){guest_cid, 2, guest_port, host_port, len, 1, op, flags, BUF_ALLOC, c ? c->fwd_cnt : 0};
-	for (u32 i = 0; i < len; i++) txbuf[slot][HDR + i] = data[i];
+	copy(txbuf[slot] + HDR, data, len);
 	if (c) c->tx_cnt += len;
 	vs.tx.desc[slot] = (struct vring_desc){(u64)txbuf[slot], HDR + len, 0, 0};
 	if (vq_push(&vs.tx, slot)) vq_kick(&vs.tx);
@@ -131,15 +143,16 @@ static int handle(u16 head, u32 listen_port, u64 client_bytes) {
 			if (checked >= client_bytes) send(c->host_port, c->guest_port, c, OP_SHUTDOWN, 3, 0, 0);
 			break;
 		}
-		if (credit(c) < h->len) {
-			if (!c->asked) send(c->host_port, c->guest_port, c, OP_CREDIT_REQUEST, 0, 0, 0);
-			c->asked = 1;
-			return 0;
+		if (h->len > RING - (c->tail - c->head)) {
+			print("vsockecho: port %u sent beyond its credit\n", c->host_port);
+			errors++;
+			break;
 		}
-		c->asked = 0;
-		c->fwd_cnt += h->len;
-		send(c->host_port, c->guest_port, c, OP_RW, 0, rxbuf[head] + HDR, h->len);
-		echoed += h->len;
+		u8 *ring = rings[c - conns];
+		u32 at = c->tail % RING, first = h->len < RING - at ? h->len : RING - at;
+		copy(ring + at, rxbuf[head] + HDR, first);
+		copy(ring, rxbuf[head] + HDR + first, h->len - first);
+		c->tail += h->len;
 		break;
 	case OP_SHUTDOWN:
 	case OP_RST:
@@ -177,19 +190,28 @@ int main(void) {
 	while (closes < want_closes) {
 		reclaim_tx();
 		u32 len;
-		int head;
-		while (held_n < SLOTS && (head = vq_pop_used(&vs.rx, &len)) >= 0) {
-			/* Every packet carries the host's credit: record it now, not when its turn
-			 * comes (a held RW may be waiting for exactly this). */
-			struct hdr *h = (struct hdr *)rxbuf[head];
-			struct conn *c = find(h->src_port, h->dst_port);
-			if (c) c->peer_buf_alloc = h->buf_alloc, c->peer_fwd_cnt = h->fwd_cnt;
-			held[(held_head + held_n++) % SLOTS] = (u16)head;
+		int head, progressed = 0;
+		while ((head = vq_pop_used(&vs.rx, &len)) >= 0) {
+			handle((u16)head, (u32)listen_port, client_bytes);
+			repost((u16)head);
+			progressed = 1;
 		}
-		int progressed = 0;
-		while (held_n && handle(held[held_head], (u32)listen_port, client_bytes)) {
-			repost(held[held_head]);
-			held_head = (held_head + 1) % SLOTS, held_n--;
+		/* Each stream's ring, as far as the host's credit goes. */
+		for (int i = 0; i < MAX_CONNS; i++) {
+			struct conn *c = &conns[i];
+			if (!c->used || c->client || c->tail == c->head) continue;
+			u32 n = c->tail - c->head, at = c->head % RING;
+			if (n > 4096) n = 4096;
+			if (n > RING - at) n = RING - at; /* up to the ring's end; the rest next turn */
+			if (n > credit(c)) n = credit(c);
+			if (!n) {
+				if (!c->asked) send(c->host_port, c->guest_port, c, OP_CREDIT_REQUEST, 0, 0, 0);
+				c->asked = 1;
+				continue;
+			}
+			c->head += n, c->fwd_cnt += n, c->asked = 0;
+			send(c->host_port, c->guest_port, c, OP_RW, 0, rings[i] + at, n);
+			echoed += n;
 			progressed = 1;
 		}
 		if (!progressed) __asm__ volatile("pause");

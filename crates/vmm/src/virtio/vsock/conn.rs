@@ -46,6 +46,11 @@ pub struct Conn {
     pub guest_done_sending: bool,
     /// The host closed its end; the guest has been told.
     pub host_closed: bool,
+    /// Data for the guest waits for the guest's credit (any packet of it may bring some).
+    pub waiting_for_credit: bool,
+    /// The guest asked for credit (CREDIT_REQUEST): the next byte the socket takes is
+    /// worth a CREDIT_UPDATE, however few (the guest may be stopped until it hears).
+    pub credit_requested: bool,
 }
 
 /// What a read from the socket into the guest's buffer gave.
@@ -71,6 +76,8 @@ impl Conn {
             readable: false,
             guest_done_sending: false,
             host_closed: false,
+            waiting_for_credit: false,
+            credit_requested: false,
         }
     }
 
@@ -98,10 +105,12 @@ impl Conn {
 
     /// Whether the guest should hear of credit we freed (it may be waiting for it).
     pub fn credit_update_due(&self) -> bool {
-        self.fwd_cnt.wrapping_sub(self.fwd_cnt_sent) >= CREDIT_UPDATE_AFTER
+        let freed = self.fwd_cnt.wrapping_sub(self.fwd_cnt_sent);
+        freed >= CREDIT_UPDATE_AFTER || (self.credit_requested && freed > 0)
     }
 
     pub fn credit_update(&mut self, guest_cid: u64) -> Header {
+        self.credit_requested = false;
         self.header(guest_cid, OP_CREDIT_UPDATE, 0)
     }
 

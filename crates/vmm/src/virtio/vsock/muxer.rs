@@ -194,6 +194,11 @@ impl Muxer {
                 let Some((_, conn)) = self.conns.get_mut(&key) else { return };
                 if events.contains(EventSet::OUT) {
                     conn.flush();
+                    // What the socket took is credit the guest may be waiting for.
+                    if conn.credit_update_due() {
+                        let update = conn.credit_update(self.guest_cid);
+                        self.control.push_back(update);
+                    }
                 }
                 if events.intersects(EventSet::IN | EventSet::READ_HANG_UP | EventSet::HANG_UP) && !conn.readable {
                     conn.readable = true;
@@ -296,6 +301,12 @@ impl Muxer {
         let key = (h.dst_port, h.src_port);
         if let Some((_, conn)) = self.conns.get_mut(&key) {
             conn.peer_credit_from(&h);
+            // Every packet carries the guest's credit: a stream that stopped for it goes on.
+            if conn.waiting_for_credit && conn.peer_credit() > 0 {
+                conn.waiting_for_credit = false;
+                conn.readable = true;
+                self.ready.push_back(key);
+            }
         }
         match h.op {
             packet::OP_REQUEST => self.guest_connect(epoll, key),
@@ -332,18 +343,14 @@ impl Muxer {
                 Some((_, conn)) => {
                     let update = conn.credit_update(self.guest_cid);
                     self.control.push_back(update);
+                    // If that freed nothing, the next byte the socket takes will be told.
+                    conn.credit_requested = true;
                 }
                 None => self.reset(epoll, key),
             },
-            packet::OP_CREDIT_UPDATE => match self.conns.get_mut(&key) {
-                // More credit: a stream that stopped for it goes on.
-                Some((_, conn)) if !conn.readable => {
-                    conn.readable = true;
-                    self.ready.push_back(key);
-                }
-                Some(_) => {}
-                None => self.reset(epoll, key),
-            },
+            // The credit it brings was taken above.
+            packet::OP_CREDIT_UPDATE if self.conns.contains_key(&key) => {}
+            packet::OP_CREDIT_UPDATE => self.reset(epoll, key),
             packet::OP_SHUTDOWN => match self.conns.get_mut(&key) {
                 Some((_, conn)) => {
                     let both = packet::SHUTDOWN_RCV | packet::SHUTDOWN_SEND;
@@ -441,8 +448,9 @@ impl Muxer {
                 continue;
             }
             if conn.peer_credit() == 0 {
-                // Asked for credit; its CREDIT_UPDATE puts the stream back in turn.
+                // Asked for credit; the next packet that brings some puts the stream back.
                 conn.readable = false;
+                conn.waiting_for_credit = true;
                 let h = conn.header(self.guest_cid, packet::OP_CREDIT_REQUEST, 0);
                 return self.write_header(&h);
             }
