@@ -89,7 +89,7 @@ fn firecrackers_config_keys_parse_and_missing_features_are_named() {
     assert!(stdout(&out).contains("hello from CPL0"), "{}", stdout(&out));
     // A device exitless lacks is named, in one line.
     for (key, value, named) in [
-        ("cpu-config", json!({"kvm_capabilities": []}), "CPU templates"),
+        ("pmem", json!([{"id": "p0", "path_on_host": "/dev/null"}]), "pmem"),
         ("mmds-config", json!({"network_interfaces": []}), "MMDS"),
         ("balloon", json!({"amount_mib": 1, "deflate_on_oom": false}), "balloon"),
     ] {

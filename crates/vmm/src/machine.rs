@@ -319,7 +319,7 @@ impl Machine {
             devices.attach_rng(limits)?;
         }
         if let Some(vsock) = &d.vsock {
-            devices.attach_vsock(vsock)?;
+            devices.attach_vsock(vsock, d.poll)?;
         }
         match lstar_watch.map(std::thread::JoinHandle::join) {
             Some(Ok(Err(e))) => tracing::debug!("no watch on the guest's system-call entry (MSR filter): {e}"),

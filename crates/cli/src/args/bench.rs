@@ -29,6 +29,9 @@ pub enum BenchCommand {
 
 #[derive(Args)]
 pub struct VsockArgs {
+    /// The device thread's polling modes, each measured (as --poll-us takes them).
+    #[arg(long, value_delimiter = ',', default_value = "off,adaptive")]
+    pub poll: Vec<exitless_vmm::poll::PollMode>,
     /// Round trips of 64 bytes.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub rounds: u32,
@@ -46,6 +49,7 @@ pub struct VsockArgs {
 impl VsockArgs {
     pub fn to_options(&self) -> exitless_lab::vsock::Options {
         exitless_lab::vsock::Options {
+            modes: self.poll.clone(),
             rounds: self.rounds,
             stream_bytes: usize::try_from(self.stream).unwrap_or(usize::MAX),
             json: self.json.clone(),

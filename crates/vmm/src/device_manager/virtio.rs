@@ -131,8 +131,8 @@ impl DeviceManager {
     }
 
     /// A virtio-vsock device with Firecracker's Unix-socket host side (`PUT /vsock`).
-    pub fn attach_vsock(&mut self, config: &VsockConfig) -> Result<(), DeviceError> {
-        let device = VirtioVsock::new(config.clone())?;
+    pub fn attach_vsock(&mut self, config: &VsockConfig, poll: PollMode) -> Result<(), DeviceError> {
+        let device = VirtioVsock::new(config.clone(), poll)?;
         let (stats, uds_path) = (device.stats.clone(), device.uds_path().to_path_buf());
         let handle = |transport| DeviceHandle::Vsock(VsockHandle { stats, transport, uds_path });
         self.attach_virtio("virtio-vsock", DeviceKind::VirtioVsock, Box::new(device), handle).map(drop)

@@ -39,10 +39,13 @@ pub struct VsockStats {
     pub kicks: AtomicU64,
     pub irqs: AtomicU64,
     pub connections: AtomicU64,
+    /// What polling found and cost (crate::poll).
+    pub poll: crate::poll::PollStats,
 }
 
 pub struct VirtioVsock {
     config: VsockConfig,
+    poll: crate::poll::PollMode,
     listener: Arc<UnixListener>,
     pub stats: Arc<VsockStats>,
     thread: DeviceThread<()>,
@@ -61,7 +64,7 @@ pub enum VsockError {
 impl VirtioVsock {
     /// Binds `uds_path` (which must not exist, as Firecracker requires) and starts the
     /// device thread, idle until the driver activates the device.
-    pub fn new(config: VsockConfig) -> Result<Self, VsockError> {
+    pub fn new(config: VsockConfig, poll: crate::poll::PollMode) -> Result<Self, VsockError> {
         if config.guest_cid < 3 || config.guest_cid > u64::from(u32::MAX) {
             return Err(VsockError::Cid(config.guest_cid));
         }
@@ -69,7 +72,7 @@ impl VirtioVsock {
             UnixListener::bind(&config.uds_path).map_err(|e| VsockError::Listen(config.uds_path.clone(), e))?;
         listener.set_nonblocking(true).map_err(|e| VsockError::Listen(config.uds_path.clone(), e))?;
         let thread = DeviceThread::spawn("virtio-vsock", ThreadKind::Vsock).map_err(VsockError::Thread)?;
-        Ok(VirtioVsock { config, listener: Arc::new(listener), stats: Arc::default(), thread })
+        Ok(VirtioVsock { config, poll, listener: Arc::new(listener), stats: Arc::default(), thread })
     }
 
     pub fn uds_path(&self) -> &Path {
@@ -120,6 +123,7 @@ impl VirtioDevice for VirtioVsock {
             return Err(ActivateError::QueueCount { want: 3, have });
         };
         let mut muxer = muxer::Muxer::new(&self.config, self.listener.clone(), self.stats.clone(), queues, a);
+        muxer.poll = self.poll;
         self.thread.start(Box::new(move |stop| muxer.run(stop)))
     }
 

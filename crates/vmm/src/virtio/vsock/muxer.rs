@@ -69,6 +69,8 @@ pub struct Muxer {
     segs: Vec<Segment>,
     used: [bool; 3],
     broken: bool,
+    /// How long the thread looks for more work before it sleeps (crate::poll).
+    pub poll: crate::poll::PollMode,
 }
 
 impl Muxer {
@@ -99,6 +101,7 @@ impl Muxer {
             segs: Vec::with_capacity(16),
             used: [false; 3],
             broken: false,
+            poll: crate::poll::PollMode::Off,
         }
     }
 
@@ -108,31 +111,64 @@ impl Muxer {
             Err(e) => return tracing::error!("virtio-vsock: cannot start its thread: {e}"),
         };
         let mut events = [EpollEvent::default(); 32];
+        let (stats, mut window) = (self.stats.clone(), crate::poll::PollWindow::default());
         self.process_tx(&epoll);
         loop {
             self.process_rx();
             self.interrupts();
+            window.sleeping(&stats.poll);
             let n = match epoll.wait(-1, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return tracing::error!("virtio-vsock: epoll failed: {e}"),
             };
-            for event in &events[..n] {
+            window.woke(self.poll, &stats.poll);
+            if !self.handle(&epoll, &events[..n]) {
+                return;
+            }
+            // Keep looking for a while before sleeping: the guest's next packets and the
+            // sockets' next bytes are taken without a wake-up.
+            let mode = self.poll;
+            let look = || self.poll_once(&epoll, &mut events);
+            if !window.poll_while_working(mode, &stats.poll, stop, look) {
+                return;
+            }
+        }
+    }
+
+    /// One look at every source without waiting: epoll's ready list, the tx ring, and the
+    /// guest's receive buffers for what is ready. True if any had work (or the device stopped).
+    fn poll_once(&mut self, epoll: &Epoll, events: &mut [EpollEvent]) -> bool {
+        let before = (self.stats.tx_packets.load(Ordering::Relaxed), self.stats.rx_packets.load(Ordering::Relaxed));
+        let n = epoll.wait(0, events).unwrap_or(0);
+        let stopped = !self.handle(epoll, &events[..n]);
+        self.process_tx(epoll);
+        self.process_rx();
+        self.interrupts();
+        let after = (self.stats.tx_packets.load(Ordering::Relaxed), self.stats.rx_packets.load(Ordering::Relaxed));
+        stopped || n > 0 || after != before
+    }
+
+    /// Does what epoll reported; false once the device is stopped.
+    fn handle(&mut self, epoll: &Epoll, events: &[EpollEvent]) -> bool {
+        {
+            for event in events {
                 match event.data() {
-                    TOKEN_STOP => return,
+                    TOKEN_STOP => return false,
                     t if t < 3 => {
                         if let Ok(k) = self.kicks[t as usize].read() {
                             self.stats.kicks.fetch_add(k, Ordering::Relaxed);
                         }
                         if t as usize == TX {
-                            self.process_tx(&epoll);
+                            self.process_tx(epoll);
                         }
                     }
-                    TOKEN_LISTENER => self.accept(&epoll),
-                    token => self.socket_event(&epoll, token, event.event_set()),
+                    TOKEN_LISTENER => self.accept(epoll),
+                    token => self.socket_event(epoll, token, event.event_set()),
                 }
             }
         }
+        true
     }
 
     /// The guest's packets and the replies to them, once (super::process_once).
