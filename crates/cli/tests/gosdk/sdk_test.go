@@ -107,6 +107,8 @@ func start(t *testing.T, ctx context.Context, withDevices bool) *vm {
 		root := filepath.Join(dir, "root.img")
 		sparseFile(t, root, 1<<20)
 		cfg.Drives = firecracker.NewDrivesBuilder(root).Build()
+		// A vsock device, as firecracker-containerd and Kata give every VM for their agent.
+		cfg.VsockDevices = []firecracker.VsockDevice{{ID: "vsock0", Path: filepath.Join(dir, "v.sock"), CID: 3}}
 		cfg.NetworkInterfaces = firecracker.NetworkInterfaces{{
 			StaticConfiguration: &firecracker.StaticNetworkConfiguration{
 				HostDevName: env(t, "EXITLESS_TAP"),
@@ -136,6 +138,12 @@ func TestTheGoSDKDrivesAMicroVMThroughItsLife(t *testing.T) {
 	defer cancel()
 	v := start(t, ctx, true)
 	m := v.machine
+
+	// The vsock device the SDK configured listens where the SDK said.
+	vsock := m.Cfg.VsockDevices[0].Path
+	if fi, err := os.Stat(vsock); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("the vsock's Unix socket %s: %v", vsock, err)
+	}
 
 	// Firecracker's own answers about the instance.
 	version, err := m.GetFirecrackerVersion(ctx)
