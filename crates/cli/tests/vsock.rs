@@ -178,3 +178,43 @@ fn bench_vsock_measures_round_trips_and_a_verified_stream() {
     }
     assert_eq!(json["targets"].as_array().unwrap().len(), 3, "{json}");
 }
+
+#[test]
+fn a_host_that_stops_reading_holds_the_stream_back_and_nothing_is_lost() {
+    if !kvm_or_skip("a_host_that_stops_reading_holds_the_stream_back_and_nothing_is_lost") {
+        return;
+    }
+    let dir = tempdir();
+    let uds = dir.join("v.sock");
+    let (child, out) = echo_guest(&uds, "1234,1");
+    let mut stream = UnixStream::connect(&uds).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream.write_all(b"CONNECT 1234\n").unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut ok = String::new();
+    reader.read_line(&mut ok).unwrap();
+    assert!(ok.starts_with("OK "), "{ok:?}");
+    // 4 MiB, far more than the credit both ways and the sockets' buffers hold: while the
+    // host reads nothing, the writer must stall, not the bytes go missing.
+    const BYTES: usize = 4 << 20;
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let progress = written.clone();
+    let writer = std::thread::spawn(move || {
+        for at in (0..BYTES).step_by(4096) {
+            let chunk: Vec<u8> = (at..at + 4096).map(|i| pattern(9, i)).collect();
+            stream.write_all(&chunk).unwrap();
+            progress.store(at + 4096, std::sync::atomic::Ordering::Relaxed);
+        }
+        stream
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let stalled = written.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(stalled < BYTES, "the writer was never held back ({stalled} bytes written)");
+    let mut echo = vec![0u8; BYTES];
+    reader.read_exact(&mut echo).unwrap();
+    assert!(echo.iter().enumerate().all(|(i, &b)| b == pattern(9, i)), "bytes lost, reordered or doubled");
+    drop(writer.join().unwrap());
+    drop(reader);
+    let rest = finish(child, out);
+    assert!(rest.contains(&format!("{BYTES} bytes echoed on 1 streams")), "{rest}");
+}
