@@ -38,6 +38,18 @@ fn finish(mut child: Child, mut out: BufReader<std::process::ChildStdout>) -> St
     rest
 }
 
+/// A host connection to the guest's `port` through `CONNECT`, answered `OK <port>`.
+fn connect_port(uds: &std::path::Path, port: u32) -> (UnixStream, BufReader<UnixStream>) {
+    let mut stream = UnixStream::connect(uds).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut ok = String::new();
+    reader.read_line(&mut ok).unwrap();
+    assert!(ok.starts_with("OK ") && ok.trim()[3..].parse::<u32>().is_ok(), "{ok:?}");
+    (stream, reader)
+}
+
 fn pattern(stream: usize, i: usize) -> u8 {
     (i * 31 + stream * 7) as u8
 }
@@ -55,13 +67,7 @@ fn sixteen_host_connections_are_echoed_byte_for_byte() {
         .map(|s| {
             let uds = uds.clone();
             std::thread::spawn(move || {
-                let mut stream = UnixStream::connect(&uds).unwrap();
-                stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-                stream.write_all(b"CONNECT 1234\n").unwrap();
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut ok = String::new();
-                reader.read_line(&mut ok).unwrap();
-                assert!(ok.starts_with("OK ") && ok.trim()[3..].parse::<u32>().is_ok(), "{ok:?}");
+                let (mut stream, mut reader) = connect_port(&uds, 1234);
                 let data: Vec<u8> = (0..BYTES).map(|i| pattern(s, i)).collect();
                 let writer = std::thread::spawn(move || {
                     for chunk in data.chunks(4096) {
@@ -187,13 +193,7 @@ fn a_host_that_stops_reading_holds_the_stream_back_and_nothing_is_lost() {
     let dir = tempdir();
     let uds = dir.join("v.sock");
     let (child, out) = echo_guest(&uds, "1234,1");
-    let mut stream = UnixStream::connect(&uds).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    stream.write_all(b"CONNECT 1234\n").unwrap();
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut ok = String::new();
-    reader.read_line(&mut ok).unwrap();
-    assert!(ok.starts_with("OK "), "{ok:?}");
+    let (mut stream, mut reader) = connect_port(&uds, 1234);
     // 4 MiB, far more than the credit both ways and the sockets' buffers hold: while the
     // host reads nothing, the writer must stall, not the bytes go missing.
     const BYTES: usize = 4 << 20;

@@ -99,6 +99,10 @@ const COMMON: &[i64] = &[
     libc::SYS_prctl,
 ];
 
+/// What every device thread needs to wait for its work (beyond COMMON).
+const DEVICE_WAIT: &[i64] =
+    &[libc::SYS_fcntl, libc::SYS_epoll_create1, libc::SYS_epoll_wait, libc::SYS_epoll_pwait, libc::SYS_epoll_ctl];
+
 fn allowed(kind: ThreadKind) -> Vec<i64> {
     let extra: &[i64] = match kind {
         // A vCPU's calls; the lab's CPU-time reading between two runs, and its helper
@@ -122,53 +126,28 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_fcntl,
             libc::SYS_getrandom,
         ],
-        ThreadKind::Device => &[
-            libc::SYS_fcntl,
-            libc::SYS_epoll_create1,
-            libc::SYS_epoll_wait,
-            libc::SYS_epoll_pwait,
-            libc::SYS_epoll_ctl,
-            libc::SYS_readv,
-            libc::SYS_writev,
-        ],
-        ThreadKind::Vsock => &[
-            libc::SYS_fcntl,
-            libc::SYS_epoll_create1,
-            libc::SYS_epoll_wait,
-            libc::SYS_epoll_pwait,
-            libc::SYS_epoll_ctl,
-            libc::SYS_readv,
-            libc::SYS_writev,
-            libc::SYS_accept4,
-            libc::SYS_socket,
-            libc::SYS_connect,
-            libc::SYS_shutdown,
-            // std's UnixStream reads and writes with recv/send.
-            libc::SYS_recvfrom,
-            libc::SYS_sendto,
-        ],
-        ThreadKind::Entropy => &[
-            libc::SYS_fcntl,
-            libc::SYS_epoll_create1,
-            libc::SYS_epoll_wait,
-            libc::SYS_epoll_pwait,
-            libc::SYS_epoll_ctl,
-            libc::SYS_getrandom,
-        ],
+        // Every device thread waits in epoll; std's debug builds check a descriptor with
+        // F_GETFD as they close it.
+        ThreadKind::Device => return [COMMON, DEVICE_WAIT, &[libc::SYS_readv, libc::SYS_writev]].concat(),
+        // std's UnixStream reads and writes with recv/send.
+        ThreadKind::Vsock => {
+            let sockets = [libc::SYS_accept4, libc::SYS_socket, libc::SYS_connect, libc::SYS_shutdown];
+            let io = [libc::SYS_readv, libc::SYS_writev, libc::SYS_recvfrom, libc::SYS_sendto];
+            return [COMMON, DEVICE_WAIT, &sockets, &io].concat();
+        }
+        ThreadKind::Entropy => return [COMMON, DEVICE_WAIT, &[libc::SYS_getrandom]].concat(),
         // The ring is made before any filter; the thread only enters it (or, without
         // io_uring, makes the calls itself); fallocate serves discard and write-zeroes.
-        ThreadKind::Block => &[
-            libc::SYS_fcntl, // std's debug builds check a descriptor with F_GETFD as it closes
-            libc::SYS_epoll_create1,
-            libc::SYS_epoll_wait,
-            libc::SYS_epoll_pwait,
-            libc::SYS_epoll_ctl,
-            libc::SYS_io_uring_enter,
-            libc::SYS_preadv,
-            libc::SYS_pwritev,
-            libc::SYS_fdatasync,
-            libc::SYS_fallocate,
-        ],
+        ThreadKind::Block => {
+            let io = [
+                libc::SYS_io_uring_enter,
+                libc::SYS_preadv,
+                libc::SYS_pwritev,
+                libc::SYS_fdatasync,
+                libc::SYS_fallocate,
+            ];
+            return [COMMON, DEVICE_WAIT, &io].concat();
+        }
         ThreadKind::ConsoleOut | ThreadKind::SerialIn => &[],
         // getrandom: std's HashMap seeds itself.
         // getsockopt: the sink reads its socket's drop count. fcntl: std's debug builds
@@ -471,6 +450,16 @@ mod tests {
         assert_eq!(KVM_SET_GSI_ROUTING(), 0x4008_ae6a);
         assert_eq!(KVM_IRQFD(), 0x4020_ae76);
         assert_eq!(KVM_IOEVENTFD(), 0x4040_ae79);
+    }
+
+    #[test]
+    fn every_kind_allows_what_every_thread_needs() {
+        for kind in [ThreadKind::Device, ThreadKind::Block, ThreadKind::Entropy, ThreadKind::Vsock, ThreadKind::Vcpu] {
+            let calls = allowed(kind);
+            assert!(COMMON.iter().all(|c| calls.contains(c)), "{kind:?}");
+        }
+        assert!(allowed(ThreadKind::Vsock).contains(&libc::SYS_connect));
+        assert!(!allowed(ThreadKind::Entropy).contains(&libc::SYS_connect));
     }
 
     #[test]
