@@ -21,10 +21,16 @@ fn echo_guest(uds: &std::path::Path, params: &str) -> (Child, BufReader<std::pro
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
+    let mut before = String::new();
     while out.read_line(&mut line).unwrap() > 0 && !line.contains("listening") {
+        before.push_str(&line);
         line.clear();
     }
-    assert!(line.contains("CID 3 listening on port 1234"), "{line}");
+    assert!(line.contains("CID 3 listening on port 1234"), "{before}{line}");
+    // The hostile prelude (param 4): exactly the two packets for no connection were reset.
+    if params.split(',').nth(4) == Some("1") {
+        assert!(before.contains("vsockecho: hostile: 2 resets"), "{before}");
+    }
     (child, out)
 }
 
@@ -217,4 +223,22 @@ fn a_host_that_stops_reading_holds_the_stream_back_and_nothing_is_lost() {
     drop(reader);
     let rest = finish(child, out);
     assert!(rest.contains(&format!("{BYTES} bytes echoed on 1 streams")), "{rest}");
+}
+
+#[test]
+fn malformed_packets_get_silence_or_rst_and_the_device_keeps_serving() {
+    if !kvm_or_skip("malformed_packets_get_silence_or_rst_and_the_device_keeps_serving") {
+        return;
+    }
+    let dir = tempdir();
+    let uds = dir.join("v.sock");
+    let (child, out) = echo_guest(&uds, "1234,1,0,0,1");
+    let (mut stream, mut reader) = connect_port(&uds, 1234);
+    stream.write_all(b"still here").unwrap();
+    let mut echo = [0u8; 10];
+    reader.read_exact(&mut echo).unwrap();
+    assert_eq!(&echo, b"still here");
+    drop((stream, reader));
+    let rest = finish(child, out);
+    assert!(rest.contains("10 bytes echoed on 1 streams"), "{rest}");
 }

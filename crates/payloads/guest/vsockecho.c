@@ -9,8 +9,13 @@
  * Client (param 2 = a host port): connects to the host (CID 2) on that port, sends
  * `bytes` bytes of a pattern, reads them back (the host side echoes), checks them, and
  * shuts the stream down; this counts as one of the closes.
+ * Hostile first (param 4 = 1): before serving, it sends what a broken driver sends: an
+ * unknown op, a length beyond its buffer, a foreign source CID, a non-stream type (each
+ * must be met with silence), and data and credit for connections it never opened (each
+ * must be met with RST); it prints how many RSTs came back, then serves as usual.
  * Params: 0 = listening port (default 1234), 1 = closes to wait for (default 1),
- * 2 = host port to connect to (default none), 3 = client bytes (default 4096).
+ * 2 = host port to connect to (default none), 3 = client bytes (default 4096),
+ * 4 = 1 for the hostile prelude.
  * Results: 0 = bytes echoed, 1 = streams accepted, 2 = client bytes checked, 3 = errors.
  */
 #include "runtime.h"
@@ -48,7 +53,7 @@ static u32 tx_nfree;
 static struct conn conns[MAX_CONNS];
 static u8 rings[MAX_CONNS][RING];
 static u64 guest_cid;
-static u64 echoed, accepted, checked, errors, closes;
+static u64 echoed, accepted, checked, errors, closes, stray_resets;
 static u8 expect_byte(u64 i) { return (u8)(i * 7 + 3); }
 
 /* Copies n bytes, 8 or 4 at a time where both sides allow (the throughput row measures the
@@ -158,6 +163,7 @@ static int handle(u16 head, u32 listen_port, u64 client_bytes) {
 	case OP_RST:
 		if (h->op == OP_SHUTDOWN) send(h->src_port, h->dst_port, c, OP_RST, 0, 0, 0);
 		if (c) c->used = 0, closes++;
+		else if (h->op == OP_RST) stray_resets++;
 		break;
 	case OP_CREDIT_REQUEST:
 		if (c) send(c->host_port, c->guest_port, c, OP_CREDIT_UPDATE, 0, 0, 0);
@@ -166,6 +172,40 @@ static int handle(u16 head, u32 listen_port, u64 client_bytes) {
 		break;
 	}
 	return 1;
+}
+
+/* One packet exactly as given: header fields and the chain's length (which may disagree
+ * with the header's). */
+static void raw_send(struct hdr h, u32 chain_len) {
+	while (!tx_nfree) reclaim_tx();
+	u16 slot = tx_free[--tx_nfree];
+	*(struct hdr *)txbuf[slot] = h;
+	vs.tx.desc[slot] = (struct vring_desc){(u64)txbuf[slot], chain_len, 0, 0};
+	if (vq_push(&vs.tx, slot)) vq_kick(&vs.tx);
+}
+
+/* The hostile prelude: four packets the device must drop, two it must answer with RST. */
+static void hostile(void) {
+	struct hdr ok = {guest_cid, 2, 7777, 4444, 0, 1, OP_RW, 0, BUF_ALLOC, 0};
+	struct hdr h = ok;
+	h.op = 99, raw_send(h, HDR);
+	h = ok, h.len = 1000, raw_send(h, HDR + 10);
+	h = ok, h.src_cid = 99, raw_send(h, HDR);
+	h = ok, h.type = 2, raw_send(h, HDR);
+	h = ok, h.len = 4, raw_send(h, HDR + 4);       /* data for no connection: RST */
+	h = ok, h.op = OP_CREDIT_UPDATE, h.src_port = 7778, raw_send(h, HDR); /* RST */
+	/* Give the device time to answer; then only RSTs for the two may have come back. */
+	for (u64 spin = 0; spin < 50000000ULL && stray_resets < 2; spin++) {
+		u32 len;
+		int head;
+		reclaim_tx();
+		while ((head = vq_pop_used(&vs.rx, &len)) >= 0) {
+			handle((u16)head, 0, 0);
+			repost((u16)head);
+		}
+		__asm__ volatile("pause");
+	}
+	print("vsockecho: hostile: %lu resets\n", stray_resets);
 }
 
 int main(void) {
@@ -181,6 +221,7 @@ int main(void) {
 	for (u16 i = 0; i < SLOTS && i < vs.tx.size; i++) tx_free[tx_nfree++] = i;
 	vq_interrupt_after(&vs.rx, 0xffff);
 	vq_interrupt_after(&vs.tx, 0xffff);
+	if (param(4, 0) == 1) hostile();
 	print("vsockecho: CID %lu listening on port %lu\n", guest_cid, listen_port);
 	if (host_port) {
 		struct conn *c = add((u32)host_port, CLIENT_PORT);
