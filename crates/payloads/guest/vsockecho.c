@@ -15,7 +15,7 @@
  * must be met with RST); it prints how many RSTs came back, then serves as usual.
  * Params: 0 = listening port (default 1234), 1 = closes to wait for (default 1),
  * 2 = host port to connect to (default none), 3 = client bytes (default 4096),
- * 4 = 1 for the hostile prelude.
+ * 4 = 1 for the hostile prelude, 5 = a port whose REQUESTs it ignores (default none).
  * Results: 0 = bytes echoed, 1 = streams accepted, 2 = client bytes checked, 3 = errors.
  */
 #include "runtime.h"
@@ -54,6 +54,7 @@ static struct conn conns[MAX_CONNS];
 static u8 rings[MAX_CONNS][RING];
 static u64 guest_cid;
 static u64 echoed, accepted, checked, errors, closes, stray_resets;
+static u32 ignored_port;
 static u8 expect_byte(u64 i) { return (u8)(i * 7 + 3); }
 
 /* Copies n bytes, 8 or 4 at a time where both sides allow (the throughput row measures the
@@ -124,6 +125,7 @@ static int handle(u16 head, u32 listen_port, u64 client_bytes) {
 	if (c) c->peer_buf_alloc = h->buf_alloc, c->peer_fwd_cnt = h->fwd_cnt;
 	switch (h->op) {
 	case OP_REQUEST:
+		if (ignored_port && h->dst_port == ignored_port) break; /* silence, for the host's timeout */
 		if (c || h->dst_port != listen_port || !(c = add(h->src_port, h->dst_port))) {
 			send(h->src_port, h->dst_port, 0, OP_RST, 0, 0, 0);
 			break;
@@ -221,6 +223,7 @@ int main(void) {
 	for (u16 i = 0; i < SLOTS && i < vs.tx.size; i++) tx_free[tx_nfree++] = i;
 	vq_interrupt_after(&vs.rx, 0xffff);
 	vq_interrupt_after(&vs.tx, 0xffff);
+	ignored_port = (u32)param(5, 0);
 	if (param(4, 0) == 1) hostile();
 	print("vsockecho: CID %lu listening on port %lu\n", guest_cid, listen_port);
 	if (host_port) {

@@ -34,6 +34,10 @@ const MAX_CONNECTIONS: usize = 1024;
 const FIRST_LOCAL_PORT: u32 = 1 << 30;
 /// The longest `CONNECT <port>\n` line.
 const MAX_CONNECT_LINE: usize = 32;
+/// How long a host connection waits for the guest's RESPONSE before it is closed (and
+/// the guest reset), as Firecracker's does: a guest that ignores a REQUEST must not leave
+/// the host's agent client hanging.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 type Key = (u32, u32); // (host port, guest port)
 
@@ -66,6 +70,8 @@ pub struct Muxer {
     control: VecDeque<Header>,
     /// Streams with data for the guest, in turn.
     ready: VecDeque<Key>,
+    /// Host-initiated streams waiting for the guest's RESPONSE, oldest first.
+    connecting: VecDeque<(std::time::Instant, Key)>,
     segs: Vec<Segment>,
     used: [bool; 3],
     broken: bool,
@@ -98,6 +104,7 @@ impl Muxer {
             next_local_port: FIRST_LOCAL_PORT,
             control: VecDeque::new(),
             ready: VecDeque::new(),
+            connecting: VecDeque::new(),
             segs: Vec::with_capacity(16),
             used: [false; 3],
             broken: false,
@@ -117,11 +124,12 @@ impl Muxer {
             self.process_rx();
             self.interrupts();
             window.sleeping(&stats.poll);
-            let n = match epoll.wait(-1, &mut events) {
+            let n = match epoll.wait(self.connect_timeout_ms(), &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return tracing::error!("virtio-vsock: epoll failed: {e}"),
             };
+            self.expire_connecting(&epoll);
             window.woke(self.poll, &stats.poll);
             if !self.handle(&epoll, &events[..n]) {
                 return;
@@ -132,6 +140,27 @@ impl Muxer {
             let look = || self.poll_once(&epoll, &mut events);
             if !window.poll_while_working(mode, &stats.poll, stop, look) {
                 return;
+            }
+        }
+    }
+
+    /// Until the oldest host connection's wait for a RESPONSE ends (epoll's -1: none).
+    fn connect_timeout_ms(&self) -> i32 {
+        self.connecting.front().map_or(-1, |(since, _)| {
+            let left = CONNECT_TIMEOUT.saturating_sub(since.elapsed());
+            i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX)
+        })
+    }
+
+    /// Host connections the guest did not answer in time: closed, and the guest reset.
+    fn expire_connecting(&mut self, epoll: &Epoll) {
+        while let Some(&(since, key)) = self.connecting.front() {
+            if since.elapsed() < CONNECT_TIMEOUT {
+                break;
+            }
+            self.connecting.pop_front();
+            if self.conns.get(&key).is_some_and(|(_, c)| c.state == State::Connecting) {
+                self.reset(epoll, key);
             }
         }
     }
@@ -259,6 +288,7 @@ impl Muxer {
         self.control.push_back(conn.header(self.guest_cid, packet::OP_REQUEST, 0));
         self.tokens.insert(token, Entry::Conn((local_port, peer_port)));
         self.conns.insert((local_port, peer_port), (token, conn));
+        self.connecting.push_back((std::time::Instant::now(), (local_port, peer_port)));
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
     }
 
