@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Writes an uncompressed newc cpio (no decompression at emulated CPL0) holding busybox and
 an /init, with the directories a busybox init mounts on.
-Usage: make-initramfs.py OUT BUSYBOX INIT"""
+Usage: make-initramfs.py OUT BUSYBOX INIT [NAME=FILE ...] (more executables, e.g. bin/x=x)"""
 import sys
 
 out, busybox, init = sys.argv[1:4]
 entries = [("dev", 0o040755, b""), ("bin", 0o040755, b""), ("proc", 0o040755, b""), ("sys", 0o040755, b""),
            ("tmp", 0o041777, b""), ("bin/busybox", 0o100755, open(busybox, "rb").read()),
            ("init", 0o100755, open(init, "rb").read())]
+entries += [(name, 0o100755, open(path, "rb").read()) for name, path in (a.split("=", 1) for a in sys.argv[4:])]
 
 
 def record(ino, name, mode, data):
