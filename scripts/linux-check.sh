@@ -210,7 +210,7 @@ c, _ = s.accept()
 while d := c.recv(65536): c.sendall(d)' "$work/full.vsock_5000" "$timeout" &
 vsock_echo=$!
 boot full full
-kill "$vsock_echo" 2>/dev/null; rm -f "$work/full.vsock_5000"
+kill "$vsock_echo" 2>/dev/null || true; rm -f "$work/full.vsock_5000"
 [ -n "$init_s" ] || { tail -n 5 full.log >&2; tail -n 5 full.err >&2; fail "boot: /init not reached within $timeout s (status $status)"; }
 check "boot to /init" 0 "$init_s s with $vcpus vCPUs (whole run $boot_s s)"
 check "SMP" "$([ "$(result cpus full.log)" = "$vcpus" ]; echo $?)" "$(result cpus full.log) of $vcpus vCPUs online"
