@@ -83,6 +83,20 @@ pub fn host_iovecs(mem: &GuestMemoryMmap, segs: &[Segment], iov: &mut [libc::iov
     Some(segs.len())
 }
 
+/// The segments after the first `n` bytes.
+pub fn skip(segs: &[Segment], mut n: usize) -> Vec<Segment> {
+    let mut out = Vec::with_capacity(segs.len());
+    for s in segs {
+        if n >= s.len {
+            n -= s.len;
+            continue;
+        }
+        out.push(Segment { addr: s.addr + n as u64, len: s.len - n, writable: s.writable });
+        n = 0;
+    }
+    out
+}
+
 /// Copies the segments' bytes into `buf`, as many as it holds; returns how many.
 pub fn gather(mem: &GuestMemoryMmap, segs: &[Segment], buf: &mut [u8]) -> usize {
     let mut at = 0;

@@ -134,9 +134,9 @@ impl Conn {
         }
         if written < len {
             // The rest waits for the socket's EPOLLOUT, copied (bounded by the credit).
-            let mut rest = vec![0u8; len];
-            let got = chain::gather(mem, segs, &mut rest);
-            self.pending.extend_from_slice(&rest[written.min(got)..got]);
+            let mut rest = vec![0u8; len - written];
+            let got = chain::gather(mem, &chain::skip(segs, written), &mut rest);
+            self.pending.extend_from_slice(&rest[..got]);
         }
         self.fwd_cnt = self.fwd_cnt.wrapping_add(written as u32);
         Ok(())

@@ -389,7 +389,7 @@ impl Muxer {
                 _ => self.reset(epoll, key),
             },
             packet::OP_RW => {
-                let payload = skip(&self.segs, HEADER_LEN);
+                let payload = chain::skip(&self.segs, HEADER_LEN);
                 match self.conns.get_mut(&key) {
                     Some((_, conn)) if conn.state == State::Established => {
                         if conn.write_guest_bytes(&self.mem, &payload, h.len as usize).is_err() {
@@ -499,14 +499,16 @@ impl Muxer {
         self.stats.rx_packets.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Puts `h` at the start of the receive buffer in `self.segs` (its payload, if any, is
+    /// already after it); the packet's length, or None if the buffer cannot hold a header.
     fn write_header(&self, h: &Header) -> Option<u32> {
-        (chain::scatter(&self.mem, &self.segs, &h.bytes()) == HEADER_LEN).then_some(HEADER_LEN as u32)
+        (chain::scatter(&self.mem, &self.segs, &h.bytes()) == HEADER_LEN).then_some(HEADER_LEN as u32 + h.len)
     }
 
     /// One packet of data from the next ready stream, or a SHUTDOWN for one the host
     /// closed; None once no stream has anything (the buffer goes back).
     fn rx_data(&mut self) -> Option<u32> {
-        let payload = skip(&self.segs, HEADER_LEN);
+        let payload = chain::skip(&self.segs, HEADER_LEN);
         while let Some(key) = self.ready.pop_front() {
             let Some((_, conn)) = self.conns.get_mut(&key) else { continue };
             if conn.state != State::Established || conn.host_closed {
@@ -540,8 +542,7 @@ impl Muxer {
             if keep {
                 self.ready.push_back(key);
             }
-            let written = h.len + HEADER_LEN as u32;
-            return (chain::scatter(&self.mem, &self.segs[..], &h.bytes()) == HEADER_LEN).then_some(written);
+            return self.write_header(&h);
         }
         None
     }
@@ -566,20 +567,6 @@ impl Muxer {
     }
 }
 
-/// The segments after the first `n` bytes.
-fn skip(segs: &[Segment], mut n: usize) -> Vec<Segment> {
-    let mut out = Vec::with_capacity(segs.len());
-    for s in segs {
-        if n >= s.len {
-            n -= s.len;
-            continue;
-        }
-        out.push(Segment { addr: s.addr + n as u64, len: s.len - n, writable: s.writable });
-        n = 0;
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -587,9 +574,9 @@ mod tests {
     #[test]
     fn skips_the_header_across_segments() {
         let s = |addr, len| Segment { addr, len, writable: true };
-        let out = skip(&[s(0x1000, 16), s(0x2000, 100)], HEADER_LEN);
+        let out = chain::skip(&[s(0x1000, 16), s(0x2000, 100)], HEADER_LEN);
         assert_eq!(out.len(), 1);
         assert_eq!((out[0].addr, out[0].len), (0x2000 + 28, 72));
-        assert!(skip(&[s(0x1000, 44)], HEADER_LEN).is_empty());
+        assert!(chain::skip(&[s(0x1000, 44)], HEADER_LEN).is_empty());
     }
 }
