@@ -134,6 +134,7 @@ pub(crate) fn boot_with(
         mtu: None,
         rx_limits: Default::default(),
         tx_limits: Default::default(),
+        mmds: None,
     };
     let LabMachine { machine, control, .. } = lab_machine(payload, params, |c| {
         c.devices.nets = vec![net];

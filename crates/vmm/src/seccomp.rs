@@ -127,8 +127,10 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_getrandom,
         ],
         // Every device thread waits in epoll; std's debug builds check a descriptor with
-        // F_GETFD as they close it.
-        ThreadKind::Device => return [COMMON, DEVICE_WAIT, &[libc::SYS_readv, libc::SYS_writev]].concat(),
+        // F_GETFD as they close it. getrandom: a NIC with MMDS makes V2 session tokens.
+        ThreadKind::Device => {
+            return [COMMON, DEVICE_WAIT, &[libc::SYS_readv, libc::SYS_writev, libc::SYS_getrandom]].concat()
+        }
         // std's UnixStream reads and writes with recv/send.
         ThreadKind::Vsock => {
             let sockets = [libc::SYS_accept4, libc::SYS_socket, libc::SYS_connect, libc::SYS_shutdown];

@@ -10,6 +10,7 @@
 pub mod fuzzing;
 pub mod logging;
 mod metrics;
+mod mmds;
 pub mod model;
 mod routes;
 mod server;
@@ -40,9 +41,6 @@ fn refuse_unsupported(args: &ApiArgs) -> Result<(), String> {
                     --no-seccomp turns them off)"
             .into());
     }
-    if args.metadata.is_some() {
-        return Err("--metadata: exitless has no MMDS (microVM metadata service) yet".into());
-    }
     if args.snapshot_version || args.describe_snapshot.is_some() {
         return Err("--snapshot-version/--describe-snapshot: exitless has no snapshots yet".into());
     }
@@ -69,6 +67,8 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mut vm = Vm::new(args.id.clone());
     vm.boot_timer = args.boot_timer;
     vm.host_profile = args.host_profile;
+    let mmds_limit = args.mmds_size_limit.unwrap_or(args.http_api_max_payload_size);
+    vm.mmds = Arc::new(Mutex::new(mmds::store(mmds_limit, args.metadata.as_deref())?));
     let shared = Arc::new(Shared { vm: Mutex::new(vm), metrics: Metrics::default(), socket });
     if let Some(path) = &args.metrics_path {
         shared.metrics.open(&path.to_string_lossy())?;
@@ -167,6 +167,9 @@ fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machin
     }
     if let Some(v) = c.vsock {
         vm.set_vsock(v)?;
+    }
+    if let Some(m) = c.mmds_config {
+        vm.set_mmds_config(m)?;
     }
     vm.build()
 }

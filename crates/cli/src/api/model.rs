@@ -142,6 +142,26 @@ pub struct Vsock {
     pub uds_path: String,
 }
 
+/// `PUT /mmds/config`: the NICs that answer MMDS, its address and version.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MmdsConfig {
+    #[serde(default)]
+    pub version: MmdsVersion,
+    pub network_interfaces: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4_address: Option<std::net::Ipv4Addr>,
+    #[serde(default)]
+    pub imds_compat: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub enum MmdsVersion {
+    #[default]
+    V1,
+    V2,
+}
+
 /// `PUT /entropy`: a virtio-rng device, optionally rate limited.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -248,7 +268,7 @@ pub struct VmConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<Vsock>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mmds_config: Option<serde_json::Value>,
+    pub mmds_config: Option<MmdsConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entropy: Option<Entropy>,
     #[serde(default, deserialize_with = "null_is_default", skip_serializing_if = "Vec::is_empty")]
@@ -265,7 +285,6 @@ impl VmConfig {
         [
             (self.cpu_config.is_some(), "cpu-config: custom CPU templates"),
             (self.balloon.is_some(), "balloon: balloon devices"),
-            (self.mmds_config.is_some(), "mmds-config: the microVM metadata service (MMDS)"),
             (!self.pmem.is_empty(), "pmem: virtio-pmem devices"),
             (self.memory_hotplug.is_some(), "memory-hotplug: memory hotplug"),
             (self.serial.is_some(), "serial: serial output redirection"),

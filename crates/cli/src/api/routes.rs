@@ -39,7 +39,6 @@ pub enum Then {
 
 const NOT_SUPPORTED: &[(&str, &str)] = &[
     ("snapshot", "snapshots"),
-    ("mmds", "the microVM metadata service (MMDS)"),
     ("balloon", "balloon devices"),
     ("cpu-config", "custom CPU templates"),
     ("serial", "serial output redirection"),
@@ -99,6 +98,10 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PUT", ["metrics"]) => done(vm.set_metrics(parse(body)?, metrics)),
         ("PUT", ["entropy"]) => done(vm.set_entropy(parse(body)?)),
         ("PUT", ["vsock"]) => done(vm.set_vsock(parse(body)?)),
+        ("PUT", ["mmds", "config"]) => done(vm.set_mmds_config(parse(body)?)),
+        ("PUT", ["mmds"]) => done(vm.put_mmds(parse(body)?)),
+        ("PATCH", ["mmds"]) => done(vm.patch_mmds(parse(body)?)),
+        ("GET", ["mmds"]) => Ok((Reply::ok(vm.mmds()), Then::Nothing)),
         ("PUT", ["actions"]) => action(vm, metrics, parse(body)?),
         ("PATCH", ["vm"]) => done(vm.set_state(parse::<model::Vm>(body)?.state)),
         ("GET" | "PUT" | "PATCH", _) => Err(Fault(format!("Invalid request: {method} {path} is not an endpoint."))),

@@ -48,6 +48,8 @@ pub struct Vm {
     pub host_profile: exitless_vmm::host::ProfileChoice,
     /// Drive ids in the order their devices were built (the machine's `drives`).
     built_drives: Vec<String>,
+    /// MMDS's document and settings, shared with the NICs that answer it (api::mmds).
+    pub mmds: exitless_vmm::net::mmds::SharedMmds,
 }
 
 impl Vm {
@@ -59,6 +61,9 @@ impl Vm {
             boot_timer: false,
             host_profile: Default::default(),
             built_drives: Vec::new(),
+            mmds: Arc::new(std::sync::Mutex::new(exitless_vmm::net::mmds::Mmds::new(
+                exitless_vmm::net::mmds::DEFAULT_SIZE_LIMIT,
+            ))),
         }
     }
 
@@ -71,7 +76,7 @@ impl Vm {
         }
     }
 
-    fn pre_boot(&self) -> Result<(), Fault> {
+    pub(super) fn pre_boot(&self) -> Result<(), Fault> {
         match self.state {
             State::NotStarted => Ok(()),
             _ => Err(Fault(AFTER_START.into())),
@@ -320,6 +325,7 @@ impl Vm {
                     mtu: n.mtu,
                     rx_limits: super::model::limits(n.rx_rate_limiter.as_ref()),
                     tx_limits: super::model::limits(n.tx_rate_limiter.as_ref()),
+                    mmds: self.mmds_on(&n.iface_id).map(|ip| (self.mmds.clone(), ip)),
                 })
             })
             .collect::<Result<Vec<_>, Fault>>()?;

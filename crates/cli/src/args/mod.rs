@@ -138,7 +138,7 @@ pub struct ApiArgs {
     /// The MMDS data store's limit, in bytes (default: the API payload limit).
     #[arg(long, value_name = "BYTES", value_parser = parse_payload_size)]
     pub mmds_size_limit: Option<usize>,
-    /// Initial MMDS contents (JSON): refused until exitless has an MMDS.
+    /// Initial MMDS contents: a JSON file.
     #[arg(long, value_name = "FILE")]
     pub metadata: Option<PathBuf>,
     /// Accepted and needs nothing: every exitless device is a virtio-pci device.
@@ -428,6 +428,7 @@ impl RunArgs {
                 mtu: None,
                 rx_limits: Default::default(),
                 tx_limits: Default::default(),
+                mmds: None,
             })
             .collect()
     }

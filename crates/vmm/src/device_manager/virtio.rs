@@ -2,6 +2,7 @@
 //! ioeventfds), and the virtio-net and virtio-blk handles the API and the labs use.
 
 use super::{BarRequest, DeviceError, DeviceHandle, DeviceKind, DeviceManager};
+use crate::net::mmds::SharedMmds;
 use crate::net::Tap;
 use crate::pci::msix::Msix;
 use crate::poll::PollMode;
@@ -12,6 +13,7 @@ use crate::virtio::pci::VirtioPci;
 use crate::virtio::rng::{RngStats, VirtioRng};
 use crate::virtio::vsock::{VirtioVsock, VsockConfig, VsockStats};
 use crate::virtio::{self, VirtioDevice};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 /// `--net tap=NAME[,mac=..]` and `--net-tx`.
@@ -25,6 +27,8 @@ pub struct NetConfig {
     /// Rate limits on received and sent frames.
     pub rx_limits: Limits,
     pub tx_limits: Limits,
+    /// MMDS answered on this NIC: the store and its address.
+    pub mmds: Option<(SharedMmds, Ipv4Addr)>,
 }
 
 /// A virtio-blk device, for the API, the lab and the report.
@@ -92,7 +96,10 @@ impl DeviceManager {
         let tap_name = tap.name().to_string();
         let setup = |source| DeviceError::Setup { name: "virtio-net".into(), source };
         let device = VirtioNet::new(tap, net.mac, net.tx, poll).map_err(setup)?;
-        let device = device.with_mtu(net.mtu).with_limits(net.rx_limits, net.tx_limits);
+        let mut device = device.with_mtu(net.mtu).with_limits(net.rx_limits, net.tx_limits);
+        if let Some((store, ip)) = &net.mmds {
+            device = device.with_mmds(store.clone(), *ip);
+        }
         let (stats, limits) = (device.stats.clone(), device.limiter_slots());
         let name = match self.nets().count() {
             0 => "virtio-net".to_string(),

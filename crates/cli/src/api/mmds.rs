@@ -1,0 +1,75 @@
+//! Firecracker's MMDS endpoints: `PUT /mmds/config` (which NICs answer it, where, which
+//! version) before boot, and `PUT`/`PATCH`/`GET /mmds` (the document) at any time; the
+//! running NICs read the same store, so a change is seen by the guest's next request.
+
+use super::model::{MmdsConfig, MmdsVersion};
+use super::vm::{Fault, Vm};
+use exitless_vmm::net::mmds::{Mmds, Version, DEFAULT_ADDRESS};
+use exitless_vmm::sync::lock;
+use serde_json::Value;
+use std::net::Ipv4Addr;
+
+impl Vm {
+    /// `PUT /mmds/config`.
+    pub fn set_mmds_config(&mut self, c: MmdsConfig) -> Result<(), Fault> {
+        self.pre_boot()?;
+        if c.network_interfaces.is_empty() {
+            return Err(Fault(
+                "The list of network interface IDs that allow forwarding MMDS requests is empty.".into(),
+            ));
+        }
+        if let Some(id) =
+            c.network_interfaces.iter().find(|id| !self.config.network_interfaces.iter().any(|n| &&n.iface_id == id))
+        {
+            return Err(Fault(format!(
+                "The list of network interface IDs provided contains at least one ID that does not correspond to any \
+                 existing network interface: {id}."
+            )));
+        }
+        if c.ipv4_address.is_some_and(|ip| !ip.is_link_local()) {
+            return Err(Fault("The MMDS IPv4 address is not link local.".into()));
+        }
+        let mut store = lock(&self.mmds);
+        store.version = match c.version {
+            MmdsVersion::V1 => Version::V1,
+            MmdsVersion::V2 => Version::V2,
+        };
+        store.imds_compat = c.imds_compat;
+        drop(store);
+        self.config.mmds_config = Some(c);
+        Ok(())
+    }
+
+    /// `PUT /mmds`: the whole document.
+    pub fn put_mmds(&self, value: Value) -> Result<(), Fault> {
+        Ok(lock(&self.mmds).put(value)?)
+    }
+
+    /// `PATCH /mmds`: a JSON merge patch on the document.
+    pub fn patch_mmds(&self, patch: Value) -> Result<(), Fault> {
+        Ok(lock(&self.mmds).patch(&patch)?)
+    }
+
+    /// `GET /mmds`.
+    pub fn mmds(&self) -> Value {
+        lock(&self.mmds).document()
+    }
+
+    /// The address MMDS answers at on `iface_id`, if that NIC answers it.
+    pub fn mmds_on(&self, iface_id: &str) -> Option<Ipv4Addr> {
+        let c = self.config.mmds_config.as_ref()?;
+        c.network_interfaces.iter().any(|id| id == iface_id).then(|| c.ipv4_address.unwrap_or(DEFAULT_ADDRESS))
+    }
+}
+
+/// The store for a VMM started with `--mmds-size-limit` and `--metadata`.
+pub fn store(limit: usize, metadata: Option<&std::path::Path>) -> Result<Mmds, String> {
+    let mut mmds = Mmds::new(limit);
+    if let Some(path) = metadata {
+        let text = std::fs::read(path).map_err(|e| format!("--metadata: cannot read {}: {e}", path.display()))?;
+        let value: Value =
+            serde_json::from_slice(&text).map_err(|e| format!("--metadata: {} is not JSON: {e}", path.display()))?;
+        mmds.put(value).map_err(|e| format!("--metadata: {}: {e}", path.display()))?;
+    }
+    Ok(mmds)
+}

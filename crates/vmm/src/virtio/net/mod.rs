@@ -1,0 +1,167 @@
+//! virtio-net over a tap: queue 0 receives, queue 1 transmits, on one device thread
+//! that waits (epoll) on both queues' kick eventfds, the tap and a stop eventfd.
+//!
+//! TX either gathers a chain into a VMM buffer and writes that (`copy`), or hands the
+//! kernel iovecs that point straight into guest memory (`zerocopy`); chains under 256
+//! bytes are copied either way. A chain is put on the used ring only once the kernel has
+//! taken it; when the tap is full the chain stays on the avail ring and the thread waits
+//! for the tap to drain (EPOLLOUT), never spinning. With EVENT_IDX the thread keeps
+//! notifications off while it drains a queue and asks for one interrupt per batch.
+
+mod frame_io;
+mod stats;
+mod worker;
+
+pub use stats::{MmdsStats, NetCounters, NetStats};
+
+use super::thread::DeviceThread;
+use super::{ActivateError, Activation, ActiveQueue, VirtioDevice};
+use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
+use crate::net::mmds::{MmdsStack, SharedMmds};
+use crate::net::tap::{Tap, VNET_HDR_LEN};
+use crate::poll::PollMode;
+use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
+use crate::seccomp::ThreadKind;
+use frame_io::FrameIo;
+use std::net::Ipv4Addr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use worker::Worker;
+
+pub const VIRTIO_NET_F_MAC: u64 = 1 << 5;
+pub const VIRTIO_NET_F_STATUS: u64 = 1 << 16;
+/// The device advises the guest of an MTU (config field `mtu`).
+pub const VIRTIO_NET_F_MTU: u64 = 1 << 3;
+pub(super) const QUEUE_SIZE: u16 = 256;
+pub(super) const RX: usize = 0;
+pub(super) const TX: usize = 1;
+/// Chains shorter than this are copied on both TX paths (the cost of pinning a small
+/// buffer outweighs a copy).
+pub const COPY_BELOW: usize = 256;
+/// The largest frame, virtio-net header included.
+pub const MAX_FRAME: usize = VNET_HDR_LEN + 65535;
+/// The most buffers one zero-copy write takes; longer chains are copied.
+pub(super) const MAX_IOVECS: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxMode {
+    Copy,
+    Zerocopy,
+}
+
+pub struct VirtioNet {
+    tap: Arc<Tap>,
+    mac: [u8; 6],
+    mtu: Option<u16>,
+    /// Rate limits on received and sent frames, changeable while it runs.
+    limits: [Arc<LimiterSlot>; 2],
+    tx_mode: TxMode,
+    poll: PollMode,
+    /// MMDS answered on this NIC, at this address.
+    mmds: Option<(SharedMmds, Ipv4Addr)>,
+    pub stats: Arc<NetStats>,
+    thread: DeviceThread<()>,
+}
+
+impl VirtioNet {
+    /// A NIC on `tap`; its thread starts now, idle until the driver activates it.
+    pub fn new(tap: Tap, mac: [u8; 6], tx_mode: TxMode, poll: PollMode) -> std::io::Result<Self> {
+        Ok(VirtioNet {
+            tap: Arc::new(tap),
+            mac,
+            mtu: None,
+            limits: Default::default(),
+            tx_mode,
+            poll,
+            mmds: None,
+            stats: Arc::default(),
+            thread: DeviceThread::spawn("virtio-net", ThreadKind::Device)?,
+        })
+    }
+
+    /// Rate limits on received (`rx`) and sent (`tx`) frames.
+    pub fn with_limits(mut self, rx: Limits, tx: Limits) -> Self {
+        self.limits = [Arc::new(LimiterSlot::new(rx)), Arc::new(LimiterSlot::new(tx))];
+        self
+    }
+
+    /// Where the RX and TX limits are changed from (the machine's NIC handle keeps them).
+    pub fn limiter_slots(&self) -> [Arc<LimiterSlot>; 2] {
+        self.limits.clone()
+    }
+
+    /// Answers MMDS at `ip` on this NIC: frames to it never reach the tap.
+    pub fn with_mmds(mut self, mmds: SharedMmds, ip: Ipv4Addr) -> Self {
+        self.mmds = Some((mmds, ip));
+        self
+    }
+
+    /// Advises the guest of `mtu` (VIRTIO_NET_F_MTU), as Firecracker's `mtu` does.
+    pub fn with_mtu(mut self, mtu: Option<u16>) -> Self {
+        self.mtu = mtu;
+        self
+    }
+}
+
+impl Drop for VirtioNet {
+    fn drop(&mut self) {
+        // Before the fields drop (and the thread is joined): readers stop naming it.
+        self.stats.thread.store(0, Ordering::Release);
+    }
+}
+
+impl VirtioDevice for VirtioNet {
+    fn device_type(&self) -> u16 {
+        1
+    }
+
+    fn features(&self) -> u64 {
+        let mtu = if self.mtu.is_some() { VIRTIO_NET_F_MTU } else { 0 };
+        VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | VIRTIO_NET_F_MAC | VIRTIO_NET_F_STATUS | mtu
+    }
+
+    fn queue_max_sizes(&self) -> Vec<u16> {
+        vec![QUEUE_SIZE, QUEUE_SIZE]
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // mac, status (link up), max_virtqueue_pairs, mtu
+        let mut config = [0u8; 12];
+        config[..6].copy_from_slice(&self.mac);
+        config[6] = 1;
+        config[8] = 1;
+        config[10..12].copy_from_slice(&self.mtu.unwrap_or(0).to_le_bytes());
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = config.get(offset as usize + i).copied().unwrap_or(0);
+        }
+    }
+
+    fn activate(&mut self, queues: Vec<ActiveQueue>, activation: Activation) -> Result<(), ActivateError> {
+        self.thread.stop();
+        // A fresh MMDS stack: TCP connections do not outlive the driver that made them.
+        let mmds = self.mmds.as_ref().map(|(store, ip)| MmdsStack::new(store.clone(), *ip));
+        let io = FrameIo::new(self.tap.clone(), self.tx_mode, self.stats.clone(), mmds);
+        let mut worker = Worker::new(io, queues, activation)?;
+        worker.poll = self.poll;
+        worker.throttles = self.limits.clone().map(Throttle::new);
+        self.thread.start(Box::new(move |stop| worker.run(stop)))
+    }
+
+    fn reset(&mut self) {
+        // Outstanding chains are dropped with the queues: the driver re-posts after reset.
+        self.thread.stop();
+    }
+}
+
+/// One pass of the device thread's work, without the thread: the TX queue, then the RX
+/// queue (the fuzz target's entry into the queue processing).
+#[doc(hidden)]
+pub fn process_once(tap: Tap, tx_mode: TxMode, queues: Vec<ActiveQueue>, a: Activation) -> NetCounters {
+    let stats = Arc::new(NetStats::default());
+    let io = FrameIo::new(Arc::new(tap), tx_mode, stats.clone(), None);
+    if let Ok(mut worker) = Worker::new(io, queues, a) {
+        worker.process_tx();
+        worker.process_rx();
+    }
+    stats.snapshot()
+}

@@ -1,0 +1,327 @@
+//! The NIC's device thread: waits (epoll) on both queues' kicks, the tap, a stop eventfd
+//! and, with MMDS, TCP's next timer; moves frames between the queues and `FrameIo`.
+
+use super::frame_io::{FrameIo, SendError};
+use super::{RX, TX};
+use crate::net::tap::VNET_HDR_LEN;
+use crate::poll::{PollMode, PollWindow};
+use crate::rate_limiter::Throttle;
+use crate::virtio::chain;
+use crate::virtio::{ActivateError, Activation, ActiveQueue, Interrupt};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+const TOKEN_RX_KICK: u64 = 0;
+const TOKEN_TX_KICK: u64 = 1;
+const TOKEN_TAP: u64 = 2;
+const TOKEN_STOP: u64 = 3;
+
+pub(super) struct Worker {
+    queues: Vec<Queue>,
+    kicks: Vec<Arc<EventFd>>,
+    mem: GuestMemoryMmap,
+    interrupt: Arc<Interrupt>,
+    activation_status: Arc<crate::virtio::DeviceStatus>,
+    io: FrameIo,
+    /// A received frame waiting in `io.rx_buf` for an RX buffer, and its length.
+    rx_staged: Option<usize>,
+    broken: bool,
+    pub poll: PollMode,
+    /// False while the thread polls: the queues' notifications stay off (crate::poll).
+    kicks_wanted: bool,
+    /// The tap refused a frame; TX waits for its EPOLLOUT.
+    tx_blocked: bool,
+    /// The RX and TX rate limits (crate::rate_limiter).
+    pub throttles: [Throttle; 2],
+    /// When MMDS's TCP timers next need a look.
+    mmds_due: Option<Instant>,
+}
+
+impl Worker {
+    pub fn new(io: FrameIo, queues: Vec<ActiveQueue>, a: Activation) -> Result<Self, ActivateError> {
+        if queues.len() != 2 {
+            return Err(ActivateError::QueueCount { want: 2, have: queues.len() });
+        }
+        let (queues, kicks) = queues.into_iter().map(|q| (q.queue, q.kick)).unzip();
+        Ok(Worker {
+            queues,
+            kicks,
+            mem: a.mem,
+            interrupt: a.interrupt,
+            activation_status: a.status,
+            io,
+            rx_staged: None,
+            broken: false,
+            poll: PollMode::Off,
+            kicks_wanted: true,
+            tx_blocked: false,
+            throttles: Default::default(),
+            mmds_due: None,
+        })
+    }
+
+    pub fn run(&mut self, stop: &EventFd) {
+        // SAFETY: pthread_self has no preconditions.
+        self.io.stats.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
+        let epoll = match self.epoll(stop) {
+            Ok(e) => e,
+            Err(e) => return tracing::error!("virtio-net: cannot start its thread: {e}"),
+        };
+        let mut events = [EpollEvent::default(); 8];
+        // Buffers may have been posted before the kicks were watched.
+        self.process_tx();
+        self.process_rx();
+        let (stats, mut window) = (self.io.stats.clone(), PollWindow::default());
+        loop {
+            if !self.kicks_wanted {
+                // Done polling: the driver must kick again, and a last look finds what it
+                // queued while told not to.
+                self.kicks_wanted = true;
+                self.process_tx();
+                self.process_rx();
+            }
+            window.sleeping(&stats.poll);
+            let timeout = Throttle::sooner(self.throttles[RX].timeout_ms(), self.throttles[TX].timeout_ms());
+            let timeout = Throttle::sooner(timeout, self.mmds_timeout_ms());
+            let n = match epoll.wait(timeout, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return tracing::error!("virtio-net: epoll failed: {e}"),
+            };
+            // A queue that waited for its rate limiter's tokens goes on.
+            if self.throttles[TX].expired() {
+                self.process_tx();
+            }
+            if self.throttles[RX].expired() {
+                self.process_rx();
+            }
+            self.mmds_timers();
+            window.woke(self.poll, &stats.poll);
+            self.kicks_wanted = !window.will_poll(self.poll);
+            if !self.handle(&events[..n]) {
+                return;
+            }
+            // Keep looking for a while before sleeping: kicks land on eventfds no one
+            // waits on (cheap for KVM), frames are read as they come. The kick eventfds
+            // and the tap stay in epoll, so what arrives after the last look wakes it.
+            let (mode, look) = (self.poll, || self.poll_once(&epoll, &mut events));
+            if !window.poll_while_working(mode, &stats.poll, stop, look) {
+                return;
+            }
+        }
+    }
+
+    /// Does what epoll reported; false once the device is stopped.
+    fn handle(&mut self, events: &[EpollEvent]) -> bool {
+        for event in events {
+            match event.data() {
+                TOKEN_STOP => return false,
+                TOKEN_TX_KICK => {
+                    self.count_kicks(TX);
+                    self.process_tx();
+                }
+                TOKEN_RX_KICK => {
+                    self.count_kicks(RX);
+                    self.process_rx();
+                }
+                _ => {
+                    if event.event_set().contains(EventSet::OUT) {
+                        self.tx_blocked = false;
+                        self.process_tx();
+                    }
+                    if event.event_set().contains(EventSet::IN) {
+                        self.process_rx();
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// One look at every source, in one system call: epoll without waiting (kicks, the
+    /// tap's edges), then the rings the driver does not kick for while we poll. True if
+    /// any had work (done here), or the device was stopped.
+    fn poll_once(&mut self, epoll: &Epoll, events: &mut [EpollEvent]) -> bool {
+        let before = self.io.stats.snapshot();
+        let n = epoll.wait(0, events).unwrap_or(0);
+        let stopped = !self.handle(&events[..n]);
+        self.process_tx();
+        if self.rx_staged.is_some() {
+            self.process_rx();
+        }
+        let after = self.io.stats.snapshot();
+        stopped
+            || n > 0
+            || (after.tx_frames, after.tx_dropped, after.rx_frames, after.rx_dropped, after.bad_chains)
+                != (before.tx_frames, before.tx_dropped, before.rx_frames, before.rx_dropped, before.bad_chains)
+    }
+
+    fn epoll(&self, stop: &EventFd) -> std::io::Result<Epoll> {
+        let epoll = Epoll::new()?;
+        epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_STOP))?;
+        epoll.ctl(ControlOperation::Add, self.kicks[RX].as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_RX_KICK))?;
+        epoll.ctl(ControlOperation::Add, self.kicks[TX].as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_TX_KICK))?;
+        let tap_events = EventSet::IN | EventSet::OUT | EventSet::EDGE_TRIGGERED;
+        epoll.ctl(ControlOperation::Add, self.io.tap.as_raw_fd(), EpollEvent::new(tap_events, TOKEN_TAP))?;
+        Ok(epoll)
+    }
+
+    fn count_kicks(&self, queue: usize) {
+        if let Ok(n) = self.kicks[queue].read() {
+            self.io.stats.kicks.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// A queue the driver broke (its rings left guest memory): stop and ask for a reset.
+    fn fail(&mut self, what: &str) {
+        if !self.broken {
+            tracing::warn!("virtio-net: {what}; the device needs a reset");
+            self.broken = true;
+            self.activation_status.needs_reset(&self.interrupt);
+        }
+    }
+
+    fn interrupt_if_needed(&mut self, queue: usize) {
+        let irqs = &self.io.stats.irqs;
+        if let Err(e) =
+            crate::virtio::interrupt_if_needed(&mut self.queues[queue], &self.mem, &self.interrupt, queue, irqs)
+        {
+            self.fail(e);
+        }
+    }
+
+    pub fn process_tx(&mut self) {
+        // Blocked: the tap's EPOLLOUT says when it takes frames again; trying before that
+        // would gather (on the copy path, copy) a chain only to have it refused.
+        if self.broken || self.tx_blocked || !self.queues[TX].ready() {
+            return;
+        }
+        let mut used_any = false;
+        loop {
+            if self.queues[TX].disable_notification(&self.mem).is_err() {
+                return self.fail("cannot write the TX queue's avail_event");
+            }
+            while let Some(chain) = self.queues[TX].pop_descriptor_chain(&self.mem) {
+                let head = chain.head_index();
+                let frame_len =
+                    || chain.clone().map(|d| u64::from(d.len())).sum::<u64>().saturating_sub(VNET_HDR_LEN as u64);
+                if !self.throttles[TX].admit(1, frame_len, &self.io.stats.tx_throttled) {
+                    // Back on the avail ring until its tokens are back.
+                    self.queues[TX].go_to_previous_position();
+                    if used_any {
+                        self.interrupt_if_needed(TX);
+                    }
+                    return;
+                }
+                match self.io.send(&self.mem, chain) {
+                    Ok(()) => {}
+                    Err(SendError::Full) => {
+                        // The kernel did not take it: back on the avail ring, wait for EPOLLOUT.
+                        self.queues[TX].go_to_previous_position();
+                        self.tx_blocked = true;
+                        if used_any {
+                            self.interrupt_if_needed(TX);
+                        }
+                        return;
+                    }
+                    Err(SendError::Dropped) => {}
+                }
+                if self.queues[TX].add_used(&self.mem, head, 0).is_err() {
+                    return self.fail("cannot write the TX used ring");
+                }
+                used_any = true;
+            }
+            match crate::virtio::rearm_notifications(&mut self.queues[TX], &self.mem, self.kicks_wanted) {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(e) => return self.fail(&format!("TX queue: {e}")),
+            }
+        }
+        if used_any {
+            self.interrupt_if_needed(TX);
+        }
+        // What MMDS answered goes out now, ahead of the tap's frames.
+        if self.io.mmds_pending() {
+            self.process_rx();
+        }
+    }
+
+    /// Milliseconds until MMDS's TCP timers are due; -1 (none) without MMDS or connections.
+    fn mmds_timeout_ms(&mut self) -> i32 {
+        let next = self.io.mmds.as_mut().and_then(|m| m.next_timer());
+        self.mmds_due = next.map(|d| Instant::now() + d);
+        next.map_or(-1, |d| d.as_millis().clamp(1, i32::MAX as u128) as i32)
+    }
+
+    /// Runs MMDS's TCP timers if they are due, and sends what they produced.
+    fn mmds_timers(&mut self) {
+        if self.mmds_due.is_some_and(|due| Instant::now() >= due) {
+            self.mmds_due = None;
+            if let Some(m) = self.io.mmds.as_mut() {
+                m.poll_timers();
+            }
+            self.process_rx();
+        }
+    }
+
+    pub fn process_rx(&mut self) {
+        if self.broken || !self.queues[RX].ready() {
+            return;
+        }
+        let mut used_any = false;
+        loop {
+            let len = match self.rx_staged.take() {
+                Some(len) => len,
+                None => match self.io.receive() {
+                    Some(len) => len,
+                    None => break,
+                },
+            };
+            let frame_len = || (len - VNET_HDR_LEN) as u64;
+            if !self.throttles[RX].admit(1, frame_len, &self.io.stats.rx_throttled) {
+                // Kept until its tokens are back; the tap holds the frames after it.
+                self.rx_staged = Some(len);
+                break;
+            }
+            // num_buffers = 1: the tap leaves that field of the header to us.
+            self.io.rx_buf[10..12].copy_from_slice(&1u16.to_le_bytes());
+            let Some(chain) = self.queues[RX].pop_descriptor_chain(&self.mem) else {
+                self.rx_staged = Some(len);
+                match crate::virtio::rearm_notifications(&mut self.queues[RX], &self.mem, self.kicks_wanted) {
+                    Ok(true) => continue,
+                    Ok(false) => break, // wait for the driver's kick, or the next look
+                    Err(e) => return self.fail(&format!("RX queue: {e}")),
+                }
+            };
+            let head = chain.head_index();
+            let io = &mut self.io;
+            let written = match chain::segments(chain, &self.mem, true, usize::MAX, &mut io.segs) {
+                Ok(room) if room >= len => chain::scatter(&self.mem, &io.segs, &io.rx_buf[..len]),
+                Ok(_) => {
+                    io.stats.rx_dropped.fetch_add(1, Ordering::Relaxed);
+                    0
+                }
+                Err(e) => {
+                    io.bad_chain("RX", e);
+                    0
+                }
+            };
+            if written > 0 {
+                io.stats.rx_frames.fetch_add(1, Ordering::Relaxed);
+            }
+            if self.queues[RX].add_used(&self.mem, head, written as u32).is_err() {
+                return self.fail("cannot write the RX used ring");
+            }
+            used_any = true;
+        }
+        if used_any {
+            self.interrupt_if_needed(RX);
+        }
+    }
+}
