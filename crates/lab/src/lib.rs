@@ -8,6 +8,7 @@ pub mod control;
 pub mod devices;
 pub mod doorbell;
 pub mod fleet;
+pub mod mmds;
 pub mod net;
 pub mod net_rtt;
 pub mod netns;

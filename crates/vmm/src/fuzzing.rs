@@ -33,6 +33,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("virtio_pci", virtio_pci),
     ("bus_dispatch", bus_dispatch),
     ("vsock_packet", vsock_packet),
+    ("mmds_frames", mmds_frames),
 ];
 
 /// Fuzzed guest memory: 64 KiB at 0 holding the input (zeros past it).
@@ -160,6 +161,34 @@ pub fn vsock_packet(data: &[u8]) {
     let mut active = |queue| kicks.next().map(|kick| ActiveQueue { queue, kick });
     let (Some(rx), Some(tx), Some(evt)) = (active(rx), active(tx), active(evt)) else { return };
     process_once(&VsockConfig { guest_cid: 3, uds_path }, listener, [rx, tx, evt], activation);
+}
+
+/// Frames a guest sends to MMDS: the input's first byte picks V1 or V2, then frames
+/// follow as [length u16 LE][bytes]; each that `wants` takes goes through ARP, smoltcp's
+/// IP and TCP and the HTTP answers, and every answer frame is drained.
+pub fn mmds_frames(data: &[u8]) {
+    mmds_replay(data);
+}
+
+/// [`mmds_frames`], returning what MMDS counted.
+pub fn mmds_replay(data: &[u8]) -> crate::net::mmds::MmdsCounters {
+    use crate::net::mmds::{wants, Mmds, MmdsStack, Version, DEFAULT_ADDRESS};
+    let Some((&mode, mut rest)) = data.split_first() else { return Default::default() };
+    let mut store = Mmds::new(4096);
+    store.version = if mode & 1 == 1 { Version::V2 } else { Version::V1 };
+    let _ = store.put(serde_json::json!({"latest": {"meta-data": {"k0": "v0", "k1": {"k2": "v2"}}}}));
+    let mut stack = MmdsStack::with_seed(Arc::new(std::sync::Mutex::new(store)), DEFAULT_ADDRESS, 0);
+    while rest.len() >= 2 {
+        let len = usize::from(u16::from_le_bytes([rest[0], rest[1]])).min(rest.len() - 2);
+        let frame = &rest[2..2 + len];
+        if wants(DEFAULT_ADDRESS, frame) {
+            stack.receive(frame);
+        }
+        while stack.pop_frame().is_some() {}
+        rest = &rest[2 + len..];
+    }
+    stack.poll_timers();
+    stack.counters
 }
 
 /// What a device is activated with (no interrupt reaches anything), and `n` kick eventfds.

@@ -25,6 +25,55 @@ pub enum BenchCommand {
     /// virtio-vsock through Firecracker's Unix-socket host side: 64-byte round trips and
     /// an echoed stream of 64 KiB writes, exits per message, beside net --rtt.
     Vsock(VsockArgs),
+    /// MMDS on a NIC: a guest agent's ARP, TCP and HTTP (token, three keys, a 404), the
+    /// answer time per request and exits per request, every byte checked.
+    Mmds(MmdsArgs),
+}
+
+#[derive(Args)]
+pub struct MmdsArgs {
+    /// MMDS versions, each measured.
+    #[arg(long, value_delimiter = ',', default_value = "V1,V2", value_parser = parse_mmds_version)]
+    pub versions: Vec<exitless_vmm::net::mmds::Version>,
+    /// The device thread's polling modes, each measured (as --poll-us takes them).
+    #[arg(long, value_delimiter = ',', default_value = "off,adaptive")]
+    pub poll: Vec<exitless_vmm::poll::PollMode>,
+    /// Sessions per row (each a connection, five or seven requests).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub sessions: u32,
+    /// Bytes in each of the three values.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=8192))]
+    pub value_len: u32,
+    /// Write the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write a chart (SVG) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Give up on a guest that has not finished within this many seconds.
+    #[arg(long, default_value_t = 120.0, value_parser = parse_seconds)]
+    pub timeout: f64,
+}
+
+fn parse_mmds_version(s: &str) -> Result<exitless_vmm::net::mmds::Version, String> {
+    match s {
+        "V1" | "v1" | "1" => Ok(exitless_vmm::net::mmds::Version::V1),
+        "V2" | "v2" | "2" => Ok(exitless_vmm::net::mmds::Version::V2),
+        _ => Err(format!("{s:?} is not an MMDS version: V1 or V2")),
+    }
+}
+
+impl MmdsArgs {
+    pub fn to_options(&self) -> exitless_lab::mmds::Options {
+        exitless_lab::mmds::Options {
+            versions: self.versions.clone(),
+            polls: self.poll.clone(),
+            sessions: self.sessions,
+            value_len: self.value_len as usize,
+            outputs: exitless_lab::report::Outputs { json: self.json.clone(), svg: self.svg.clone() },
+            timeout: std::time::Duration::from_secs_f64(self.timeout),
+        }
+    }
 }
 
 #[derive(Args)]

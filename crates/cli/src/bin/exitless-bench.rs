@@ -43,6 +43,9 @@ fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>
         }
         BenchCommand::Fleet(a) => exitless_lab::fleet::run(&a.to_options())?,
         BenchCommand::Peers(a) => peers(&a)?,
+        BenchCommand::Mmds(a) => {
+            exitless_lab::mmds::run(&a.to_options())?;
+        }
         BenchCommand::Vsock(a) => {
             exitless_lab::vsock::run(&a.to_options())?;
         }

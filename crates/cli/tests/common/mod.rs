@@ -151,3 +151,23 @@ pub fn api_process(sock: &std::path::Path, stdout: std::process::Stdio) -> std::
     }
     child
 }
+
+/// Raw bytes on a connection; what comes back before the server closes it (or 5 s pass).
+pub fn raw(sock: &std::path::Path, bytes: &[u8], then_close: bool) -> String {
+    let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    use std::io::{Read, Write};
+    s.write_all(bytes).unwrap();
+    if then_close {
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub fn fault(sock: &std::path::Path, method: &str, path: &str, body: serde_json::Value) -> String {
+    let reply = exitless_lab::api_client::request(sock, method, path, Some(&body)).unwrap();
+    assert_eq!(reply.status, 400, "{method} {path} {body}: {:?}", reply.body);
+    reply.body.and_then(|b| b["fault_message"].as_str().map(str::to_string)).expect("a fault_message")
+}

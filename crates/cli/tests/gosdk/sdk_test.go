@@ -114,7 +114,10 @@ func start(t *testing.T, ctx context.Context, withDevices bool) *vm {
 				HostDevName: env(t, "EXITLESS_TAP"),
 				MacAddress:  "06:00:ac:10:00:02",
 			},
+			// MMDS on this NIC, as flintlock and cloud-init images want it.
+			AllowMMDS: true,
 		}}
+		cfg.MmdsVersion = firecracker.MMDSv2
 	}
 	logger := logrus.New()
 	logger.SetLevel(logrus.WarnLevel)
@@ -124,6 +127,11 @@ func start(t *testing.T, ctx context.Context, withDevices bool) *vm {
 		t.Fatalf("NewMachine: %v", err)
 	}
 	v.machine = m
+	if withDevices {
+		// Metadata put before boot by the SDK's own handler, as firecracker-containerd does.
+		m.Handlers.FcInit = m.Handlers.FcInit.Append(firecracker.NewSetMetadataHandler(
+			map[string]interface{}{"latest": map[string]interface{}{"meta-data": map[string]interface{}{"instance-id": "i-exitless"}}}))
+	}
 	if err := m.Start(ctx); err != nil {
 		t.Fatalf("Start: %v\nstderr: %s", err, v.stderr.String())
 	}
@@ -143,6 +151,27 @@ func TestTheGoSDKDrivesAMicroVMThroughItsLife(t *testing.T) {
 	vsock := m.Cfg.VsockDevices[0].Path
 	if fi, err := os.Stat(vsock); err != nil || fi.Mode()&os.ModeSocket == 0 {
 		t.Fatalf("the vsock's Unix socket %s: %v", vsock, err)
+	}
+
+	// MMDS: what the SDK put before boot, patched and read back while the guest runs.
+	type metaData struct {
+		Latest struct {
+			MetaData map[string]string `json:"meta-data"`
+		} `json:"latest"`
+	}
+	var md metaData
+	if err := m.GetMetadata(ctx, &md); err != nil || md.Latest.MetaData["instance-id"] != "i-exitless" {
+		t.Fatalf("GetMetadata after the SDK's SetMetadata handler: %+v, %v", md, err)
+	}
+	patch := map[string]interface{}{"latest": map[string]interface{}{"meta-data": map[string]interface{}{"local-ipv4": "172.16.0.2"}}}
+	if err := m.UpdateMetadata(ctx, patch); err != nil {
+		t.Fatalf("UpdateMetadata: %v", err)
+	}
+	if err := m.GetMetadata(ctx, &md); err != nil || md.Latest.MetaData["local-ipv4"] != "172.16.0.2" || md.Latest.MetaData["instance-id"] != "i-exitless" {
+		t.Fatalf("GetMetadata after UpdateMetadata: %+v, %v", md, err)
+	}
+	if err := m.SetMetadata(ctx, map[string]string{"big": strings.Repeat("x", 60000)}); err == nil {
+		t.Fatalf("SetMetadata beyond the data store's limit was accepted")
 	}
 
 	// Firecracker's own answers about the instance.

@@ -78,13 +78,19 @@ struct Conn {
 
 impl MmdsStack {
     pub fn new(mmds: SharedMmds, ip: Ipv4Addr) -> Self {
-        let mut link = Link::default();
         let mut seed = [0u8; 8];
         // SAFETY: getrandom writes at most `seed.len()` bytes into the buffer; a short
         // read leaves zeros, which only makes the initial sequence numbers guessable.
         unsafe { libc::getrandom(seed.as_mut_ptr().cast(), seed.len(), 0) };
+        Self::with_seed(mmds, ip, u64::from_ne_bytes(seed))
+    }
+
+    /// With TCP's initial sequence numbers from `seed`: the same frames in get the same
+    /// frames out (tests and fuzzing replay conversations).
+    pub fn with_seed(mmds: SharedMmds, ip: Ipv4Addr, seed: u64) -> Self {
+        let mut link = Link::default();
         let mut config = Config::new(HardwareAddress::Ip);
-        config.random_seed = u64::from_ne_bytes(seed);
+        config.random_seed = seed;
         let epoch = Instant::now();
         let mut iface = Interface::new(config, &mut link, NetInstant::ZERO);
         // Prefix 0: every guest address is on the link, so answers need no route.
