@@ -75,7 +75,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             ecam: args.ecam,
             test_devices: args.testdevs,
             test_iommu: args.testdev_iommu,
-            nets: args.nets(),
+            nets: args.nets()?,
             poll: args.poll_us,
             drives: args.drive.clone(),
             entropy: args.entropy.then(Default::default),

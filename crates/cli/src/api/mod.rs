@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use vm::{State, Vm};
 
 pub use logging::{filter_for as level_filter, init as init_logging};
+pub use mmds::store as mmds_store;
 
 /// Shared by the API thread and the thread that runs the machine.
 struct Shared {

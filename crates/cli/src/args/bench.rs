@@ -55,14 +55,6 @@ pub struct MmdsArgs {
     pub timeout: f64,
 }
 
-fn parse_mmds_version(s: &str) -> Result<exitless_vmm::net::mmds::Version, String> {
-    match s {
-        "V1" | "v1" | "1" => Ok(exitless_vmm::net::mmds::Version::V1),
-        "V2" | "v2" | "2" => Ok(exitless_vmm::net::mmds::Version::V2),
-        _ => Err(format!("{s:?} is not an MMDS version: V1 or V2")),
-    }
-}
-
 impl MmdsArgs {
     pub fn to_options(&self) -> exitless_lab::mmds::Options {
         exitless_lab::mmds::Options {

@@ -281,6 +281,13 @@ pub struct RunArgs {
     /// connections to port P reach `<uds>_P`.
     #[arg(long, value_name = "cid=N,uds=PATH", value_parser = parse_vsock)]
     pub vsock: Option<exitless_vmm::virtio::vsock::VsockConfig>,
+    /// MMDS on the first NIC at 169.254.169.254, serving FILE's JSON (as Firecracker's
+    /// `PUT /mmds/config` and `--metadata`).
+    #[arg(long, value_name = "FILE", requires = "net")]
+    pub mmds: Option<PathBuf>,
+    /// The MMDS version: V1 answers any GET, V2 wants a session token first.
+    #[arg(long, value_name = "V1|V2", default_value = "V2", value_parser = parse_mmds_version, requires = "mmds")]
+    pub mmds_version: exitless_vmm::net::mmds::Version,
     /// Parameters for the payload, comma-separated integers (payload-specific).
     #[arg(long, value_delimiter = ',', value_parser = parse_u64)]
     pub params: Vec<u64>,
@@ -411,14 +418,25 @@ fn parse_ecam(s: &str) -> Result<exitless_vmm::pci::EcamMode, String> {
 pub const DEFAULT_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xe1, 0xe5, 0x01];
 
 impl RunArgs {
-    /// One virtio-net device per `--net`, MACs given or derived from the position.
-    pub fn nets(&self) -> Vec<exitless_vmm::NetConfig> {
+    /// One virtio-net device per `--net`, MACs given or derived from the position; the
+    /// first answers MMDS with `--mmds`.
+    pub fn nets(&self) -> Result<Vec<exitless_vmm::NetConfig>, String> {
+        use exitless_vmm::net::mmds::{DEFAULT_ADDRESS, DEFAULT_SIZE_LIMIT};
+        let mmds = match &self.mmds {
+            Some(file) => {
+                let mut store = crate::api::mmds_store(DEFAULT_SIZE_LIMIT, Some(file))?;
+                store.version = self.mmds_version;
+                Some((std::sync::Arc::new(std::sync::Mutex::new(store)), DEFAULT_ADDRESS))
+            }
+            None => None,
+        };
         let derived = |i: usize| {
             let mut mac = DEFAULT_MAC;
             mac[5] = mac[5].wrapping_add(i as u8);
             mac
         };
-        self.net
+        Ok(self
+            .net
             .iter()
             .enumerate()
             .map(|(i, (tap, mac))| exitless_vmm::NetConfig {
@@ -428,9 +446,9 @@ impl RunArgs {
                 mtu: None,
                 rx_limits: Default::default(),
                 tx_limits: Default::default(),
-                mmds: None,
+                mmds: if i == 0 { mmds.clone() } else { None },
             })
-            .collect()
+            .collect())
     }
 }
 
@@ -444,6 +462,14 @@ pub fn parse_net(s: &str) -> Result<(String, Option<[u8; 6]>), String> {
         }
     }
     Ok((tap.ok_or("--net needs tap=NAME")?, mac))
+}
+
+pub fn parse_mmds_version(s: &str) -> Result<exitless_vmm::net::mmds::Version, String> {
+    match s {
+        "V1" | "v1" | "1" => Ok(exitless_vmm::net::mmds::Version::V1),
+        "V2" | "v2" | "2" => Ok(exitless_vmm::net::mmds::Version::V2),
+        _ => Err(format!("{s:?} is not an MMDS version: V1 or V2")),
+    }
 }
 
 pub fn parse_vsock(s: &str) -> Result<exitless_vmm::virtio::vsock::VsockConfig, String> {
