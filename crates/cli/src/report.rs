@@ -115,16 +115,18 @@ pub fn samples_json(report: &RunReport, symbols: &Symbols) -> Value {
         .collect()
 }
 
-/// Exit counts by reason, for the total or one vCPU.
+/// A NIC's counters (MMDS's too, on a NIC that answers it).
 fn net_json(n: &exitless_vmm::virtio::net::NetCounters) -> Value {
     json!({
         "tx_frames": n.tx_frames, "tx_bytes": n.tx_bytes, "tx_copied": n.tx_copied, "tx_dropped": n.tx_dropped,
-        "rx_frames": n.rx_frames, "rx_dropped": n.rx_dropped, "bad_chains": n.bad_chains,
+        "rx_frames": n.rx_frames, "rx_dropped": n.rx_dropped, "bad_chains": n.bad_chains, "bad_headers": n.bad_headers,
+        "mmds": {"frames_in": n.mmds.frames_in, "frames_out": n.mmds.frames_out, "requests": n.mmds.requests, "dropped": n.mmds.dropped},
         "kicks": n.kicks, "irqs": n.irqs, "tx_throttled": n.tx_throttled, "rx_throttled": n.rx_throttled,
         "poll": poll_json(&n.poll),
     })
 }
 
+/// Exit counts by reason, for the total or one vCPU.
 fn exit_counts(stats: &ExitStats) -> Map<String, Value> {
     ExitKind::ALL.iter().filter(|&&k| stats.exits(k) > 0).map(|&k| (k.name().into(), json!(stats.exits(k)))).collect()
 }

@@ -62,17 +62,60 @@ fn frames_arrive_intact_on_both_tx_paths() {
 }
 
 #[test]
+fn tso_frames_arrive_whole_with_their_headers_and_plain_tcp_with_good_checksums() {
+    if !net_or_skip("tso_frames_arrive_whole_with_their_headers_and_plain_tcp_with_good_checksums") {
+        return;
+    }
+    let dir = tempdir();
+    let json_path = dir.join("net.json");
+    let args = ["bench", "net", "--frames", "tso,tcp", "--sizes", "1K,64K", "--seconds", "0.3", "--repeat", "1"];
+    let out = exitless(&[&args[..], &["--poll", "off", "--json", json_path.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    // tso at 1K and 64K, tcp at 1514 only; each on both paths.
+    let kinds: Vec<_> = rows.iter().map(|r| (r["frame_kind"].as_str().unwrap(), r["size"].as_u64().unwrap())).collect();
+    assert_eq!(rows.len(), 6, "{kinds:?}");
+    assert!(kinds.contains(&("tcp+tso", 65535)) && kinds.contains(&("tcp", 1514)), "{kinds:?}");
+    for r in rows {
+        // The sink counts a frame only with its bytes, its header (TSO) or checksum (tcp) right.
+        assert_eq!(r["lost"], 0, "{r}");
+        assert!(r["frames"].as_u64().unwrap() > 10, "{r}");
+    }
+    let targets = json["targets"].as_array().unwrap();
+    assert!(targets.iter().any(|t| t["target"].as_str().unwrap().starts_with("64K TSO sends >= 3x")), "{json}");
+}
+
+#[test]
 fn netecho_round_trips_host_frames_and_takes_interrupts() {
     if !net_or_skip("netecho_round_trips_host_frames_and_takes_interrupts") {
         return;
     }
-    let report = exitless_lab::net::echo(40, 300, Duration::from_secs(60)).expect("echo run");
+    let report = exitless_lab::net::echo(40, 300, false, Duration::from_secs(60)).expect("echo run");
     let mut seqs = report.sink.seqs.clone();
     seqs.sort_unstable();
     assert_eq!(seqs, (0..40).collect::<Vec<u64>>(), "every frame back once: {:?}", report.sink);
     assert_eq!(report.sink.corrupt, 0);
     assert!(report.interrupts > 0, "RX asked for interrupts");
-    assert!(report.console.contains("echoed 40 frames; rx interrupt delivered"), "{}", report.console);
+    assert!(
+        report.console.contains("echoed 40 frames (at most 1 buffers each); rx interrupt delivered"),
+        "{}",
+        report.console
+    );
+}
+
+#[test]
+fn frames_of_64k_arrive_over_mergeable_buffers_intact() {
+    if !net_or_skip("frames_of_64k_arrive_over_mergeable_buffers_intact") {
+        return;
+    }
+    // 65535-byte frames into 4 KiB buffers: 17 each, num_buffers saying so.
+    let report = exitless_lab::net::echo(24, 65535, true, Duration::from_secs(60)).expect("echo run");
+    let mut seqs = report.sink.seqs.clone();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (0..24).collect::<Vec<u64>>(), "every frame back once, byte for byte: {:?}", report.sink);
+    assert_eq!(report.sink.corrupt, 0);
+    assert!(report.console.contains("echoed 24 frames (at most 17 buffers each)"), "{}", report.console);
 }
 
 #[test]
@@ -87,9 +130,11 @@ fn a_hostile_driver_leaves_the_vmm_running() {
     assert!(text.contains("nethostile: all checks passed"), "{text}");
     assert!(!text.contains("FAILED"), "{text}");
     assert!(json["devices"]["virtio-net"]["writes"].as_u64().unwrap() > 100, "{json}");
-    // Seven bad chains dropped and counted; the two good frames (before and after a reset) sent.
+    // Seven bad chains dropped and counted; the good frames (before and after a reset) sent.
     assert!(json["net"]["bad_chains"].as_u64().unwrap() >= 7, "{json}");
-    assert!(json["net"]["tx_frames"].as_u64().unwrap() >= 2, "{json}");
+    assert!(json["net"]["tx_frames"].as_u64().unwrap() >= 3, "{json}");
+    // Six frames with headers the tap must not see: dropped and counted, never written.
+    assert_eq!(json["net"]["bad_headers"], 6, "{json}");
 }
 
 #[test]

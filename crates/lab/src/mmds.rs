@@ -106,6 +106,7 @@ fn run_one(
         rx_limits: Default::default(),
         tx_limits: Default::default(),
         mmds: Some((Arc::new(Mutex::new(store)), DEFAULT_ADDRESS)),
+        offloads: true,
     };
     let v = if version == Version::V2 { 2 } else { 1 };
     let params = vec![v, SEED, opts.value_len as u64, u64::from(opts.sessions), 0];

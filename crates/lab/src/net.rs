@@ -6,7 +6,7 @@ use crate::chart;
 use crate::control::{drive, guest_tsc_khz, lab_machine, LabMachine, Window};
 use crate::netns::{Netns, NetnsError};
 use crate::report::{no_row_slower_than_off, targets_json, targets_text, Outputs, Target, WriteError};
-use crate::sink::{frame, Sink, SinkError, SinkReport};
+use crate::sink::{frame, FrameKind, Sink, SinkError, SinkReport};
 use crate::stats::median;
 use exitless_vmm::machine::read_result;
 use exitless_vmm::poll::PollMode;
@@ -21,6 +21,9 @@ pub const LAB_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0xe1, 0xe5, 0x02];
 
 pub struct Options {
     pub sizes: Vec<usize>,
+    /// What the guest sends (sink.rs): the lab's frames, TCP with offloads (at `sizes`),
+    /// TCP without them (MTU-sized only: a guest without TSO sends no larger).
+    pub kinds: Vec<FrameKind>,
     pub seconds: f64,
     pub repeat: u32,
     /// The device thread's polling modes to measure each row with.
@@ -51,6 +54,7 @@ pub enum NetBenchError {
 
 #[derive(Clone, Debug)]
 pub struct Row {
+    pub kind: FrameKind,
     pub size: usize,
     pub path: TxMode,
     pub poll: PollMode,
@@ -72,6 +76,17 @@ pub struct Row {
     /// chains under 256 bytes).
     pub copy_ns_per_pkt: f64,
 }
+
+pub fn kind_name(k: FrameKind) -> &'static str {
+    match k {
+        FrameKind::Lab => "lab",
+        FrameKind::Tso => "tcp+tso",
+        FrameKind::Plain => "tcp",
+    }
+}
+
+/// The size plain TCP rows are sent at: a full 1500-byte MTU.
+pub const MTU_FRAME: usize = 1514;
 
 pub fn path_name(p: TxMode) -> &'static str {
     match p {
@@ -123,7 +138,7 @@ pub(crate) fn boot_with(
     payload: &str,
     params: Vec<u64>,
     (tx, poll): (TxMode, PollMode),
-    size: usize,
+    (size, kind): (usize, FrameKind),
     console: Option<crate::control::Console>,
 ) -> Result<Booted, NetBenchError> {
     let tap = tap_name();
@@ -135,6 +150,8 @@ pub(crate) fn boot_with(
         rx_limits: Default::default(),
         tx_limits: Default::default(),
         mmds: None,
+        // Plain TCP rows run on a NIC without offloads: "offloads off" for comparison.
+        offloads: kind != FrameKind::Plain,
     };
     let LabMachine { machine, control, .. } = lab_machine(payload, params, |c| {
         c.devices.nets = vec![net];
@@ -144,20 +161,20 @@ pub(crate) fn boot_with(
         }
     })?;
     netns.adopt(&tap)?;
-    let sink = Sink::spawn(netns, &tap, size)?;
+    let sink = Sink::spawn_for(netns, &tap, size, kind)?;
     Ok((machine, control, sink))
 }
 
 /// One size on one path with one polling mode.
 fn run_one(
     netns: &Netns,
-    size: usize,
+    (kind, size): (FrameKind, usize),
     (path, poll): (TxMode, PollMode),
     opts: &Options,
     tsc_khz: u64,
 ) -> Result<Row, NetBenchError> {
-    let params = vec![size as u64, u64::MAX, (opts.seconds * 1000.0) as u64, tsc_khz];
-    let (machine, control, sink) = boot_with(netns, "nettx", params, (path, poll), size, None)?;
+    let params = vec![size as u64, u64::MAX, (opts.seconds * 1000.0) as u64, tsc_khz, 0, 0, kind.param()];
+    let (machine, control, sink) = boot_with(netns, "nettx", params, (path, poll), (size, kind), None)?;
     let mut lab = TxSteps::new(snapshot);
     drive(&machine, &control, opts.timeout, &mut lab)?;
     if let Some(status) = machine.control().exit_status().filter(|&s| s != 0) {
@@ -176,6 +193,7 @@ fn run_one(
     let gbps = report.bytes as f64 * 8.0 / seconds / 1e9;
     let cpu_seconds = (end.cpu - begin.cpu).as_secs_f64();
     Ok(Row {
+        kind,
         size,
         path,
         poll,
@@ -203,7 +221,11 @@ pub fn measure(opts: &Options) -> Result<Vec<Row>, NetBenchError> {
     let combos: Vec<(TxMode, PollMode)> =
         opts.polls.iter().flat_map(|&poll| [(TxMode::Copy, poll), (TxMode::Zerocopy, poll)]).collect();
     let mut rows = Vec::new();
-    for (i, &size) in opts.sizes.iter().enumerate() {
+    let rows_of = |&kind: &FrameKind| {
+        let sizes = if kind == FrameKind::Plain { vec![MTU_FRAME] } else { opts.sizes.clone() };
+        sizes.into_iter().map(move |size| (kind, size))
+    };
+    for (i, (kind, size)) in opts.kinds.iter().flat_map(rows_of).enumerate() {
         let mut runs: Vec<Vec<Row>> = vec![Vec::new(); combos.len()];
         for r in 0..opts.repeat as usize {
             for k in 0..combos.len() {
@@ -211,9 +233,10 @@ pub fn measure(opts: &Options) -> Result<Vec<Row>, NetBenchError> {
                 let (path, poll) = combos[c];
                 if progress {
                     let (p, n) = (path_name(path), opts.repeat);
-                    eprint!("\rnet: {} {p} poll {poll} run {}/{n} ...\x1b[K", human_size(size), r + 1);
+                    let (k, s) = (kind_name(kind), human_size(size));
+                    eprint!("\rnet: {k} {s} {p} poll {poll} run {}/{n} ...\x1b[K", r + 1);
                 }
-                runs[c].push(run_one(&netns, size, combos[c], opts, tsc_khz)?);
+                runs[c].push(run_one(&netns, (kind, size), combos[c], opts, tsc_khz)?);
             }
         }
         rows.extend(runs.iter().map(|r| median_row(r)));
@@ -276,13 +299,19 @@ pub(crate) fn start_at_begin<S, T: Default + Send + 'static>(
     })
 }
 
-/// Sends `frames` frames of `size` bytes from the namespace to a `netecho` guest and
-/// returns what came back.
-pub fn echo(frames: u64, size: usize, timeout: Duration) -> Result<EchoReport, NetBenchError> {
+/// Sends `frames` frames of `size` bytes from the namespace to a `netecho` guest (with
+/// mergeable receive buffers of 4 KiB if `mergeable`) and returns what came back.
+pub fn echo(frames: u64, size: usize, mergeable: bool, timeout: Duration) -> Result<EchoReport, NetBenchError> {
     let netns = Netns::create(&format!("exitless-echo-{}", std::process::id()))?;
     let console = crate::control::Console::default();
-    let (machine, control, sink) =
-        boot_with(&netns, "netecho", vec![frames], (TxMode::Zerocopy, PollMode::Off), size, Some(console.clone()))?;
+    let (machine, control, sink) = boot_with(
+        &netns,
+        "netecho",
+        vec![frames, u64::from(mergeable)],
+        (TxMode::Zerocopy, PollMode::Off),
+        (size, FrameKind::Lab),
+        Some(console.clone()),
+    )?;
     let sender = sink.sender();
     let mut lab = TxSteps::new(snapshot);
     start_at_begin(&mut lab, move || {
@@ -303,13 +332,29 @@ pub fn echo(frames: u64, size: usize, timeout: Duration) -> Result<EchoReport, N
 pub fn targets(rows: &[Row]) -> Vec<Target> {
     let mut out = Vec::new();
     let Some(first) = rows.first().map(|r| r.poll) else { return out };
-    let find = |size, path, poll| rows.iter().find(|r| r.size == size && r.path == path && r.poll == poll);
-    for size in [16 * 1024, MAX_SIZE] {
-        if let (Some(c), Some(z)) = (find(size, TxMode::Copy, first), find(size, TxMode::Zerocopy, first)) {
-            let x = z.gbps_per_cpu_second / c.gbps_per_cpu_second;
-            let what = format!("zerocopy Gb/s per VMM CPU-s >= 1.3x copy at {}", human_size(size));
-            out.push(Target::new(what, format!("{x:.2}x"), x >= 1.3));
+    let find = |kind, size, path, poll| {
+        rows.iter().find(|r| r.kind == kind && r.size == size && r.path == path && r.poll == poll)
+    };
+    for kind in [FrameKind::Lab, FrameKind::Tso] {
+        for size in [16 * 1024, MAX_SIZE] {
+            let (copy, zero) = (find(kind, size, TxMode::Copy, first), find(kind, size, TxMode::Zerocopy, first));
+            if let (Some(c), Some(z)) = (copy, zero) {
+                let x = z.gbps_per_cpu_second / c.gbps_per_cpu_second;
+                let what =
+                    format!("zerocopy Gb/s per VMM CPU-s >= 1.3x copy at {} {}", kind_name(kind), human_size(size));
+                out.push(Target::new(what, format!("{x:.2}x"), x >= 1.3));
+            }
         }
+    }
+    // The same bytes as 64K offloaded sends and as MTU-sized frames with the guest's checksums.
+    let tso = find(FrameKind::Tso, MAX_SIZE, TxMode::Zerocopy, first);
+    if let (Some(t), Some(p)) = (tso, find(FrameKind::Plain, MTU_FRAME, TxMode::Zerocopy, first)) {
+        let x = t.gbps / p.gbps;
+        out.push(Target::new(
+            "64K TSO sends >= 3x the Gb/s of 1514-byte frames without offloads",
+            format!("{x:.2}x"),
+            x >= 3.0,
+        ));
     }
     for r in rows.iter().filter(|r| r.size == MAX_SIZE && r.poll == first) {
         let ok = r.exits_per_pkt < 0.1;
@@ -320,9 +365,9 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
         rows,
         "row",
         |r| Some(r.poll),
-        |r| (r.size, r.path),
+        |r| (r.kind.param(), r.size, r.path),
         |r| r.gbps,
-        |r| format!("{} {}", human_size(r.size), path_name(r.path)),
+        |r| format!("{} {} {}", kind_name(r.kind), human_size(r.size), path_name(r.path)),
     ));
     let lost: u64 = rows.iter().map(|r| r.lost + r.corrupt).sum();
     out.push(Target::new("lost 0 everywhere", lost.to_string(), lost == 0));
@@ -348,7 +393,8 @@ pub fn table(rows: &[Row], opts: &Options) -> String {
         opts.seconds, opts.repeat
     );
     s += &format!(
-        "{:>6} {:<9} {:<9} {:>8} {:>10} {:>10} {:>10} {:>13} {:>12} {:>6} {:>15} {:>12}\n",
+        "{:<8} {:>6} {:<9} {:<9} {:>8} {:>10} {:>10} {:>10} {:>13} {:>12} {:>6} {:>15} {:>12}\n",
+        "frames",
         "size",
         "path",
         "poll",
@@ -364,7 +410,8 @@ pub fn table(rows: &[Row], opts: &Options) -> String {
     );
     for r in rows {
         s += &format!(
-            "{:>6} {:<9} {:<9} {:>8.2} {:>10.1} {:>10.3} {:>10.3} {:>13.3} {:>12} {:>6} {:>15.2} {:>12.0}\n",
+            "{:<8} {:>6} {:<9} {:<9} {:>8.2} {:>10.1} {:>10.3} {:>10.3} {:>13.3} {:>12} {:>6} {:>15.2} {:>12.0}\n",
+            kind_name(r.kind),
             human_size(r.size),
             path_name(r.path),
             r.poll.to_string(),
@@ -386,7 +433,7 @@ pub fn json(rows: &[Row]) -> serde_json::Value {
     let out: Vec<_> = rows
         .iter()
         .map(|r| {
-            json!({"size": r.size, "path": path_name(r.path), "poll": r.poll.to_string(), "gbps": r.gbps, "vmm_cpu_pct": r.vmm_cpu_pct,
+            json!({"frame_kind": kind_name(r.kind), "size": r.size, "path": path_name(r.path), "poll": r.poll.to_string(), "gbps": r.gbps, "vmm_cpu_pct": r.vmm_cpu_pct,
                    "exits_per_pkt": r.exits_per_pkt, "irqs_per_pkt": r.irqs_per_pkt,
                    "wakeups_per_pkt": r.wakeups_per_pkt, "lost": r.lost + r.corrupt,
                    "frames": r.sent, "gbps_per_cpu_second": r.gbps_per_cpu_second,
@@ -404,9 +451,13 @@ pub fn run(opts: &Options) -> Result<Vec<Row>, NetBenchError> {
     opts.outputs.write(
         || json(&rows),
         || {
-            let bars = rows
-                .iter()
-                .map(|r| (human_size(r.size), format!("{} poll {}", path_name(r.path), r.poll), r.gbps_per_cpu_second));
+            let bars = rows.iter().map(|r| {
+                (
+                    format!("{} {}", kind_name(r.kind), human_size(r.size)),
+                    format!("{} poll {}", path_name(r.path), r.poll),
+                    r.gbps_per_cpu_second,
+                )
+            });
             let title = "virtio-net TX: Gb/s per second of VMM CPU, by message size";
             chart::draw(&[chart::Panel::grouped(title, "Gb/s per CPU-s", false, bars)])
         },

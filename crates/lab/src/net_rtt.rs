@@ -9,6 +9,7 @@ use crate::net::{boot_with, start_at_begin, thread_cpu, NetBenchError, HOST_MAC}
 use crate::netns::Netns;
 use crate::report::{targets_json, targets_text, Outputs, Target};
 use crate::sink::frame;
+use crate::sink::FrameKind;
 use crate::stats::median;
 use exitless_vmm::poll::PollMode;
 use exitless_vmm::virtio::net::TxMode;
@@ -60,7 +61,7 @@ type Run = (f64, f64, f64, Option<f64>);
 /// rtt, and with `idle` the device thread's CPU % in the second of two idle seconds halfway).
 fn run_one(netns: &Netns, poll: PollMode, opts: &RttOptions, idle: bool) -> Result<Run, NetBenchError> {
     let (machine, control, sink) =
-        boot_with(netns, "netecho", vec![opts.rounds], (TxMode::Zerocopy, poll), opts.size, None)?;
+        boot_with(netns, "netecho", vec![opts.rounds], (TxMode::Zerocopy, poll), (opts.size, FrameKind::Lab), None)?;
     let (sender, seen) = (sink.sender(), sink.frames_seen());
     let (rounds, size) = (opts.rounds, opts.size);
     let device = machine.devices().nets().next().map(|n| n.stats.clone());

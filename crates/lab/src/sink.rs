@@ -17,6 +17,34 @@ pub fn pattern(j: usize) -> u8 {
 
 const SEQ_AT: usize = 14;
 const PATTERN_FROM: usize = 22;
+/// In a TCP frame: the sequence number at the start of the TCP payload, then the pattern.
+const TCP_SEQ_AT: usize = 54;
+const TCP_PATTERN_FROM: usize = 62;
+/// The virtio_net_hdr a packet socket with PACKET_VNET_HDR puts before each frame.
+const VNET_HDR: usize = 10;
+
+/// What the guest sends (nettx's param 6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameKind {
+    /// The lab's ethertype, sequence number at byte 14.
+    Lab,
+    /// IPv4/TCP with checksum and segmentation offloads: frames arrive whole, with the
+    /// virtio-net header the guest wrote (NEEDS_CSUM; TSO4 with an MSS of 1448 above it).
+    Tso,
+    /// IPv4/TCP with the guest's own checksums, which the sink verifies.
+    Plain,
+}
+
+impl FrameKind {
+    /// nettx's param 6.
+    pub fn param(self) -> u64 {
+        match self {
+            FrameKind::Lab => 0,
+            FrameKind::Tso => 1,
+            FrameKind::Plain => 2,
+        }
+    }
+}
 
 /// A lab frame: broadcast, from `src`, the lab ethertype, `seq`, then the pattern.
 pub fn frame(src: [u8; 6], size: usize, seq: u64) -> Vec<u8> {
@@ -65,9 +93,10 @@ pub enum SinkError {
     Socket(String, std::io::Error),
 }
 
-fn packet_socket(ifname: &str) -> Result<(OwnedFd, i32), SinkError> {
+fn packet_socket(ifname: &str, kind: FrameKind) -> Result<(OwnedFd, i32), SinkError> {
     let err = |e| SinkError::Socket(ifname.into(), e);
-    let proto = (LAB_ETHERTYPE as u16).to_be();
+    let ethertype = if kind == FrameKind::Lab { LAB_ETHERTYPE as u16 } else { libc::ETH_P_IP as u16 };
+    let proto = ethertype.to_be();
     // SAFETY: plain socket(2); the fd is owned right below.
     let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, i32::from(proto)) };
     if fd < 0 {
@@ -97,6 +126,16 @@ fn packet_socket(ifname: &str) -> Result<(OwnedFd, i32), SinkError> {
     if r != 0 {
         return Err(err(std::io::Error::last_os_error()));
     }
+    if kind != FrameKind::Lab {
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt with an int option value.
+        let r = unsafe {
+            libc::setsockopt(fd.as_raw_fd(), libc::SOL_PACKET, libc::PACKET_VNET_HDR, (&on as *const i32).cast(), 4)
+        };
+        if r != 0 {
+            return Err(err(std::io::Error::last_os_error()));
+        }
+    }
     let rcvbuf: libc::c_int = 512 << 20;
     let timeout = libc::timeval { tv_sec: 0, tv_usec: 50_000 };
     // SAFETY: setsockopt with correctly sized option values; failures only cost headroom.
@@ -116,18 +155,24 @@ fn packet_socket(ifname: &str) -> Result<(OwnedFd, i32), SinkError> {
 impl Sink {
     /// Starts a sink on `ifname` inside `netns`, expecting frames of `size` bytes (any size if 0).
     pub fn spawn(netns: &Netns, ifname: &str, size: usize) -> Result<Sink, SinkError> {
+        Sink::spawn_for(netns, ifname, size, FrameKind::Lab)
+    }
+
+    /// The same for frames of `kind`.
+    pub fn spawn_for(netns: &Netns, ifname: &str, size: usize, kind: FrameKind) -> Result<Sink, SinkError> {
         // The socket is made on a thread that entered the namespace, then shared.
         let (tx, rx) = std::sync::mpsc::channel();
         let (ns, name) = (netns.name.clone(), ifname.to_string());
         std::thread::spawn(move || {
-            let result = enter_current_thread(&ns).map_err(SinkError::from).and_then(|()| packet_socket(&name));
+            let result = enter_current_thread(&ns).map_err(SinkError::from).and_then(|()| packet_socket(&name, kind));
             let _ = tx.send(result);
         });
         let (socket, ifindex) = rx.recv().map_err(|e| SinkError::Socket(ifname.into(), std::io::Error::other(e)))??;
         let socket = Arc::new(socket);
         let shared = Arc::new(Shared::default());
         let (s2, sock2) = (shared.clone(), socket.clone());
-        let thread = std::thread::Builder::new().name("sink".into()).spawn(move || receive(&sock2, &s2, size)).ok();
+        let thread =
+            std::thread::Builder::new().name("sink".into()).spawn(move || receive(&sock2, &s2, size, kind)).ok();
         Ok(Sink { shared, socket, ifindex, thread })
     }
 
@@ -203,7 +248,7 @@ impl Sink {
     }
 }
 
-fn receive(socket: &OwnedFd, shared: &Shared, size: usize) -> SinkReport {
+fn receive(socket: &OwnedFd, shared: &Shared, size: usize, kind: FrameKind) -> SinkReport {
     let mut report = SinkReport::default();
     if !exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Helper) {
         return report;
@@ -230,27 +275,80 @@ fn receive(socket: &OwnedFd, shared: &Shared, size: usize) -> SinkReport {
         if n < 0 || from.sll_pkttype == libc::PACKET_OUTGOING {
             continue; // timeout, or a frame we sent ourselves
         }
-        let f = &buf[..n as usize];
-        let intact = f.len() >= PATTERN_FROM
-            && (size == 0 || f.len() == size)
-            && f[12..14] == (LAB_ETHERTYPE as u16).to_be_bytes()
-            && f[PATTERN_FROM..] == expected[PATTERN_FROM..f.len()];
-        if !intact {
-            report.corrupt += 1;
-            continue;
-        }
-        let seq = u64::from_le_bytes(f[SEQ_AT..PATTERN_FROM].try_into().unwrap_or_default());
+        let seq = match check(&buf[..n as usize], size, kind, &expected) {
+            Checked::Intact(seq) => seq,
+            Checked::NotOurs => continue,
+            Checked::Corrupt => {
+                report.corrupt += 1;
+                continue;
+            }
+        };
+        let f_len = n as usize - if kind == FrameKind::Lab { 0 } else { VNET_HDR };
         if !seen.insert(seq) {
             report.duplicates += 1;
             continue;
         }
         report.frames += 1;
-        report.bytes += f.len() as u64;
+        report.bytes += f_len as u64;
         report.seqs.push(seq);
         shared.frames.store(report.frames, Ordering::Release);
     }
     report.socket_drops = socket_drops(socket);
     report
+}
+
+enum Checked {
+    Intact(u64),
+    /// Another flow's frame (the namespace's own traffic).
+    NotOurs,
+    Corrupt,
+}
+
+/// Whether `got` (after its virtio-net header, for TCP kinds) is an intact frame of
+/// `size` bytes (any if 0) of `kind`, and its sequence number.
+fn check(got: &[u8], size: usize, kind: FrameKind, expected: &[u8]) -> Checked {
+    let seq_at = |f: &[u8], at: usize| u64::from_le_bytes(f[at..at + 8].try_into().unwrap_or_default());
+    if kind == FrameKind::Lab {
+        let intact = got.len() >= PATTERN_FROM
+            && (size == 0 || got.len() == size)
+            && got[12..14] == (LAB_ETHERTYPE as u16).to_be_bytes()
+            && got[PATTERN_FROM..] == expected[PATTERN_FROM..got.len()];
+        return if intact { Checked::Intact(seq_at(got, SEQ_AT)) } else { Checked::Corrupt };
+    }
+    if got.len() < VNET_HDR + TCP_PATTERN_FROM {
+        return Checked::NotOurs;
+    }
+    let (hdr, f) = got.split_at(VNET_HDR);
+    if f[23] != 6 || f[36..38] != 5001u16.to_be_bytes() {
+        return Checked::NotOurs;
+    }
+    let bytes_ok = (size == 0 || f.len() == size) && f[TCP_PATTERN_FROM..] == expected[TCP_PATTERN_FROM..f.len()];
+    let header_ok = match kind {
+        // What the guest wrote: a partial checksum from byte 34; TSO4 with its MSS above one.
+        FrameKind::Tso => {
+            let gso = f.len() > 14 + 40 + 1448;
+            hdr[0] & 1 == 1 && hdr[1] == u8::from(gso) && (!gso || hdr[4..6] == 1448u16.to_le_bytes())
+        }
+        _ => tcp_checksum_ok(f),
+    };
+    if bytes_ok && header_ok {
+        Checked::Intact(seq_at(f, TCP_SEQ_AT))
+    } else {
+        Checked::Corrupt
+    }
+}
+
+/// The ones' complement sum over the TCP pseudo-header and segment is all ones.
+fn tcp_checksum_ok(f: &[u8]) -> bool {
+    let segment = &f[34..];
+    let mut sum: u64 = 6 + segment.len() as u64;
+    for w in f[26..34].chunks(2).chain(segment.chunks(2)) {
+        sum += u64::from(w[0]) << 8 | u64::from(*w.get(1).unwrap_or(&0));
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum == 0xffff
 }
 
 /// PACKET_STATISTICS: frames the kernel dropped for want of room at this socket.

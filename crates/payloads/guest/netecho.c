@@ -3,25 +3,36 @@
  * receives back out, unchanged, until it has echoed N; anything else (the host's own
  * IPv6 chatter, say) is dropped. RX asks for an interrupt per frame; at the end
  * the LAPIC's IRR shows whether the RX MSI-X vector really arrived.
- * Params: 0 = frames to echo (default 16). Results: 0 = frames echoed.
+ * With param 1 = 1 it negotiates MRG_RXBUF and posts 4 KiB receive buffers, so a large
+ * frame arrives spread over several (num_buffers in its header says how many); they are
+ * joined before the echo.
+ * Params: 0 = frames to echo (default 16), 1 = 1 for mergeable receive buffers.
+ * Results: 0 = frames echoed, 1 = the most buffers one frame took.
  */
 #include "runtime.h"
 #include "netbuf.h"
 
+#define VIRTIO_NET_F_MRG_RXBUF (1ULL << 15)
+#define MERGEABLE_BUFFER 4096
+
 static struct vdev net;
 static struct slots txs;
+static u32 rx_len = RX_SLOT_SIZE;
 
 static void post_rx(u16 slot) {
 	net.rx.desc[slot].addr = RX_SLOT(slot);
-	net.rx.desc[slot].len = RX_SLOT_SIZE;
+	net.rx.desc[slot].len = rx_len;
 	net.rx.desc[slot].flags = VRING_DESC_F_WRITE;
 	if (vq_push(&net.rx, slot)) vq_kick(&net.rx);
 }
 
 int main(void) {
-	u64 want = param(0, 16), echoed = 0;
+	u64 want = param(0, 16), echoed = 0, most = 0;
+	int mergeable = param(1, 0) == 1;
 	enter_user();
-	int err = vnet_init(&net, VIRTIO_F_EVENT_IDX | VIRTIO_NET_F_MAC, VQ_SIZE);
+	int err = vnet_init(&net, VIRTIO_F_EVENT_IDX | VIRTIO_NET_F_MAC | (mergeable ? VIRTIO_NET_F_MRG_RXBUF : 0), VQ_SIZE);
+	if (!err && mergeable && !(net.features & VIRTIO_NET_F_MRG_RXBUF)) err = -99;
+	if (mergeable) rx_len = MERGEABLE_BUFFER;
 	if (err) {
 		print("netecho: virtio-net init failed at step %d\n", -err);
 		return 3;
@@ -44,24 +55,39 @@ int main(void) {
 		}
 		vq_interrupt_after(&net.rx, 1);
 		u8 *src = (u8 *)RX_SLOT(head);
-		int lab = len >= VNET_HDR_LEN + 14 && src[VNET_HDR_LEN + 12] == (u8)(LAB_ETHERTYPE >> 8) &&
-			  src[VNET_HDR_LEN + 13] == (u8)LAB_ETHERTYPE;
-		if (lab && len <= RX_SLOT_SIZE) {
-			u16 slot = txs.free[--txs.n];
-			u8 *dst = (u8 *)TX_SLOT(slot);
-			for (u32 i = 0; i < VNET_HDR_LEN; i++) dst[i] = 0;
-			for (u32 i = VNET_HDR_LEN; i < len; i++) dst[i] = src[i];
-			tx_send(&net.tx, slot, len);
-			echoed++;
-		}
+		u16 slot = txs.free[--txs.n];
+		u8 *dst = (u8 *)TX_SLOT(slot);
+		u32 total = len < rx_len ? len : rx_len;
+		for (u32 i = 0; i < total; i++) dst[i] = src[i];
 		post_rx((u16)head);
+		/* num_buffers (header bytes 10-11): the buffers after the first are used next. */
+		u32 buffers = mergeable ? (u32)(src[10] | src[11] << 8) : 1;
+		if (buffers > most) most = buffers;
+		for (u32 b = 1; b < buffers; b++) {
+			while ((head = vq_pop_used(&net.rx, &len)) < 0) __asm__ volatile("pause");
+			u8 *more = (u8 *)RX_SLOT(head);
+			for (u32 i = 0; i < len && total + i < SLOT_SIZE; i++) dst[total + i] = more[i];
+			total += len;
+			post_rx((u16)head);
+		}
+		int lab = total >= VNET_HDR_LEN + 14 && total <= SLOT_SIZE && dst[VNET_HDR_LEN + 12] == (u8)(LAB_ETHERTYPE >> 8) &&
+			  dst[VNET_HDR_LEN + 13] == (u8)LAB_ETHERTYPE;
+		if (lab) {
+			for (u32 i = 0; i < VNET_HDR_LEN; i++) dst[i] = 0;
+			tx_send(&net.tx, slot, total);
+			echoed++;
+		} else {
+			txs.free[txs.n++] = slot;
+		}
 	}
 	while (txs.n < VQ_SIZE) {
 		int head = vq_pop_used(&net.tx, 0);
 		if (head >= 0) txs.free[txs.n++] = (u16)head;
 	}
 	set_result(0, echoed);
+	set_result(1, most);
 	lab_op(LAB_OP_END, 0);
-	print("netecho: echoed %lu frames; rx interrupt %s\n", echoed, lapic_irr(VIRTIO_IRQ_BASE + 1) ? "delivered" : "NOT delivered");
+	print("netecho: echoed %lu frames (at most %lu buffers each); rx interrupt %s\n", echoed, most,
+	      lapic_irr(VIRTIO_IRQ_BASE + 1) ? "delivered" : "NOT delivered");
 	return 0;
 }

@@ -30,9 +30,23 @@ static int bounced(u16 head) {
 	return got == head && len == 0;
 }
 
-static void reset_and_init(void) {
-	int err = vnet_init(&net, VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | VIRTIO_NET_F_MAC, VQ_SIZE);
+static void init_with(u64 extra) {
+	int err = vnet_init(&net, VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | VIRTIO_NET_F_MAC | extra, VQ_SIZE);
 	if (err) print("nethostile: re-init failed at step %d\n", -err);
+}
+
+static void reset_and_init(void) { init_with(0); }
+
+/* A 128-byte frame whose virtio-net header says what it must not; it must come back
+ * used without reaching the tap (the device counts it). */
+static int bad_header(u16 slot, u8 flags, u8 gso_type, u16 gso_size, u16 csum_start, u16 csum_offset) {
+	u8 *b = (u8 *)TX_SLOT(slot);
+	frame_fill(b, 128, net.mac);
+	b[0] = flags, b[1] = gso_type, b[2] = 54, b[3] = 0;
+	b[4] = (u8)gso_size, b[5] = (u8)(gso_size >> 8), b[6] = (u8)csum_start, b[7] = (u8)(csum_start >> 8);
+	b[8] = (u8)csum_offset, b[9] = (u8)(csum_offset >> 8);
+	net.tx.desc[slot] = (struct vring_desc){TX_SLOT(slot), 128 + VNET_HDR_LEN, 0, 0};
+	return bounced(slot);
 }
 
 static int good_frame(u16 slot) {
@@ -117,6 +131,19 @@ int main(void) {
 	for (u16 i = 20; i < 276 - 1; i++) d[i % VQ_SIZE] = (struct vring_desc){TX_SLOT(7), 64, VRING_DESC_F_NEXT, (u16)((i + 1) % VQ_SIZE)};
 	check(bounced(20), "a chain longer than the queue is dropped");
 	check(good_frame(7), "a good frame still goes out");
+
+	/* Headers the tap must never see (six, counted as bad headers): offloads that were not
+	 * negotiated, then, with CSUM and HOST_TSO4, sizes and offsets that do not fit. */
+	check(bad_header(8, 1, 0, 0, 34, 16), "a partial checksum without CSUM is dropped");
+	check(bad_header(9, 1, 1, 1448, 34, 16), "TSO4 without HOST_TSO4 is dropped");
+	init_with((1ULL << 0) | (1ULL << 11));
+	check(bad_header(10, 1, 1, 0, 34, 16), "a gso_size of 0 is dropped");
+	check(bad_header(11, 1, 1, 4000, 34, 16), "a gso_size over the frame is dropped");
+	check(bad_header(12, 1, 0, 0, 120, 16), "a checksum field beyond the frame is dropped");
+	check(bad_header(13, 1, 9, 64, 34, 16), "an unknown gso_type is dropped");
+	net.tx.desc[14] = (struct vring_desc){TX_SLOT(14), 8, 0, 0};
+	check(bounced(14), "a chain shorter than its header is dropped");
+	check(good_frame(15), "a good frame still goes out after them");
 
 	/* Garbage into MSI-X table, PBA, notify and device config; queue registers after DRIVER_OK. */
 	for (u32 i = 0; i < 512; i++) {

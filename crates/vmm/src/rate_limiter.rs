@@ -135,7 +135,18 @@ impl RateLimiter {
         self.consume_at(ops, bytes, Instant::now())
     }
 
-    fn consume_at(&mut self, ops: u64, bytes: u64, now: Instant) -> Result<(), Duration> {
+    /// Takes `ops` and `bytes` whether or not the buckets hold them (they may go below
+    /// zero): for work whose size is known only once it is done.
+    pub fn charge(&mut self, ops: u64, bytes: u64) {
+        for (bucket, n) in [(&mut self.ops, ops), (&mut self.bandwidth, bytes)] {
+            if let Some(b) = bucket {
+                b.take(n);
+            }
+        }
+    }
+
+    /// How long until `ops` and `bytes` could be taken (zero: now); takes nothing.
+    fn wait(&mut self, ops: u64, bytes: u64, now: Instant) -> Duration {
         let mut wait = Duration::ZERO;
         for (bucket, n) in [(&mut self.ops, ops), (&mut self.bandwidth, bytes)] {
             if let Some(b) = bucket {
@@ -143,6 +154,11 @@ impl RateLimiter {
                 wait = wait.max(b.wait_for(n, now));
             }
         }
+        wait
+    }
+
+    fn consume_at(&mut self, ops: u64, bytes: u64, now: Instant) -> Result<(), Duration> {
+        let wait = self.wait(ops, bytes, now);
         if !wait.is_zero() {
             return Err(wait);
         }
@@ -234,6 +250,33 @@ impl Throttle {
                 false
             }
         }
+    }
+
+    /// Whether one more operation may start now (a token of each kind in the buckets);
+    /// takes nothing: [`Throttle::charge`] takes what it cost once that is known.
+    pub fn ready(&mut self, throttled: &AtomicU64) -> bool {
+        if let Some(fresh) = self.slot.changed(&mut self.seen) {
+            self.limiter = fresh;
+            self.until = None;
+        }
+        if !self.limiter.limits() {
+            return true;
+        }
+        if self.until.is_some_and(|t| Instant::now() < t) {
+            return false;
+        }
+        let wait = self.limiter.wait(1, 1, Instant::now());
+        if wait.is_zero() {
+            return true;
+        }
+        throttled.fetch_add(1, Ordering::Relaxed);
+        self.until = Some(Instant::now() + wait);
+        false
+    }
+
+    /// Takes `ops` and `bytes` after the fact (see [`RateLimiter::charge`]).
+    pub fn charge(&mut self, ops: u64, bytes: u64) {
+        self.limiter.charge(ops, bytes);
     }
 
     /// The shorter of two waits (`timeout_ms` values; -1 is forever).

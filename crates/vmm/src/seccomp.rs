@@ -237,6 +237,8 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
                 // processor waits for SIPI again after S3 (crate::vcpu::sleep).
                 KVM_GET_MP_STATE(),
                 KVM_SET_MP_STATE(),
+                // A NIC's activation gives its tap the receive offloads the guest negotiated.
+                crate::net::tap::TUNSETOFFLOAD as _,
             ]
             .into_iter()
             .chain(vm)

@@ -211,6 +211,11 @@ pub struct NetArgs {
     /// Repeats; which path goes first alternates, and medians are reported.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeat: u32,
+    /// What the guest sends, comma-separated: `lab` (frames of the lab's ethertype),
+    /// `tso` (IPv4/TCP with checksum and segmentation offloads, at --sizes), `tcp` (IPv4/TCP
+    /// without offloads, the guest's own checksums, 1514-byte frames only).
+    #[arg(long, value_delimiter = ',', default_value = "lab", value_parser = parse_frame_kind, conflicts_with = "rtt")]
+    pub frames: Vec<exitless_lab::sink::FrameKind>,
     #[command(flatten)]
     pub out: OutputArgs,
     /// Give up on a guest that has not finished within this many seconds.
@@ -244,12 +249,23 @@ impl NetArgs {
     pub fn to_options(&self) -> exitless_lab::net::Options {
         exitless_lab::net::Options {
             sizes: self.sizes.clone(),
+            kinds: self.frames.clone(),
             seconds: self.seconds,
             repeat: self.repeat,
             polls: exitless_vmm::poll::distinct(self.poll.iter().copied()),
             outputs: self.out.outputs(),
             timeout: std::time::Duration::from_secs_f64(self.timeout),
         }
+    }
+}
+
+fn parse_frame_kind(s: &str) -> Result<exitless_lab::sink::FrameKind, String> {
+    use exitless_lab::sink::FrameKind;
+    match s {
+        "lab" => Ok(FrameKind::Lab),
+        "tso" => Ok(FrameKind::Tso),
+        "tcp" => Ok(FrameKind::Plain),
+        _ => Err(format!("{s:?} is not lab, tso or tcp")),
     }
 }
 

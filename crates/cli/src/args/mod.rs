@@ -255,8 +255,8 @@ pub struct RunArgs {
     /// A virtio-net device on tap NAME (created if missing), e.g. `tap=tap0,mac=52:54:00:12:34:56`;
     /// repeatable, one device (and device thread) each. Without `mac`, the n-th NIC gets
     /// 52:54:00:e1:e5:0n.
-    #[arg(long, value_name = "tap=NAME[,mac=MAC]", value_parser = parse_net)]
-    pub net: Vec<(String, Option<[u8; 6]>)>,
+    #[arg(long, value_name = "tap=NAME[,mac=MAC][,offloads=off]", value_parser = parse_net)]
+    pub net: Vec<(String, Option<[u8; 6]>, bool)>,
     /// How virtio-net transmits: `copy` (through a VMM buffer) or `zerocopy` (iovecs into
     /// guest memory; chains under 256 bytes are copied either way).
     #[arg(long, default_value = "zerocopy", value_parser = parse_tx, requires = "net")]
@@ -439,7 +439,7 @@ impl RunArgs {
             .net
             .iter()
             .enumerate()
-            .map(|(i, (tap, mac))| exitless_vmm::NetConfig {
+            .map(|(i, (tap, mac, offloads))| exitless_vmm::NetConfig {
                 tap: tap.clone(),
                 mac: mac.unwrap_or_else(|| derived(i)),
                 tx: self.net_tx,
@@ -447,21 +447,30 @@ impl RunArgs {
                 rx_limits: Default::default(),
                 tx_limits: Default::default(),
                 mmds: if i == 0 { mmds.clone() } else { None },
+                offloads: *offloads,
             })
             .collect())
     }
 }
 
-pub fn parse_net(s: &str) -> Result<(String, Option<[u8; 6]>), String> {
-    let (mut tap, mut mac) = (None, None);
+/// `tap=NAME[,mac=MAC][,offloads=off]`: the tap, the guest's MAC, whether checksum and
+/// segmentation offloads are offered.
+pub fn parse_net(s: &str) -> Result<(String, Option<[u8; 6]>, bool), String> {
+    let (mut tap, mut mac, mut offloads) = (None, None, true);
     for part in s.split(',') {
         match part.split_once('=') {
             Some(("tap", name)) if !name.is_empty() && name.len() < 16 => tap = Some(name.to_string()),
             Some(("mac", m)) => mac = Some(parse_mac(m)?),
-            _ => return Err(format!("'{part}' is not tap=NAME (up to 15 bytes) or mac=xx:xx:xx:xx:xx:xx")),
+            Some(("offloads", "on")) => offloads = true,
+            Some(("offloads", "off")) => offloads = false,
+            _ => {
+                return Err(format!(
+                    "'{part}' is not tap=NAME (up to 15 bytes), mac=xx:xx:xx:xx:xx:xx or offloads=on|off"
+                ))
+            }
         }
     }
-    Ok((tap.ok_or("--net needs tap=NAME")?, mac))
+    Ok((tap.ok_or("--net needs tap=NAME")?, mac, offloads))
 }
 
 pub fn parse_mmds_version(s: &str) -> Result<exitless_vmm::net::mmds::Version, String> {
@@ -579,7 +588,8 @@ mod tests {
 
     #[test]
     fn net_options() {
-        assert_eq!(parse_net("tap=t0").unwrap(), ("t0".into(), None));
+        assert_eq!(parse_net("tap=t0").unwrap(), ("t0".into(), None, true));
+        assert_eq!(parse_net("tap=t0,offloads=off").unwrap(), ("t0".into(), None, false));
         assert_eq!(parse_net("tap=t0,mac=02:00:00:00:00:0a").unwrap().1, Some([2, 0, 0, 0, 0, 10]));
         for bad in [
             "",
@@ -588,6 +598,7 @@ mod tests {
             "tap=t0,mac=zz",
             "tap=t0,mac=1:2:3",
             "tap=aaaaaaaaaaaaaaaa",
+            "tap=t0,offloads=maybe",
             "tap=t0,x=1",
         ] {
             assert!(parse_net(bad).is_err(), "{bad}");

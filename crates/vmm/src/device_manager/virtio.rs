@@ -29,6 +29,8 @@ pub struct NetConfig {
     pub tx_limits: Limits,
     /// MMDS answered on this NIC: the store and its address.
     pub mmds: Option<(SharedMmds, Ipv4Addr)>,
+    /// Checksum and segmentation offloads offered (as far as the tap carries them).
+    pub offloads: bool,
 }
 
 /// A virtio-blk device, for the API, the lab and the report.
@@ -97,6 +99,9 @@ impl DeviceManager {
         let setup = |source| DeviceError::Setup { name: "virtio-net".into(), source };
         let device = VirtioNet::new(tap, net.mac, net.tx, poll).map_err(setup)?;
         let mut device = device.with_mtu(net.mtu).with_limits(net.rx_limits, net.tx_limits);
+        if !net.offloads {
+            device = device.without_offloads();
+        }
         if let Some((store, ip)) = &net.mmds {
             device = device.with_mmds(store.clone(), *ip);
         }

@@ -12,10 +12,17 @@ const IFF_VNET_HDR: i16 = 0x4000;
 // _IOW('T', 202, int), _IOW('T', 216, int), _IOW('T', 208, unsigned int)
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
-const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+pub const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
 const SIOCGIFFLAGS: libc::c_ulong = 0x8913;
 const SIOCSIFFLAGS: libc::c_ulong = 0x8914;
 const IFF_UP: i16 = 0x1;
+
+/// Receive offloads (TUNSETOFFLOAD): what the tap may hand us.
+pub const TUN_F_CSUM: u32 = 0x01;
+pub const TUN_F_TSO4: u32 = 0x02;
+pub const TUN_F_TSO6: u32 = 0x04;
+pub const TUN_F_TSO_ECN: u32 = 0x08;
+pub const TUN_F_UFO: u32 = 0x10;
 
 /// The virtio-net header with VIRTIO_F_VERSION_1 (num_buffers included).
 pub const VNET_HDR_LEN: usize = 12;
@@ -127,6 +134,36 @@ impl Tap {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Lets the tap hand us frames with the receive offloads `flags` (TUN_F_*).
+    pub fn set_offloads(&self, flags: u32) -> std::io::Result<()> {
+        // SAFETY: TUNSETOFFLOAD takes its flags by value; the return value is checked.
+        let ret = unsafe { libc::ioctl(self.file.as_raw_fd(), TUNSETOFFLOAD as _, libc::c_ulong::from(flags)) };
+        if ret < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The most of the receive offloads this tap's kernel accepts (tried from all to
+    /// checksums only); the tap is left with none until a driver negotiates them.
+    pub fn supported_offloads(&self) -> u32 {
+        let all = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN;
+        let found = [all | TUN_F_UFO, all, TUN_F_CSUM].into_iter().find(|&f| self.set_offloads(f).is_ok());
+        let _ = self.set_offloads(0);
+        found.unwrap_or(0)
+    }
+
+    /// One frame read straight into `iov` (guest memory); its length, header included.
+    pub fn read_frame_into(&self, iov: &[libc::iovec]) -> std::io::Result<usize> {
+        // SAFETY: the caller's iovecs point into guest memory it keeps mapped for the call;
+        // the kernel writes at most their lengths.
+        let n = unsafe { libc::readv(self.file.as_raw_fd(), iov.as_ptr(), iov.len() as libc::c_int) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(n as usize)
     }
 
     /// One frame (virtio-net header first) from several buffers; `WouldBlock` when the

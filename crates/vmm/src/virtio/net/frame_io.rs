@@ -1,6 +1,7 @@
 //! The device's side of frames: the tap, the scratch buffers, and MMDS for a NIC that
 //! has it (frames to its address never reach the tap; its answers come before the tap's).
 
+use super::header::{complete_checksum, VnetHdr, GSO_NONE, NEEDS_CSUM};
 use super::stats::NetStats;
 use super::{TxMode, COPY_BELOW, MAX_FRAME, MAX_IOVECS};
 use crate::net::mmds::{self, MmdsStack};
@@ -20,34 +21,17 @@ pub(super) struct FrameIo {
     pub segs: Vec<Segment>,
     /// Where the copy path gathers a TX chain.
     tx_buf: Vec<u8>,
-    /// Where a received frame waits for an RX buffer (apart from `tx_buf`: TX runs while
-    /// a frame is staged).
-    pub rx_buf: Vec<u8>,
+    /// The RX buffers a frame is read into (rx.rs).
+    pub rx: super::rx::RxBuffers,
     pub mmds: Option<MmdsStack>,
+    /// The features the driver negotiated (which headers it may send).
+    pub features: u64,
 }
 
 impl FrameIo {
     pub fn new(tap: Arc<Tap>, tx_mode: TxMode, stats: Arc<NetStats>, mmds: Option<MmdsStack>) -> Self {
         let segs = Vec::with_capacity(super::QUEUE_SIZE as usize);
-        FrameIo { tap, tx_mode, stats, segs, tx_buf: vec![0; MAX_FRAME], rx_buf: vec![0; MAX_FRAME], mmds }
-    }
-
-    /// The next frame for the guest into `rx_buf` (MMDS's first, then the tap's); its
-    /// length, virtio-net header included, or None when both are drained.
-    pub fn receive(&mut self) -> Option<usize> {
-        if let Some(frame) = self.mmds.as_mut().and_then(MmdsStack::pop_frame) {
-            let len = VNET_HDR_LEN + frame.len();
-            self.rx_buf[..VNET_HDR_LEN].fill(0);
-            self.rx_buf[VNET_HDR_LEN..len].copy_from_slice(&frame);
-            return Some(len);
-        }
-        loop {
-            match self.tap.read_frame(&mut self.rx_buf) {
-                Ok(len) if len > VNET_HDR_LEN => return Some(len),
-                Ok(_) => continue,
-                Err(_) => return None, // WouldBlock: the tap is drained (edge-triggered)
-            }
-        }
+        FrameIo { tap, tx_mode, stats, segs, tx_buf: vec![0; MAX_FRAME], rx: Default::default(), mmds, features: 0 }
     }
 
     /// Whether MMDS has answers waiting for RX buffers.
@@ -56,17 +40,41 @@ impl FrameIo {
     }
 
     /// Hands a TX frame to MMDS if it is for MMDS; true if it was taken.
-    fn detour(&mut self, mem: &GuestMemoryMmap, len: usize) -> bool {
+    fn detour(&mut self, mem: &GuestMemoryMmap, len: usize, header: &VnetHdr) -> bool {
         let Some(stack) = self.mmds.as_mut() else { return false };
         let mut head = [0u8; VNET_HDR_LEN + 42];
         let n = chain::gather(mem, &self.segs, &mut head);
         if n <= VNET_HDR_LEN || !mmds::wants(stack.ip(), &head[VNET_HDR_LEN..n]) {
             return false;
         }
-        let n = chain::gather(mem, &self.segs, &mut self.tx_buf[..len]);
-        stack.receive(&self.tx_buf[VNET_HDR_LEN..n]);
+        // Requests are small: a segmentation-offloaded frame to MMDS is not one (dropped).
+        if header.gso_type == GSO_NONE {
+            let n = chain::gather(mem, &self.segs, &mut self.tx_buf[..len]);
+            let frame = &mut self.tx_buf[VNET_HDR_LEN..n];
+            let (start, offset) = (usize::from(header.csum_start), usize::from(header.csum_offset));
+            if header.flags & NEEDS_CSUM == 0 || complete_checksum(frame, start, offset) {
+                stack.receive(frame);
+            }
+        }
         self.stats.mmds.store(stack.counters);
         true
+    }
+
+    /// The frame's virtio-net header, if the tap may be handed it (header.rs); a refused
+    /// one is counted and logged once.
+    fn header(&self, mem: &GuestMemoryMmap, len: usize) -> Option<VnetHdr> {
+        let mut raw = [0u8; 10];
+        chain::gather(mem, &self.segs, &mut raw);
+        let header = VnetHdr::parse(&raw);
+        match header.check_tx(len - VNET_HDR_LEN, self.features) {
+            Ok(()) => Some(header),
+            Err(e) => {
+                if self.stats.bad_headers.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!("virtio-net: dropped a frame: {e} (further ones are only counted)");
+                }
+                None
+            }
+        }
     }
 
     pub fn bad_chain(&self, queue: &str, e: ChainError) {
@@ -92,7 +100,11 @@ impl FrameIo {
                 return Err(SendError::Dropped);
             }
         };
-        if self.detour(mem, len) {
+        let Some(header) = self.header(mem, len) else {
+            self.stats.tx_dropped.fetch_add(1, Ordering::Relaxed);
+            return Err(SendError::Dropped);
+        };
+        if self.detour(mem, len, &header) {
             return Ok(());
         }
         let copy = self.tx_mode == TxMode::Copy || len < COPY_BELOW || self.segs.len() > MAX_IOVECS;

@@ -8,7 +8,10 @@
 //! for the tap to drain (EPOLLOUT), never spinning. With EVENT_IDX the thread keeps
 //! notifications off while it drains a queue and asks for one interrupt per batch.
 
+pub mod features;
 mod frame_io;
+pub mod header;
+mod rx;
 mod stats;
 mod worker;
 
@@ -28,10 +31,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use worker::Worker;
 
-pub const VIRTIO_NET_F_MAC: u64 = 1 << 5;
-pub const VIRTIO_NET_F_STATUS: u64 = 1 << 16;
-/// The device advises the guest of an MTU (config field `mtu`).
-pub const VIRTIO_NET_F_MTU: u64 = 1 << 3;
+use features::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS};
 pub(super) const QUEUE_SIZE: u16 = 256;
 pub(super) const RX: usize = 0;
 pub(super) const TX: usize = 1;
@@ -59,14 +59,19 @@ pub struct VirtioNet {
     poll: PollMode,
     /// MMDS answered on this NIC, at this address.
     mmds: Option<(SharedMmds, Ipv4Addr)>,
+    /// The checksum and segmentation offloads offered (features.rs); none when turned off.
+    offloads: u64,
     pub stats: Arc<NetStats>,
     thread: DeviceThread<()>,
 }
 
 impl VirtioNet {
-    /// A NIC on `tap`; its thread starts now, idle until the driver activates it.
+    /// A NIC on `tap`, offering the offloads the tap can carry; its thread starts now,
+    /// idle until the driver activates it.
     pub fn new(tap: Tap, mac: [u8; 6], tx_mode: TxMode, poll: PollMode) -> std::io::Result<Self> {
+        let offloads = features::offered(tap.supported_offloads());
         Ok(VirtioNet {
+            offloads,
             tap: Arc::new(tap),
             mac,
             mtu: None,
@@ -96,6 +101,12 @@ impl VirtioNet {
         self
     }
 
+    /// Offers no checksum or segmentation offloads (`offloads=off`, for comparison).
+    pub fn without_offloads(mut self) -> Self {
+        self.offloads = 0;
+        self
+    }
+
     /// Advises the guest of `mtu` (VIRTIO_NET_F_MTU), as Firecracker's `mtu` does.
     pub fn with_mtu(mut self, mtu: Option<u16>) -> Self {
         self.mtu = mtu;
@@ -117,7 +128,8 @@ impl VirtioDevice for VirtioNet {
 
     fn features(&self) -> u64 {
         let mtu = if self.mtu.is_some() { VIRTIO_NET_F_MTU } else { 0 };
-        VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | VIRTIO_NET_F_MAC | VIRTIO_NET_F_STATUS | mtu
+        let base = VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX | VIRTIO_F_INDIRECT_DESC | VIRTIO_NET_F_MRG_RXBUF;
+        base | VIRTIO_NET_F_MAC | VIRTIO_NET_F_STATUS | mtu | self.offloads
     }
 
     fn queue_max_sizes(&self) -> Vec<u16> {
@@ -140,6 +152,10 @@ impl VirtioDevice for VirtioNet {
         self.thread.stop();
         // A fresh MMDS stack: TCP connections do not outlive the driver that made them.
         let mmds = self.mmds.as_ref().map(|(store, ip)| MmdsStack::new(store.clone(), *ip));
+        // The tap hands us what the guest takes: checksums left partial, frames unsegmented.
+        if let Err(e) = self.tap.set_offloads(features::tun_offloads(activation.features)) {
+            tracing::warn!("virtio-net: the tap refused the receive offloads the guest negotiated: {e}");
+        }
         let io = FrameIo::new(self.tap.clone(), self.tx_mode, self.stats.clone(), mmds);
         let mut worker = Worker::new(io, queues, activation)?;
         worker.poll = self.poll;

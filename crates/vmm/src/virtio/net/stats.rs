@@ -14,6 +14,8 @@ pub struct NetStats {
     pub rx_frames: AtomicU64,
     pub rx_dropped: AtomicU64,
     pub bad_chains: AtomicU64,
+    /// Sent frames whose virtio-net header the tap must not see (header.rs), dropped.
+    pub bad_headers: AtomicU64,
     /// TSC cycles the copy path spent gathering chains into the VMM buffer: what zero-copy saves.
     pub tx_copy_cycles: AtomicU64,
     /// Guest notifications (kicks), as summed from the queues' eventfds.
@@ -71,6 +73,7 @@ pub struct NetCounters {
     pub rx_frames: u64,
     pub rx_dropped: u64,
     pub bad_chains: u64,
+    pub bad_headers: u64,
     pub kicks: u64,
     pub irqs: u64,
     pub rx_throttled: u64,
@@ -91,6 +94,7 @@ impl NetStats {
             rx_frames: get(&self.rx_frames),
             rx_dropped: get(&self.rx_dropped),
             bad_chains: get(&self.bad_chains),
+            bad_headers: get(&self.bad_headers),
             kicks: get(&self.kicks),
             irqs: get(&self.irqs),
             rx_throttled: get(&self.rx_throttled),

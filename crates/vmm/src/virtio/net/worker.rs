@@ -6,7 +6,6 @@ use super::{RX, TX};
 use crate::net::tap::VNET_HDR_LEN;
 use crate::poll::{PollMode, PollWindow};
 use crate::rate_limiter::Throttle;
-use crate::virtio::chain;
 use crate::virtio::{ActivateError, Activation, ActiveQueue, Interrupt};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -23,24 +22,27 @@ const TOKEN_TAP: u64 = 2;
 const TOKEN_STOP: u64 = 3;
 
 pub(super) struct Worker {
-    queues: Vec<Queue>,
-    kicks: Vec<Arc<EventFd>>,
-    mem: GuestMemoryMmap,
-    interrupt: Arc<Interrupt>,
-    activation_status: Arc<crate::virtio::DeviceStatus>,
-    io: FrameIo,
-    /// A received frame waiting in `io.rx_buf` for an RX buffer, and its length.
-    rx_staged: Option<usize>,
-    broken: bool,
-    pub poll: PollMode,
+    pub(super) queues: Vec<Queue>,
+    pub(super) kicks: Vec<Arc<EventFd>>,
+    pub(super) mem: GuestMemoryMmap,
+    pub(super) interrupt: Arc<Interrupt>,
+    pub(super) activation_status: Arc<crate::virtio::DeviceStatus>,
+    pub(super) io: FrameIo,
+    /// The RX queue ran out of buffers with frames perhaps waiting: a look while polling
+    /// (no kicks) tries again.
+    pub(super) rx_starved: bool,
+    /// The features the driver negotiated.
+    pub(super) features: u64,
+    pub(super) broken: bool,
+    pub(super) poll: PollMode,
     /// False while the thread polls: the queues' notifications stay off (crate::poll).
-    kicks_wanted: bool,
+    pub(super) kicks_wanted: bool,
     /// The tap refused a frame; TX waits for its EPOLLOUT.
-    tx_blocked: bool,
+    pub(super) tx_blocked: bool,
     /// The RX and TX rate limits (crate::rate_limiter).
-    pub throttles: [Throttle; 2],
+    pub(super) throttles: [Throttle; 2],
     /// When MMDS's TCP timers next need a look.
-    mmds_due: Option<Instant>,
+    pub(super) mmds_due: Option<Instant>,
 }
 
 impl Worker {
@@ -49,6 +51,8 @@ impl Worker {
             return Err(ActivateError::QueueCount { want: 2, have: queues.len() });
         }
         let (queues, kicks) = queues.into_iter().map(|q| (q.queue, q.kick)).unzip();
+        let mut io = io;
+        io.features = a.features;
         Ok(Worker {
             queues,
             kicks,
@@ -56,7 +60,8 @@ impl Worker {
             interrupt: a.interrupt,
             activation_status: a.status,
             io,
-            rx_staged: None,
+            rx_starved: false,
+            features: a.features,
             broken: false,
             poll: PollMode::Off,
             kicks_wanted: true,
@@ -152,7 +157,7 @@ impl Worker {
         let n = epoll.wait(0, events).unwrap_or(0);
         let stopped = !self.handle(&events[..n]);
         self.process_tx();
-        if self.rx_staged.is_some() {
+        if self.rx_starved {
             self.process_rx();
         }
         let after = self.io.stats.snapshot();
@@ -179,7 +184,7 @@ impl Worker {
     }
 
     /// A queue the driver broke (its rings left guest memory): stop and ask for a reset.
-    fn fail(&mut self, what: &str) {
+    pub(super) fn fail(&mut self, what: &str) {
         if !self.broken {
             tracing::warn!("virtio-net: {what}; the device needs a reset");
             self.broken = true;
@@ -187,7 +192,7 @@ impl Worker {
         }
     }
 
-    fn interrupt_if_needed(&mut self, queue: usize) {
+    pub(super) fn interrupt_if_needed(&mut self, queue: usize) {
         let irqs = &self.io.stats.irqs;
         if let Err(e) =
             crate::virtio::interrupt_if_needed(&mut self.queues[queue], &self.mem, &self.interrupt, queue, irqs)
@@ -267,61 +272,6 @@ impl Worker {
                 m.poll_timers();
             }
             self.process_rx();
-        }
-    }
-
-    pub fn process_rx(&mut self) {
-        if self.broken || !self.queues[RX].ready() {
-            return;
-        }
-        let mut used_any = false;
-        loop {
-            let len = match self.rx_staged.take() {
-                Some(len) => len,
-                None => match self.io.receive() {
-                    Some(len) => len,
-                    None => break,
-                },
-            };
-            let frame_len = || (len - VNET_HDR_LEN) as u64;
-            if !self.throttles[RX].admit(1, frame_len, &self.io.stats.rx_throttled) {
-                // Kept until its tokens are back; the tap holds the frames after it.
-                self.rx_staged = Some(len);
-                break;
-            }
-            // num_buffers = 1: the tap leaves that field of the header to us.
-            self.io.rx_buf[10..12].copy_from_slice(&1u16.to_le_bytes());
-            let Some(chain) = self.queues[RX].pop_descriptor_chain(&self.mem) else {
-                self.rx_staged = Some(len);
-                match crate::virtio::rearm_notifications(&mut self.queues[RX], &self.mem, self.kicks_wanted) {
-                    Ok(true) => continue,
-                    Ok(false) => break, // wait for the driver's kick, or the next look
-                    Err(e) => return self.fail(&format!("RX queue: {e}")),
-                }
-            };
-            let head = chain.head_index();
-            let io = &mut self.io;
-            let written = match chain::segments(chain, &self.mem, true, usize::MAX, &mut io.segs) {
-                Ok(room) if room >= len => chain::scatter(&self.mem, &io.segs, &io.rx_buf[..len]),
-                Ok(_) => {
-                    io.stats.rx_dropped.fetch_add(1, Ordering::Relaxed);
-                    0
-                }
-                Err(e) => {
-                    io.bad_chain("RX", e);
-                    0
-                }
-            };
-            if written > 0 {
-                io.stats.rx_frames.fetch_add(1, Ordering::Relaxed);
-            }
-            if self.queues[RX].add_used(&self.mem, head, written as u32).is_err() {
-                return self.fail("cannot write the RX used ring");
-            }
-            used_any = true;
-        }
-        if used_any {
-            self.interrupt_if_needed(RX);
         }
     }
 }

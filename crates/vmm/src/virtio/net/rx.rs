@@ -1,0 +1,174 @@
+//! Receiving: a frame goes straight from the tap into the guest's buffers (readv on
+//! guest memory, no bounce buffer). The buffers are taken first: one chain, or with
+//! MRG_RXBUF as many as the largest frame (64 KiB) needs; the frame fills them
+//! in order, `num_buffers` says how many, and the ones it did not need go back on the
+//! avail ring. MMDS's answers come before the tap's frames, copied in the same way.
+
+use super::features::VIRTIO_NET_F_MRG_RXBUF;
+use super::worker::Worker;
+use super::{MAX_FRAME, RX};
+use crate::net::tap::VNET_HDR_LEN;
+use crate::virtio::chain::{self, Segment};
+use std::sync::atomic::Ordering;
+use virtio_queue::{QueueOwnedT, QueueT};
+
+/// The most buffers (descriptors) one frame is read into.
+const MAX_SEGMENTS: usize = 128;
+
+enum Received {
+    /// A frame of this many bytes (header excluded) went to the guest.
+    Frame(usize),
+    /// Something was consumed without reaching the guest (counted): look again.
+    Dropped,
+    /// Buffers are held but nothing waits in MMDS or the tap.
+    NoFrame,
+    /// No buffers: the driver must post some.
+    NoBuffers,
+}
+
+/// The chains a frame may be read into.
+#[derive(Default)]
+pub(super) struct RxBuffers {
+    segs: Vec<Segment>,
+    /// Each chain's head, length and where its segments end in `segs`.
+    chains: Vec<(u16, usize)>,
+}
+
+impl Worker {
+    pub fn process_rx(&mut self) {
+        if self.broken || !self.queues[RX].ready() {
+            return;
+        }
+        let mut used_any = false;
+        loop {
+            if !self.throttles[RX].ready(&self.io.stats.rx_throttled) {
+                break; // its expiry calls us again
+            }
+            match self.receive_frame() {
+                Ok(Received::Frame(bytes)) => {
+                    self.throttles[RX].charge(1, bytes as u64);
+                    used_any = true;
+                }
+                Ok(Received::Dropped) => used_any = true,
+                Ok(Received::NoFrame) => {
+                    self.rx_starved = false;
+                    break;
+                }
+                Ok(Received::NoBuffers) => {
+                    self.rx_starved = true;
+                    match crate::virtio::rearm_notifications(&mut self.queues[RX], &self.mem, self.kicks_wanted) {
+                        Ok(true) => continue,
+                        Ok(false) => break, // wait for the driver's kick, or the next look
+                        Err(e) => return self.fail(&format!("RX queue: {e}")),
+                    }
+                }
+                Err(e) => return self.fail(e),
+            }
+        }
+        if used_any {
+            self.interrupt_if_needed(RX);
+        }
+    }
+
+    /// Takes buffers, then one frame into them.
+    fn receive_frame(&mut self) -> Result<Received, &'static str> {
+        // With MRG_RXBUF, room for the largest frame the tap may hold (its MTU may be
+        // above 1500 even for a guest without GSO); without, the one chain must do.
+        let mergeable = self.features & VIRTIO_NET_F_MRG_RXBUF != 0;
+        let want = if mergeable { MAX_FRAME } else { 1 };
+        let (queue, mem, io) = (&mut self.queues[RX], &self.mem, &mut self.io);
+        let bufs = &mut io.rx;
+        bufs.segs.clear();
+        bufs.chains.clear();
+        let mut room = 0;
+        while room < want && (mergeable || bufs.chains.is_empty()) {
+            let Some(chain) = queue.pop_descriptor_chain(mem) else { break };
+            let head = chain.head_index();
+            match chain::segments(chain, mem, true, MAX_FRAME, &mut io.segs) {
+                Ok(len) if bufs.segs.len() + io.segs.len() <= MAX_SEGMENTS => {
+                    bufs.segs.extend_from_slice(&io.segs);
+                    bufs.chains.push((head, len));
+                    room += len;
+                }
+                // Too many pieces for one read: it starts the next frame instead.
+                Ok(_) if !bufs.chains.is_empty() => {
+                    queue.go_to_previous_position();
+                    break;
+                }
+                Ok(_) => return used_empty(queue, mem, head).map(|()| Received::Dropped),
+                Err(e) if bufs.chains.is_empty() => {
+                    io.bad_chain("RX", e);
+                    return used_empty(queue, mem, head).map(|()| Received::Dropped);
+                }
+                Err(_) => {
+                    // Returned on its own next time, so the chains before it can go back.
+                    queue.go_to_previous_position();
+                    break;
+                }
+            }
+        }
+        if bufs.chains.is_empty() {
+            return Ok(Received::NoBuffers);
+        }
+        let read = match io.mmds.as_mut().and_then(|m| m.pop_frame()) {
+            Some(frame) => {
+                let mut with_header = vec![0u8; VNET_HDR_LEN + frame.len()];
+                with_header[VNET_HDR_LEN..].copy_from_slice(&frame);
+                Ok(chain::scatter(mem, &bufs.segs, &with_header).max(with_header.len()))
+            }
+            None => {
+                let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_SEGMENTS];
+                match chain::host_iovecs(mem, &bufs.segs, &mut iov) {
+                    Some(n) => io.tap.read_frame_into(&iov[..n]),
+                    None => Err(std::io::Error::other("an RX buffer left guest memory")),
+                }
+            }
+        };
+        let n = match read {
+            Ok(n) if n > VNET_HDR_LEN && n <= room => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                rewind(queue, bufs.chains.len());
+                return Ok(Received::NoFrame);
+            }
+            // Too short, larger than the buffers (truncated), or refused by the kernel.
+            _ => {
+                rewind(queue, bufs.chains.len());
+                io.stats.rx_dropped.fetch_add(1, Ordering::Relaxed);
+                return Ok(Received::Dropped);
+            }
+        };
+        // How many buffers the frame filled; num_buffers says so before any is used.
+        let mut used = 0;
+        let mut left = n;
+        while left > 0 {
+            left -= left.min(bufs.chains[used].1);
+            used += 1;
+        }
+        let num_buffers = (used as u16).to_le_bytes();
+        chain::scatter(mem, &chain::skip(&bufs.segs, 10), &num_buffers);
+        let mut left = n;
+        for &(head, len) in &bufs.chains[..used] {
+            let take = left.min(len);
+            left -= take;
+            queue.add_used(mem, head, take as u32).map_err(|_| "cannot write the RX used ring")?;
+        }
+        rewind(queue, bufs.chains.len() - used);
+        io.stats.rx_frames.fetch_add(1, Ordering::Relaxed);
+        Ok(Received::Frame(n - VNET_HDR_LEN))
+    }
+}
+
+/// A chain no frame can go into goes back used and empty.
+fn used_empty(
+    queue: &mut virtio_queue::Queue,
+    mem: &vm_memory::GuestMemoryMmap,
+    head: u16,
+) -> Result<(), &'static str> {
+    queue.add_used(mem, head, 0).map_err(|_| "cannot write the RX used ring")
+}
+
+/// Puts the last `n` chains taken back on the avail ring.
+fn rewind(queue: &mut virtio_queue::Queue, n: usize) {
+    let next = queue.next_avail();
+    queue.set_next_avail(next.wrapping_sub(n as u16));
+}
