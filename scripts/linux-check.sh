@@ -26,6 +26,11 @@ ns=exitless-check-$$
 tap=exchk$$
 host_ip=192.0.2.1
 guest_ip=192.0.2.2
+# A second NIC on a second tap and subnet: traffic on both at once, nothing crossed.
+tap2=exchk2$$
+host_ip2=198.51.100.1
+guest_ip2=198.51.100.2
+nic2_bytes=$((1 << 20))
 marker="LINUX-CHECK: /init reached"
 pattern="exitless-linux-check-$$-$(date +%s)"
 say() { echo "linux-check: $*" >&2; }
@@ -34,6 +39,7 @@ vmm=
 cleanup() {
   [ -n "$vmm" ] && kill "$vmm" 2>/dev/null || true
   [ -n "${listener:-}" ] && kill "$listener" 2>/dev/null || true
+  [ -n "${listener2:-}" ] && kill "$listener2" 2>/dev/null || true
   ip netns del "$ns" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -84,6 +90,8 @@ r rng-bytes "\$(dd if=/dev/hwrng bs=32 count=2 2>/dev/null | od -An -tx1 | tr -d
 ip link set lo up
 ip link set eth0 up
 ip addr add $guest_ip/24 dev eth0
+ip link set eth1 up
+ip addr add $guest_ip2/24 dev eth1
 # MMDS V2 as an agent reads it: a token by PUT (nc: busybox wget has no PUT), then GETs.
 ip route add 169.254.169.254 dev eth0
 tok=\$(printf 'PUT /latest/api/token HTTP/1.0\r\nX-metadata-token-ttl-seconds: 60\r\n\r\n' | nc 169.254.169.254 80 | tail -n 1)
@@ -96,7 +104,10 @@ if ping -c 3 -W 2 $host_ip >/dev/null 2>&1; then r ping ok; else r ping failed; 
 # $net_mib MiB: the read disk over and over (/dev/urandom would take minutes of emulated
 # CPL0 here).
 t0=\$(date +%s)
+# The second NIC's transfer runs beside the first.
+(head -c $nic2_bytes /dev/vda | nc $host_ip2 5001 && r tx2 done) &
 while cat /dev/vda; do :; done | head -c $net_bytes | nc $host_ip 5000 && r tx done
+wait
 r tx-seconds \$((\$(date +%s) - t0))
 r mode poweroff
 poweroff -f
@@ -113,6 +124,19 @@ read_md5=$(md5sum read.img | cut -d' ' -f1)
 # 4. The namespace: exitless makes its tap there; the host end gets $host_ip once it appears.
 ip netns add "$ns" || fail "network: ip netns add"
 cmdline="console=ttyS0 reboot=k panic=-1 noxsave clearcpuid=137,147,148,153,129 rodata=off nokaslr ${EXTRA:-}"
+listen_md5() { # ip, port, bytes: in the namespace, reads that many bytes from one connection, prints "n md5"
+  ip netns exec "$ns" python3 -c '
+import hashlib, socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(float(sys.argv[3]))
+c, _ = s.accept(); c.settimeout(120); h = hashlib.md5(); n = 0
+while n < int(sys.argv[4]):
+    b = c.recv(1 << 16)
+    if not b: break
+    h.update(b); n += len(b)
+    if n % (1 << 20) < len(b): print(n >> 20, "MiB", flush=True, file=sys.stderr)
+c.close(); print(n, h.hexdigest())' "$1" "$2" "$timeout" "$3"
+}
 boot() { # mode, log prefix, extra exitless flags...: runs one guest to its end; sets boot_s, init_s, status
   local mode=$1 log=$2 start now
   shift 2
@@ -120,31 +144,26 @@ boot() { # mode, log prefix, extra exitless flags...: runs one guest to its end;
   rm -f "$work/$log.vsock"
   ip netns exec "$ns" "$exitless" run --kernel "$kernel" --initrd initrd.cpio --mem 256M --vcpus "$vcpus" \
     --cmdline "$cmdline check=$mode" --drive path=read.img,readonly=on --drive path=write.img \
-    --net tap="$tap" --mmds "$work/metadata.json" --entropy --vsock cid=3,uds="$work/$log.vsock" --timeout "$timeout" --json "$log.json" ${EXITLESS_FLAGS:-} "$@" </dev/null >"$log.log" 2>"$log.err" &
+    --net tap="$tap" --net tap="$tap2" --mmds "$work/metadata.json" --entropy --vsock cid=3,uds="$work/$log.vsock" --timeout "$timeout" --json "$log.json" ${EXITLESS_FLAGS:-} "$@" </dev/null >"$log.log" 2>"$log.err" &
   vmm=$!
   init_s=
   if [ "$mode" = full ]; then
-    until ip netns exec "$ns" ip link show "$tap" >/dev/null 2>&1; do
+    until ip netns exec "$ns" ip link show "$tap2" >/dev/null 2>&1; do
       kill -0 "$vmm" 2>/dev/null || break
       sleep 0.1
     done
     ip netns exec "$ns" ip addr add "$host_ip/24" dev "$tap" 2>/dev/null || true
     ip netns exec "$ns" ip link set "$tap" up 2>/dev/null || true
+    ip netns exec "$ns" ip addr add "$host_ip2/24" dev "$tap2" 2>/dev/null || true
+    ip netns exec "$ns" ip link set "$tap2" up 2>/dev/null || true
     ip netns exec "$ns" ip link set lo up
+    listen_md5 "$host_ip2" 5001 "$nic2_bytes" > rx2.txt 2>/dev/null &
+    listener2=$!
     # Reads exactly $net_bytes, then closes (the guest's nc ends with it) and says their md5.
-    ip netns exec "$ns" python3 -c '
-import hashlib, socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], 5000)); s.listen(1); s.settimeout(float(sys.argv[2]))
-c, _ = s.accept(); c.settimeout(120); h = hashlib.md5(); n = 0
-while n < int(sys.argv[3]):
-    b = c.recv(1 << 16)
-    if not b: break
-    h.update(b); n += len(b)
-    if n % (1 << 20) < len(b): print(n >> 20, "MiB", flush=True, file=sys.stderr)
-c.close(); print(n, h.hexdigest())' "$host_ip" "$timeout" "$net_bytes" > rx.txt 2>rx.err &
+    listen_md5 "$host_ip" 5000 "$net_bytes" > rx.txt 2>rx.err &
     listener=$!
   fi
+
   while kill -0 "$vmm" 2>/dev/null; do
     if [ -z "$init_s" ] && grep -aq "$marker" "$log.log"; then
       now=$(date +%s.%N); init_s=$(printf '%.1f' "$(echo "$now - $start" | bc)")
@@ -228,11 +247,17 @@ check "virtio-blk write" "$(grep -aq "$pattern" write.img; echo $?)" "conv=fsync
 check "virtio-net ping" "$([ "$(result ping full.log)" = ok ]; echo $?)" "$guest_ip -> $host_ip: $(result ping full.log)"
 wait "$listener" 2>/dev/null || true
 listener=
+wait "$listener2" 2>/dev/null || true
+listener2=
 rx=$(cat rx.txt 2>/dev/null || true)
 tx_s=$(result tx-seconds full.log)
 sent_md5=$(while cat read.img; do :; done | head -c "$net_bytes" | md5sum | cut -d' ' -f1)
 check "virtio-net TCP $net_mib MiB" "$([ "$rx" = "$net_bytes $sent_md5" ]; echo $?)" \
   "sent /dev/vda over and over (md5 $sent_md5) in ${tx_s:-?} s, the host received ${rx:-nothing}"
+rx2=$(cat rx2.txt 2>/dev/null || true)
+nic2_md5=$(head -c "$nic2_bytes" read.img | md5sum | cut -d' ' -f1)
+check "a second NIC at once" "$([ "$rx2" = "$nic2_bytes $nic2_md5" ] && [ "$(result tx2 full.log)" = done ]; echo $?)" \
+  "1 MiB over eth1 ($guest_ip2 -> $host_ip2, its own tap) beside the transfer on eth0: the host received ${rx2:-nothing} (md5 $nic2_md5 sent)"
 check "poweroff ends the VMM with 0" "$([ "$status" = 0 ] && [ "$(result mode full.log)" = poweroff ]; echo $?)" "status $status"
 # The feature bits Linux negotiated, as its sysfs prints them (bit 0 first): CSUM (0),
 # GUEST_CSUM (1), GUEST_TSO4 (7), HOST_TSO4 (11), MRG_RXBUF (15). The TCP transfer above

@@ -73,7 +73,7 @@ pub struct Row {
     /// Throughput per second of the device thread's CPU: the zero-copy target's measure.
     pub gbps_per_cpu_second: f64,
     /// VMM time per packet spent copying chains into its buffer (0 on zerocopy but for
-    /// chains under 256 bytes).
+    /// chains under 2 KiB).
     pub copy_ns_per_pkt: f64,
 }
 

@@ -258,7 +258,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "tap=NAME[,mac=MAC][,offloads=off]", value_parser = parse_net)]
     pub net: Vec<(String, Option<[u8; 6]>, bool)>,
     /// How virtio-net transmits: `copy` (through a VMM buffer) or `zerocopy` (iovecs into
-    /// guest memory; chains under 256 bytes are copied either way).
+    /// guest memory; chains under 2 KiB are copied either way).
     #[arg(long, default_value = "zerocopy", value_parser = parse_tx, requires = "net")]
     pub net_tx: exitless_vmm::virtio::net::TxMode,
     /// How long device threads poll for more work before they sleep: `off`, microseconds,
