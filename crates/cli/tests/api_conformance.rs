@@ -235,8 +235,11 @@ fn several_nics_with_mtu_and_limits_boot_and_are_patched() {
     put(
         "/network-interfaces/eth1",
         json!({"iface_id": "eth1", "host_dev_name": taps[1],
-        "guest_mac": "06:00:00:00:00:09"}),
+        "guest_mac": "06:00:00:00:00:09", "offloads": false}),
     );
+    let config = expect_ok(&sock, "GET", "/vm/config", None).unwrap().unwrap();
+    assert_eq!(config["network-interfaces"][1]["offloads"], false, "{config}");
+    assert!(config["network-interfaces"][0].get("offloads").is_none(), "left out when not given: {config}");
     assert!(fault(&sock, "PUT", "/network-interfaces/eth2", json!({"iface_id": "eth2", "host_dev_name": taps[1]}))
         .contains("already used"));
     put("/actions", json!({"action_type": "InstanceStart"}));

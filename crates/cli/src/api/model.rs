@@ -184,6 +184,9 @@ pub struct NetworkInterface {
     /// Advertised to the guest with VIRTIO_NET_F_MTU (68 to 65535).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u16>,
+    /// exitless's own: `false` offers no checksum or segmentation offloads (default on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offloads: Option<bool>,
 }
 
 /// `PATCH /network-interfaces/{id}`: new rate limits.

@@ -326,7 +326,7 @@ impl Vm {
                     rx_limits: super::model::limits(n.rx_rate_limiter.as_ref()),
                     tx_limits: super::model::limits(n.tx_rate_limiter.as_ref()),
                     mmds: self.mmds_on(&n.iface_id).map(|ip| (self.mmds.clone(), ip)),
-                    offloads: true,
+                    offloads: n.offloads.unwrap_or(true),
                 })
             })
             .collect::<Result<Vec<_>, Fault>>()?;
