@@ -14,6 +14,7 @@
  */
 #include "runtime.h"
 #include "netbuf.h"
+#include "inet.h"
 
 #define MAX_VALUE 8192
 #define TIMEOUT_CYCLES 20000000000ULL /* ~5-10 s: no frame is lost here, a late one is a failure */
@@ -39,20 +40,6 @@ static void fail(const char *what, u64 detail) {
 	failed++;
 	print("mmdsget: FAIL %s (%lu)\n", what, detail);
 }
-
-static u32 sum16(u32 sum, const u8 *p, u32 len) {
-	for (u32 i = 0; i + 1 < len; i += 2) sum += (u32)p[i] << 8 | p[i + 1];
-	if (len & 1) sum += (u32)p[len - 1] << 8;
-	return sum;
-}
-static u16 fold(u32 sum) {
-	while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
-	return (u16)~sum;
-}
-static void put16(u8 *p, u16 v) { p[0] = (u8)(v >> 8), p[1] = (u8)v; }
-static void put32(u8 *p, u32 v) { put16(p, (u16)(v >> 16)), put16(p + 2, (u16)v); }
-static u16 get16(const u8 *p) { return (u16)(p[0] << 8 | p[1]); }
-static u32 get32(const u8 *p) { return (u32)get16(p) << 16 | get16(p + 2); }
 
 /* A free TX slot's Ethernet frame (virtio header zeroed), addressed to MMDS. */
 static u8 *tx_frame(u16 *slot, u16 ethertype) {
@@ -113,7 +100,7 @@ static void tcp_send(struct conn *c, u8 flags, const char *data, u32 len, u16 dp
 	ip[0] = 0x45, ip[1] = 0, put16(ip + 2, total), put16(ip + 4, 0), put16(ip + 6, 0x4000);
 	ip[8] = 64, ip[9] = 6, put16(ip + 10, 0);
 	for (int i = 0; i < 4; i++) ip[12 + i] = my_ip[i], ip[16 + i] = mmds_ip[i];
-	put16(ip + 10, (u16)(fold(sum16(0, ip, 20)) + (ip_ok ? 0 : 1)));
+	put16(ip + 10, (u16)((u16)~csum_fold(sum16(0, ip, 20)) + (ip_ok ? 0 : 1)));
 	put16(t, c->lport), put16(t + 2, dport), put32(t + 4, c->snd_nxt), put32(t + 8, c->rcv_nxt);
 	t[12] = (u8)((thl / 4) << 4), t[13] = flags, put16(t + 14, 65535), put16(t + 16, 0), put16(t + 18, 0);
 	if (thl == 24) t[20] = 2, t[21] = 4, put16(t + 22, 1460);
@@ -121,7 +108,7 @@ static void tcp_send(struct conn *c, u8 flags, const char *data, u32 len, u16 dp
 	u8 pseudo[12];
 	for (int i = 0; i < 8; i++) pseudo[i] = ip[12 + i];
 	pseudo[8] = 0, pseudo[9] = 6, put16(pseudo + 10, (u16)(thl + len));
-	if (thl >= 20) put16(t + 16, fold(sum16(sum16(0, pseudo, 12), t, thl + len)));
+	if (thl >= 20) put16(t + 16, (u16)~csum_fold(sum16(sum16(0, pseudo, 12), t, thl + len)));
 	tx_send(&net.tx, slot, VNET_HDR_LEN + 14 + total);
 	c->snd_nxt += len + ((flags & 0x03) ? 1 : 0); /* SYN and FIN take a sequence number */
 }

@@ -17,6 +17,7 @@
  */
 #include "runtime.h"
 #include "netbuf.h"
+#include "inet.h"
 
 static struct vdev net;
 static struct slots txs;
@@ -25,17 +26,6 @@ static struct slots txs;
 #define VIRTIO_NET_F_HOST_TSO4 (1ULL << 11)
 #define TCP_SEQ_OFFSET (VNET_HDR_LEN + 54)
 #define MSS 1448
-
-static void put16(u8 *p, u16 v) { p[0] = (u8)(v >> 8), p[1] = (u8)v; }
-static u32 sum16(u32 sum, const u8 *p, u32 len) {
-	for (u32 i = 0; i + 1 < len; i += 2) sum += (u32)p[i] << 8 | p[i + 1];
-	if (len & 1) sum += (u32)p[len - 1] << 8;
-	return sum;
-}
-static u16 fold(u32 sum) {
-	while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
-	return (u16)sum;
-}
 
 /* The TCP checksum's pseudo-header part for a segment of `len` bytes. */
 static u32 pseudo(const u8 *ip, u32 len) { return sum16(0, ip + 12, 8) + 6 + len; }
@@ -48,7 +38,7 @@ static void tcp_frame(u8 *slot, u32 size, int offload) {
 	ip[8] = 64, ip[9] = 6, put16(ip + 10, 0);
 	const u8 addrs[8] = {10, 0, 0, 2, 10, 0, 0, 1};
 	for (int i = 0; i < 8; i++) ip[12 + i] = addrs[i];
-	put16(ip + 10, (u16)~fold(sum16(0, ip, 20)));
+	put16(ip + 10, (u16)~csum_fold(sum16(0, ip, 20)));
 	put16(t, 5000), put16(t + 2, 5001);
 	for (int i = 4; i < 12; i++) t[i] = 0;
 	t[12] = 0x50, t[13] = 0x18, put16(t + 14, 65535), put16(t + 16, 0), put16(t + 18, 0);
@@ -57,7 +47,7 @@ static void tcp_frame(u8 *slot, u32 size, int offload) {
 		slot[0] = 1, slot[1] = size > 14 + 40 + MSS ? 1 : 0;
 		slot[2] = 54, slot[3] = 0, slot[4] = (u8)MSS, slot[5] = (u8)(MSS >> 8);
 		slot[6] = 34, slot[7] = 0, slot[8] = 16, slot[9] = 0;
-		put16(t + 16, fold(pseudo(ip, size - 34)));
+		put16(t + 16, csum_fold(pseudo(ip, size - 34)));
 	}
 }
 
@@ -65,7 +55,7 @@ static void tcp_frame(u8 *slot, u32 size, int offload) {
 static void tcp_checksum(u8 *slot, u32 size) {
 	u8 *ip = slot + VNET_HDR_LEN + 14, *t = ip + 20;
 	put16(t + 16, 0);
-	put16(t + 16, (u16)~fold(sum16(pseudo(ip, size - 34), t, size - 34)));
+	put16(t + 16, (u16)~csum_fold(sum16(pseudo(ip, size - 34), t, size - 34)));
 }
 
 int main(void) {

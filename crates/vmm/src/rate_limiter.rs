@@ -232,6 +232,24 @@ impl Throttle {
     /// when there are limits); if not, the device waits until their tokens are back, and
     /// `throttled` counts one wait.
     pub fn admit(&mut self, ops: u64, bytes: impl FnOnce() -> u64, throttled: &AtomicU64) -> bool {
+        self.gate(|limiter| limiter.consume(ops, bytes()), throttled)
+    }
+
+    /// Whether one more operation may start now (a token of each kind in the buckets);
+    /// takes nothing: [`Throttle::charge`] takes what it cost once that is known.
+    pub fn ready(&mut self, throttled: &AtomicU64) -> bool {
+        self.gate(
+            |limiter| match limiter.wait(1, 1, Instant::now()) {
+                wait if wait.is_zero() => Ok(()),
+                wait => Err(wait),
+            },
+            throttled,
+        )
+    }
+
+    /// Fresh limits taken, then `try_now` asked unless a wait is still running; a refusal
+    /// starts a wait and is counted in `throttled`.
+    fn gate(&mut self, try_now: impl FnOnce(&mut RateLimiter) -> Result<(), Duration>, throttled: &AtomicU64) -> bool {
         if let Some(fresh) = self.slot.changed(&mut self.seen) {
             self.limiter = fresh;
             self.until = None;
@@ -242,7 +260,7 @@ impl Throttle {
         if self.until.is_some_and(|t| Instant::now() < t) {
             return false;
         }
-        match self.limiter.consume(ops, bytes()) {
+        match try_now(&mut self.limiter) {
             Ok(()) => true,
             Err(wait) => {
                 throttled.fetch_add(1, Ordering::Relaxed);
@@ -250,28 +268,6 @@ impl Throttle {
                 false
             }
         }
-    }
-
-    /// Whether one more operation may start now (a token of each kind in the buckets);
-    /// takes nothing: [`Throttle::charge`] takes what it cost once that is known.
-    pub fn ready(&mut self, throttled: &AtomicU64) -> bool {
-        if let Some(fresh) = self.slot.changed(&mut self.seen) {
-            self.limiter = fresh;
-            self.until = None;
-        }
-        if !self.limiter.limits() {
-            return true;
-        }
-        if self.until.is_some_and(|t| Instant::now() < t) {
-            return false;
-        }
-        let wait = self.limiter.wait(1, 1, Instant::now());
-        if wait.is_zero() {
-            return true;
-        }
-        throttled.fetch_add(1, Ordering::Relaxed);
-        self.until = Some(Instant::now() + wait);
-        false
     }
 
     /// Takes `ops` and `bytes` after the fact (see [`RateLimiter::charge`]).
