@@ -87,6 +87,22 @@ fn tso_frames_arrive_whole_with_their_headers_and_plain_tcp_with_good_checksums(
 }
 
 #[test]
+fn two_nics_carry_traffic_at_once_and_nothing_crosses() {
+    if !net_or_skip("two_nics_carry_traffic_at_once_and_nothing_crosses") {
+        return;
+    }
+    let reports = exitless_lab::net_pair::two_nics(2000, 1514, Duration::from_secs(60)).expect("two-NIC run");
+    for (k, report) in reports.iter().enumerate() {
+        let mut seqs = report.seqs.clone();
+        seqs.sort_unstable();
+        // The NIC's number is in the top byte: a frame of the other NIC's on this tap differs.
+        let want: Vec<u64> = (0..2000).map(|s| (k as u64) << 56 | s).collect();
+        assert_eq!(seqs, want, "tap {k}: every frame of its own NIC, once, and no other: {report:?}");
+        assert_eq!(report.corrupt, 0, "tap {k}: {report:?}");
+    }
+}
+
+#[test]
 fn netecho_round_trips_host_frames_and_takes_interrupts() {
     if !net_or_skip("netecho_round_trips_host_frames_and_takes_interrupts") {
         return;

@@ -10,6 +10,7 @@ pub mod doorbell;
 pub mod fleet;
 pub mod mmds;
 pub mod net;
+pub mod net_pair;
 pub mod net_rtt;
 pub mod netns;
 pub mod pci;

@@ -2,17 +2,20 @@
 #include "pci.h"
 
 /* Queue memory: per queue one page of descriptors, one for avail, one for used. */
-static u8 rings[VDEV_MAX_QUEUES][3][4096] __attribute__((aligned(4096)));
+static u8 rings[VDEV_MAX_DEVICES][VDEV_MAX_QUEUES][3][4096] __attribute__((aligned(4096)));
 
 static u32 cfg8(u32 fn, u32 reg) { return pci_read(PCI_ECAM, fn, reg, 1); }
 static u32 cfg32(u32 fn, u32 reg) { return pci_read(PCI_ECAM, fn, reg, 4); }
 
-int vdev_find(struct vdev *n, u32 id) {
-	u32 found[8], count = pci_scan(PCI_ECAM, found, 8);
+int vdev_find(struct vdev *n, u32 id) { return vdev_find_nth(n, id, 0); }
+
+int vdev_find_nth(struct vdev *n, u32 id, u32 nth) {
+	u32 found[8], count = pci_scan(PCI_ECAM, found, 8), seen = 0;
 	n->fn = 0xffffffff;
-	for (u32 i = count; i-- > 0;)
-		if (cfg32(found[i], 0) == ((0x1040 + id) << 16 | 0x1af4)) n->fn = found[i];
-	if (n->fn == 0xffffffff) return -1;
+	n->nth = nth;
+	for (u32 i = 0; i < count && n->fn == 0xffffffff; i++)
+		if (cfg32(found[i], 0) == ((0x1040 + id) << 16 | 0x1af4) && seen++ == nth) n->fn = found[i];
+	if (n->fn == 0xffffffff || nth >= VDEV_MAX_DEVICES) return -1;
 	n->bar0 = cfg32(n->fn, 0x10) & ~0xfULL;
 	if ((cfg32(n->fn, 0x10) & 6) == 4) n->bar0 |= (u64)cfg32(n->fn, 0x14) << 32; /* 64-bit BAR */
 	if (map_high(n->bar0)) return -3;
@@ -43,10 +46,11 @@ void vdev_setup_queue(struct vdev *n, struct vq *q, u16 index, u16 qsize, u16 ve
 	if (max && qsize > max) qsize = max;
 	q->size = qsize;
 	q->avail_idx = q->last_used = 0;
-	q->desc = (struct vring_desc *)rings[index][0];
-	q->avail = (volatile struct vring_avail *)rings[index][1];
-	q->used = (volatile struct vring_used *)rings[index][2];
-	for (u32 i = 0; i < 3 * 4096 / 8; i++) ((volatile u64 *)rings[index])[i] = 0;
+	u8(*r)[4096] = rings[n->nth][index];
+	q->desc = (struct vring_desc *)r[0];
+	q->avail = (volatile struct vring_avail *)r[1];
+	q->used = (volatile struct vring_used *)r[2];
+	for (u32 i = 0; i < 3 * 4096 / 8; i++) ((volatile u64 *)r)[i] = 0;
 	mmio_write(c + VC_Q_SELECT, 2, index);
 	mmio_write(c + VC_Q_SIZE, 2, qsize);
 	mmio_write(c + VC_Q_VECTOR, 2, vector);
@@ -66,7 +70,11 @@ void lapic_enable(void) { mmio_write(0xfee000f0, 4, 0x1ff); }
 int lapic_irr(u32 vector) { return (mmio_read(0xfee00200 + (vector / 32) * 16, 4) >> (vector % 32)) & 1; }
 
 int vdev_init(struct vdev *n, u32 id, u64 wanted, u16 nqueues, u16 qsize) {
-	if (nqueues > VDEV_MAX_QUEUES || vdev_find(n, id)) return -1;
+	return vdev_init_nth(n, id, 0, wanted, nqueues, qsize);
+}
+
+int vdev_init_nth(struct vdev *n, u32 id, u32 nth, u64 wanted, u16 nqueues, u16 qsize) {
+	if (nqueues > VDEV_MAX_QUEUES || vdev_find_nth(n, id, nth)) return -1;
 	u64 c = n->common;
 	vdev_set_status(n, 0);
 	vdev_set_status(n, VS_ACK);

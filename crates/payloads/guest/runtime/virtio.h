@@ -33,9 +33,12 @@ struct vq {
 #define VIRTIO_ID_VSOCK 19
 /* The most queues a payload drives (virtio-vsock's rx, tx and event). */
 #define VDEV_MAX_QUEUES 3
+/* The most devices a payload drives at once (each has its own rings). */
+#define VDEV_MAX_DEVICES 2
 
 struct vdev {
 	u32 fn;               /* bus-0 function index */
+	u32 nth;              /* which device of its type (0: the first), and whose rings */
 	u64 bar0;
 	u64 common, isr, device_cfg, notify_base;
 	u32 notify_mult, msix_cap;
@@ -80,9 +83,12 @@ static inline void barrier(void) { __asm__ volatile("" ::: "memory"); }
  * features (VERSION_1 always) and `nqueues` queues (MSI-X vector 1 + queue index each);
  * returns 0, or a negative step number on failure. */
 int vdev_init(struct vdev *d, u32 id, u64 wanted, u16 nqueues, u16 qsize);
+/* The same for the `nth` device of type `id` (0: the first), below VDEV_MAX_DEVICES. */
+int vdev_init_nth(struct vdev *d, u32 id, u32 nth, u64 wanted, u16 nqueues, u16 qsize);
 static inline int vnet_init(struct vdev *n, u64 wanted, u16 qsize) { return vdev_init(n, VIRTIO_ID_NET, wanted, 2, qsize); }
 /* Negotiation steps, usable on their own by a hostile driver. */
 int vdev_find(struct vdev *d, u32 id);
+int vdev_find_nth(struct vdev *d, u32 id, u32 nth);
 void vdev_set_status(struct vdev *d, u8 status);
 u8 vdev_status(struct vdev *d);
 void vdev_setup_queue(struct vdev *d, struct vq *q, u16 index, u16 qsize, u16 vector);

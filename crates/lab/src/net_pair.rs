@@ -1,0 +1,53 @@
+//! Two NICs at once: the `netpair` guest sends lab frames on two virtio-net devices,
+//! each on its own tap in the lab's namespace with a sink of its own; each sink must see
+//! only its own NIC's frames (the NIC's number is in the sequence numbers' top byte),
+//! every one once.
+
+use crate::control::{drive, lab_machine, LabMachine, Window};
+use crate::net::{NetBenchError, LAB_MAC};
+use crate::netns::Netns;
+use crate::sink::{FrameKind, Sink, SinkReport};
+use exitless_vmm::poll::PollMode;
+use exitless_vmm::virtio::net::TxMode;
+use exitless_vmm::NetConfig;
+use std::time::Duration;
+
+/// What each tap's sink saw, the first NIC's first.
+pub fn two_nics(frames: u64, size: usize, timeout: Duration) -> Result<[SinkReport; 2], NetBenchError> {
+    let netns = Netns::create(&format!("exitless-pair-{}", std::process::id()))?;
+    let taps = ["a", "b"].map(|s| format!("exp{}{s}", std::process::id() % 1_000_000));
+    let mac = |i: usize| {
+        let mut mac = LAB_MAC;
+        mac[5] += i as u8;
+        mac
+    };
+    let nic = |i: usize| NetConfig {
+        tap: taps[i].clone(),
+        mac: mac(i),
+        tx: TxMode::Zerocopy,
+        mtu: None,
+        rx_limits: Default::default(),
+        tx_limits: Default::default(),
+        mmds: None,
+        offloads: true,
+    };
+    let LabMachine { machine, control, .. } = lab_machine("netpair", vec![frames, size as u64], |c| {
+        c.devices.nets = vec![nic(0), nic(1)];
+        c.devices.poll = PollMode::Off;
+    })?;
+    let mut sinks = Vec::new();
+    for tap in &taps {
+        netns.adopt(tap)?;
+        sinks.push(Sink::spawn_for(&netns, tap, size, FrameKind::Lab)?);
+    }
+    let mut lab = Window::<(), NetBenchError>::new(|_| ());
+    drive(&machine, &control, timeout, &mut lab)?;
+    if let Some(status) = machine.control().exit_status().filter(|&s| s != 0) {
+        return Err(NetBenchError::Guest(status));
+    }
+    let mut reports = sinks.into_iter().map(|s| s.finish(frames, Duration::from_secs(2)));
+    match (reports.next(), reports.next()) {
+        (Some(a), Some(b)) => Ok([a, b]),
+        _ => Err(NetBenchError::Missing("sinks")),
+    }
+}
