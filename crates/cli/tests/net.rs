@@ -87,6 +87,17 @@ fn tso_frames_arrive_whole_with_their_headers_and_plain_tcp_with_good_checksums(
 }
 
 #[test]
+fn gso_frames_reach_a_guest_whole() {
+    if !net_or_skip("gso_frames_reach_a_guest_whole") {
+        return;
+    }
+    // 64 KiB TCP frames with TSO4 headers from the host; the guest took GUEST_TSO4.
+    let (checked, console) = exitless_lab::net_rx::gso_into_guest(8, Duration::from_secs(60)).expect("GSO run");
+    assert_eq!(checked, 8, "{console}");
+    assert!(!console.contains("differs") && console.contains("checked GSO 8 frames"), "{console}");
+}
+
+#[test]
 fn two_nics_carry_traffic_at_once_and_nothing_crosses() {
     if !net_or_skip("two_nics_carry_traffic_at_once_and_nothing_crosses") {
         return;

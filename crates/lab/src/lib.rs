@@ -12,6 +12,7 @@ pub mod mmds;
 pub mod net;
 pub mod net_pair;
 pub mod net_rtt;
+pub mod net_rx;
 pub mod netns;
 pub mod pci;
 pub mod peers;

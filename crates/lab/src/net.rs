@@ -278,7 +278,7 @@ pub struct EchoReport {
 }
 
 /// The source address of the frames the host side sends to a guest.
-pub(crate) const HOST_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+pub const HOST_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
 
 /// Starts `work` on a helper thread now (the vCPU thread's filter would refuse it sendto),
 /// confined, to run once the guest announces Begin; its handle gives back what it

@@ -6,13 +6,20 @@
  * With param 1 = 1 it negotiates MRG_RXBUF and posts 4 KiB receive buffers, so a large
  * frame arrives spread over several (num_buffers in its header says how many); they are
  * joined before the echo.
- * Params: 0 = frames to echo (default 16), 1 = 1 for mergeable receive buffers.
- * Results: 0 = frames echoed, 1 = the most buffers one frame took.
+ * With param 1 = 2 it also negotiates GUEST_CSUM and GUEST_TSO4 and, instead of echoing,
+ * checks segmentation-offloaded TCP frames to port 5001 as they arrive whole: the header
+ * (NEEDS_CSUM, TCPV4, MSS 1448) and every payload byte (sequence number at 54, then the
+ * lab pattern); frames counts those.
+ * Params: 0 = frames to echo (default 16), 1 = 1 for mergeable receive buffers, 2 for
+ * mergeable buffers and received GSO frames.
+ * Results: 0 = frames echoed (or GSO frames checked), 1 = the most buffers one frame took.
  */
 #include "runtime.h"
 #include "netbuf.h"
 
 #define VIRTIO_NET_F_MRG_RXBUF (1ULL << 15)
+#define VIRTIO_NET_F_GUEST_CSUM (1ULL << 1)
+#define VIRTIO_NET_F_GUEST_TSO4 (1ULL << 7)
 #define MERGEABLE_BUFFER 4096
 
 static struct vdev net;
@@ -28,10 +35,11 @@ static void post_rx(u16 slot) {
 
 int main(void) {
 	u64 want = param(0, 16), echoed = 0, most = 0;
-	int mergeable = param(1, 0) == 1;
+	int gso = param(1, 0) == 2, mergeable = param(1, 0) == 1 || gso;
+	u64 extra = (mergeable ? VIRTIO_NET_F_MRG_RXBUF : 0) | (gso ? VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4 : 0);
 	enter_user();
-	int err = vnet_init(&net, VIRTIO_F_EVENT_IDX | VIRTIO_NET_F_MAC | (mergeable ? VIRTIO_NET_F_MRG_RXBUF : 0), VQ_SIZE);
-	if (!err && mergeable && !(net.features & VIRTIO_NET_F_MRG_RXBUF)) err = -99;
+	int err = vnet_init(&net, VIRTIO_F_EVENT_IDX | VIRTIO_NET_F_MAC | extra, VQ_SIZE);
+	if (!err && (net.features & extra) != extra) err = -99;
 	if (mergeable) rx_len = MERGEABLE_BUFFER;
 	if (err) {
 		print("netecho: virtio-net init failed at step %d\n", -err);
@@ -70,6 +78,18 @@ int main(void) {
 			total += len;
 			post_rx((u16)head);
 		}
+		if (gso) {
+			u8 *f = dst + VNET_HDR_LEN;
+			int tcp = total >= VNET_HDR_LEN + 62 && f[12] == 0x08 && f[13] == 0 && f[23] == 6 && f[36] == 0x13 && f[37] == 0x89;
+			if (!tcp) goto next;
+			u32 bad = !(dst[0] & 1) || dst[1] != 1 || (dst[4] | dst[5] << 8) != 1448;
+			for (u32 j = 62; j < total - VNET_HDR_LEN; j++) bad += f[j] != (u8)(j * 7 + 3);
+			if (bad) print("netecho: a GSO frame of %u bytes differs in %u places\n", total - VNET_HDR_LEN, bad);
+			else echoed++;
+		next:
+			txs.free[txs.n++] = slot;
+			continue;
+		}
 		int lab = total >= VNET_HDR_LEN + 14 && total <= SLOT_SIZE && dst[VNET_HDR_LEN + 12] == (u8)(LAB_ETHERTYPE >> 8) &&
 			  dst[VNET_HDR_LEN + 13] == (u8)LAB_ETHERTYPE;
 		if (lab) {
@@ -87,7 +107,7 @@ int main(void) {
 	set_result(0, echoed);
 	set_result(1, most);
 	lab_op(LAB_OP_END, 0);
-	print("netecho: echoed %lu frames (at most %lu buffers each); rx interrupt %s\n", echoed, most,
+	print("netecho: %s %lu frames (at most %lu buffers each); rx interrupt %s\n", gso ? "checked GSO" : "echoed", echoed, most,
 	      lapic_irr(VIRTIO_IRQ_BASE + 1) ? "delivered" : "NOT delivered");
 	return 0;
 }
