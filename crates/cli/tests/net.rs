@@ -87,6 +87,19 @@ fn tso_frames_arrive_whole_with_their_headers_and_plain_tcp_with_good_checksums(
 }
 
 #[test]
+fn offloaded_frames_leave_segmented_and_checksummed() {
+    if !net_or_skip("offloaded_frames_leave_segmented_and_checksummed") {
+        return;
+    }
+    // Routed out of a tap with no offloads, the kernel must do what the guest left to it.
+    let tso = exitless_lab::net_wire::offloads_on_the_wire(65535, 4, Duration::from_secs(60)).expect("TSO run");
+    let per_frame = (65535u64 - 54).div_ceil(1448);
+    assert_eq!((tso.segments, tso.good), (4 * per_frame, 4 * per_frame), "64K TSO4 frames: {tso:?}");
+    let csum = exitless_lab::net_wire::offloads_on_the_wire(1000, 4, Duration::from_secs(60)).expect("CSUM run");
+    assert_eq!((csum.segments, csum.good), (4, 4), "frames with a partial checksum: {csum:?}");
+}
+
+#[test]
 fn gso_frames_reach_a_guest_whole() {
     if !net_or_skip("gso_frames_reach_a_guest_whole") {
         return;

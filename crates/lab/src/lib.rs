@@ -13,6 +13,7 @@ pub mod net;
 pub mod net_pair;
 pub mod net_rtt;
 pub mod net_rx;
+pub mod net_wire;
 pub mod netns;
 pub mod pci;
 pub mod peers;

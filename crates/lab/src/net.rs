@@ -42,6 +42,8 @@ pub enum NetBenchError {
     Sink(#[from] SinkError),
     #[error("the guest never announced its {0}")]
     Missing(&'static str),
+    #[error("cannot set up the lab: {0}")]
+    Setup(String),
     #[error("{0} frames of the round trips never came back")]
     Lost(u64),
     #[error("the guest exited with status {0}")]

@@ -12,7 +12,10 @@
  * (CSUM and HOST_TSO4 negotiated, the TCP checksum left partial, frames over 1514 bytes
  * segmentation-offloaded with an MSS of 1448); 2 IPv4/TCP without offloads (the guest
  * computes each frame's TCP checksum, as a guest without CSUM does).
- * TCP frames carry the sequence number at the start of their TCP payload (byte 54).
+ * TCP frames carry the sequence number at the start of their TCP payload (byte 54); they
+ * go to 10.0.0.1 and broadcast, or with param 7 = a MAC (48 bits, first byte highest)
+ * and param 8 = an IPv4 address (first byte highest) to those, so that a host may route
+ * them.
  * Results: 0 = frames sent, 1 = cycles, 2 = kicks, 3 = idle waits.
  */
 #include "runtime.h"
@@ -31,12 +34,16 @@ static struct slots txs;
 static u32 pseudo(const u8 *ip, u32 len) { return sum16(0, ip + 12, 8) + 6 + len; }
 
 /* Rewrites a lab frame in `slot` as IPv4/TCP 10.0.0.2:5000 -> 10.0.0.1:5001. */
+static u64 dst_mac, dst_ip;
+
 static void tcp_frame(u8 *slot, u32 size, int offload) {
 	u8 *f = slot + VNET_HDR_LEN, *ip = f + 14, *t = ip + 20;
+	if (dst_mac)
+		for (int i = 0; i < 6; i++) f[i] = (u8)(dst_mac >> (40 - 8 * i));
 	f[12] = 0x08, f[13] = 0x00;
 	ip[0] = 0x45, ip[1] = 0, put16(ip + 2, (u16)(size - 14)), put16(ip + 4, 0), put16(ip + 6, 0x4000);
 	ip[8] = 64, ip[9] = 6, put16(ip + 10, 0);
-	const u8 addrs[8] = {10, 0, 0, 2, 10, 0, 0, 1};
+	const u8 addrs[8] = {10, 0, 0, 2, (u8)(dst_ip >> 24), (u8)(dst_ip >> 16), (u8)(dst_ip >> 8), (u8)dst_ip};
 	for (int i = 0; i < 8; i++) ip[12 + i] = addrs[i];
 	put16(ip + 10, (u16)~csum_fold(sum16(0, ip, 20)));
 	put16(t, 5000), put16(t + 2, 5001);
@@ -62,6 +69,7 @@ int main(void) {
 	u64 size = param(0, 1514), frames = param(1, 1000), limit_ms = param(2, 0), tsc_khz = param(3, 2000000);
 	int poll = param(4, 0) == 1;
 	u64 kind = param(6, 0);
+	dst_mac = param(7, 0), dst_ip = param(8, 0x0a000001);
 	enter_user();
 	if (size < 64 || size + VNET_HDR_LEN > SLOT_SIZE || (kind && size > 65535 + 14) || kind > 2) {
 		print("nettx: frame size %lu out of range\n", size);
