@@ -21,6 +21,7 @@ pub mod pci;
 pub mod poll;
 pub mod rate_limiter;
 pub mod seccomp;
+pub mod snapshot;
 pub mod stats;
 pub mod sync;
 pub mod termination;

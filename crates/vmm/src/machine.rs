@@ -66,6 +66,8 @@ pub enum MachineError {
     VcpuThreads(#[source] std::io::Error),
     #[error("vCPU {0} panicked")]
     VcpuPanicked(u8),
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::SnapshotError),
 }
 
 fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> MachineError {
@@ -88,6 +90,8 @@ pub struct MachineConfig {
     pub run: RunOptions,
     /// Which host workarounds to install (`--host-profile`).
     pub host: ProfileChoice,
+    /// Resume a snapshot instead of booting `image` (crate::snapshot).
+    pub restore: Option<crate::snapshot::Restore>,
 }
 
 /// The devices a machine starts with (the lab and tests attach more through
@@ -159,6 +163,7 @@ impl MachineConfig {
             devices: DeviceConfig::default(),
             run: RunOptions::default(),
             host: ProfileChoice::Auto,
+            restore: None,
         }
     }
 }
@@ -226,7 +231,8 @@ struct VcpuPlan {
     /// vCPUs per core in the CPUID topology: 1, or 2 with SMT.
     threads_per_core: u8,
     supported_cpuid: CpuId,
-    entry: EntryPoint,
+    /// Where vCPU 0 starts; None when the vCPUs' states come from a snapshot.
+    entry: Option<EntryPoint>,
 }
 
 pub struct Machine {
@@ -244,6 +250,8 @@ pub struct Machine {
     started: (Instant, u64),
     /// Each vCPU's counters while the VM runs (for the API's live exit profile).
     live: Arc<LiveStats>,
+    /// The vCPUs' states when restored from a snapshot, by id.
+    restored: Option<Vec<crate::snapshot::VcpuState>>,
 }
 
 impl Machine {
@@ -275,15 +283,26 @@ impl Machine {
 
         let memslots = u32::try_from(kvm.get_nr_memslots()).unwrap_or(u32::MAX);
         let mut allocators = Allocators::new(&map.pci_windows(), memslots)?;
-        let memory = map_guest_ram(&vm, &map, &mut allocators)?;
-        let tables = acpi::write_tables(&memory, &map, config.vcpus)?;
-        let spec = BootSpec { cmdline: &config.cmdline, initrd: config.initrd.as_deref(), rsdp: tables.rsdp };
-        // Before the image: a multiboot image may be linked over it (and then owns the page).
-        write_shared_page(&memory, map.low_ram_end(), &config.params)?;
-        let entry = boot::load(&memory, &map, &config.image, &spec)?;
-        if let EntryPoint::Multiboot(_) = entry {
-            boot::bios_state::program_pic_and_pit(&vm).map_err(ioctl("KVM_SET_IRQCHIP/KVM_SET_PIT2"))?;
+        let restore = config.restore;
+        if let Some(r) = &restore {
+            crate::snapshot::check_restore(r, config.vcpus, config.mem_size, config.devices.test_devices)?;
         }
+        let memory = map_guest_ram(&vm, &map, &mut allocators, restore.as_ref().map(|r| &r.memory))?;
+        let (entry, facs) = match &restore {
+            // Memory holds what the guest had: tables, image and all.
+            Some(_) => (None, 0),
+            None => {
+                let tables = acpi::write_tables(&memory, &map, config.vcpus)?;
+                let spec = BootSpec { cmdline: &config.cmdline, initrd: config.initrd.as_deref(), rsdp: tables.rsdp };
+                // Before the image: a multiboot image may be linked over it (and then owns the page).
+                write_shared_page(&memory, map.low_ram_end(), &config.params)?;
+                let entry = boot::load(&memory, &map, &config.image, &spec)?;
+                if let EntryPoint::Multiboot(_) = entry {
+                    boot::bios_state::program_pic_and_pit(&vm).map_err(ioctl("KVM_SET_IRQCHIP/KVM_SET_PIT2"))?;
+                }
+                (Some(entry), tables.facs)
+            }
+        };
 
         let control = Arc::new(RunControl::default());
         let d = config.devices;
@@ -300,7 +319,7 @@ impl Machine {
         let mut sleep = None;
         if d.test_devices {
             let rtc = devices.attach_rtc()?;
-            sleep = Some(Arc::new(crate::vcpu::sleep::Sleep::new(pm, rtc, tables.facs, memory.clone())));
+            sleep = Some(Arc::new(crate::vcpu::sleep::Sleep::new(pm, rtc, facs, memory.clone())));
             devices.attach_qemu_test_devices(config.mem_size, config.vcpus)?;
             if d.test_iommu {
                 devices.attach_edu_behind_iommu()?;
@@ -327,6 +346,13 @@ impl Machine {
             _ => {}
         }
         let threads_per_core = if config.smt { 2 } else { 1 };
+        let restored = match restore {
+            Some(r) => {
+                r.state.vm.restore(&vm).map_err(crate::snapshot::SnapshotError::from)?;
+                Some(r.state.vcpus)
+            }
+            None => None,
+        };
         Ok(Machine {
             kvm,
             vm,
@@ -340,6 +366,7 @@ impl Machine {
             sleep,
             started,
             live: Arc::new(LiveStats::new(usize::from(config.vcpus), 0)),
+            restored,
         })
     }
 
@@ -389,8 +416,13 @@ impl Machine {
         let fd = self.vm.create_vcpu(u64::from(id)).map_err(ioctl("KVM_CREATE_VCPU"))?;
         let masks = self.host.cpuid_masks();
         cpu::setup(&fd, &cpu::cpuid_for(&plan.supported_cpuid, id, plan.count, plan.threads_per_core, &masks))?;
-        if id == 0 {
-            regs::setup(&fd, &self.memory, plan.entry)?;
+        match (&self.restored, plan.entry) {
+            (Some(states), _) => {
+                let state = states.get(usize::from(id)).ok_or(MachineError::Vcpus { asked: id, max: plan.count })?;
+                state.restore(&fd).map_err(crate::snapshot::SnapshotError::from)?;
+            }
+            (None, Some(entry)) if id == 0 => regs::setup(&fd, &self.memory, entry)?,
+            _ => {}
         }
         let run_size = self.kvm.get_vcpu_mmap_size().map_err(ioctl("KVM_GET_VCPU_MMAP_SIZE"))?;
         let nested = self.host.nested().then(|| NestedExits::new(self.memory.clone()));
@@ -513,9 +545,18 @@ impl Drop for Machine {
 }
 
 /// Guest RAM: one mapping per region, each a KVM memory slot from the allocator.
-fn map_guest_ram(vm: &VmFd, map: &MemoryMap, allocators: &mut Allocators) -> Result<GuestMemoryMmap, MachineError> {
+/// Guest RAM, anonymous, or from a snapshot's memory file mapped privately.
+fn map_guest_ram(
+    vm: &VmFd,
+    map: &MemoryMap,
+    allocators: &mut Allocators,
+    file: Option<&std::fs::File>,
+) -> Result<GuestMemoryMmap, MachineError> {
     let regions: Vec<_> = map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
-    let memory = GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?;
+    let memory = match file {
+        Some(file) => crate::snapshot::memory::map_private(file, &regions)?,
+        None => GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?,
+    };
     let slots = allocators.memslots(memory.num_regions() as u32)?;
     for (slot, region) in slots.zip(memory.iter()) {
         let host = memory.get_host_address(region.start_addr()).map_err(|e| MachineError::Memory(e.into()))?;

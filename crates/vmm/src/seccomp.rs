@@ -202,6 +202,10 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_fcntl,
             libc::SYS_getrandom,
             libc::SYS_poll,
+            // PUT /snapshot/create writes the state and memory files.
+            libc::SYS_write,
+            libc::SYS_pwrite64,
+            libc::SYS_ftruncate,
         ],
         // sigwait, then the cleanups: unlink a socket, detach and unlink a namespace's mount.
         ThreadKind::Signals => &[libc::SYS_rt_sigtimedwait, libc::SYS_unlink, libc::SYS_umount2],
@@ -239,6 +243,12 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
                 KVM_SET_MP_STATE(),
                 // A NIC's activation gives its tap the receive offloads the guest negotiated.
                 crate::net::tap::TUNSETOFFLOAD as _,
+                // A snapshot asks each parked vCPU for its state (crate::snapshot).
+                KVM_GET_XSAVE(),
+                KVM_GET_XCRS(),
+                KVM_GET_DEBUGREGS(),
+                KVM_GET_LAPIC(),
+                KVM_GET_TSC_KHZ(),
             ]
             .into_iter()
             .chain(vm)
@@ -252,6 +262,10 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
         }
         // std makes a socket non-blocking with FIONBIO.
         ThreadKind::Vsock => Some(vec![libc::FIONBIO as u32]),
+        // PUT /snapshot/create reads the VM's in-kernel devices and KVM's MSR list.
+        ThreadKind::Api => Some(
+            [KVM_GET_MSR_INDEX_LIST(), KVM_GET_IRQCHIP(), KVM_GET_PIT2(), KVM_GET_CLOCK()].map(|r| r as u32).to_vec(),
+        ),
         // Restoring the terminal (TCGETS/TCSETS*); tearing down what the VM registered.
         ThreadKind::Main => {
             let terminal = [libc::TCGETS, libc::TCSETS, libc::TCSETSW, libc::TCSETSF].map(|r| r as u32);
@@ -454,6 +468,9 @@ mod tests {
         assert_eq!(KVM_SET_GSI_ROUTING(), 0x4008_ae6a);
         assert_eq!(KVM_IRQFD(), 0x4020_ae76);
         assert_eq!(KVM_IOEVENTFD(), 0x4040_ae79);
+        assert_eq!(KVM_GET_XSAVE(), 0x9000_aea4);
+        assert_eq!(KVM_GET_LAPIC(), 0x8400_ae8e);
+        assert_eq!(KVM_GET_TSC_KHZ(), 0xaea3);
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod model;
 mod routes;
 mod server;
 mod sink;
+mod snapshot;
 mod vm;
 
 use crate::args::ApiArgs;
@@ -125,7 +126,10 @@ fn handler(shared: Arc<Shared>) -> server::Handler {
         };
         shared.metrics.count_request(&method, path, reply.status);
         match then {
-            routes::Then::Start(machine) => {
+            routes::Then::Start(machine, paused) => {
+                if paused {
+                    machine.control().pause_before_start();
+                }
                 if let Err(e) = start(&shared, *machine) {
                     eprintln!("exitless: {e}");
                     if let Some(path) = &shared.socket {
@@ -172,7 +176,7 @@ fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machin
     if let Some(m) = c.mmds_config {
         vm.set_mmds_config(m)?;
     }
-    vm.build()
+    vm.build(None)
 }
 
 fn flush_metrics(shared: &Shared) {

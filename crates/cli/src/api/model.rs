@@ -142,6 +142,58 @@ pub struct Vsock {
     pub uds_path: String,
 }
 
+/// `PUT /snapshot/create` on a paused microVM.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotCreate {
+    #[serde(default)]
+    pub snapshot_type: Option<SnapshotType>,
+    pub snapshot_path: String,
+    pub mem_file_path: String,
+    /// Firecracker's deprecated field: accepted, nothing to choose.
+    #[serde(default)]
+    pub version: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+pub enum SnapshotType {
+    Full,
+    Diff,
+}
+
+/// `PUT /snapshot/load` on a VMM nothing was configured in.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotLoad {
+    pub snapshot_path: String,
+    /// Firecracker's older way to name the memory file.
+    #[serde(default)]
+    pub mem_file_path: Option<String>,
+    #[serde(default)]
+    pub mem_backend: Option<MemBackend>,
+    #[serde(default)]
+    pub enable_diff_snapshots: Option<bool>,
+    #[serde(default)]
+    pub track_dirty_pages: Option<bool>,
+    #[serde(default)]
+    pub resume_vm: Option<bool>,
+    #[serde(default)]
+    pub network_overrides: Option<Vec<serde_json::Value>>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemBackend {
+    pub backend_type: MemBackendType,
+    pub backend_path: String,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+pub enum MemBackendType {
+    File,
+    Uffd,
+}
+
 /// `PUT /mmds/config`: the NICs that answer MMDS, its address and version.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]

@@ -32,13 +32,12 @@ impl Reply {
 /// What the caller does after replying.
 pub enum Then {
     Nothing,
-    /// InstanceStart was accepted: run this machine, built from the configuration.
-    Start(Box<exitless_vmm::Machine>),
+    /// InstanceStart (or a snapshot load) was accepted: run this machine, paused if true.
+    Start(Box<exitless_vmm::Machine>, bool),
     FlushMetrics,
 }
 
 const NOT_SUPPORTED: &[(&str, &str)] = &[
-    ("snapshot", "snapshots"),
     ("balloon", "balloon devices"),
     ("cpu-config", "custom CPU templates"),
     ("serial", "serial output redirection"),
@@ -98,6 +97,11 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PUT", ["metrics"]) => done(vm.set_metrics(parse(body)?, metrics)),
         ("PUT", ["entropy"]) => done(vm.set_entropy(parse(body)?)),
         ("PUT", ["vsock"]) => done(vm.set_vsock(parse(body)?)),
+        ("PUT", ["snapshot", "create"]) => done(vm.create_snapshot(parse(body)?)),
+        ("PUT", ["snapshot", "load"]) => {
+            let (machine, paused) = vm.load_snapshot(parse(body)?)?;
+            Ok((Reply::no_content(), Then::Start(Box::new(machine), paused)))
+        }
         ("PUT", ["mmds", "config"]) => done(vm.set_mmds_config(parse(body)?)),
         ("PUT", ["mmds"]) => done(vm.put_mmds(parse(body)?)),
         ("PATCH", ["mmds"]) => done(vm.patch_mmds(parse(body)?)),
@@ -112,7 +116,7 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
 fn action(vm: &mut Vm, metrics: &Metrics, a: model::Action) -> Result<(Reply, Then), Fault> {
     match a.action_type {
         ActionType::InstanceStart => match vm.state {
-            State::NotStarted => Ok((Reply::no_content(), Then::Start(Box::new(vm.build()?)))),
+            State::NotStarted => Ok((Reply::no_content(), Then::Start(Box::new(vm.build(None)?), false))),
             _ => Err(Fault("The microVM is already running: InstanceStart is allowed once.".into())),
         },
         ActionType::FlushMetrics => {

@@ -295,18 +295,23 @@ impl Vm {
         }
     }
 
-    /// Builds the machine from the configuration; the caller runs it.
-    pub fn build(&mut self) -> Result<Machine, Fault> {
+    /// Builds the machine from the configuration (or resumes a snapshot's); the caller runs it.
+    pub fn build(&mut self, restore: Option<exitless_vmm::snapshot::Restore>) -> Result<Machine, Fault> {
         self.pre_boot()?;
-        let boot =
-            self.config.boot_source.as_ref().ok_or_else(|| {
-                Fault("Cannot start microvm that was not configured: the boot source is missing.".into())
-            })?;
         let mc = &self.config.machine_config;
         let mem = mc.mem_size_mib << 20;
-        let image = crate::args::read_bounded("kernel", boot.kernel_image_path.as_ref(), mem)?;
-        let initrd =
-            boot.initrd_path.as_ref().map(|p| crate::args::read_bounded("initrd", p.as_ref(), mem)).transpose()?;
+        let (image, initrd, cmdline) = match (&restore, &self.config.boot_source) {
+            // A restored guest's kernel is in its memory already.
+            (Some(_), _) => (Vec::new(), None, String::new()),
+            (None, None) => {
+                return Err(Fault("Cannot start microvm that was not configured: the boot source is missing.".into()))
+            }
+            (None, Some(boot)) => (
+                crate::args::read_bounded("kernel", boot.kernel_image_path.as_ref(), mem)?,
+                boot.initrd_path.as_ref().map(|p| crate::args::read_bounded("initrd", p.as_ref(), mem)).transpose()?,
+                boot.boot_args.clone().unwrap_or_else(|| exitless_vmm::boot::DEFAULT_CMDLINE.into()),
+            ),
+        };
         let nets = self
             .config
             .network_interfaces
@@ -348,7 +353,7 @@ impl Vm {
             mem_size: mem,
             vcpus: mc.vcpu_count,
             smt: mc.smt,
-            cmdline: boot.boot_args.clone().unwrap_or_else(|| exitless_vmm::boot::DEFAULT_CMDLINE.into()),
+            cmdline,
             initrd,
             devices: exitless_vmm::DeviceConfig {
                 boot_timer: self.boot_timer,
@@ -367,6 +372,7 @@ impl Vm {
             // guest stops it writes metrics and removes the socket, which that filter allows.
             run: exitless_vmm::RunOptions { confine_caller: true, ..Default::default() },
             host: self.host_profile,
+            restore,
             ..exitless_vmm::MachineConfig::new(image)
         };
         Machine::new(config).map_err(|e| Fault(format!("Cannot start the microVM: {}", crate::with_causes(&e))))

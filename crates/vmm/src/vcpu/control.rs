@@ -1,7 +1,9 @@
 //! How a device or the VMM tells the vCPUs to stop, and why; and how the API pauses them.
 
+use crate::snapshot::VcpuState;
 use crate::vcpu::watchdog::Pthread;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,6 +52,18 @@ struct Gate {
     /// Each running vCPU thread, by id, so a pause can kick it out of `KVM_RUN`.
     threads: Vec<Option<Pthread>>,
     parked: usize,
+    /// A snapshot's request for every vCPU's state, which each parked vCPU fills in.
+    saves: Option<SaveRequest>,
+}
+
+/// How a parked vCPU reads its own state, given the MSRs to read.
+pub type ReadState<'a> = dyn FnMut(&[u32]) -> Result<VcpuState, String> + 'a;
+
+/// What a snapshot asks of the parked vCPUs: each reads its own state (only its thread
+/// may use its fd) and leaves it here.
+struct SaveRequest {
+    msrs: Arc<Vec<u32>>,
+    states: Vec<Option<Result<VcpuState, String>>>,
 }
 
 /// Shared by the vCPUs, the devices and the thread that waits for the machine.
@@ -159,6 +173,16 @@ impl RunControl {
 
     /// [`RunControl::park`], or until `deadline` passes: true then.
     pub fn park_until(&self, deadline: Option<Instant>) -> bool {
+        self.park_serving(deadline, None)
+    }
+
+    /// Parks vCPU `id` as [`RunControl::park_until`] does, reading its state with `save`
+    /// whenever a snapshot asks for it meanwhile.
+    pub fn park_serving(
+        &self,
+        deadline: Option<Instant>,
+        mut save: Option<(u8, &mut ReadState<'_>)>,
+    ) -> bool {
         let mut gate = crate::sync::lock(&self.gate);
         gate.parked += 1;
         self.changed.notify_all();
@@ -167,6 +191,19 @@ impl RunControl {
             let flags = self.flags.load(Ordering::Acquire);
             if flags & STOP != 0 || flags & (PAUSE | SUSPEND) == 0 {
                 break;
+            }
+            if let Some((id, read)) = save.as_mut() {
+                let asked = gate.saves.as_ref().filter(|r| r.states.get(usize::from(*id)).is_some_and(Option::is_none));
+                if let Some(msrs) = asked.map(|r| r.msrs.clone()) {
+                    drop(gate);
+                    let state = read(&msrs);
+                    gate = crate::sync::lock(&self.gate);
+                    if let Some(slot) = gate.saves.as_mut().and_then(|r| r.states.get_mut(usize::from(*id))) {
+                        *slot = Some(state);
+                    }
+                    self.changed.notify_all();
+                    continue;
+                }
             }
             gate = match deadline {
                 None => self.changed.wait(gate).unwrap_or_else(|e| e.into_inner()),
@@ -181,6 +218,36 @@ impl RunControl {
         }
         gate.parked -= 1;
         timed_out
+    }
+
+    /// Raises the pause before any vCPU runs: each parks at its first step (a snapshot
+    /// loaded without `resume_vm`).
+    pub fn pause_before_start(&self) {
+        self.flags.fetch_or(PAUSE, Ordering::AcqRel);
+    }
+
+    /// Every vCPU's state, read by each parked vCPU on its own thread; the machine must be
+    /// paused. `msrs` are the MSRs to read (KVM's list).
+    pub fn save_vcpus(&self, count: usize, msrs: Vec<u32>, limit: Duration) -> Result<Vec<VcpuState>, String> {
+        if !self.is_paused() {
+            return Err("the microVM is not paused".into());
+        }
+        let mut gate = crate::sync::lock(&self.gate);
+        gate.saves = Some(SaveRequest { msrs: Arc::new(msrs), states: (0..count).map(|_| None).collect() });
+        self.changed.notify_all();
+        let deadline = Instant::now() + limit;
+        loop {
+            let done = gate.saves.as_ref().is_some_and(|r| r.states.iter().all(Option::is_some));
+            if done {
+                let states = gate.saves.take().map(|r| r.states).unwrap_or_default();
+                return states.into_iter().flatten().collect();
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()).filter(|l| !l.is_zero()) else {
+                gate.saves = None;
+                return Err(format!("the vCPUs did not give their state within {limit:?}"));
+            };
+            gate = self.changed.wait_timeout(gate, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
     }
 
     /// The guest entered S3: every vCPU leaves `KVM_RUN` (kicked with `signal`) and parks

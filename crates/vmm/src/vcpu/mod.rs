@@ -385,7 +385,13 @@ impl Vcpu {
                     let sleep = sleep.clone();
                     sleep.sleep(self.id, &mut self.fd, &self.control).map_err(|why| self.fault(&why))?;
                 }
-                _ => self.control.park(),
+                _ => {
+                    let (id, fd) = (self.id, &self.fd);
+                    let mut read = |msrs: &[u32]| {
+                        crate::snapshot::VcpuState::capture(id, fd, msrs).map_err(|(what, e)| format!("{what}: {e}"))
+                    };
+                    self.control.park_serving(None, Some((id, &mut read)));
+                }
             }
         }
         Ok(self.control.should_stop())

@@ -1,0 +1,70 @@
+//! Firecracker's snapshot endpoints: `PUT /snapshot/create` on a paused microVM (its
+//! state file and memory file), `PUT /snapshot/load` on a VMM nothing was configured in
+//! (the configuration comes from the state file; the guest resumes or stays paused).
+
+use super::model::{MemBackendType, SnapshotCreate, SnapshotLoad, SnapshotType, VmConfig};
+use super::vm::{Fault, State, Vm};
+use exitless_vmm::snapshot::{self, Restore, SnapshotFile};
+use exitless_vmm::Machine;
+
+impl Vm {
+    /// `PUT /snapshot/create`.
+    pub fn create_snapshot(&mut self, c: SnapshotCreate) -> Result<(), Fault> {
+        let State::Running { machine, .. } = &self.state else {
+            return Err(Fault("Cannot create a snapshot: the microVM is not running.".into()));
+        };
+        if !machine.control().is_paused() {
+            return Err(Fault(
+                "The microVM must be paused to be snapshotted: PATCH /vm {\"state\": \"Paused\"} first.".into(),
+            ));
+        }
+        if c.snapshot_type == Some(SnapshotType::Diff) {
+            return Err(Fault("exitless does not support Diff snapshots yet: take a Full one.".into()));
+        }
+        let mut memory = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&c.mem_file_path)
+            .map_err(|e| Fault(format!("Cannot create the memory file {}: {e}.", c.mem_file_path)))?;
+        let state =
+            snapshot::take(machine, &mut memory).map_err(|e| Fault(format!("Cannot create a snapshot: {e}.")))?;
+        let config = serde_json::to_value(&self.config)?;
+        SnapshotFile::new(state, config).write(c.snapshot_path.as_ref()).map_err(|e| Fault(format!("{e}.")))
+    }
+
+    /// `PUT /snapshot/load`: the machine to run, and whether it stays paused.
+    pub fn load_snapshot(&mut self, l: SnapshotLoad) -> Result<(Machine, bool), Fault> {
+        self.pre_boot()?;
+        if self.config != VmConfig::default() {
+            return Err(Fault("Loading a snapshot is only allowed before anything is configured.".into()));
+        }
+        let mem_path = match (&l.mem_backend, &l.mem_file_path) {
+            (Some(b), None) if b.backend_type == MemBackendType::File => b.backend_path.clone(),
+            (Some(_), None) => return Err(Fault("exitless does not support the Uffd memory backend yet.".into())),
+            (None, Some(path)) => path.clone(),
+            (Some(_), Some(_)) => return Err(Fault("Give mem_backend or mem_file_path, not both.".into())),
+            (None, None) => return Err(Fault("The memory file is missing: give mem_backend.".into())),
+        };
+        if l.enable_diff_snapshots == Some(true) || l.track_dirty_pages == Some(true) {
+            return Err(Fault("exitless does not track dirty pages yet (Diff snapshots).".into()));
+        }
+        if l.network_overrides.as_ref().is_some_and(|o| !o.is_empty()) {
+            return Err(Fault("The snapshot has no network interfaces to override.".into()));
+        }
+        let file = SnapshotFile::read(l.snapshot_path.as_ref()).map_err(|e| Fault(format!("{e}.")))?;
+        let config: VmConfig = serde_json::from_value(file.config)
+            .map_err(|e| Fault(format!("{}: its configuration is not Firecracker's: {e}.", l.snapshot_path)))?;
+        let memory = std::fs::File::open(&mem_path)
+            .map_err(|e| Fault(format!("Cannot open the memory file {mem_path}: {e}.")))?;
+        self.config = config;
+        let restore = Restore { state: file.machine, memory };
+        let built = self.build(Some(restore));
+        if built.is_err() {
+            // Nothing started: the VMM is as unconfigured as before.
+            self.config = VmConfig::default();
+        }
+        Ok((built?, !l.resume_vm.unwrap_or(false)))
+    }
+}

@@ -1,0 +1,249 @@
+//! Snapshots, as Firecracker's users take them: a paused microVM's state (every vCPU,
+//! the in-kernel interrupt controllers, PIT and clock) in a versioned JSON file, and its
+//! RAM in a memory file, so that a new VMM process resumes it where it stopped.
+//!
+//! Nothing is saved by pointer: every piece is KVM's own structure, read through its
+//! ioctls. A state file is checked whole before anything is built from it (format
+//! version, counts, sizes, this host's CPU), so a bad one is refused with one line.
+//! This first step covers microVMs without virtio devices; one with them is refused.
+
+pub mod memory;
+mod vcpu;
+mod vm;
+
+pub use vcpu::{msr_list, VcpuState};
+pub use vm::VmState;
+
+use serde::{Deserialize, Serialize};
+
+const MAGIC: &str = "exitless-snapshot";
+/// Bumped whenever what a state file holds changes meaning.
+pub const FORMAT_VERSION: u32 = 1;
+/// A state file is a few hundred KiB (the XSAVE areas are the largest part).
+const MAX_STATE_FILE: u64 = 64 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("cannot {what} {path}: {source}")]
+    Io { what: &'static str, path: String, source: std::io::Error },
+    #[error("{0} is not an exitless snapshot: {1}")]
+    Format(String, String),
+    #[error("{0} is format {1}; this exitless reads format {FORMAT_VERSION} (taken by exitless {2})")]
+    Version(String, u32, String),
+    #[error("the snapshot was taken on another CPU ({0}); restore it on a host like that one")]
+    Cpu(String),
+    #[error("{0} failed: {1}")]
+    Kvm(&'static str, kvm_ioctls::Error),
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl From<(&'static str, kvm_ioctls::Error)> for SnapshotError {
+    fn from((what, e): (&'static str, kvm_ioctls::Error)) -> Self {
+        SnapshotError::Kvm(what, e)
+    }
+}
+
+/// What a host's CPU must match for a snapshot's vCPU state to be valid on it: the
+/// vendor, family, model and stepping, and the feature leaves KVM's state depends on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuIdentity {
+    pub vendor: String,
+    pub signature: u32,
+    /// CPUID 7.0 EBX, ECX, EDX and 0xD.0 EBX (the XSAVE area's size).
+    pub features: [u32; 4],
+}
+
+impl CpuIdentity {
+    pub fn host() -> CpuIdentity {
+        use std::arch::x86_64::{__cpuid, __cpuid_count};
+        let (l0, l1, l7, ld) = (__cpuid(0), __cpuid(1), __cpuid_count(7, 0), __cpuid_count(0xd, 0));
+        let vendor: Vec<u8> = [l0.ebx, l0.edx, l0.ecx].iter().flat_map(|r| r.to_le_bytes()).collect();
+        CpuIdentity {
+            vendor: String::from_utf8_lossy(&vendor).into_owned(),
+            signature: l1.eax,
+            features: [l7.ebx, l7.ecx, l7.edx, ld.ebx],
+        }
+    }
+}
+
+/// Everything but RAM and the VMM's own configuration.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MachineState {
+    pub vcpu_count: u8,
+    pub mem_size: u64,
+    pub cpu: CpuIdentity,
+    pub vm: VmState,
+    pub vcpus: Vec<VcpuState>,
+}
+
+impl std::fmt::Debug for VmState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VmState").field("clock", &self.clock.clock).finish_non_exhaustive()
+    }
+}
+
+/// The state file: the machine's state, and the VMM's configuration as the API layer
+/// keeps it (opaque here), so the same devices can be built again.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SnapshotFile {
+    pub magic: String,
+    pub format: u32,
+    pub exitless: String,
+    pub machine: MachineState,
+    pub config: serde_json::Value,
+}
+
+impl SnapshotFile {
+    pub fn new(machine: MachineState, config: serde_json::Value) -> Self {
+        SnapshotFile {
+            magic: MAGIC.into(),
+            format: FORMAT_VERSION,
+            exitless: env!("CARGO_PKG_VERSION").into(),
+            machine,
+            config,
+        }
+    }
+
+    pub fn write(&self, path: &std::path::Path) -> Result<(), SnapshotError> {
+        let io = |what, source| SnapshotError::Io { what, path: path.display().to_string(), source };
+        let bytes = serde_json::to_vec(self).map_err(|e| io("write", std::io::Error::other(e)))?;
+        std::fs::write(path, bytes).map_err(|e| io("write", e))
+    }
+
+    /// Reads and checks a state file: nothing is built from one that fails.
+    pub fn read(path: &std::path::Path) -> Result<SnapshotFile, SnapshotError> {
+        let name = path.display().to_string();
+        let io = |source| SnapshotError::Io { what: "read", path: name.clone(), source };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if len > MAX_STATE_FILE {
+            return Err(SnapshotError::Format(
+                name,
+                format!("{len} bytes is over the {MAX_STATE_FILE} a state file may be"),
+            ));
+        }
+        let bytes = std::fs::read(path).map_err(io)?;
+        Self::parse(&name, &bytes)
+    }
+
+    /// [`SnapshotFile::read`] on bytes already read (the fuzz target's entry).
+    pub fn parse(name: &str, bytes: &[u8]) -> Result<SnapshotFile, SnapshotError> {
+        let bad = |why: String| SnapshotError::Format(name.into(), why);
+        // The header alone first: a file of another format is named as such, not as garbage.
+        #[derive(Deserialize)]
+        struct Header {
+            magic: String,
+            format: u32,
+            exitless: String,
+        }
+        let header: Header = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
+        if header.magic != MAGIC {
+            return Err(bad(format!("its magic is {:?}", header.magic)));
+        }
+        if header.format != FORMAT_VERSION {
+            return Err(SnapshotError::Version(name.into(), header.format, header.exitless));
+        }
+        let file: SnapshotFile = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
+        file.machine.check().map_err(bad)?;
+        Ok(file)
+    }
+}
+
+impl MachineState {
+    /// The counts and sizes agree with each other and with what this VMM builds.
+    pub fn check(&self) -> Result<(), String> {
+        let n = usize::from(self.vcpu_count);
+        if n == 0 || n > usize::from(crate::machine::MAX_VCPUS) || self.vcpus.len() != n {
+            return Err(format!("{} vCPU states for {} vCPUs", self.vcpus.len(), self.vcpu_count));
+        }
+        if self.vcpus.iter().enumerate().any(|(i, v)| usize::from(v.id) != i) {
+            return Err("the vCPU states are not in order".into());
+        }
+        if self.vcpus.iter().any(|v| v.msrs.len() > 4096) {
+            return Err("a vCPU lists more MSRs than KVM has".into());
+        }
+        if crate::layout::MemoryMap::new(self.mem_size).is_err() {
+            return Err(format!("{} bytes of RAM is not a size this VMM builds", self.mem_size));
+        }
+        if !self.vm.well_formed() {
+            return Err("the interrupt controllers are not the three this VMM creates".into());
+        }
+        Ok(())
+    }
+
+    /// This host's CPU is the one the snapshot was taken on.
+    pub fn check_host(&self) -> Result<(), SnapshotError> {
+        let host = CpuIdentity::host();
+        if host != self.cpu {
+            return Err(SnapshotError::Cpu(format!(
+                "{} {:#x} there, {} {:#x} here",
+                self.cpu.vendor, self.cpu.signature, host.vendor, host.signature
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What a machine is restored from: its state and its memory file (mapped privately).
+pub struct Restore {
+    pub state: MachineState,
+    pub memory: std::fs::File,
+}
+
+/// A restore fits the machine being built: the same vCPU count and RAM, this host's CPU,
+/// a memory file as large as the RAM.
+pub fn check_restore(r: &Restore, vcpus: u8, mem_size: u64, test_devices: bool) -> Result<(), SnapshotError> {
+    r.state.check().map_err(SnapshotError::Refused)?;
+    if r.state.vcpu_count != vcpus || r.state.mem_size != mem_size {
+        return Err(SnapshotError::Refused(format!(
+            "the snapshot has {} vCPUs and {} MiB; the configuration {} vCPUs and {} MiB",
+            r.state.vcpu_count,
+            r.state.mem_size >> 20,
+            vcpus,
+            mem_size >> 20
+        )));
+    }
+    if test_devices {
+        return Err(SnapshotError::Refused("the test devices (--testdevs) are not saved in snapshots".into()));
+    }
+    r.state.check_host()?;
+    memory::check_length(&r.memory, mem_size).map_err(SnapshotError::Refused)
+}
+
+/// A paused `machine`'s state, its RAM written to `memory`. Refused for devices whose
+/// state is not saved yet (virtio, the test devices): better no snapshot than one that
+/// resumes a guest whose devices forgot what it told them.
+pub fn take(machine: &crate::Machine, memory: &mut std::fs::File) -> Result<MachineState, SnapshotError> {
+    use crate::device_manager::DeviceKind;
+    let unsaved = machine.devices().devices().iter().find(|d| {
+        matches!(
+            d.kind,
+            DeviceKind::VirtioNet
+                | DeviceKind::VirtioBlock
+                | DeviceKind::VirtioRng
+                | DeviceKind::VirtioVsock
+                | DeviceKind::QemuTest
+        )
+    });
+    if let Some(d) = unsaved {
+        return Err(SnapshotError::Refused(format!(
+            "exitless cannot snapshot a microVM with {} yet: its state is not saved",
+            d.name
+        )));
+    }
+    let msrs = msr_list(machine.kvm())?;
+    let count = machine.vcpu_count();
+    let vcpus = machine
+        .control()
+        .save_vcpus(usize::from(count), msrs, std::time::Duration::from_secs(2))
+        .map_err(SnapshotError::Refused)?;
+    let vm = VmState::capture(machine.vm())?;
+    let mem_size = machine.map().ram_regions().iter().map(|&(_, size)| size).sum();
+    memory::write_full(machine.memory(), memory).map_err(|source| SnapshotError::Io {
+        what: "write",
+        path: "the memory file".into(),
+        source,
+    })?;
+    Ok(MachineState { vcpu_count: count, mem_size, cpu: CpuIdentity::host(), vm, vcpus })
+}
