@@ -34,6 +34,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("bus_dispatch", bus_dispatch),
     ("vsock_packet", vsock_packet),
     ("mmds_frames", mmds_frames),
+    ("snapshot_loader", snapshot_loader),
 ];
 
 /// Fuzzed guest memory: 64 KiB at 0 holding the input (zeros past it).
@@ -189,6 +190,12 @@ pub fn mmds_replay(data: &[u8]) -> crate::net::mmds::MmdsCounters {
     }
     stack.poll_timers();
     stack.counters
+}
+
+/// A snapshot's state file as `PUT /snapshot/load` reads it: every check before anything
+/// is built (header, format, counts, sizes, the interrupt controllers).
+pub fn snapshot_loader(data: &[u8]) {
+    let _ = crate::snapshot::SnapshotFile::parse("fuzz", data);
 }
 
 /// What a device is activated with (no interrupt reaches anything), and `n` kick eventfds.

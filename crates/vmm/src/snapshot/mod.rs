@@ -247,3 +247,27 @@ pub fn take(machine: &crate::Machine, memory: &mut std::fs::File) -> Result<Mach
     })?;
     Ok(MachineState { vcpu_count: count, mem_size, cpu: CpuIdentity::host(), vm, vcpus })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn corpus(name: &str) -> Vec<u8> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/snapshot_loader");
+        std::fs::read(dir.join(name)).unwrap()
+    }
+
+    #[test]
+    fn a_kept_state_file_parses_and_spoiled_ones_are_named() {
+        let good = SnapshotFile::parse("s", &corpus("counter-1vcpu")).unwrap();
+        assert_eq!((good.machine.vcpu_count, good.machine.mem_size), (1, 64 << 20));
+        assert!(matches!(SnapshotFile::parse("s", &corpus("truncated")), Err(SnapshotError::Format(..))));
+        assert!(matches!(SnapshotFile::parse("s", &corpus("format-2")), Err(SnapshotError::Version(_, 2, _))));
+        let mut wrong = good;
+        wrong.machine.vcpu_count = 2;
+        assert!(wrong.machine.check().unwrap_err().contains("1 vCPU states for 2 vCPUs"));
+        wrong.machine.vcpu_count = 1;
+        wrong.machine.mem_size = 3;
+        assert!(wrong.machine.check().is_err());
+    }
+}

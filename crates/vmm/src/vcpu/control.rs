@@ -178,11 +178,7 @@ impl RunControl {
 
     /// Parks vCPU `id` as [`RunControl::park_until`] does, reading its state with `save`
     /// whenever a snapshot asks for it meanwhile.
-    pub fn park_serving(
-        &self,
-        deadline: Option<Instant>,
-        mut save: Option<(u8, &mut ReadState<'_>)>,
-    ) -> bool {
+    pub fn park_serving(&self, deadline: Option<Instant>, mut save: Option<(u8, &mut ReadState<'_>)>) -> bool {
         let mut gate = crate::sync::lock(&self.gate);
         gate.parked += 1;
         self.changed.notify_all();
