@@ -121,11 +121,12 @@ fn firecracker_flags_are_accepted_or_refused_in_one_line() {
     let parts: Vec<u64> = second.split('.').map(|p| p.parse().unwrap()).collect();
     assert!(parts.len() == 3 && parts >= vec![0, 21, 1], "{line}");
     assert!(line.starts_with("exitless ") && line.contains("Firecracker v1.16.1 API"), "{line}");
+    let version = exitless(&["--snapshot-version"]);
+    assert!(version.status.success() && stdout(&version).trim() == "v1.0.0", "{}", stdout(&version));
     for (flag, why) in [
         (&["--seccomp-filter", "/tmp/filter.bpf"][..], "--seccomp-filter"),
         (&["--metadata", "/tmp/m.json"], "--metadata"),
-        (&["--snapshot-version"], "snapshots"),
-        (&["--describe-snapshot", "/tmp/s"], "snapshots"),
+        (&["--describe-snapshot", "/nonexistent/s.json"], "cannot read /nonexistent/s.json"),
         (&["--http-api-max-payload-size", "zero"], "http-api-max-payload-size"),
     ] {
         let out = assert_one_line_error(flag);

@@ -40,8 +40,10 @@ fn the_go_sdk_starts_pauses_updates_flushes_and_stops_a_microvm() {
         .expect("run go test");
     let text = format!("{}\n{}", stdout(&out), stderr(&out));
     assert!(out.status.success(), "{text}");
-    // Both Go tests ran (none skipped for a missing variable).
-    for name in ["TestTheGoSDKDrivesAMicroVMThroughItsLife", "TestStopVMMEndsTheVMMAndItsSocket"] {
+    // Every Go test ran (none skipped for a missing variable).
+    for name in
+        ["TestTheGoSDKDrivesAMicroVMThroughItsLife", "TestStopVMMEndsTheVMMAndItsSocket", "TestSnapshotsThroughTheSDK"]
+    {
         assert!(text.contains(&format!("--- PASS: {name}")), "{name} did not pass:\n{text}");
     }
 }

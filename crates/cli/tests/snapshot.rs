@@ -136,6 +136,8 @@ fn bad_snapshots_and_bad_timing_are_refused_and_the_vmm_serves_on() {
     expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
     let (state, mem) = snapshot(&sock, &dir, 0);
     let _ = a.child.kill();
+    let described = exitless(&["--describe-snapshot", &state]);
+    assert_eq!(stdout(&described).trim(), "v1.0.0", "{}", stderr(&described));
     let text = std::fs::read_to_string(&state).unwrap();
     let spoiled = |name: &str, content: String| {
         let path = dir.join(name);
@@ -144,6 +146,8 @@ fn bad_snapshots_and_bad_timing_are_refused_and_the_vmm_serves_on() {
     };
     let truncated = spoiled("truncated.json", text[..text.len() / 2].to_string());
     let later = spoiled("later.json", text.replacen("\"format\":1", "\"format\":99", 1));
+    let err = assert_one_line_error(&["--describe-snapshot", &later]);
+    assert!(stderr(&err).contains("format 99"), "{}", stderr(&err));
     let no_vcpus = spoiled("vcpus.json", text.replacen("\"vcpu_count\":2", "\"vcpu_count\":3", 1));
     let short_mem = dir.join("short.bin");
     std::fs::write(&short_mem, vec![0u8; 4096]).unwrap();

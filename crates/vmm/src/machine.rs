@@ -464,7 +464,9 @@ impl Machine {
     /// [`Machine::run_to_end`] on a machine others hold too (the API reads its live
     /// profile meanwhile).
     pub fn run_shared(&self, timeout: Option<Duration>) -> Result<(RunReport, Option<MachineError>), MachineError> {
-        let mut vcpus = (0..self.vcpus.count).map(|id| self.create_vcpu(id)).collect::<Result<Vec<_>, _>>()?;
+        let vcpus = (0..self.vcpus.count).map(|id| self.create_vcpu(id)).collect::<Result<Vec<_>, _>>();
+        self.control.vcpus_created();
+        let mut vcpus = vcpus?;
         if let Some(after) = self.run.stuck_after {
             let watches = crate::vcpu::stuck::watches(usize::from(self.vcpus.count), after);
             for (vcpu, watch) in vcpus.iter_mut().zip(watches) {

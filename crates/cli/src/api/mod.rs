@@ -43,14 +43,21 @@ fn refuse_unsupported(args: &ApiArgs) -> Result<(), String> {
                     --no-seccomp turns them off)"
             .into());
     }
-    if args.snapshot_version || args.describe_snapshot.is_some() {
-        return Err("--snapshot-version/--describe-snapshot: exitless has no snapshots yet".into());
-    }
     Ok(())
 }
 
 pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     refuse_unsupported(&args)?;
+    // Firecracker's snapshot queries: a version line, then the process ends.
+    if args.snapshot_version {
+        println!("v{}.0.0", exitless_vmm::snapshot::FORMAT_VERSION);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(path) = &args.describe_snapshot {
+        let file = exitless_vmm::snapshot::SnapshotFile::read(path).map_err(|e| format!("--describe-snapshot: {e}"))?;
+        println!("v{}.0.0", file.format);
+        return Ok(ExitCode::SUCCESS);
+    }
     if args.no_seccomp {
         exitless_vmm::seccomp::disable();
     }
@@ -211,6 +218,7 @@ fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), Str
             .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
     }
     let shared = shared.clone();
+    let control = machine.control().clone();
     let spawned = std::thread::Builder::new().name("vmm".into()).spawn(move || {
         let outcome = machine.run_shared(None);
         let status = match &outcome {
@@ -242,6 +250,11 @@ fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), Str
     if let Err(e) = spawned {
         eprintln!("exitless: cannot start the vmm thread: {e}");
         std::process::exit(1);
+    }
+    // The reply waits for the vCPUs: a request right after it (Ctrl-Alt-Del after a
+    // restore, say) raises interrupts only once no vCPU state will overwrite them.
+    if !control.wait_vcpus_created(std::time::Duration::from_secs(10)) {
+        tracing::warn!("the vCPUs were not created within 10 s of the start");
     }
     exitless_vmm::seccomp::confine(exitless_vmm::seccomp::ThreadKind::Api)
         .map_err(|e| format!("cannot confine the API thread: {e}"))

@@ -37,7 +37,10 @@ impl Vm {
     /// `PUT /snapshot/load`: the machine to run, and whether it stays paused.
     pub fn load_snapshot(&mut self, l: SnapshotLoad) -> Result<(Machine, bool), Fault> {
         self.pre_boot()?;
-        if self.config != VmConfig::default() {
+        // Logging and metrics may be set up first, as Firecracker allows (the Go SDK does).
+        let (logger, metrics) = (self.config.logger.clone(), self.config.metrics.clone());
+        let unconfigured = VmConfig { logger: logger.clone(), metrics: metrics.clone(), ..VmConfig::default() };
+        if self.config != unconfigured {
             return Err(Fault("Loading a snapshot is only allowed before anything is configured.".into()));
         }
         let mem_path = match (&l.mem_backend, &l.mem_file_path) {
@@ -56,6 +59,8 @@ impl Vm {
         let file = SnapshotFile::read(l.snapshot_path.as_ref()).map_err(|e| Fault(format!("{e}.")))?;
         let config: VmConfig = serde_json::from_value(file.config)
             .map_err(|e| Fault(format!("{}: its configuration is not Firecracker's: {e}.", l.snapshot_path)))?;
+        // This VMM's own logging and metrics, not the snapshotted one's.
+        let config = VmConfig { logger, metrics, ..config };
         let memory = std::fs::File::open(&mem_path)
             .map_err(|e| Fault(format!("Cannot open the memory file {mem_path}: {e}.")))?;
         self.config = config;
@@ -63,7 +68,7 @@ impl Vm {
         let built = self.build(Some(restore));
         if built.is_err() {
             // Nothing started: the VMM is as unconfigured as before.
-            self.config = VmConfig::default();
+            self.config = unconfigured;
         }
         Ok((built?, !l.resume_vm.unwrap_or(false)))
     }

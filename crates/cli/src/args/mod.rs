@@ -144,10 +144,11 @@ pub struct ApiArgs {
     /// Accepted and needs nothing: every exitless device is a virtio-pci device.
     #[arg(long)]
     pub enable_pci: bool,
-    /// Firecracker's snapshot data format version: refused (exitless has no snapshots yet).
+    /// Prints the snapshot format this exitless writes, as Firecracker does, and exits.
     #[arg(long)]
     pub snapshot_version: bool,
-    /// Firecracker's snapshot file description: refused (exitless has no snapshots yet).
+    /// Prints the format of the snapshot state FILE, and exits; a file that is not one is
+    /// a one-line error.
     #[arg(long, value_name = "FILE")]
     pub describe_snapshot: Option<PathBuf>,
     /// Accepted for the jailer's sake: process start time (wall clock, microseconds).

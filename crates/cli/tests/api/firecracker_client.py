@@ -92,7 +92,7 @@ refused("drive id '..'", lambda: api.drive.put(drive_id="..", path_on_host="/dev
 refused("body and path ids differ", lambda: api.drive.request("PUT", "/drives/one", drive_id="two",
                                                                path_on_host="/dev/null", is_root_device=False))
 refused("vsock with the host's CID", lambda: api.vsock.put(guest_cid=2, uds_path="/tmp/v.sock"), "CID")
-refused("snapshot", lambda: api.create_snapshot.put(snapshot_path="/tmp/s", mem_file_path="/tmp/m"), "does not support")
+refused("snapshot before the start", lambda: api.create_snapshot.put(snapshot_path="/tmp/s", mem_file_path="/tmp/m"), "not running")
 api.mmds.put(latest={"meta-data": {"instance-id": "i-py"}})
 check(api.mmds.get().json() == {"latest": {"meta-data": {"instance-id": "i-py"}}}, "PUT then GET /mmds")
 refused("MMDS on a NIC that does not exist", lambda: api.mmds_config.put(network_interfaces=["eth7"]), "eth7")

@@ -291,3 +291,55 @@ func TestStopVMMEndsTheVMMAndItsSocket(t *testing.T) {
 		t.Fatalf("the API socket is left behind: %v", err)
 	}
 }
+
+// CreateSnapshot on a paused guest, then a new VMM started WithSnapshot: the guest, halted
+// waiting for IRQ 1 when it was saved, takes Ctrl-Alt-Del in the new VMM and resets.
+func TestSnapshotsThroughTheSDK(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	v := start(t, ctx, false)
+	m := v.machine
+	if err := m.PauseVM(ctx); err != nil {
+		t.Fatalf("PauseVM: %v", err)
+	}
+	dir := t.TempDir()
+	mem, snap := filepath.Join(dir, "mem"), filepath.Join(dir, "snap")
+	if err := m.CreateSnapshot(ctx, mem, snap); err != nil {
+		t.Fatalf("CreateSnapshot: %v\nstderr: %s", err, v.stderr.String())
+	}
+	if err := m.StopVMM(); err != nil {
+		t.Fatalf("StopVMM: %v", err)
+	}
+	_ = m.Wait(ctx)
+
+	serial, stderr := &syncBuffer{}, &syncBuffer{}
+	sock := filepath.Join(dir, "restored.sock")
+	cmd := firecracker.VMCommandBuilder{}.WithBin(env(t, "EXITLESS_BIN")).WithSocketPath(sock).
+		WithStdout(serial).WithStderr(stderr).Build(ctx)
+	logger := logrus.New()
+	logger.SetLevel(logrus.WarnLevel)
+	resume := func(c *firecracker.SnapshotConfig) { c.ResumeVM = true }
+	restored, err := firecracker.NewMachine(ctx, firecracker.Config{SocketPath: sock}, firecracker.WithProcessRunner(cmd),
+		firecracker.WithSnapshot(mem, snap, resume), firecracker.WithLogger(logrus.NewEntry(logger)))
+	if err != nil {
+		t.Fatalf("NewMachine WithSnapshot: %v", err)
+	}
+	started := time.Now()
+	if err := restored.Start(ctx); err != nil {
+		t.Fatalf("Start WithSnapshot: %v\nstderr: %s", err, stderr.String())
+	}
+	t.Logf("Start WithSnapshot (a new VMM, the snapshot loaded, the guest resumed): %v", time.Since(started))
+	info, err := restored.DescribeInstanceInfo(ctx)
+	if err != nil || *info.State != "Running" {
+		t.Fatalf("DescribeInstanceInfo after the restore: %v, %v", err, info)
+	}
+	if err := restored.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if err := restored.Wait(ctx); err != nil {
+		t.Fatalf("Wait after Shutdown: %v\nstderr: %s", err, stderr.String())
+	}
+	if !strings.Contains(serial.String(), "wait: ctrl-alt-del; resetting") {
+		t.Fatalf("the restored guest did not take Ctrl-Alt-Del: %q", serial.String())
+	}
+}

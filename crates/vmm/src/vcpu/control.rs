@@ -54,6 +54,9 @@ struct Gate {
     parked: usize,
     /// A snapshot's request for every vCPU's state, which each parked vCPU fills in.
     saves: Option<SaveRequest>,
+    /// The vCPUs exist (and a restored one has its state back): interrupts the devices
+    /// raise from now on reach a LAPIC that will not be overwritten.
+    created: bool,
 }
 
 /// How a parked vCPU reads its own state, given the MSRs to read.
@@ -214,6 +217,25 @@ impl RunControl {
         }
         gate.parked -= 1;
         timed_out
+    }
+
+    /// Says the vCPUs were created (or failed to be): [`RunControl::wait_vcpus_created`] returns.
+    pub fn vcpus_created(&self) {
+        crate::sync::lock(&self.gate).created = true;
+        self.changed.notify_all();
+    }
+
+    /// Waits up to `limit` for [`RunControl::vcpus_created`]; false if it did not come.
+    pub fn wait_vcpus_created(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut gate = crate::sync::lock(&self.gate);
+        while !gate.created {
+            let Some(left) = deadline.checked_duration_since(Instant::now()).filter(|l| !l.is_zero()) else {
+                return false;
+            };
+            gate = self.changed.wait_timeout(gate, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        true
     }
 
     /// Raises the pause before any vCPU runs: each parks at its first step (a snapshot
