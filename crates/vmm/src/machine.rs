@@ -349,6 +349,7 @@ impl Machine {
         let restored = match restore {
             Some(r) => {
                 r.state.vm.restore(&vm).map_err(crate::snapshot::SnapshotError::from)?;
+                r.state.devices.restore(&devices);
                 Some(r.state.vcpus)
             }
             None => None,
@@ -425,7 +426,13 @@ impl Machine {
             _ => {}
         }
         let run_size = self.kvm.get_vcpu_mmap_size().map_err(ioctl("KVM_GET_VCPU_MMAP_SIZE"))?;
-        let nested = self.host.nested().then(|| NestedExits::new(self.memory.clone()));
+        let mut nested = self.host.nested().then(|| NestedExits::new(self.memory.clone()));
+        if let (Some(nested), Some(state)) = (&mut nested, self.restored.as_ref().and_then(|s| s.get(usize::from(id))))
+        {
+            nested.restored(&fd, state.msr(crate::host::emulate::syscall::MSR_LSTAR).unwrap_or(0)).map_err(|e| {
+                crate::snapshot::SnapshotError::Refused(format!("vCPU {id}: the system-call watch: {e}"))
+            })?;
+        }
         let buses = self.devices.buses().clone();
         let entries = self.devices.bus_names().len();
         let mut vcpu = Vcpu::new(id, fd, run_size, buses, entries, self.control.clone(), nested);

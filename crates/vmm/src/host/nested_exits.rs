@@ -41,6 +41,16 @@ impl NestedExits {
         NestedExits { memory, syscall: Default::default() }
     }
 
+    /// A vCPU restored from a snapshot with the guest's LSTAR already set: the system-call
+    /// watch starts as it would have when the guest wrote it (the write happened in
+    /// another VMM, which trapped it there).
+    pub fn restored(&mut self, fd: &VcpuFd, lstar: u64) -> Result<(), String> {
+        if lstar == 0 {
+            return Ok(());
+        }
+        self.syscall.lstar_written(fd, &self.memory, lstar).map(drop)
+    }
+
     /// Handles `exit`, counting what it completed; Err says why the run cannot go on.
     pub fn handle(&mut self, exit: HostExit, fd: &mut VcpuFd, stats: &mut ExitStats) -> Result<(), String> {
         match exit {

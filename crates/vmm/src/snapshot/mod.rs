@@ -75,6 +75,32 @@ pub struct MachineState {
     pub cpu: CpuIdentity,
     pub vm: VmState,
     pub vcpus: Vec<VcpuState>,
+    /// The VMM's own legacy devices (the in-kernel ones are in `vm`).
+    #[serde(default)]
+    pub devices: LegacyDevices,
+}
+
+/// COM1 and the i8042, as the guest left them.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct LegacyDevices {
+    pub serial: Option<crate::devices::legacy::serial::SerialRegs>,
+    pub keyboard: Option<crate::devices::legacy::i8042::State>,
+}
+
+impl LegacyDevices {
+    fn save(devices: &crate::device_manager::DeviceManager) -> Self {
+        LegacyDevices { serial: devices.serial().map(|s| s.save()), keyboard: devices.keyboard().map(|k| k.save()) }
+    }
+
+    /// Puts the saved registers back on the devices this machine has.
+    pub fn restore(&self, devices: &crate::device_manager::DeviceManager) {
+        if let (Some(regs), Some(serial)) = (&self.serial, devices.serial()) {
+            serial.restore(regs);
+        }
+        if let (Some(state), Some(keyboard)) = (&self.keyboard, devices.keyboard()) {
+            keyboard.restore(state.clone());
+        }
+    }
 }
 
 impl std::fmt::Debug for VmState {
@@ -245,7 +271,8 @@ pub fn take(machine: &crate::Machine, memory: &mut std::fs::File) -> Result<Mach
         path: "the memory file".into(),
         source,
     })?;
-    Ok(MachineState { vcpu_count: count, mem_size, cpu: CpuIdentity::host(), vm, vcpus })
+    let devices = LegacyDevices::save(machine.devices());
+    Ok(MachineState { vcpu_count: count, mem_size, cpu: CpuIdentity::host(), vm, vcpus, devices })
 }
 
 #[cfg(test)]

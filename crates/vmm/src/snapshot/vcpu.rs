@@ -74,6 +74,11 @@ impl VcpuState {
         })
     }
 
+    /// The saved value of MSR `index`, if it was saved.
+    pub fn msr(&self, index: u32) -> Option<u64> {
+        self.msrs.iter().find(|m| m.index == index).map(|m| m.data)
+    }
+
     /// Puts the state on a freshly created vCPU (its CPUID already set).
     pub fn restore(&self, vcpu: &VcpuFd) -> Result<(), Fail> {
         if vcpu.get_tsc_khz().ok() != Some(self.tsc_khz) {

@@ -50,7 +50,8 @@ pub const CTRL_ALT_DEL: [u8; 4] = [0x14, 0x11, 0xe0, 0x71];
 /// slow driver, and the bound keeps a guest that never reads from growing it.
 const BUFFER: usize = 16;
 
-struct State {
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct State {
     out: VecDeque<u8>,
     command_byte: u8,
     /// A controller command waiting for its data byte on port 0x60.
@@ -77,6 +78,17 @@ impl I8042 {
             last_was_command: false,
         };
         I8042 { control, state: Mutex::new(state), irq }
+    }
+
+    /// The controller's registers and queued bytes, for a snapshot.
+    pub fn save(&self) -> State {
+        self.lock().clone()
+    }
+
+    /// Puts a snapshot's registers back; queued bytes beyond what it holds are dropped.
+    pub fn restore(&self, mut state: State) {
+        state.out.truncate(BUFFER);
+        *self.lock() = state;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -45,6 +45,17 @@ pub struct Serial {
     uart: Mutex<vm_superio::Serial<IrqLine, NoEvents, ConsoleOut>>,
 }
 
+/// The UART's guest-visible registers and unread input, for a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SerialRegs {
+    pub divisor: [u8; 2],
+    pub ier: u8,
+    pub lcr: u8,
+    pub mcr: u8,
+    pub scratch: u8,
+    pub input: Vec<u8>,
+}
+
 impl Serial {
     /// A UART whose output goes to `out` from a thread of its own.
     pub fn new(out: Box<dyn Write + Send>, irq: IrqLine) -> std::io::Result<Self> {
@@ -52,6 +63,40 @@ impl Serial {
     }
 
     /// Waits up to `timeout` for the guest's output so far to be written out.
+    pub fn save(&self) -> SerialRegs {
+        let s = crate::sync::lock(&self.uart).state();
+        SerialRegs {
+            divisor: [s.baud_divisor_low, s.baud_divisor_high],
+            ier: s.interrupt_enable,
+            lcr: s.line_control,
+            mcr: s.modem_control,
+            scratch: s.scratch,
+            input: s.in_buffer,
+        }
+    }
+
+    /// Puts a snapshot's registers back the way a driver sets them (through the register
+    /// interface, so every derived bit follows), then its unread input.
+    pub fn restore(&self, r: &SerialRegs) {
+        const DLAB: u8 = 0x80;
+        let mut uart = crate::sync::lock(&self.uart);
+        let writes = [
+            (3, DLAB),
+            (0, r.divisor[0]),
+            (1, r.divisor[1]),
+            (3, r.lcr & !DLAB),
+            (1, r.ier),
+            (4, r.mcr),
+            (7, r.scratch),
+            (3, r.lcr),
+        ];
+        for (offset, value) in writes {
+            let _ = uart.write(offset, value);
+        }
+        let room = r.input.len().min(uart.fifo_capacity());
+        let _ = uart.enqueue_raw_bytes(&r.input[..room]);
+    }
+
     pub fn drain_output(&self, timeout: Duration) -> bool {
         crate::sync::lock(&self.uart).writer().drain(timeout)
     }

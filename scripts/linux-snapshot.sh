@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Boots a Linux guest under exitless to a busybox shell on its serial console, snapshots
+# it through the API, kills that VMM, restores the snapshot in a new one and types a
+# command at the restored shell; prints the boot time beside the restore time.
+#   scripts/linux-snapshot.sh [KERNEL]
+# KERNEL defaults to the microVM kernel (scripts/guest-kernel.sh). The guest has no virtio
+# devices (exitless snapshots do not save their state yet). Needs busybox-static (apt-get
+# download), python3 and curl.
+# Env: EXITLESS (binary, default target/release/exitless), TIMEOUT (s for the boot, 900),
+# WORK (default /tmp/exitless-linux-snapshot).
+# Not in CI: the boot takes a minute or more here.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+exitless=${EXITLESS:-$here/target/release/exitless}
+timeout=${TIMEOUT:-900}
+work=${WORK:-/tmp/exitless-linux-snapshot}
+say() { echo "linux-snapshot: $*" >&2; }
+fail() { say "FAILED at step $1"; exit 1; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+[ -x "$exitless" ] || fail "setup: no exitless binary at $exitless (cargo build --release)"
+mkdir -p "$work" && cd "$work"
+rm -f ./*.sock ./*.fifo state.json memory.bin ./*.out ./*.err
+
+kernel=${1:-}
+[ -n "$kernel" ] || kernel=$("$here/scripts/guest-kernel.sh") || fail "kernel (scripts/guest-kernel.sh)"
+if [ ! -x pkg/bin/busybox ]; then
+  rm -rf pkg && mkdir pkg
+  apt-get download busybox-static >/dev/null 2>&1 || fail "initramfs: apt-get download busybox-static"
+  dpkg-deb -x busybox-static_*.deb pkg || fail "initramfs: unpacking busybox-static"
+fi
+# /init: says it is ready, then runs each line typed on the console.
+cat > init <<'EOF'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+echo "LINUX-SNAPSHOT: ready"
+while read -r line; do eval "$line"; done
+EOF
+python3 "$here/scripts/make-initramfs.py" initrd.cpio pkg/bin/busybox init || fail "initramfs"
+
+api() { # socket, method, path[, body]: the status code
+  curl -s -o /dev/null -w "%{http_code}" --unix-socket "$1" -X "$2" "http://localhost$3" \
+    ${4:+-H 'Content-Type: application/json' -d "$4"}
+}
+wait_for() { # file, text, seconds
+  local i=0
+  until grep -aq "$2" "$1" 2>/dev/null; do
+    i=$((i + 1)); [ "$i" -gt $(($3 * 10)) ] && return 1; sleep 0.1
+  done
+}
+vmm() { # name: a VMM with its console on a FIFO the script writes
+  mkfifo "$1.fifo"
+  "$exitless" --api-sock "$1.sock" <"$1.fifo" >"$1.out" 2>"$1.err" &
+  pids+=($!)
+  exec {fd}>"$1.fifo"
+  eval "console_$1=$fd"
+  local i=0
+  until [ -S "$1.sock" ]; do i=$((i + 1)); [ "$i" -gt 100 ] && fail "$1: no API socket"; sleep 0.05; done
+}
+
+cmdline="console=ttyS0 reboot=k panic=-1 noxsave clearcpuid=137,147,148,153,129 rodata=off nokaslr"
+vmm boot
+start=$(date +%s.%N)
+[ "$(api boot.sock PUT /machine-config '{"vcpu_count": 1, "mem_size_mib": 128}')" = 204 ] || fail "machine-config"
+[ "$(api boot.sock PUT /boot-source "{\"kernel_image_path\": \"$kernel\", \"initrd_path\": \"$work/initrd.cpio\", \"boot_args\": \"$cmdline\"}")" = 204 ] || fail "boot-source"
+[ "$(api boot.sock PUT /actions '{"action_type": "InstanceStart"}')" = 204 ] || fail "InstanceStart"
+wait_for boot.out "LINUX-SNAPSHOT: ready" "$timeout" || fail "boot: not ready within $timeout s ($(tail -c 300 boot.out))"
+boot_s=$(echo "$(date +%s.%N) - $start" | bc)
+say "booted to the shell in $(printf %.1f "$boot_s") s"
+eval "echo 'echo before-snapshot-\$((6 * 7))' >&\$console_boot"
+wait_for boot.out "before-snapshot-42" 30 || fail "the booted shell did not answer"
+[ "$(api boot.sock PATCH /vm '{"state": "Paused"}')" = 204 ] || fail "pause"
+t0=$(date +%s.%N)
+[ "$(api boot.sock PUT /snapshot/create "{\"snapshot_path\": \"$work/state.json\", \"mem_file_path\": \"$work/memory.bin\"}")" = 204 ] \
+  || fail "snapshot/create"
+create_ms=$(echo "($(date +%s.%N) - $t0) * 1000" | bc)
+kill "${pids[0]}"
+
+vmm restored
+t0=$(date +%s.%N)
+[ "$(api restored.sock PUT /snapshot/load "{\"snapshot_path\": \"$work/state.json\", \"mem_backend\": {\"backend_type\": \"File\", \"backend_path\": \"$work/memory.bin\"}, \"resume_vm\": true}")" = 204 ] \
+  || fail "snapshot/load ($(tail -2 restored.err))"
+load_ms=$(echo "($(date +%s.%N) - $t0) * 1000" | bc)
+eval "echo 'echo after-restore-\$((6 * 7)); uname -r' >&\$console_restored"
+t1=$(date +%s.%N)
+wait_for restored.out "after-restore-42" 60 || fail "the restored shell did not answer ($(tail -c 300 restored.out))"
+answer_ms=$(echo "($(date +%s.%N) - $t1) * 1000" | bc)
+eval "echo 'poweroff -f' >&\$console_restored"
+wait "${pids[1]}" && status=0 || status=$?
+printf 'boot to the shell:        %8.1f s\n' "$boot_s"
+printf 'snapshot/create:          %8.1f ms (%s of state, %s KiB of memory written)\n' "$create_ms" "$(du -h state.json | cut -f1)" "$(du -k memory.bin | cut -f1)"
+printf 'snapshot/load (resumed):  %8.1f ms\n' "$load_ms"
+printf 'first command answered:   %8.1f ms after it was typed\n' "$answer_ms"
+printf 'restored shell said:      %s\n' "$(grep -a after-restore-42 restored.out | tail -1 | tr -d '\r')"
+printf 'poweroff of the restored guest: status %s\n' "$status"
