@@ -188,3 +188,20 @@ fn bad_snapshots_and_bad_timing_are_refused_and_the_vmm_serves_on() {
     assert!(fault(&sock, "PUT", "/snapshot/create", body).contains("virtio-rng"));
     let _ = c.child.kill();
 }
+
+#[test]
+fn the_snapshot_lab_measures_create_and_load() {
+    if !kvm_or_skip("the_snapshot_lab_measures_create_and_load") {
+        return;
+    }
+    let (_, json) = bench_json(&["snapshot", "--mem", "128", "--written", "0,0.25"]);
+    let rows = json["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{json}");
+    for row in rows {
+        assert!(row["load_ms"].as_f64().unwrap() > 0.0 && row["load_to_running_ms"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["create_ms"].as_f64().unwrap() > 0.0 && row["state_kib"].as_u64().unwrap() > 0, "{row}");
+    }
+    // The memory file holds what the guest wrote, and little else: zero pages are holes.
+    let written = |i: usize| rows[i]["memory_written_kib"].as_u64().unwrap();
+    assert!(written(0) < 4096 && written(1) >= 32 * 1024, "{json}");
+}

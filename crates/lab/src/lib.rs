@@ -19,6 +19,7 @@ pub mod pci;
 pub mod peers;
 pub mod report;
 pub mod sink;
+pub mod snapshot;
 pub mod stats;
 pub mod vsock;
 

@@ -3,13 +3,19 @@
  * done after param 0 ticks (default 400). Its count lives in guest memory and registers
  * only, so a VM snapshotted mid-count and restored in another VMM goes on from the tick it
  * had reached: the first tick after a restore follows the last one before it.
+ * With param 1 = N, it first writes N MiB of guest RAM from 16 MiB up (a pattern, so the
+ * pages are not zero): what a snapshot's memory file must then hold.
  * Results: 0 = ticks.
  */
 #include "runtime.h"
 
 int main(void) {
-	u64 ticks = param(0, 400);
+	u64 ticks = param(0, 400), dirty_mib = param(1, 0);
 	enter_user();
+	u64 from = 16ULL << 20, to = from + (dirty_mib << 20);
+	if (to > guest_mem_end() - (1ULL << 20)) to = guest_mem_end() - (1ULL << 20);
+	for (u64 a = from; a < to; a += 8) *(volatile u64 *)a = a * 0x9e3779b97f4a7c15ULL;
+	if (dirty_mib) print("counter: wrote %lu MiB\n", (to - from) >> 20);
 	volatile u64 n = 0;
 	for (u64 tick = 1; tick <= ticks; tick++) {
 		for (u64 i = 0; i < (1u << 20); i++) n++;

@@ -28,6 +28,38 @@ pub enum BenchCommand {
     /// MMDS on a NIC: a guest agent's ARP, TCP and HTTP (token, three keys, a 404), the
     /// answer time per request and exits per request, every byte checked.
     Mmds(MmdsArgs),
+    /// Snapshots through the API: create, load and back to running, by guest memory size
+    /// and the share of it the guest wrote.
+    Snapshot(SnapshotArgs),
+}
+
+#[derive(Args)]
+pub struct SnapshotArgs {
+    /// Guest memory sizes in MiB, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "128,512,1024,2048", value_parser = clap::value_parser!(u64).range(64..=16384))]
+    pub mem: Vec<u64>,
+    /// Shares of RAM the guest writes before the snapshot, comma-separated (0 to 1).
+    #[arg(long, value_delimiter = ',', default_value = "0,0.5", value_parser = parse_share)]
+    pub written: Vec<f64>,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a share between 0 and 1")),
+    }
+}
+
+impl SnapshotArgs {
+    pub fn to_options(&self) -> exitless_lab::snapshot::Options {
+        exitless_lab::snapshot::Options {
+            sizes_mib: self.mem.clone(),
+            dirty: self.written.clone(),
+            outputs: self.out.outputs(),
+        }
+    }
 }
 
 #[derive(Args)]

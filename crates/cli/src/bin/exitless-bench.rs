@@ -43,6 +43,9 @@ fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>
         }
         BenchCommand::Fleet(a) => exitless_lab::fleet::run(&a.to_options())?,
         BenchCommand::Peers(a) => peers(&a)?,
+        BenchCommand::Snapshot(a) => {
+            exitless_lab::snapshot::run(&a.to_options())?;
+        }
         BenchCommand::Mmds(a) => {
             exitless_lab::mmds::run(&a.to_options())?;
         }

@@ -1,0 +1,240 @@
+//! `exitless bench snapshot`: the `counter` guest, after writing a share of its RAM, is
+//! paused and snapshotted through the API, its VMM killed, and the snapshot loaded (and
+//! resumed) by a new VMM; by guest memory size and written share. Measured: the create
+//! request, what the files hold, the load request, and from the load request to the
+//! guest's next line (the guest running again). Every restored guest must go on counting
+//! from the tick it had reached.
+
+use crate::api_client::{expect_ok, listening};
+use crate::report::{print_table, targets_json, targets_text, Outputs, Target, WriteError};
+use serde_json::{json, Value};
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub struct Options {
+    pub sizes_mib: Vec<u64>,
+    /// Shares of RAM the guest writes before the snapshot (0 to 1).
+    pub dirty: Vec<f64>,
+    pub outputs: Outputs,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotBenchError {
+    #[error("{0}")]
+    Run(String),
+    #[error(transparent)]
+    Write(#[from] WriteError),
+}
+
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub mem_mib: u64,
+    pub dirty: f64,
+    pub create_ms: f64,
+    pub state_kib: u64,
+    pub memory_written_kib: u64,
+    pub load_ms: f64,
+    pub running_again_ms: f64,
+}
+
+struct Vmm {
+    child: Child,
+    sock: PathBuf,
+    lines: Arc<Mutex<Vec<(Instant, String)>>>,
+}
+
+impl Vmm {
+    fn start(exe: &Path, sock: PathBuf) -> Result<Vmm, SnapshotBenchError> {
+        let _ = std::fs::remove_file(&sock);
+        let mut child = Command::new(exe)
+            .args(["--api-sock", sock.to_str().unwrap_or_default()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| SnapshotBenchError::Run(format!("cannot start {}: {e}", exe.display())))?;
+        let out = child.stdout.take().ok_or_else(|| SnapshotBenchError::Run("no stdout".into()))?;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if let Ok(mut l) = sink.lock() {
+                    l.push((Instant::now(), line));
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !listening(&sock) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(Vmm { child, sock, lines })
+    }
+
+    fn put(&self, path: &str, body: Value) -> Result<Duration, SnapshotBenchError> {
+        let started = Instant::now();
+        expect_ok(&self.sock, if path == "/vm" { "PATCH" } else { "PUT" }, path, Some(&body))
+            .map_err(|e| SnapshotBenchError::Run(format!("{path}: {e}")))?;
+        Ok(started.elapsed())
+    }
+
+    /// The first tick line after `since`, and when it came.
+    fn tick_after(&self, since: Instant, wait: Duration) -> Option<(Instant, u64)> {
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            let found = self.lines.lock().ok().and_then(|l| {
+                l.iter().find_map(|(at, line)| {
+                    let tick = line.strip_prefix("counter: tick ")?.parse().ok()?;
+                    (*at >= since).then_some((*at, tick))
+                })
+            });
+            if found.is_some() {
+                return found;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        None
+    }
+}
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run_one(exe: &Path, dir: &Path, mem_mib: u64, dirty: f64) -> Result<Row, SnapshotBenchError> {
+    let fail = |what: &str| SnapshotBenchError::Run(format!("{mem_mib} MiB, {dirty}: {what}"));
+    let kernel = dir.join("counter.elf");
+    let dirty_mib = ((mem_mib as f64 * dirty) as u64).min(mem_mib.saturating_sub(18));
+    let first = Vmm::start(exe, dir.join("a.sock"))?;
+    first.put("/machine-config", json!({"vcpu_count": 1, "mem_size_mib": mem_mib}))?;
+    first.put(
+        "/boot-source",
+        json!({"kernel_image_path": kernel, "boot_args": format!("exitless.params=1000000000,{dirty_mib}")}),
+    )?;
+    let booted = Instant::now();
+    first.put("/actions", json!({"action_type": "InstanceStart"}))?;
+    first.tick_after(booted, Duration::from_secs(60)).ok_or_else(|| fail("the guest never ticked"))?;
+    first.put("/vm", json!({"state": "Paused"}))?;
+    let (state, memory) = (dir.join("state.json"), dir.join("memory.bin"));
+    let create = first.put("/snapshot/create", json!({"snapshot_path": state, "mem_file_path": memory}))?;
+    let last_tick =
+        first.lines.lock().ok().and_then(|l| {
+            l.iter().rev().find_map(|(_, line)| line.strip_prefix("counter: tick ")?.parse::<u64>().ok())
+        });
+    drop(first);
+    let state_kib = std::fs::metadata(&state).map(|m| m.len() / 1024).unwrap_or(0);
+    let memory_written_kib = allocated_kib(&memory);
+    let second = Vmm::start(exe, dir.join("b.sock"))?;
+    let loaded_at = Instant::now();
+    let load = second.put(
+        "/snapshot/load",
+        json!({"snapshot_path": state, "mem_backend": {"backend_type": "File", "backend_path": memory}, "resume_vm": true}),
+    )?;
+    let (ran_at, tick) =
+        second.tick_after(loaded_at, Duration::from_secs(30)).ok_or_else(|| fail("the restored guest never ticked"))?;
+    if last_tick.is_some_and(|last| tick != last + 1 && tick != last + 2) {
+        return Err(fail(&format!("the restored guest ticked {tick} after {last_tick:?}")));
+    }
+    Ok(Row {
+        mem_mib,
+        dirty,
+        create_ms: create.as_secs_f64() * 1e3,
+        state_kib,
+        memory_written_kib,
+        load_ms: load.as_secs_f64() * 1e3,
+        running_again_ms: (ran_at - loaded_at).as_secs_f64() * 1e3,
+    })
+}
+
+/// The memory file's blocks on disk (its holes take none).
+fn allocated_kib(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map(|m| m.blocks() * 512 / 1024).unwrap_or(0)
+}
+
+pub fn measure(opts: &Options) -> Result<Vec<Row>, SnapshotBenchError> {
+    let exe = crate::exitless_binary().map_err(|e| SnapshotBenchError::Run(e.to_string()))?;
+    let dir = std::env::temp_dir().join(format!("exitless-bench-snapshot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| SnapshotBenchError::Run(e.to_string()))?;
+    let elf = exitless_payloads::find("counter").map(|p| p.elf).unwrap_or_default();
+    std::fs::write(dir.join("counter.elf"), elf).map_err(|e| SnapshotBenchError::Run(e.to_string()))?;
+    let mut rows = Vec::new();
+    for &mem in &opts.sizes_mib {
+        for &dirty in &opts.dirty {
+            eprintln!("snapshot: {mem} MiB, {:.0}% written ...", dirty * 100.0);
+            rows.push(run_one(&exe, &dir, mem, dirty)?);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(rows)
+}
+
+pub fn targets(rows: &[Row]) -> Vec<Target> {
+    rows.iter()
+        .filter(|r| r.mem_mib == 512)
+        .map(|r| {
+            let what = format!("512 MiB ({:.0}% written): load to running <= 10 ms", r.dirty * 100.0);
+            Target::new(what, format!("{:.1} ms", r.running_again_ms), r.running_again_ms <= 10.0)
+        })
+        .collect()
+}
+
+pub fn text(rows: &[Row]) -> String {
+    let mut s =
+        String::from("snapshot lab: the counter guest, Full snapshots through the API, restored in a new VMM\n");
+    s += &format!(
+        "  {:>8} {:>8} {:>11} {:>10} {:>14} {:>9} {:>16}\n",
+        "RAM MiB", "written", "create ms", "state KiB", "memory KiB", "load ms", "to running ms"
+    );
+    for r in rows {
+        s += &format!(
+            "  {:>8} {:>7.0}% {:>11.1} {:>10} {:>14} {:>9.1} {:>16.1}\n",
+            r.mem_mib,
+            r.dirty * 100.0,
+            r.create_ms,
+            r.state_kib,
+            r.memory_written_kib,
+            r.load_ms,
+            r.running_again_ms
+        );
+    }
+    s + &targets_text(&targets(rows))
+}
+
+pub fn json(rows: &[Row]) -> Value {
+    let rows: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({"mem_mib": r.mem_mib, "dirty_fraction": r.dirty, "snapshot_type": "Full", "create_ms": r.create_ms,
+                   "state_kib": r.state_kib, "memory_written_kib": r.memory_written_kib, "load_ms": r.load_ms,
+                   "load_to_running_ms": r.running_again_ms})
+        })
+        .collect();
+    json!({"lab": "snapshot", "rows": rows})
+}
+
+pub fn run(opts: &Options) -> Result<Vec<Row>, SnapshotBenchError> {
+    opts.outputs.check()?;
+    let rows = measure(opts)?;
+    print_table(&text(&rows))?;
+    let doc = || {
+        let mut doc = json(&rows);
+        doc["targets"] = Value::Array(targets_json(&targets(&rows)));
+        doc
+    };
+    let svg = || {
+        let triples = rows.iter().flat_map(|r| {
+            let group = format!("{} MiB", r.mem_mib);
+            let series = format!("{:.0}% written", r.dirty * 100.0);
+            [(group, series, r.running_again_ms)]
+        });
+        crate::chart::draw(&[crate::chart::Panel::grouped("Load to running again", "ms", false, triples)])
+    };
+    opts.outputs.write(doc, svg)?;
+    Ok(rows)
+}
