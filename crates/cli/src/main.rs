@@ -33,6 +33,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(*args),
         Command::Payloads(args) => payloads(args),
         Command::Bench { args } => bench(&args),
+        Command::RebaseSnap(args) => rebase(&args),
         Command::Top(args) => {
             let interval = std::time::Duration::from_secs_f64(args.interval.max(0.05));
             top::run(&args.api_sock, interval, args.iterations).map(|()| ExitCode::SUCCESS).map_err(Into::into)
@@ -109,6 +110,20 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         return Err(e.into());
     }
     Ok(ExitCode::from(u8::try_from(report.exit_status).unwrap_or(u8::MAX)))
+}
+
+fn rebase(args: &exitless::args::RebaseArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let open = |path: &std::path::Path, write: bool| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))
+    };
+    let (base, diff) = (open(&args.base_file, true)?, open(&args.diff_file, false)?);
+    let laid = exitless_vmm::snapshot::memory::rebase(&base, &diff).map_err(|e| format!("rebase-snap: {e}"))?;
+    println!("rebase-snap: laid {} KiB of {} over {}", laid / 1024, args.diff_file.display(), args.base_file.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 fn payloads(args: PayloadsArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {

@@ -205,3 +205,61 @@ fn the_snapshot_lab_measures_create_and_load() {
     let written = |i: usize| rows[i]["memory_written_kib"].as_u64().unwrap();
     assert!(written(0) < 4096 && written(1) >= 32 * 1024, "{json}");
 }
+
+#[test]
+fn diff_snapshots_laid_over_their_base_equal_a_full_one() {
+    if !kvm_or_skip("diff_snapshots_laid_over_their_base_equal_a_full_one") {
+        return;
+    }
+    let dir = tempdir();
+    let payloads = payloads_in(&dir);
+    let sock = dir.join("a.sock");
+    let mut a = Vmm::start(&sock);
+    let mc = json!({"vcpu_count": 1, "mem_size_mib": 64, "track_dirty_pages": true});
+    expect_ok(&sock, "PUT", "/machine-config", Some(&mc)).unwrap();
+    let boot = json!({"kernel_image_path": payloads.join("counter.elf"), "boot_args": "exitless.params=100000,8"});
+    expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
+    expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
+    let state = |running: bool| {
+        expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": if running { "Resumed" } else { "Paused" }}))).unwrap()
+    };
+    let take = |kind: &str, n: u32| {
+        let (s, m) = (dir.join(format!("s{n}.json")), dir.join(format!("m{n}.bin")));
+        let body = json!({"snapshot_type": kind, "snapshot_path": s, "mem_file_path": m});
+        expect_ok(&sock, "PUT", "/snapshot/create", Some(&body)).unwrap();
+        (s.display().to_string(), m.display().to_string())
+    };
+    a.wait_for_ticks(10);
+    state(false);
+    let (_, base) = take("Full", 0);
+    let mut diffs = Vec::new();
+    for n in 1..=2 {
+        state(true);
+        let seen = a.ticks().len();
+        a.wait_for_ticks(seen + 10);
+        state(false);
+        diffs.push(take("Diff", n));
+    }
+    // At the same pause as the last Diff: the memory the Diffs must add up to.
+    let (_, full) = take("Full", 3);
+    let _ = a.child.kill();
+    let merged = dir.join("merged.bin");
+    std::fs::copy(&base, &merged).unwrap();
+    for (_, diff) in &diffs {
+        let out = exitless(&["rebase-snap", "--base-file", merged.to_str().unwrap(), "--diff-file", diff]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let (merged_bytes, full_bytes) = (std::fs::read(&merged).unwrap(), std::fs::read(&full).unwrap());
+    assert!(merged_bytes == full_bytes, "the base with both Diffs laid over it differs from the Full snapshot");
+    // A Diff holds only what was written since the snapshot before it: far less than RAM.
+    let allocated = |p: &str| std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(p).unwrap()) * 512;
+    assert!(allocated(&diffs[1].1) < 16 << 20, "{}", allocated(&diffs[1].1));
+    // And the last Diff's state with the merged memory resumes counting where it stopped.
+    let sock = dir.join("b.sock");
+    let b = Vmm::start(&sock);
+    let last = *a.ticks().last().unwrap();
+    load(&sock, &diffs[1].0, merged.to_str().unwrap());
+    b.wait_for_ticks(3);
+    let ticks = b.ticks();
+    assert!(ticks[0] == last + 1 || ticks[0] == last + 2, "{last} then {ticks:?}");
+}

@@ -99,4 +99,5 @@ pub mod ioctl_numbers {
     ioctl_ior_nr!(KVM_GET_DEBUGREGS, KVMIO, 0xa1, kvm_debugregs);
     ioctl_ior_nr!(KVM_GET_LAPIC, KVMIO, 0x8e, kvm_lapic_state);
     ioctl_io_nr!(KVM_GET_TSC_KHZ, KVMIO, 0xa3);
+    ioctl_iow_nr!(KVM_GET_DIRTY_LOG, KVMIO, 0x42, kvm_dirty_log);
 }

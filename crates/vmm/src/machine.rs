@@ -92,6 +92,8 @@ pub struct MachineConfig {
     pub host: ProfileChoice,
     /// Resume a snapshot instead of booting `image` (crate::snapshot).
     pub restore: Option<crate::snapshot::Restore>,
+    /// KVM logs the pages the guest writes, for Diff snapshots.
+    pub track_dirty_pages: bool,
 }
 
 /// The devices a machine starts with (the lab and tests attach more through
@@ -164,6 +166,7 @@ impl MachineConfig {
             run: RunOptions::default(),
             host: ProfileChoice::Auto,
             restore: None,
+            track_dirty_pages: false,
         }
     }
 }
@@ -252,6 +255,8 @@ pub struct Machine {
     live: Arc<LiveStats>,
     /// The vCPUs' states when restored from a snapshot, by id.
     restored: Option<Vec<crate::snapshot::VcpuState>>,
+    /// Each RAM region's memslot, and whether KVM logs its dirty pages.
+    ram_slots: (Vec<u32>, bool),
 }
 
 impl Machine {
@@ -287,7 +292,8 @@ impl Machine {
         if let Some(r) = &restore {
             crate::snapshot::check_restore(r, config.vcpus, config.mem_size, config.devices.test_devices)?;
         }
-        let memory = map_guest_ram(&vm, &map, &mut allocators, restore.as_ref().map(|r| &r.memory))?;
+        let (memory, ram_slots) =
+            map_guest_ram(&vm, &map, &mut allocators, restore.as_ref().map(|r| &r.memory), config.track_dirty_pages)?;
         let (entry, facs) = match &restore {
             // Memory holds what the guest had: tables, image and all.
             Some(_) => (None, 0),
@@ -368,7 +374,13 @@ impl Machine {
             started,
             live: Arc::new(LiveStats::new(usize::from(config.vcpus), 0)),
             restored,
+            ram_slots: (ram_slots, config.track_dirty_pages),
         })
+    }
+
+    /// Each RAM region's memslot (in the memory's order), if KVM logs their dirty pages.
+    pub fn dirty_logged_slots(&self) -> Option<&[u32]> {
+        self.ram_slots.1.then_some(self.ram_slots.0.as_slice())
     }
 
     pub fn kvm(&self) -> &Kvm {
@@ -554,20 +566,22 @@ impl Drop for Machine {
 }
 
 /// Guest RAM: one mapping per region, each a KVM memory slot from the allocator.
-/// Guest RAM, anonymous, or from a snapshot's memory file mapped privately.
+/// Guest RAM, anonymous, or from a snapshot's memory file mapped privately; and the
+/// memslot of each region (in order), whose writes KVM logs if `log_dirty`.
 fn map_guest_ram(
     vm: &VmFd,
     map: &MemoryMap,
     allocators: &mut Allocators,
     file: Option<&std::fs::File>,
-) -> Result<GuestMemoryMmap, MachineError> {
+    log_dirty: bool,
+) -> Result<(GuestMemoryMmap, Vec<u32>), MachineError> {
     let regions: Vec<_> = map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
     let memory = match file {
         Some(file) => crate::snapshot::memory::map_private(file, &regions)?,
         None => GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?,
     };
-    let slots = allocators.memslots(memory.num_regions() as u32)?;
-    for (slot, region) in slots.zip(memory.iter()) {
+    let slots: Vec<u32> = allocators.memslots(memory.num_regions() as u32)?.collect();
+    for (&slot, region) in slots.iter().zip(memory.iter()) {
         let host = memory.get_host_address(region.start_addr()).map_err(|e| MachineError::Memory(e.into()))?;
         // Transparent huge pages where the host offers them: fewer TLB misses for the
         // guest and for every copy to or from guest buffers. Only advice: ignore failure.
@@ -575,7 +589,7 @@ fn map_guest_ram(
         unsafe { libc::madvise(host.cast(), region.len() as usize, libc::MADV_HUGEPAGE) };
         let mapping = kvm_userspace_memory_region {
             slot,
-            flags: 0,
+            flags: if log_dirty { kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
             guest_phys_addr: region.start_addr().0,
             memory_size: region.len(),
             userspace_addr: host as u64,
@@ -583,7 +597,7 @@ fn map_guest_ram(
         // SAFETY: the mapping belongs to `memory`, which the Machine keeps alive as long as the VM.
         unsafe { vm.set_user_memory_region(mapping) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
     }
-    Ok(memory)
+    Ok((memory, slots))
 }
 
 /// The shared page: magic, the end of RAM below 4 GiB, then the payload's parameters.

@@ -262,9 +262,11 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
         }
         // std makes a socket non-blocking with FIONBIO.
         ThreadKind::Vsock => Some(vec![libc::FIONBIO as u32]),
-        // PUT /snapshot/create reads the VM's in-kernel devices and KVM's MSR list.
+        // PUT /snapshot/create reads the VM's in-kernel devices, KVM's MSR list and dirty log.
         ThreadKind::Api => Some(
-            [KVM_GET_MSR_INDEX_LIST(), KVM_GET_IRQCHIP(), KVM_GET_PIT2(), KVM_GET_CLOCK()].map(|r| r as u32).to_vec(),
+            [KVM_GET_MSR_INDEX_LIST(), KVM_GET_IRQCHIP(), KVM_GET_PIT2(), KVM_GET_CLOCK(), KVM_GET_DIRTY_LOG()]
+                .map(|r| r as u32)
+                .to_vec(),
         ),
         // Restoring the terminal (TCGETS/TCSETS*); tearing down what the VM registered.
         ThreadKind::Main => {

@@ -18,8 +18,9 @@ impl Vm {
                 "The microVM must be paused to be snapshotted: PATCH /vm {\"state\": \"Paused\"} first.".into(),
             ));
         }
-        if c.snapshot_type == Some(SnapshotType::Diff) {
-            return Err(Fault("exitless does not support Diff snapshots yet: take a Full one.".into()));
+        let diff = c.snapshot_type == Some(SnapshotType::Diff);
+        if diff && !self.config.machine_config.track_dirty_pages {
+            return Err(Fault("A Diff snapshot needs track_dirty_pages in machine-config (or in the load).".into()));
         }
         let mut memory = std::fs::OpenOptions::new()
             .read(true)
@@ -29,7 +30,7 @@ impl Vm {
             .open(&c.mem_file_path)
             .map_err(|e| Fault(format!("Cannot create the memory file {}: {e}.", c.mem_file_path)))?;
         let state =
-            snapshot::take(machine, &mut memory).map_err(|e| Fault(format!("Cannot create a snapshot: {e}.")))?;
+            snapshot::take(machine, &mut memory, diff).map_err(|e| Fault(format!("Cannot create a snapshot: {e}.")))?;
         let config = serde_json::to_value(&self.config)?;
         SnapshotFile::new(state, config).write(c.snapshot_path.as_ref()).map_err(|e| Fault(format!("{e}.")))
     }
@@ -50,17 +51,16 @@ impl Vm {
             (Some(_), Some(_)) => return Err(Fault("Give mem_backend or mem_file_path, not both.".into())),
             (None, None) => return Err(Fault("The memory file is missing: give mem_backend.".into())),
         };
-        if l.enable_diff_snapshots == Some(true) || l.track_dirty_pages == Some(true) {
-            return Err(Fault("exitless does not track dirty pages yet (Diff snapshots).".into()));
-        }
         if l.network_overrides.as_ref().is_some_and(|o| !o.is_empty()) {
             return Err(Fault("The snapshot has no network interfaces to override.".into()));
         }
         let file = SnapshotFile::read(l.snapshot_path.as_ref()).map_err(|e| Fault(format!("{e}.")))?;
         let config: VmConfig = serde_json::from_value(file.config)
             .map_err(|e| Fault(format!("{}: its configuration is not Firecracker's: {e}.", l.snapshot_path)))?;
-        // This VMM's own logging and metrics, not the snapshotted one's.
-        let config = VmConfig { logger, metrics, ..config };
+        // This VMM's own logging and metrics, not the snapshotted one's; dirty pages tracked
+        // as the load asks (for Diff snapshots of the restored guest).
+        let mut config = VmConfig { logger, metrics, ..config };
+        config.machine_config.track_dirty_pages = l.track_dirty_pages.or(l.enable_diff_snapshots).unwrap_or(false);
         let memory = std::fs::File::open(&mem_path)
             .map_err(|e| Fault(format!("Cannot open the memory file {mem_path}: {e}.")))?;
         self.config = config;

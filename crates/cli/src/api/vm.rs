@@ -92,9 +92,6 @@ impl Vm {
         if c.smt && c.vcpu_count > 1 && c.vcpu_count % 2 == 1 {
             return Err(Fault("The number of vCPUs must be 1 or an even number when SMT is enabled.".into()));
         }
-        if c.track_dirty_pages {
-            return Err(Fault("track_dirty_pages: exitless has no snapshots; only false is accepted.".into()));
-        }
         if c.cpu_template.as_deref().is_some_and(|t| t != "None") {
             return Err(Fault("cpu_template: exitless offers no CPU templates.".into()));
         }
@@ -372,6 +369,7 @@ impl Vm {
             // guest stops it writes metrics and removes the socket, which that filter allows.
             run: exitless_vmm::RunOptions { confine_caller: true, ..Default::default() },
             host: self.host_profile,
+            track_dirty_pages: self.config.machine_config.track_dirty_pages,
             restore,
             ..exitless_vmm::MachineConfig::new(image)
         };

@@ -63,7 +63,7 @@ impl Cli {
     /// command or asks for help or the version.
     pub fn try_parse_args() -> Result<Cli, clap::Error> {
         let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-        let long_way = ["run", "payloads", "bench", "top", "help", "-h", "--help", "-V", "--version"];
+        let long_way = ["run", "payloads", "bench", "top", "rebase-snap", "help", "-h", "--help", "-V", "--version"];
         if args.len() > 1 && !args[1..].iter().any(|a| long_way.iter().any(|w| a == w)) {
             return FirecrackerCli::try_parse_from(args).map(|f| Cli { command: None, api: f.api });
         }
@@ -195,6 +195,19 @@ pub enum Command {
     /// A live view of a running microVM's exits per second, by reason and device (from
     /// its API socket's GET /exits), refreshed like kvm_stat.
     Top(TopArgs),
+    /// Lay a Diff snapshot's memory file over its base, as Firecracker's rebase-snap does:
+    /// the base then holds the memory of the Diff snapshot.
+    RebaseSnap(RebaseArgs),
+}
+
+#[derive(Args)]
+pub struct RebaseArgs {
+    /// The memory file of the snapshot the Diff was taken after (rewritten in place).
+    #[arg(long, value_name = "FILE")]
+    pub base_file: PathBuf,
+    /// The Diff snapshot's memory file.
+    #[arg(long, value_name = "FILE")]
+    pub diff_file: PathBuf,
 }
 
 #[derive(Args, Clone)]

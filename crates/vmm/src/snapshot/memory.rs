@@ -40,6 +40,85 @@ pub fn write_full(memory: &GuestMemoryMmap, file: &mut File) -> std::io::Result<
     Ok(written)
 }
 
+/// Writes the pages KVM logged as written in each region's memslot (`slots`, in the
+/// memory's order) at their offsets in `file`, which gets RAM's length; the log is
+/// cleared by reading it. Returns the bytes written.
+pub fn write_dirty(
+    vm: &kvm_ioctls::VmFd,
+    memory: &GuestMemoryMmap,
+    slots: &[u32],
+    file: &mut File,
+) -> std::io::Result<u64> {
+    file.set_len(0)?;
+    let total: u64 = memory.iter().map(|r| r.len()).sum();
+    file.set_len(total)?;
+    let (mut at, mut written) = (0u64, 0u64);
+    for (region, &slot) in memory.iter().zip(slots) {
+        let bitmap = vm
+            .get_dirty_log(slot, region.len() as usize)
+            .map_err(|e| std::io::Error::other(format!("KVM_GET_DIRTY_LOG: {e}")))?;
+        let slice = region
+            .get_slice(vm_memory::MemoryRegionAddress(0), region.len() as usize)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        // SAFETY: as in write_full: mapped while `memory` lives, the guest paused.
+        let bytes = unsafe { std::slice::from_raw_parts(slice.ptr_guard().as_ptr(), slice.len()) };
+        for (word_index, &word) in bitmap.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let page = word_index * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let Some(data) = bytes.get(page * PAGE..(page + 1) * PAGE) else { continue };
+                // Zeros too: a page written back to zeros must cover the older one.
+                file.write_all_at(data, at + (page * PAGE) as u64)?;
+                written += PAGE as u64;
+            }
+        }
+        at += region.len();
+    }
+    file.flush()?;
+    Ok(written)
+}
+
+/// Reads (and so clears) the dirty log: the next Diff holds what is written from now.
+pub fn clear_dirty_log(vm: &kvm_ioctls::VmFd, memory: &GuestMemoryMmap, slots: &[u32]) -> std::io::Result<()> {
+    for (region, &slot) in memory.iter().zip(slots) {
+        vm.get_dirty_log(slot, region.len() as usize)
+            .map_err(|e| std::io::Error::other(format!("KVM_GET_DIRTY_LOG: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Lays the data of `diff` (a Diff snapshot's memory file: data where pages were written,
+/// holes elsewhere) over `base`, as Firecracker's rebase-snap does. Returns the bytes laid.
+pub fn rebase(base: &File, diff: &File) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let (base_len, diff_len) = (base.metadata()?.len(), diff.metadata()?.len());
+    if base_len != diff_len {
+        return Err(std::io::Error::other(format!("the base holds {base_len} bytes and the diff {diff_len}")));
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut at, mut laid) = (0i64, 0u64);
+    loop {
+        // SAFETY: lseek on a file this function borrows; the result is checked.
+        let data = unsafe { libc::lseek(diff.as_raw_fd(), at, libc::SEEK_DATA) };
+        if data < 0 {
+            break; // ENXIO: no data past `at`
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(diff.as_raw_fd(), data, libc::SEEK_HOLE) };
+        let end = if hole < 0 { diff_len as i64 } else { hole };
+        let mut pos = data as u64;
+        while pos < end as u64 {
+            let n = buf.len().min((end as u64 - pos) as usize);
+            diff.read_exact_at(&mut buf[..n], pos)?;
+            base.write_all_at(&buf[..n], pos)?;
+            (pos, laid) = (pos + n as u64, laid + n as u64);
+        }
+        at = end;
+    }
+    Ok(laid)
+}
+
 /// The file's length, which must equal the RAM it is to back.
 pub fn check_length(file: &File, ram: u64) -> Result<(), String> {
     let len = file.metadata().map_err(|e| e.to_string())?.len();

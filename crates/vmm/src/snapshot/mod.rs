@@ -237,10 +237,12 @@ pub fn check_restore(r: &Restore, vcpus: u8, mem_size: u64, test_devices: bool) 
     memory::check_length(&r.memory, mem_size).map_err(SnapshotError::Refused)
 }
 
-/// A paused `machine`'s state, its RAM written to `memory`. Refused for devices whose
+/// A paused `machine`'s state, its RAM written to `memory`: all of it, or with `diff` only
+/// the pages the guest wrote since the last snapshot (KVM's dirty log; the file has RAM's
+/// length and holes elsewhere, to be laid over the previous one's). Refused for devices whose
 /// state is not saved yet (virtio, the test devices): better no snapshot than one that
 /// resumes a guest whose devices forgot what it told them.
-pub fn take(machine: &crate::Machine, memory: &mut std::fs::File) -> Result<MachineState, SnapshotError> {
+pub fn take(machine: &crate::Machine, memory: &mut std::fs::File, diff: bool) -> Result<MachineState, SnapshotError> {
     use crate::device_manager::DeviceKind;
     let unsaved = machine.devices().devices().iter().find(|d| {
         matches!(
@@ -266,11 +268,20 @@ pub fn take(machine: &crate::Machine, memory: &mut std::fs::File) -> Result<Mach
         .map_err(SnapshotError::Refused)?;
     let vm = VmState::capture(machine.vm())?;
     let mem_size = machine.map().ram_regions().iter().map(|&(_, size)| size).sum();
-    memory::write_full(machine.memory(), memory).map_err(|source| SnapshotError::Io {
-        what: "write",
-        path: "the memory file".into(),
-        source,
-    })?;
+    let io = |source| SnapshotError::Io { what: "write", path: "the memory file".into(), source };
+    let slots = machine.dirty_logged_slots();
+    match (diff, slots) {
+        (true, Some(slots)) => memory::write_dirty(machine.vm(), machine.memory(), slots, memory).map_err(io)?,
+        (true, None) => return Err(SnapshotError::Refused("a Diff snapshot needs dirty pages tracked".into())),
+        (false, _) => {
+            let written = memory::write_full(machine.memory(), memory).map_err(io)?;
+            // What the next Diff holds starts here.
+            if let Some(slots) = slots {
+                memory::clear_dirty_log(machine.vm(), machine.memory(), slots).map_err(io)?;
+            }
+            written
+        }
+    };
     let devices = LegacyDevices::save(machine.devices());
     Ok(MachineState { vcpu_count: count, mem_size, cpu: CpuIdentity::host(), vm, vcpus, devices })
 }
