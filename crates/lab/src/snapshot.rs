@@ -15,9 +15,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub struct Options {
+    /// Firecracker's binary, measured beside exitless on the same guest (`bench peers`
+    /// builds one), if given.
+    pub firecracker: Option<PathBuf>,
     pub sizes_mib: Vec<u64>,
     /// Shares of RAM the guest writes before the snapshot (0 to 1).
     pub dirty: Vec<f64>,
+    /// Runs per VMM, size and share, interleaved between the VMMs; medians are reported.
+    pub runs: u32,
     pub outputs: Outputs,
 }
 
@@ -31,6 +36,7 @@ pub enum SnapshotBenchError {
 
 #[derive(Clone, Debug)]
 pub struct Row {
+    pub vmm: &'static str,
     pub mem_mib: u64,
     pub dirty: f64,
     pub create_ms: f64,
@@ -106,8 +112,9 @@ impl Drop for Vmm {
     }
 }
 
-fn run_one(exe: &Path, dir: &Path, mem_mib: u64, dirty: f64) -> Result<Row, SnapshotBenchError> {
-    let fail = |what: &str| SnapshotBenchError::Run(format!("{mem_mib} MiB, {dirty}: {what}"));
+fn run_one(vmm: (&'static str, &Path), dir: &Path, mem_mib: u64, dirty: f64) -> Result<Row, SnapshotBenchError> {
+    let (name, exe) = vmm;
+    let fail = |what: &str| SnapshotBenchError::Run(format!("{name}, {mem_mib} MiB, {dirty}: {what}"));
     let kernel = dir.join("counter.elf");
     let dirty_mib = ((mem_mib as f64 * dirty) as u64).min(mem_mib.saturating_sub(18));
     let first = Vmm::start(exe, dir.join("a.sock"))?;
@@ -141,6 +148,7 @@ fn run_one(exe: &Path, dir: &Path, mem_mib: u64, dirty: f64) -> Result<Row, Snap
         return Err(fail(&format!("the restored guest ticked {tick} after {last_tick:?}")));
     }
     Ok(Row {
+        vmm: name,
         mem_mib,
         dirty,
         create_ms: create.as_secs_f64() * 1e3,
@@ -149,6 +157,16 @@ fn run_one(exe: &Path, dir: &Path, mem_mib: u64, dirty: f64) -> Result<Row, Snap
         load_ms: load.as_secs_f64() * 1e3,
         running_again_ms: (ran_at - loaded_at).as_secs_f64() * 1e3,
     })
+}
+
+fn median_row(runs: &[Row]) -> Row {
+    let med = |f: fn(&Row) -> f64| crate::stats::median(&runs.iter().map(f).collect::<Vec<_>>());
+    Row {
+        create_ms: med(|r| r.create_ms),
+        load_ms: med(|r| r.load_ms),
+        running_again_ms: med(|r| r.running_again_ms),
+        ..runs[0].clone()
+    }
 }
 
 /// The memory file's blocks on disk (its holes take none).
@@ -163,11 +181,29 @@ pub fn measure(opts: &Options) -> Result<Vec<Row>, SnapshotBenchError> {
     std::fs::create_dir_all(&dir).map_err(|e| SnapshotBenchError::Run(e.to_string()))?;
     let elf = exitless_payloads::find("counter").map(|p| p.elf).unwrap_or_default();
     std::fs::write(dir.join("counter.elf"), elf).map_err(|e| SnapshotBenchError::Run(e.to_string()))?;
+    let mut vmms: Vec<(&'static str, &Path)> = vec![("exitless", exe.as_path())];
+    if let Some(fc) = &opts.firecracker {
+        vmms.push(("firecracker", fc.as_path()));
+    }
     let mut rows = Vec::new();
     for &mem in &opts.sizes_mib {
         for &dirty in &opts.dirty {
-            eprintln!("snapshot: {mem} MiB, {:.0}% written ...", dirty * 100.0);
-            rows.push(run_one(&exe, &dir, mem, dirty)?);
+            let mut runs: Vec<Vec<Row>> = vec![Vec::new(); vmms.len()];
+            for run in 0..opts.runs as usize {
+                // Each run starts at the next VMM, so neither always goes first.
+                for k in 0..vmms.len() {
+                    let v = (run + k) % vmms.len();
+                    eprintln!(
+                        "snapshot: {} {mem} MiB, {:.0}% written, run {}/{} ...",
+                        vmms[v].0,
+                        dirty * 100.0,
+                        run + 1,
+                        opts.runs
+                    );
+                    runs[v].push(run_one(vmms[v], &dir, mem, dirty)?);
+                }
+            }
+            rows.extend(runs.iter().map(|r| median_row(r)));
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -175,25 +211,38 @@ pub fn measure(opts: &Options) -> Result<Vec<Row>, SnapshotBenchError> {
 }
 
 pub fn targets(rows: &[Row]) -> Vec<Target> {
-    rows.iter()
-        .filter(|r| r.mem_mib == 512)
+    let mut out: Vec<Target> = rows
+        .iter()
+        .filter(|r| r.mem_mib == 512 && r.vmm == "exitless")
         .map(|r| {
             let what = format!("512 MiB ({:.0}% written): load to running <= 10 ms", r.dirty * 100.0);
             Target::new(what, format!("{:.1} ms", r.running_again_ms), r.running_again_ms <= 10.0)
         })
-        .collect()
+        .collect();
+    // Beside Firecracker on the same guest, size and share.
+    for fc in rows.iter().filter(|r| r.vmm == "firecracker") {
+        let ours = rows.iter().find(|r| r.vmm == "exitless" && r.mem_mib == fc.mem_mib && r.dirty == fc.dirty);
+        if let Some(ours) = ours {
+            let what =
+                format!("{} MiB ({:.0}% written): load to running <= Firecracker's", fc.mem_mib, fc.dirty * 100.0);
+            let measured = format!("{:.1} vs {:.1} ms", ours.running_again_ms, fc.running_again_ms);
+            out.push(Target::new(what, measured, ours.running_again_ms <= fc.running_again_ms));
+        }
+    }
+    out
 }
 
 pub fn text(rows: &[Row]) -> String {
     let mut s =
         String::from("snapshot lab: the counter guest, Full snapshots through the API, restored in a new VMM\n");
     s += &format!(
-        "  {:>8} {:>8} {:>11} {:>10} {:>14} {:>9} {:>16}\n",
-        "RAM MiB", "written", "create ms", "state KiB", "memory KiB", "load ms", "to running ms"
+        "  {:<12} {:>8} {:>8} {:>11} {:>10} {:>14} {:>9} {:>16}\n",
+        "VMM", "RAM MiB", "written", "create ms", "state KiB", "memory KiB", "load ms", "to running ms"
     );
     for r in rows {
         s += &format!(
-            "  {:>8} {:>7.0}% {:>11.1} {:>10} {:>14} {:>9.1} {:>16.1}\n",
+            "  {:<12} {:>8} {:>7.0}% {:>11.1} {:>10} {:>14} {:>9.1} {:>16.1}\n",
+            r.vmm,
             r.mem_mib,
             r.dirty * 100.0,
             r.create_ms,
@@ -210,7 +259,7 @@ pub fn json(rows: &[Row]) -> Value {
     let rows: Vec<Value> = rows
         .iter()
         .map(|r| {
-            json!({"mem_mib": r.mem_mib, "dirty_fraction": r.dirty, "snapshot_type": "Full", "create_ms": r.create_ms,
+            json!({"vmm": r.vmm, "mem_mib": r.mem_mib, "dirty_fraction": r.dirty, "snapshot_type": "Full", "create_ms": r.create_ms,
                    "state_kib": r.state_kib, "memory_written_kib": r.memory_written_kib, "load_ms": r.load_ms,
                    "load_to_running_ms": r.running_again_ms})
         })
@@ -229,8 +278,8 @@ pub fn run(opts: &Options) -> Result<Vec<Row>, SnapshotBenchError> {
     };
     let svg = || {
         let triples = rows.iter().flat_map(|r| {
-            let group = format!("{} MiB", r.mem_mib);
-            let series = format!("{:.0}% written", r.dirty * 100.0);
+            let group = format!("{} MiB, {:.0}% written", r.mem_mib, r.dirty * 100.0);
+            let series = r.vmm.to_string();
             [(group, series, r.running_again_ms)]
         });
         crate::chart::draw(&[crate::chart::Panel::grouped("Load to running again", "ms", false, triples)])

@@ -257,6 +257,18 @@ pub struct Machine {
     restored: Option<Vec<crate::snapshot::VcpuState>>,
     /// Each RAM region's memslot, and whether KVM logs its dirty pages.
     ram_slots: (Vec<u32>, bool),
+    /// The MSR filter still being installed (a restore does not wait for it to start).
+    lstar_watch: std::sync::Mutex<Option<LstarWatch>>,
+}
+
+type LstarWatch = std::thread::JoinHandle<Result<(), kvm_ioctls::Error>>;
+
+fn join_lstar_watch(watch: Option<LstarWatch>) {
+    match watch.map(std::thread::JoinHandle::join) {
+        Some(Ok(Err(e))) => tracing::debug!("no watch on the guest's system-call entry (MSR filter): {e}"),
+        Some(Err(_)) => tracing::warn!("the thread installing the MSR filter panicked"),
+        _ => {}
+    }
 }
 
 impl Machine {
@@ -346,11 +358,16 @@ impl Machine {
         if let Some(vsock) = &d.vsock {
             devices.attach_vsock(vsock, d.poll)?;
         }
-        match lstar_watch.map(std::thread::JoinHandle::join) {
-            Some(Ok(Err(e))) => tracing::debug!("no watch on the guest's system-call entry (MSR filter): {e}"),
-            Some(Err(_)) => tracing::warn!("the thread installing the MSR filter panicked"),
-            _ => {}
-        }
+        // A booting guest may write LSTAR at once: the filter must be on before it runs. A
+        // restored one wrote it in another VMM (its watch starts from the saved value), so
+        // the filter's grace period (most of a restore's time here) overlaps its first run.
+        let lstar_watch = match (lstar_watch, restore.is_some()) {
+            (Some(watch), true) => Some(watch),
+            (watch, _) => {
+                join_lstar_watch(watch);
+                None
+            }
+        };
         let threads_per_core = if config.smt { 2 } else { 1 };
         let restored = match restore {
             Some(r) => {
@@ -375,6 +392,7 @@ impl Machine {
             live: Arc::new(LiveStats::new(usize::from(config.vcpus), 0)),
             restored,
             ram_slots: (ram_slots, config.track_dirty_pages),
+            lstar_watch: std::sync::Mutex::new(lstar_watch),
         })
     }
 
@@ -494,6 +512,7 @@ impl Machine {
         }
         let threads = crate::vcpu::threads::VcpuThreads::spawn(vcpus, self.control.clone(), self.host.clone())
             .map_err(MachineError::VcpuThreads)?;
+        join_lstar_watch(crate::sync::lock(&self.lstar_watch).take());
         // From here the main thread only waits, reports and tears down.
         let confined = match self.run.confine_caller {
             true => crate::seccomp::confine(crate::seccomp::ThreadKind::Main),

@@ -35,12 +35,18 @@ pub enum BenchCommand {
 
 #[derive(Args)]
 pub struct SnapshotArgs {
+    /// A Firecracker binary, measured beside exitless on the same guest (scripts/peers.sh builds one).
+    #[arg(long, value_name = "PATH")]
+    pub firecracker: Option<PathBuf>,
     /// Guest memory sizes in MiB, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "128,512,1024,2048", value_parser = clap::value_parser!(u64).range(64..=16384))]
     pub mem: Vec<u64>,
     /// Shares of RAM the guest writes before the snapshot, comma-separated (0 to 1).
     #[arg(long, value_delimiter = ',', default_value = "0,0.5", value_parser = parse_share)]
     pub written: Vec<f64>,
+    /// Runs per VMM, size and share (interleaved); medians are reported.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub runs: u32,
     #[command(flatten)]
     pub out: OutputArgs,
 }
@@ -55,8 +61,10 @@ fn parse_share(s: &str) -> Result<f64, String> {
 impl SnapshotArgs {
     pub fn to_options(&self) -> exitless_lab::snapshot::Options {
         exitless_lab::snapshot::Options {
+            firecracker: self.firecracker.clone(),
             sizes_mib: self.mem.clone(),
             dirty: self.written.clone(),
+            runs: self.runs,
             outputs: self.out.outputs(),
         }
     }
