@@ -1,6 +1,6 @@
 //! Snapshots through Firecracker's API: a counting guest is paused mid-count, snapshotted,
-//! its VMM killed, and resumed by a new VMM, three times over; its count goes on from where
-//! it stopped and its final iteration count is exact. Bad state and memory files, and
+//! its VMM killed, and resumed by a new VMM, a hundred times over; its count goes on from
+//! where it stopped each time and its final iteration count is exact. Bad state and memory files, and
 //! requests at the wrong time, are refused with a fault_message while the VMM serves on.
 
 mod common;
@@ -64,9 +64,12 @@ fn load(sock: &Path, state: &str, mem: &str) -> Duration {
     started.elapsed()
 }
 
+/// Snapshot and restore hops in the chain.
+const HOPS: u32 = 100;
+
 #[test]
-fn a_counting_guest_goes_on_through_three_restores() {
-    if !kvm_or_skip("a_counting_guest_goes_on_through_three_restores") {
+fn a_counting_guest_goes_on_through_a_hundred_restores() {
+    if !kvm_or_skip("a_counting_guest_goes_on_through_a_hundred_restores") {
         return;
     }
     let dir = tempdir();
@@ -88,19 +91,20 @@ fn a_counting_guest_goes_on_through_three_restores() {
     let (mut state, mut mem) = snapshot(&sock, &dir, 0);
     let mut vmm = first;
     let mut last = *vmm.ticks().last().unwrap();
-    for hop in 1..=3u32 {
+    let mut slowest = Duration::ZERO;
+    for hop in 1..=HOPS {
         let _ = vmm.child.kill();
         let _ = vmm.child.wait();
         let sock = dir.join(format!("v{hop}.sock"));
         vmm = Vmm::start(&sock);
         let took = load(&sock, &state, &mem);
-        eprintln!("hop {hop}: PUT /snapshot/load answered in {took:?}");
-        assert!(took < Duration::from_secs(2), "{took:?}");
-        if hop == 3 {
+        slowest = slowest.max(took);
+        assert!(took < Duration::from_secs(2), "hop {hop}: {took:?}");
+        if hop == HOPS {
             break;
         }
         let seen = vmm.ticks().len();
-        vmm.wait_for_ticks(seen + 20);
+        vmm.wait_for_ticks(seen + 3);
         expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
         (state, mem) = snapshot(&sock, &dir, hop);
         let ticks = vmm.ticks();
@@ -110,6 +114,7 @@ fn a_counting_guest_goes_on_through_three_restores() {
         assert!(ticks.windows(2).all(|w| w[1] == w[0] + 1), "hop {hop}: {ticks:?}");
         last = *ticks.last().unwrap();
     }
+    eprintln!("{HOPS} restores, the slowest PUT /snapshot/load answered in {slowest:?}");
     let status = vmm.child.wait().unwrap();
     let lines = vmm.lines.lock().unwrap().clone();
     assert!(status.success(), "{status}: {lines:?}");
