@@ -4,26 +4,29 @@
 
 use crate::boot::{self, cpu, regs, BootSpec, EntryPoint};
 use crate::device_manager::{AllocError, Allocators, DeviceError, DeviceManager, DeviceManagerConfig};
-use crate::host::{HostProfile, NestedExits, ProfileChoice};
-use crate::ioeventfd::IoeventfdLimits;
+use crate::host::{HostProfile, NestedExits};
 use crate::layout::{self, LayoutError, MemoryMap};
-use crate::pci::EcamMode;
 use crate::stats::{cycles, ExitStats, LiveStats};
 use crate::vcpu::control::{GuestStop, RunControl};
 use crate::vcpu::samples::GuestSamples;
 use crate::vcpu::{Vcpu, VcpuError};
-use crate::virtio::blk::{BlkCounters, DriveConfig};
+use crate::virtio::blk::BlkCounters;
 use crate::virtio::net::NetCounters;
 use crate::{acpi, kvm};
-use exitless_payloads::abi;
-use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_bindings::{kvm_pit_config, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VmFd};
-use std::io::{Read, Write};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 pub use crate::device_manager::NetConfig;
+pub use config::{AttachFixed, DeviceConfig, MachineConfig, RunOptions};
+pub use ram::{read_result, shared_slot};
+
+mod config;
+mod ram;
+use ram::{map_guest_ram, write_shared_page};
 
 /// At most this many vCPUs (APIC IDs and MADT processor IDs are bytes; 0xff is broadcast).
 pub const MAX_VCPUS: u8 = 254;
@@ -72,124 +75,6 @@ pub enum MachineError {
 
 fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> MachineError {
     move |source| MachineError::Ioctl { what, source }
-}
-
-/// What to boot and how.
-pub struct MachineConfig {
-    /// An ELF image (PVH note or 64-bit entry) or a bzImage.
-    pub image: std::borrow::Cow<'static, [u8]>,
-    pub mem_size: u64,
-    pub vcpus: u8,
-    /// Two vCPUs per core in the CPUID topology (Firecracker's `smt`).
-    pub smt: bool,
-    pub cmdline: String,
-    pub initrd: Option<Vec<u8>>,
-    /// Parameters for the payload, in the shared page's parameter slots.
-    pub params: Vec<u64>,
-    pub devices: DeviceConfig,
-    pub run: RunOptions,
-    /// Which host workarounds to install (`--host-profile`).
-    pub host: ProfileChoice,
-    /// Resume a snapshot instead of booting `image` (crate::snapshot).
-    pub restore: Option<crate::snapshot::Restore>,
-    /// KVM logs the pages the guest writes, for Diff snapshots.
-    pub track_dirty_pages: bool,
-}
-
-/// The devices a machine starts with (the lab and tests attach more through
-/// [`Machine::devices_mut`] before it runs).
-pub struct DeviceConfig {
-    /// Where the serial console's output goes.
-    pub serial_out: Box<dyn Write + Send>,
-    /// What the guest reads from the serial console, if anything.
-    pub serial_in: Option<Box<dyn Read + Send>>,
-    pub ioeventfd_limits: IoeventfdLimits,
-    /// How the ECAM window is served.
-    pub ecam: EcamMode,
-    /// Whether 0xCF8/0xCFC config access exists. Without it Linux's type-1 probe fails and
-    /// it reads all of config space through ECAM (MCFG), as crosvm's
-    /// `--break-linux-pci-config-io` arranges.
-    pub pci_config_io: bool,
-    /// virtio-net devices, one per tap, in order.
-    pub nets: Vec<NetConfig>,
-    /// virtio-blk devices, one per drive, in order.
-    pub drives: Vec<DriveConfig>,
-    /// A virtio-vsock device (Firecracker's `PUT /vsock`).
-    pub vsock: Option<crate::virtio::vsock::VsockConfig>,
-    /// A virtio-rng device and its rate limits (Firecracker's `PUT /entropy`).
-    pub entropy: Option<crate::rate_limiter::Limits>,
-    /// Firecracker's boot-timer device (`--boot-timer`): logs the time until the guest
-    /// writes 123 to it.
-    pub boot_timer: bool,
-    /// QEMU's test devices, for kvm-unit-tests: fw_cfg, pc-testdev and pci-testdev; a CMOS
-    /// RTC and ACPI S3.
-    pub test_devices: bool,
-    /// With `test_devices`: QEMU's edu device behind a VT-d model (`--testdev-iommu`), for
-    /// kvm-unit-tests' `intel_iommu`.
-    pub test_iommu: bool,
-    /// How long device threads poll for work before they sleep (`--poll-us`, crate::poll).
-    pub poll: crate::poll::PollMode,
-    /// Devices at places their guest knows (the lab's doorbell at 00:01.0), attached
-    /// before any device whose place is allocated so that nothing takes their place.
-    pub fixed: Vec<AttachFixed>,
-}
-
-/// Attaches a device at a fixed place (see [`DeviceConfig::fixed`]).
-pub type AttachFixed = Box<dyn FnOnce(&mut DeviceManager) -> Result<(), DeviceError>>;
-
-/// How a run is watched.
-#[derive(Default)]
-pub struct RunOptions {
-    /// Whether [`Machine::run`] confines its calling thread too (seccomp, `ThreadKind::Main`)
-    /// once the vCPUs run: the CLI's main thread, not a library caller's.
-    pub confine_caller: bool,
-    /// How often to sample where each vCPU is in the guest (`--sample-guest`), if at all.
-    pub sample_every: Option<Duration>,
-    /// End the run as stuck once no vCPU made progress for this long (`--stuck-after`,
-    /// crate::vcpu::stuck); needs `sample_every`.
-    pub stuck_after: Option<Duration>,
-}
-
-impl MachineConfig {
-    /// `image` with 128 MiB, one vCPU, the default command line, no parameters, serial
-    /// output dropped, default limits, the host profile probed.
-    pub fn new(image: impl Into<std::borrow::Cow<'static, [u8]>>) -> Self {
-        MachineConfig {
-            image: image.into(),
-            mem_size: 128 << 20,
-            vcpus: 1,
-            smt: false,
-            cmdline: boot::DEFAULT_CMDLINE.into(),
-            initrd: None,
-            params: Vec::new(),
-            devices: DeviceConfig::default(),
-            run: RunOptions::default(),
-            host: ProfileChoice::Auto,
-            restore: None,
-            track_dirty_pages: false,
-        }
-    }
-}
-
-impl Default for DeviceConfig {
-    fn default() -> Self {
-        DeviceConfig {
-            serial_out: Box::new(std::io::sink()),
-            serial_in: None,
-            ioeventfd_limits: IoeventfdLimits::default(),
-            ecam: EcamMode::Mapped,
-            pci_config_io: true,
-            nets: Vec::new(),
-            drives: Vec::new(),
-            entropy: None,
-            vsock: None,
-            boot_timer: false,
-            test_devices: false,
-            test_iommu: false,
-            poll: crate::poll::PollMode::Adaptive,
-            fixed: Vec::new(),
-        }
-    }
 }
 
 /// The VMM's own memory: the process's, less the guest RAM mapping's.
@@ -582,63 +467,6 @@ impl Drop for Machine {
     fn drop(&mut self) {
         self.drain_console();
     }
-}
-
-/// Guest RAM: one mapping per region, each a KVM memory slot from the allocator.
-/// Guest RAM, anonymous, or from a snapshot's memory file mapped privately; and the
-/// memslot of each region (in order), whose writes KVM logs if `log_dirty`.
-fn map_guest_ram(
-    vm: &VmFd,
-    map: &MemoryMap,
-    allocators: &mut Allocators,
-    file: Option<&std::fs::File>,
-    log_dirty: bool,
-) -> Result<(GuestMemoryMmap, Vec<u32>), MachineError> {
-    let regions: Vec<_> = map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
-    let memory = match file {
-        Some(file) => crate::snapshot::memory::map_private(file, &regions)?,
-        None => GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?,
-    };
-    let slots: Vec<u32> = allocators.memslots(memory.num_regions() as u32)?.collect();
-    for (&slot, region) in slots.iter().zip(memory.iter()) {
-        let host = memory.get_host_address(region.start_addr()).map_err(|e| MachineError::Memory(e.into()))?;
-        // Transparent huge pages where the host offers them: fewer TLB misses for the
-        // guest and for every copy to or from guest buffers. Only advice: ignore failure.
-        // SAFETY: the range is exactly this region's mapping, owned by `memory`.
-        unsafe { libc::madvise(host.cast(), region.len() as usize, libc::MADV_HUGEPAGE) };
-        let mapping = kvm_userspace_memory_region {
-            slot,
-            flags: if log_dirty { kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
-            guest_phys_addr: region.start_addr().0,
-            memory_size: region.len(),
-            userspace_addr: host as u64,
-        };
-        // SAFETY: the mapping belongs to `memory`, which the Machine keeps alive as long as the VM.
-        unsafe { vm.set_user_memory_region(mapping) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
-    }
-    Ok((memory, slots))
-}
-
-/// The shared page: magic, the end of RAM below 4 GiB, then the payload's parameters.
-fn write_shared_page(memory: &GuestMemoryMmap, mem_size: u64, params: &[u64]) -> Result<(), MachineError> {
-    let max_params = (abi::SHARED_RESULT_SLOT - abi::SHARED_PARAM_SLOT) as usize;
-    let write = |i, v: u64| memory.write_obj(v, shared_slot(i)).map_err(|e| MachineError::Memory(e.into()));
-    write(0, abi::SHARED_MAGIC)?;
-    write(abi::SHARED_MEM_END_SLOT, mem_size)?;
-    for (i, &p) in params.iter().take(max_params).enumerate() {
-        write(abi::SHARED_PARAM_SLOT + i as u64, p)?;
-    }
-    Ok(())
-}
-
-/// The guest address of u64 slot `i` of the shared page.
-pub fn shared_slot(i: u64) -> GuestAddress {
-    GuestAddress(abi::SHARED_PAGE_GPA + 8 * i)
-}
-
-/// Reads a result slot the guest wrote into the shared page.
-pub fn read_result(memory: &GuestMemoryMmap, index: u64) -> u64 {
-    memory.read_obj(shared_slot(abi::SHARED_RESULT_SLOT + index)).unwrap_or(0)
 }
 
 /// Process RSS minus the resident part of the guest RAM mapping that starts at `guest_start`.

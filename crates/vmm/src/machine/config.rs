@@ -1,0 +1,128 @@
+//! What a machine is built from: the image, RAM and vCPUs, its devices, how it runs.
+
+use crate::boot;
+use crate::device_manager::{DeviceError, DeviceManager, NetConfig};
+use crate::host::ProfileChoice;
+use crate::ioeventfd::IoeventfdLimits;
+use crate::pci::EcamMode;
+use crate::virtio::blk::DriveConfig;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+/// What to boot and how.
+pub struct MachineConfig {
+    /// An ELF image (PVH note or 64-bit entry) or a bzImage.
+    pub image: std::borrow::Cow<'static, [u8]>,
+    pub mem_size: u64,
+    pub vcpus: u8,
+    /// Two vCPUs per core in the CPUID topology (Firecracker's `smt`).
+    pub smt: bool,
+    pub cmdline: String,
+    pub initrd: Option<Vec<u8>>,
+    /// Parameters for the payload, in the shared page's parameter slots.
+    pub params: Vec<u64>,
+    pub devices: DeviceConfig,
+    pub run: RunOptions,
+    /// Which host workarounds to install (`--host-profile`).
+    pub host: ProfileChoice,
+    /// Resume a snapshot instead of booting `image` (crate::snapshot).
+    pub restore: Option<crate::snapshot::Restore>,
+    /// KVM logs the pages the guest writes, for Diff snapshots.
+    pub track_dirty_pages: bool,
+}
+
+/// The devices a machine starts with (the lab and tests attach more through
+/// [`Machine::devices_mut`] before it runs).
+pub struct DeviceConfig {
+    /// Where the serial console's output goes.
+    pub serial_out: Box<dyn Write + Send>,
+    /// What the guest reads from the serial console, if anything.
+    pub serial_in: Option<Box<dyn Read + Send>>,
+    pub ioeventfd_limits: IoeventfdLimits,
+    /// How the ECAM window is served.
+    pub ecam: EcamMode,
+    /// Whether 0xCF8/0xCFC config access exists. Without it Linux's type-1 probe fails and
+    /// it reads all of config space through ECAM (MCFG), as crosvm's
+    /// `--break-linux-pci-config-io` arranges.
+    pub pci_config_io: bool,
+    /// virtio-net devices, one per tap, in order.
+    pub nets: Vec<NetConfig>,
+    /// virtio-blk devices, one per drive, in order.
+    pub drives: Vec<DriveConfig>,
+    /// A virtio-vsock device (Firecracker's `PUT /vsock`).
+    pub vsock: Option<crate::virtio::vsock::VsockConfig>,
+    /// A virtio-rng device and its rate limits (Firecracker's `PUT /entropy`).
+    pub entropy: Option<crate::rate_limiter::Limits>,
+    /// Firecracker's boot-timer device (`--boot-timer`): logs the time until the guest
+    /// writes 123 to it.
+    pub boot_timer: bool,
+    /// QEMU's test devices, for kvm-unit-tests: fw_cfg, pc-testdev and pci-testdev; a CMOS
+    /// RTC and ACPI S3.
+    pub test_devices: bool,
+    /// With `test_devices`: QEMU's edu device behind a VT-d model (`--testdev-iommu`), for
+    /// kvm-unit-tests' `intel_iommu`.
+    pub test_iommu: bool,
+    /// How long device threads poll for work before they sleep (`--poll-us`, crate::poll).
+    pub poll: crate::poll::PollMode,
+    /// Devices at places their guest knows (the lab's doorbell at 00:01.0), attached
+    /// before any device whose place is allocated so that nothing takes their place.
+    pub fixed: Vec<AttachFixed>,
+}
+
+/// Attaches a device at a fixed place (see [`DeviceConfig::fixed`]).
+pub type AttachFixed = Box<dyn FnOnce(&mut DeviceManager) -> Result<(), DeviceError>>;
+
+/// How a run is watched.
+#[derive(Default)]
+pub struct RunOptions {
+    /// Whether [`Machine::run`] confines its calling thread too (seccomp, `ThreadKind::Main`)
+    /// once the vCPUs run: the CLI's main thread, not a library caller's.
+    pub confine_caller: bool,
+    /// How often to sample where each vCPU is in the guest (`--sample-guest`), if at all.
+    pub sample_every: Option<Duration>,
+    /// End the run as stuck once no vCPU made progress for this long (`--stuck-after`,
+    /// crate::vcpu::stuck); needs `sample_every`.
+    pub stuck_after: Option<Duration>,
+}
+
+impl MachineConfig {
+    /// `image` with 128 MiB, one vCPU, the default command line, no parameters, serial
+    /// output dropped, default limits, the host profile probed.
+    pub fn new(image: impl Into<std::borrow::Cow<'static, [u8]>>) -> Self {
+        MachineConfig {
+            image: image.into(),
+            mem_size: 128 << 20,
+            vcpus: 1,
+            smt: false,
+            cmdline: boot::DEFAULT_CMDLINE.into(),
+            initrd: None,
+            params: Vec::new(),
+            devices: DeviceConfig::default(),
+            run: RunOptions::default(),
+            host: ProfileChoice::Auto,
+            restore: None,
+            track_dirty_pages: false,
+        }
+    }
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            serial_out: Box::new(std::io::sink()),
+            serial_in: None,
+            ioeventfd_limits: IoeventfdLimits::default(),
+            ecam: EcamMode::Mapped,
+            pci_config_io: true,
+            nets: Vec::new(),
+            drives: Vec::new(),
+            entropy: None,
+            vsock: None,
+            boot_timer: false,
+            test_devices: false,
+            test_iommu: false,
+            poll: crate::poll::PollMode::Adaptive,
+            fixed: Vec::new(),
+        }
+    }
+}

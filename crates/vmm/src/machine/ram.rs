@@ -1,0 +1,67 @@
+//! Guest RAM and the shared page: one mapping per region, each a KVM memory slot from
+//! the allocator; the page where the VMM leaves the payload's parameters and reads its
+//! results.
+
+use super::{ioctl, MachineError};
+use crate::device_manager::Allocators;
+use crate::layout::MemoryMap;
+use exitless_payloads::abi;
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::VmFd;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+/// Guest RAM, anonymous, or from a snapshot's memory file mapped privately; and the
+/// memslot of each region (in order), whose writes KVM logs if `log_dirty`.
+pub(super) fn map_guest_ram(
+    vm: &VmFd,
+    map: &MemoryMap,
+    allocators: &mut Allocators,
+    file: Option<&std::fs::File>,
+    log_dirty: bool,
+) -> Result<(GuestMemoryMmap, Vec<u32>), MachineError> {
+    let regions: Vec<_> = map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
+    let memory = match file {
+        Some(file) => crate::snapshot::memory::map_private(file, &regions)?,
+        None => GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?,
+    };
+    let slots: Vec<u32> = allocators.memslots(memory.num_regions() as u32)?.collect();
+    for (&slot, region) in slots.iter().zip(memory.iter()) {
+        let host = memory.get_host_address(region.start_addr()).map_err(|e| MachineError::Memory(e.into()))?;
+        // Transparent huge pages where the host offers them: fewer TLB misses for the
+        // guest and for every copy to or from guest buffers. Only advice: ignore failure.
+        // SAFETY: the range is exactly this region's mapping, owned by `memory`.
+        unsafe { libc::madvise(host.cast(), region.len() as usize, libc::MADV_HUGEPAGE) };
+        let mapping = kvm_userspace_memory_region {
+            slot,
+            flags: if log_dirty { kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+        };
+        // SAFETY: the mapping belongs to `memory`, which the Machine keeps alive as long as the VM.
+        unsafe { vm.set_user_memory_region(mapping) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    Ok((memory, slots))
+}
+
+/// The shared page: magic, the end of RAM below 4 GiB, then the payload's parameters.
+pub(super) fn write_shared_page(memory: &GuestMemoryMmap, mem_size: u64, params: &[u64]) -> Result<(), MachineError> {
+    let max_params = (abi::SHARED_RESULT_SLOT - abi::SHARED_PARAM_SLOT) as usize;
+    let write = |i, v: u64| memory.write_obj(v, shared_slot(i)).map_err(|e| MachineError::Memory(e.into()));
+    write(0, abi::SHARED_MAGIC)?;
+    write(abi::SHARED_MEM_END_SLOT, mem_size)?;
+    for (i, &p) in params.iter().take(max_params).enumerate() {
+        write(abi::SHARED_PARAM_SLOT + i as u64, p)?;
+    }
+    Ok(())
+}
+
+/// The guest address of u64 slot `i` of the shared page.
+pub fn shared_slot(i: u64) -> GuestAddress {
+    GuestAddress(abi::SHARED_PAGE_GPA + 8 * i)
+}
+
+/// Reads a result slot the guest wrote into the shared page.
+pub fn read_result(memory: &GuestMemoryMmap, index: u64) -> u64 {
+    memory.read_obj(shared_slot(abi::SHARED_RESULT_SLOT + index)).unwrap_or(0)
+}
