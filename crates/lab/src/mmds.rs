@@ -13,7 +13,6 @@ use crate::report::{print_table, targets_json, targets_text, Outputs, Target, Wr
 use exitless_vmm::machine::read_result;
 use exitless_vmm::net::mmds::{Mmds, Version, DEFAULT_ADDRESS};
 use exitless_vmm::poll::PollMode;
-use exitless_vmm::virtio::net::TxMode;
 use exitless_vmm::{Machine, MachineError, NetConfig};
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
@@ -99,14 +98,8 @@ fn run_one(
     let _ = store.put(metadata(SEED, opts.value_len));
     let tap = format!("exm{}", std::process::id() % 1_000_000);
     let net = NetConfig {
-        tap: tap.clone(),
-        mac: LAB_MAC,
-        tx: TxMode::Zerocopy,
-        mtu: None,
-        rx_limits: Default::default(),
-        tx_limits: Default::default(),
         mmds: Some((Arc::new(Mutex::new(store)), DEFAULT_ADDRESS)),
-        offloads: true,
+        ..NetConfig::on_tap(tap.clone(), LAB_MAC)
     };
     let v = if version == Version::V2 { 2 } else { 1 };
     let params = vec![v, SEED, opts.value_len as u64, u64::from(opts.sessions), 0];

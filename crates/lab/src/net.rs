@@ -144,17 +144,8 @@ pub(crate) fn boot_with(
     console: Option<crate::control::Console>,
 ) -> Result<Booted, NetBenchError> {
     let tap = tap_name();
-    let net = NetConfig {
-        tap: tap.clone(),
-        mac: LAB_MAC,
-        tx,
-        mtu: None,
-        rx_limits: Default::default(),
-        tx_limits: Default::default(),
-        mmds: None,
-        // Plain TCP rows run on a NIC without offloads: "offloads off" for comparison.
-        offloads: kind != FrameKind::Plain,
-    };
+    // Plain TCP rows run on a NIC without offloads: "offloads off" for comparison.
+    let net = NetConfig { tx, offloads: kind != FrameKind::Plain, ..NetConfig::on_tap(tap.clone(), LAB_MAC) };
     let LabMachine { machine, control, .. } = lab_machine(payload, params, |c| {
         c.devices.nets = vec![net];
         c.devices.poll = poll;

@@ -8,7 +8,6 @@ use crate::net::{NetBenchError, LAB_MAC};
 use crate::netns::Netns;
 use crate::sink::{FrameKind, Sink, SinkReport};
 use exitless_vmm::poll::PollMode;
-use exitless_vmm::virtio::net::TxMode;
 use exitless_vmm::NetConfig;
 use std::time::Duration;
 
@@ -21,16 +20,7 @@ pub fn two_nics(frames: u64, size: usize, timeout: Duration) -> Result<[SinkRepo
         mac[5] += i as u8;
         mac
     };
-    let nic = |i: usize| NetConfig {
-        tap: taps[i].clone(),
-        mac: mac(i),
-        tx: TxMode::Zerocopy,
-        mtu: None,
-        rx_limits: Default::default(),
-        tx_limits: Default::default(),
-        mmds: None,
-        offloads: true,
-    };
+    let nic = |i: usize| NetConfig::on_tap(taps[i].clone(), mac(i));
     let LabMachine { machine, control, .. } = lab_machine("netpair", vec![frames, size as u64], |c| {
         c.devices.nets = vec![nic(0), nic(1)];
         c.devices.poll = PollMode::Off;

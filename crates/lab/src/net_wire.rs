@@ -11,7 +11,6 @@ use crate::netns::{enter_current_thread, Netns, NetnsError};
 use crate::sink::pattern;
 use exitless_vmm::net::Tap;
 use exitless_vmm::poll::PollMode;
-use exitless_vmm::virtio::net::TxMode;
 use exitless_vmm::NetConfig;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -45,16 +44,7 @@ fn ns_cmd(netns: &Netns, args: &[&str]) -> Result<(), NetnsError> {
 pub fn offloads_on_the_wire(size: usize, frames: u64, timeout: Duration) -> Result<WireReport, NetBenchError> {
     let netns = Netns::create(&format!("exitless-wire-{}", std::process::id()))?;
     let [guest_tap, egress] = ["g", "e"].map(|s| format!("exw{}{s}", std::process::id() % 1_000_000));
-    let net = NetConfig {
-        tap: guest_tap.clone(),
-        mac: LAB_MAC,
-        tx: TxMode::Zerocopy,
-        mtu: None,
-        rx_limits: Default::default(),
-        tx_limits: Default::default(),
-        mmds: None,
-        offloads: true,
-    };
+    let net = NetConfig::on_tap(guest_tap.clone(), LAB_MAC);
     let host_mac = HOST_MAC.iter().fold(0u64, |acc, &b| acc << 8 | u64::from(b));
     let params = vec![size as u64, frames, 0, 0, 0, 0, 1, host_mac, 0x0a09_0002];
     let LabMachine { machine, control, .. } = lab_machine("nettx", params, |c| {

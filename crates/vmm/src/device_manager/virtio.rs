@@ -33,6 +33,23 @@ pub struct NetConfig {
     pub offloads: bool,
 }
 
+impl NetConfig {
+    /// A NIC on `tap` with `mac`: zero-copy TX, offloads offered, no MTU advice, no
+    /// limits, no MMDS (the struct update syntax changes what a caller needs).
+    pub fn on_tap(tap: impl Into<String>, mac: [u8; 6]) -> NetConfig {
+        NetConfig {
+            tap: tap.into(),
+            mac,
+            tx: TxMode::Zerocopy,
+            mtu: None,
+            rx_limits: Limits::default(),
+            tx_limits: Limits::default(),
+            mmds: None,
+            offloads: true,
+        }
+    }
+}
+
 /// A virtio-blk device, for the API, the lab and the report.
 pub struct DriveHandle {
     pub name: String,
