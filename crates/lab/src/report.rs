@@ -75,6 +75,18 @@ pub fn print_table(text: &str) -> Result<(), WriteError> {
     out.write_all(text.as_bytes()).and_then(|()| out.flush()).map_err(|e| WriteError("standard output".into(), e))
 }
 
+/// What stops a lab that drives VMM processes: what it could not prepare or run, or an
+/// output it could not write.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    #[error("cannot prepare the lab: {0}")]
+    Setup(String),
+    #[error("{0}")]
+    Run(String),
+    #[error(transparent)]
+    Write(#[from] WriteError),
+}
+
 /// `--json FILE` and `--svg FILE`, both optional.
 #[derive(Clone, Debug, Default)]
 pub struct Outputs {

@@ -6,7 +6,7 @@
 //! from the tick it had reached.
 
 use crate::api_client::{expect_ok, listening};
-use crate::report::{print_table, targets_json, targets_text, Outputs, Target, WriteError};
+use crate::report::{print_table, targets_json, targets_text, Outputs, Target};
 use serde_json::{json, Value};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -26,13 +26,8 @@ pub struct Options {
     pub outputs: Outputs,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum SnapshotBenchError {
-    #[error("{0}")]
-    Run(String),
-    #[error(transparent)]
-    Write(#[from] WriteError),
-}
+/// What stops the snapshot lab (crate::report::LabError).
+pub type SnapshotBenchError = crate::report::LabError;
 
 #[derive(Clone, Debug)]
 pub struct Row {

@@ -30,15 +30,8 @@ pub struct Options {
     pub timeout: Duration,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum VsockBenchError {
-    #[error("cannot prepare the lab: {0}")]
-    Setup(String),
-    #[error("{0}")]
-    Run(String),
-    #[error(transparent)]
-    Write(#[from] WriteError),
-}
+/// What stops the vsock lab (crate::report::LabError).
+pub type VsockBenchError = crate::report::LabError;
 
 /// One polling mode's measures.
 #[derive(Clone, Debug)]
