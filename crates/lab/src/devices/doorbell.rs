@@ -232,7 +232,8 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             if i % 97 == 0 {
-                std::thread::sleep(std::time::Duration::from_micros(300 + x % 700));
+                // Well past any poll window, even when the worker waits for a core: it sleeps.
+                std::thread::sleep(std::time::Duration::from_micros(2_000 + x % 3_000));
             } else {
                 let until = std::time::Instant::now() + std::time::Duration::from_nanos(x % 150_000);
                 while std::time::Instant::now() < until {
