@@ -45,6 +45,7 @@ struct Vmm {
     child: Child,
     sock: PathBuf,
     lines: Arc<Mutex<Vec<(Instant, String)>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Vmm {
@@ -60,7 +61,7 @@ impl Vmm {
         let out = child.stdout.take().ok_or_else(|| SnapshotBenchError::Run("no stdout".into()))?;
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
                 if let Ok(mut l) = sink.lock() {
                     l.push((Instant::now(), line));
@@ -71,7 +72,7 @@ impl Vmm {
         while !listening(&sock) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        Ok(Vmm { child, sock, lines })
+        Ok(Vmm { child, sock, lines, reader: Some(reader) })
     }
 
     fn put(&self, path: &str, body: Value) -> Result<Duration, SnapshotBenchError> {
@@ -100,6 +101,19 @@ impl Vmm {
     }
 }
 
+impl Vmm {
+    /// Kills the VMM and reads what it printed to the end: its last tick.
+    fn last_tick(mut self) -> Option<u64> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        let lines = self.lines.lock().ok()?;
+        lines.iter().rev().find_map(|(_, line)| line.strip_prefix("counter: tick ")?.parse::<u64>().ok())
+    }
+}
+
 impl Drop for Vmm {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -124,11 +138,7 @@ fn run_one(vmm: (&'static str, &Path), dir: &Path, mem_mib: u64, dirty: f64) -> 
     first.put("/vm", json!({"state": "Paused"}))?;
     let (state, memory) = (dir.join("state.json"), dir.join("memory.bin"));
     let create = first.put("/snapshot/create", json!({"snapshot_path": state, "mem_file_path": memory}))?;
-    let last_tick =
-        first.lines.lock().ok().and_then(|l| {
-            l.iter().rev().find_map(|(_, line)| line.strip_prefix("counter: tick ")?.parse::<u64>().ok())
-        });
-    drop(first);
+    let last_tick = first.last_tick();
     let state_kib = std::fs::metadata(&state).map(|m| m.len() / 1024).unwrap_or(0);
     let memory_written_kib = allocated_kib(&memory);
     let second = Vmm::start(exe, dir.join("b.sock"))?;

@@ -189,7 +189,7 @@ impl Machine {
         if let Some(r) = &restore {
             crate::snapshot::check_restore(r, config.vcpus, config.mem_size, config.devices.test_devices)?;
         }
-        let (memory, ram_slots) =
+        let (memory, ram_slots, registering) =
             map_guest_ram(&vm, &map, &mut allocators, restore.as_ref().map(|r| &r.memory), config.track_dirty_pages)?;
         let (entry, facs) = match &restore {
             // Memory holds what the guest had: tables, image and all.
@@ -253,6 +253,7 @@ impl Machine {
                 None
             }
         };
+        registering.join()?;
         let threads_per_core = if config.smt { 2 } else { 1 };
         let restored = match restore {
             Some(r) => {

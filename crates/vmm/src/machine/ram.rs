@@ -8,23 +8,45 @@ use crate::layout::MemoryMap;
 use exitless_payloads::abi;
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
+use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 /// Guest RAM, anonymous, or from a snapshot's memory file mapped privately; and the
-/// memslot of each region (in order), whose writes KVM logs if `log_dirty`.
+/// memslot of each region (in order), whose writes KVM logs if `log_dirty`. The memslots
+/// are registered on a thread of their own: KVM waits out an SRCU grace period for them
+/// (about 10 ms on this host), which the rest of the machine's setup overlaps. Join the
+/// handle before a vCPU runs.
 pub(super) fn map_guest_ram(
-    vm: &VmFd,
+    vm: &Arc<VmFd>,
     map: &MemoryMap,
     allocators: &mut Allocators,
     file: Option<&std::fs::File>,
     log_dirty: bool,
-) -> Result<(GuestMemoryMmap, Vec<u32>), MachineError> {
+) -> Result<(GuestMemoryMmap, Vec<u32>, RamSlots), MachineError> {
     let regions: Vec<_> = map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
     let memory = match file {
         Some(file) => crate::snapshot::memory::map_private(file, &regions)?,
         None => GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?,
     };
     let slots: Vec<u32> = allocators.memslots(memory.num_regions() as u32)?.collect();
+    let (vm, mem, ram) = (vm.clone(), memory.clone(), slots.clone());
+    let registering = std::thread::Builder::new()
+        .name("memslots".into())
+        .spawn(move || register(&vm, &mem, &ram, log_dirty))
+        .map_err(|e| MachineError::Memory(e.into()))?;
+    Ok((memory, slots, RamSlots(registering)))
+}
+
+/// The RAM memslots being registered (map_guest_ram).
+pub(super) struct RamSlots(std::thread::JoinHandle<Result<(), MachineError>>);
+
+impl RamSlots {
+    pub fn join(self) -> Result<(), MachineError> {
+        self.0.join().unwrap_or_else(|_| Err(MachineError::Memory("the memslot thread panicked".into())))
+    }
+}
+
+fn register(vm: &VmFd, memory: &GuestMemoryMmap, slots: &[u32], log_dirty: bool) -> Result<(), MachineError> {
     for (&slot, region) in slots.iter().zip(memory.iter()) {
         let host = memory.get_host_address(region.start_addr()).map_err(|e| MachineError::Memory(e.into()))?;
         // Transparent huge pages where the host offers them: fewer TLB misses for the
@@ -38,10 +60,11 @@ pub(super) fn map_guest_ram(
             memory_size: region.len(),
             userspace_addr: host as u64,
         };
-        // SAFETY: the mapping belongs to `memory`, which the Machine keeps alive as long as the VM.
+        // SAFETY: the mapping belongs to `memory`, which the Machine keeps alive as long as
+        // the VM (this thread's clone keeps it mapped while it registers).
         unsafe { vm.set_user_memory_region(mapping) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
     }
-    Ok((memory, slots))
+    Ok(())
 }
 
 /// The shared page: magic, the end of RAM below 4 GiB, then the payload's parameters.
