@@ -456,14 +456,10 @@ impl RunArgs {
             .iter()
             .enumerate()
             .map(|(i, (tap, mac, offloads))| exitless_vmm::NetConfig {
-                tap: tap.clone(),
-                mac: mac.unwrap_or_else(|| derived(i)),
                 tx: self.net_tx,
-                mtu: None,
-                rx_limits: Default::default(),
-                tx_limits: Default::default(),
                 mmds: if i == 0 { mmds.clone() } else { None },
                 offloads: *offloads,
+                ..exitless_vmm::NetConfig::on_tap(tap.clone(), mac.unwrap_or_else(|| derived(i)))
             })
             .collect())
     }

@@ -29,9 +29,9 @@ pub(super) struct FrameIo {
 }
 
 impl FrameIo {
-    pub fn new(tap: Arc<Tap>, tx_mode: TxMode, stats: Arc<NetStats>, mmds: Option<MmdsStack>) -> Self {
+    pub fn new(tap: Arc<Tap>, tx_mode: TxMode, stats: Arc<NetStats>, mmds: Option<MmdsStack>, features: u64) -> Self {
         let segs = Vec::with_capacity(super::QUEUE_SIZE as usize);
-        FrameIo { tap, tx_mode, stats, segs, tx_buf: vec![0; MAX_FRAME], rx: Default::default(), mmds, features: 0 }
+        FrameIo { tap, tx_mode, stats, segs, tx_buf: vec![0; MAX_FRAME], rx: Default::default(), mmds, features }
     }
 
     /// Whether MMDS has answers waiting for RX buffers.

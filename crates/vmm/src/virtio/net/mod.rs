@@ -162,7 +162,7 @@ impl VirtioDevice for VirtioNet {
         if let Err(e) = self.tap.set_offloads(features::tun_offloads(activation.features)) {
             tracing::warn!("virtio-net: the tap refused the receive offloads the guest negotiated: {e}");
         }
-        let io = FrameIo::new(self.tap.clone(), self.tx_mode, self.stats.clone(), mmds);
+        let io = FrameIo::new(self.tap.clone(), self.tx_mode, self.stats.clone(), mmds, activation.features);
         let mut worker = Worker::new(io, queues, activation)?;
         worker.poll = self.poll;
         worker.throttles = self.limits.clone().map(Throttle::new);
@@ -180,7 +180,7 @@ impl VirtioDevice for VirtioNet {
 #[doc(hidden)]
 pub fn process_once(tap: Tap, tx_mode: TxMode, queues: Vec<ActiveQueue>, a: Activation) -> NetCounters {
     let stats = Arc::new(NetStats::default());
-    let io = FrameIo::new(Arc::new(tap), tx_mode, stats.clone(), None);
+    let io = FrameIo::new(Arc::new(tap), tx_mode, stats.clone(), None, a.features);
     if let Ok(mut worker) = Worker::new(io, queues, a) {
         worker.process_tx();
         worker.process_rx();

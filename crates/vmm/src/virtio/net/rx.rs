@@ -30,7 +30,7 @@ enum Received {
 #[derive(Default)]
 pub(super) struct RxBuffers {
     segs: Vec<Segment>,
-    /// Each chain's head, length and where its segments end in `segs`.
+    /// Each chain's head and length; their segments follow one another in `segs`.
     chains: Vec<(u16, usize)>,
 }
 
@@ -74,7 +74,7 @@ impl Worker {
     fn receive_frame(&mut self) -> Result<Received, &'static str> {
         // With MRG_RXBUF, room for the largest frame the tap may hold (its MTU may be
         // above 1500 even for a guest without GSO); without, the one chain must do.
-        let mergeable = self.features & VIRTIO_NET_F_MRG_RXBUF != 0;
+        let mergeable = self.io.features & VIRTIO_NET_F_MRG_RXBUF != 0;
         let want = if mergeable { MAX_FRAME } else { 1 };
         let (queue, mem, io) = (&mut self.queues[RX], &self.mem, &mut self.io);
         let bufs = &mut io.rx;

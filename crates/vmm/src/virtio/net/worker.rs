@@ -31,8 +31,6 @@ pub(super) struct Worker {
     /// The RX queue ran out of buffers with frames perhaps waiting: a look while polling
     /// (no kicks) tries again.
     pub(super) rx_starved: bool,
-    /// The features the driver negotiated.
-    pub(super) features: u64,
     pub(super) broken: bool,
     pub(super) poll: PollMode,
     /// False while the thread polls: the queues' notifications stay off (crate::poll).
@@ -51,8 +49,6 @@ impl Worker {
             return Err(ActivateError::QueueCount { want: 2, have: queues.len() });
         }
         let (queues, kicks) = queues.into_iter().map(|q| (q.queue, q.kick)).unzip();
-        let mut io = io;
-        io.features = a.features;
         Ok(Worker {
             queues,
             kicks,
@@ -61,7 +57,6 @@ impl Worker {
             activation_status: a.status,
             io,
             rx_starved: false,
-            features: a.features,
             broken: false,
             poll: PollMode::Off,
             kicks_wanted: true,
