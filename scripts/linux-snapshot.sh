@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Boots a Linux guest under exitless to a busybox shell on its serial console, snapshots
-# it through the API, kills that VMM, restores the snapshot in a new one and types a
-# command at the restored shell; prints the boot time beside the restore time.
+# Boots a Linux guest under exitless to a busybox shell on its serial console, with a
+# virtio-blk drive, a virtio-net NIC and virtio-rng in use, snapshots it through the API,
+# kills that VMM, restores the snapshot in a new one and types commands at the restored
+# shell: the drive read again past the page cache, the host pinged through the NIC, entropy
+# read; prints the boot time beside the restore time.
 #   scripts/linux-snapshot.sh [KERNEL]
-# KERNEL defaults to the microVM kernel (scripts/guest-kernel.sh). The guest has no virtio
-# devices (exitless snapshots do not save their state yet). Needs busybox-static (apt-get
-# download), python3 and curl.
+# KERNEL defaults to the microVM kernel (scripts/guest-kernel.sh). Needs root (a tap that
+# outlives the first VMM, 192.0.2.1/24 on the host end), busybox-static (apt-get download),
+# python3 and curl.
 # Env: EXITLESS (binary, default target/release/exitless), TIMEOUT (s for the boot, 900),
 # WORK (default /tmp/exitless-linux-snapshot).
 # Not in CI: the boot takes a minute or more here.
@@ -17,11 +19,22 @@ work=${WORK:-/tmp/exitless-linux-snapshot}
 say() { echo "linux-snapshot: $*" >&2; }
 fail() { say "FAILED at step $1"; exit 1; }
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+tap=exsnap$$
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  ip link del "$tap" 2>/dev/null || true
+}
 trap cleanup EXIT
 [ -x "$exitless" ] || fail "setup: no exitless binary at $exitless (cargo build --release)"
+[ "$(id -u)" = 0 ] || fail "setup: root is needed for the tap"
 mkdir -p "$work" && cd "$work"
 rm -f ./*.sock ./*.fifo state.json memory.bin ./*.out ./*.err
+# The drive: 4 MiB the guest reads and sums before the snapshot and after the restore.
+head -c $((4 << 20)) /dev/urandom >disk.img
+disk_md5=$(md5sum disk.img | cut -d' ' -f1)
+# The NIC's tap, made here so it (and its address) outlive the VMM that is killed.
+ip tuntap add dev "$tap" mode tap && ip addr add 192.0.2.1/24 dev "$tap" && ip link set "$tap" up \
+  || fail "setup: tap $tap"
 
 kernel=${1:-}
 [ -n "$kernel" ] || kernel=$("$here/scripts/guest-kernel.sh") || fail "kernel (scripts/guest-kernel.sh)"
@@ -65,12 +78,19 @@ vmm boot
 start=$(date +%s.%N)
 [ "$(api boot.sock PUT /machine-config '{"vcpu_count": 1, "mem_size_mib": 128}')" = 204 ] || fail "machine-config"
 [ "$(api boot.sock PUT /boot-source "{\"kernel_image_path\": \"$kernel\", \"initrd_path\": \"$work/initrd.cpio\", \"boot_args\": \"$cmdline\"}")" = 204 ] || fail "boot-source"
+[ "$(api boot.sock PUT /drives/work "{\"drive_id\": \"work\", \"path_on_host\": \"$work/disk.img\", \"is_root_device\": false, \"is_read_only\": true}")" = 204 ] || fail "drive"
+[ "$(api boot.sock PUT /network-interfaces/eth0 "{\"iface_id\": \"eth0\", \"host_dev_name\": \"$tap\", \"guest_mac\": \"06:00:c0:00:02:02\"}")" = 204 ] || fail "network-interfaces"
+[ "$(api boot.sock PUT /entropy '{}')" = 204 ] || fail "entropy"
 [ "$(api boot.sock PUT /actions '{"action_type": "InstanceStart"}')" = 204 ] || fail "InstanceStart"
 wait_for boot.out "LINUX-SNAPSHOT: ready" "$timeout" || fail "boot: not ready within $timeout s ($(tail -c 300 boot.out))"
 boot_s=$(echo "$(date +%s.%N) - $start" | bc)
 say "booted to the shell in $(printf %.1f "$boot_s") s"
-eval "echo 'echo before-snapshot-\$((6 * 7))' >&\$console_boot"
-wait_for boot.out "before-snapshot-42" 30 || fail "the booted shell did not answer"
+# The devices in use before the snapshot: the drive read, the NIC up with an address and
+# answering, entropy read.
+eval "echo 'ip link set eth0 up; ip addr add 192.0.2.2/24 dev eth0; ping -c 1 -W 5 192.0.2.1 >/dev/null && echo ping-before-ok; echo before-md5 \$(md5sum /dev/vda); head -c 16 /dev/hwrng | wc -c | sed s/^/rng-before-/; echo before-snapshot-\$((6 * 7))' >&\$console_boot"
+wait_for boot.out "before-snapshot-42" 120 || fail "the booted shell did not answer"
+grep -aq "before-md5 $disk_md5" boot.out || fail "the drive read before the snapshot ($(grep -a before-md5 boot.out))"
+grep -aq "ping-before-ok" boot.out || fail "the host did not answer the ping before the snapshot"
 [ "$(api boot.sock PATCH /vm '{"state": "Paused"}')" = 204 ] || fail "pause"
 t0=$(date +%s.%N)
 [ "$(api boot.sock PUT /snapshot/create "{\"snapshot_path\": \"$work/state.json\", \"mem_file_path\": \"$work/memory.bin\"}")" = 204 ] \
@@ -87,6 +107,13 @@ eval "echo 'echo after-restore-\$((6 * 7)); uname -r' >&\$console_restored"
 t1=$(date +%s.%N)
 wait_for restored.out "after-restore-42" 60 || fail "the restored shell did not answer ($(tail -c 300 restored.out))"
 answer_ms=$(echo "($(date +%s.%N) - $t1) * 1000" | bc)
+# The devices go on: the drive read again (the page cache dropped first), the host pinged,
+# entropy read.
+eval "echo 'echo 3 > /proc/sys/vm/drop_caches; echo after-md5 \$(md5sum /dev/vda); ping -c 3 -W 5 192.0.2.1 | grep -c ttl= | sed s/^/pings-after-/; head -c 16 /dev/hwrng | wc -c | sed s/^/rng-after-/; echo devices-checked-\$((6 * 7))' >&\$console_restored"
+wait_for restored.out "devices-checked-42" 120 || fail "the restored devices did not answer ($(tail -c 300 restored.out))"
+grep -aq "after-md5 $disk_md5" restored.out || fail "the drive after the restore ($(grep -a after-md5 restored.out))"
+grep -aq "pings-after-3" restored.out || fail "the NIC after the restore ($(grep -a pings-after restored.out))"
+grep -aq "rng-after-16" restored.out || fail "virtio-rng after the restore"
 eval "echo 'poweroff -f' >&\$console_restored"
 wait "${pids[1]}" && status=0 || status=$?
 printf 'boot to the shell:        %8.1f s\n' "$boot_s"
@@ -94,4 +121,7 @@ printf 'snapshot/create:          %8.1f ms (%s of state, %s KiB of memory writte
 printf 'snapshot/load (resumed):  %8.1f ms\n' "$load_ms"
 printf 'first command answered:   %8.1f ms after it was typed\n' "$answer_ms"
 printf 'restored shell said:      %s\n' "$(grep -a after-restore-42 restored.out | tail -1 | tr -d '\r')"
+printf 'restored devices:         drive md5 %s (the file %s), %s of 3 pings answered, %s bytes of entropy\n' \
+  "$(grep -a after-md5 restored.out | tail -1 | cut -d' ' -f2)" "$disk_md5" \
+  "$(grep -ao 'pings-after-[0-9]*' restored.out | tail -1 | cut -d- -f3)" "$(grep -ao 'rng-after-[0-9]*' restored.out | tail -1 | cut -d- -f3)"
 printf 'poweroff of the restored guest: status %s\n' "$status"

@@ -3,7 +3,7 @@
 mod common;
 use common::*;
 use exitless_vmm::device_manager::{DeviceHandle, DeviceKind};
-use exitless_vmm::virtio::{ActivateError, Activation, ActiveQueue, VirtioDevice, VIRTIO_F_VERSION_1};
+use exitless_vmm::virtio::{ActivateError, Activation, ActiveQueue, QueuePosition, VirtioDevice, VIRTIO_F_VERSION_1};
 use exitless_vmm::{DeviceConfig, Machine, MachineConfig};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -29,6 +29,12 @@ impl VirtioDevice for Inert {
         Ok(())
     }
     fn reset(&mut self) {}
+    fn pause(&mut self) -> Option<Vec<QueuePosition>> {
+        None
+    }
+    fn resume(&mut self) -> Result<(), ActivateError> {
+        Ok(())
+    }
 }
 
 #[derive(Clone, Default)]

@@ -1,6 +1,8 @@
-//! Snapshots through Firecracker's API: a counting guest is paused mid-count, snapshotted,
-//! its VMM killed, and resumed by a new VMM, a hundred times over; its count goes on from
-//! where it stopped each time and its final iteration count is exact. Bad state and memory files, and
+//! Snapshots through Firecracker's API: a guest counting, writing its disk and echoing
+//! frames is paused mid-work, snapshotted, its VMM killed, and resumed by a new VMM, a
+//! hundred times over; its count goes on from where it stopped each time, its disk holds
+//! every write it finished, frames sent after each restore come back, and its final
+//! iteration count is exact. Bad state and memory files, and
 //! requests at the wrong time, are refused with a fault_message while the VMM serves on.
 
 mod common;
@@ -38,7 +40,9 @@ impl Vmm {
     /// The ticks printed whole so far.
     fn ticks(&self) -> Vec<u64> {
         let lines = self.lines.lock().unwrap();
-        lines.iter().filter_map(|l| l.strip_prefix("counter: tick ")?.parse().ok()).collect()
+        let tick =
+            |l: &str| l.strip_prefix("counter: tick ").or_else(|| l.strip_prefix("snapwork: tick "))?.parse().ok();
+        lines.iter().filter_map(|l| tick(l)).collect()
     }
 
     fn wait_for_ticks(&self, n: usize) {
@@ -66,20 +70,47 @@ fn load(sock: &Path, state: &str, mem: &str) -> Duration {
 
 /// Snapshot and restore hops in the chain.
 const HOPS: u32 = 100;
+/// The lab frames echoed across the hops.
+const FRAME: usize = 128;
+
+/// How many sectors from 1 on carry the pattern stamped with their own number (snapwork's
+/// write of tick N).
+fn sectors_written(disk: &Path) -> u64 {
+    let bytes = std::fs::read(disk).unwrap();
+    let word = |s: &[u8], k: usize| u64::from_le_bytes(s[8 * k..8 * k + 8].try_into().unwrap());
+    bytes.chunks(512).skip(1).take_while(|s| word(s, 0) == word(s, 1) && word(s, 0) != 0).count() as u64
+}
 
 #[test]
-fn a_counting_guest_goes_on_through_a_hundred_restores() {
-    if !kvm_or_skip("a_counting_guest_goes_on_through_a_hundred_restores") {
+fn a_working_guest_goes_on_through_a_hundred_restores() {
+    let test = "a_working_guest_goes_on_through_a_hundred_restores";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    if !exitless_lab::netns::available() && !skip_or_fail(test, "needs root and /dev/net/tun for its tap") {
         return;
     }
     let dir = tempdir();
     let payloads = payloads_in(&dir);
+    // A tap that outlives each VMM, and a disk file.
+    let tap = format!("exsnap{}", std::process::id() % 100_000);
+    let ip = |args: &[&str]| std::process::Command::new("ip").args(args).status().unwrap().success();
+    assert!(ip(&["tuntap", "add", "dev", &tap, "mode", "tap"]) && ip(&["link", "set", "dev", &tap, "up"]));
+    let _remove = RemoveLinks(vec![tap.clone()]);
+    let sink = exitless_lab::sink::Sink::on_host(&tap, FRAME).unwrap();
+    let disk = dir.join("disk.img");
+    std::fs::write(&disk, vec![0u8; 2 << 20]).unwrap();
+
     let sock = dir.join("a.sock");
     let first = Vmm::start(&sock);
     expect_ok(&sock, "PUT", "/machine-config", Some(&json!({"vcpu_count": 1, "mem_size_mib": 64}))).unwrap();
     let boot =
-        json!({"kernel_image_path": payloads.join("counter.elf"), "boot_args": format!("exitless.params={TICKS}")});
+        json!({"kernel_image_path": payloads.join("snapwork.elf"), "boot_args": format!("exitless.params={TICKS}")});
     expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
+    let drive = json!({"drive_id": "work", "path_on_host": disk, "is_root_device": false, "is_read_only": false});
+    expect_ok(&sock, "PUT", "/drives/work", Some(&drive)).unwrap();
+    let nic = json!({"iface_id": "eth0", "host_dev_name": tap, "guest_mac": "06:00:ac:10:00:02"});
+    expect_ok(&sock, "PUT", "/network-interfaces/eth0", Some(&nic)).unwrap();
     expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
     first.wait_for_ticks(20);
     let early = json!({"snapshot_path": dir.join("x.json"), "mem_file_path": dir.join("x.bin")});
@@ -92,14 +123,25 @@ fn a_counting_guest_goes_on_through_a_hundred_restores() {
     let mut vmm = first;
     let mut last = *vmm.ticks().last().unwrap();
     let mut slowest = Duration::ZERO;
+    let sender = sink.sender();
     for hop in 1..=HOPS {
         let _ = vmm.child.kill();
         let _ = vmm.child.wait();
+        // Every tick said before the snapshot had its sector written first.
+        let written = sectors_written(&disk);
+        assert!(written >= last, "hop {hop}: tick {last} said, {written} sectors written");
         let sock = dir.join(format!("v{hop}.sock"));
         vmm = Vmm::start(&sock);
         let took = load(&sock, &state, &mem);
         slowest = slowest.max(took);
         assert!(took < Duration::from_secs(2), "hop {hop}: {took:?}");
+        // The NIC goes on: a frame sent now comes back.
+        sender.send(&exitless_lab::sink::frame([2, 0, 0, 0, 0, 1], FRAME, u64::from(hop))).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while sink.frames() < u64::from(hop) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(sink.frames(), u64::from(hop), "hop {hop}: the frame sent after the restore did not come back");
         if hop == HOPS {
             break;
         }
@@ -118,9 +160,14 @@ fn a_counting_guest_goes_on_through_a_hundred_restores() {
     let status = vmm.child.wait().unwrap();
     let lines = vmm.lines.lock().unwrap().clone();
     assert!(status.success(), "{status}: {lines:?}");
-    // Every iteration counted exactly once across four VMMs.
-    let done = format!("counter: done at tick {TICKS} ({} iterations)", TICKS << 20);
+    // Every iteration counted exactly once across a hundred and one VMMs, every frame
+    // echoed once, every sector written.
+    let done =
+        format!("snapwork: done at tick {TICKS} ({} iterations), {HOPS} frames echoed, 0 writes failed", TICKS << 20);
     assert!(lines.iter().any(|l| l == &done), "{lines:?}");
+    assert_eq!(sectors_written(&disk), TICKS);
+    let report = sink.finish(u64::from(HOPS), Duration::from_millis(100));
+    assert_eq!((report.frames, report.duplicates, report.corrupt), (u64::from(HOPS), 0, 0));
 }
 
 #[test]
@@ -179,7 +226,8 @@ fn bad_snapshots_and_bad_timing_are_refused_and_the_vmm_serves_on() {
     assert!(fault(&sock, "PUT", "/snapshot/load", body.clone()).contains("not supported after starting"));
     let _ = b.child.kill();
 
-    // A microVM with a device whose state is not saved yet is refused by name.
+    // A microVM with a virtio device snapshots; a state file whose devices contradict its
+    // configuration is refused, naming both.
     let sock = dir.join("c.sock");
     let mut c = Vmm::start(&sock);
     expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
@@ -189,9 +237,20 @@ fn bad_snapshots_and_bad_timing_are_refused_and_the_vmm_serves_on() {
     expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
     c.wait_for_ticks(1);
     expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
-    let body = json!({"snapshot_path": dir.join("c.json"), "mem_file_path": dir.join("c.bin")});
-    assert!(fault(&sock, "PUT", "/snapshot/create", body).contains("virtio-rng"));
+    let (c_state, c_mem) = (dir.join("c.json"), dir.join("c.bin"));
+    let body = json!({"snapshot_path": c_state, "mem_file_path": c_mem});
+    expect_ok(&sock, "PUT", "/snapshot/create", Some(&body)).unwrap();
     let _ = c.child.kill();
+    let text = std::fs::read_to_string(&c_state).unwrap();
+    let mut edited: serde_json::Value = serde_json::from_str(&text).unwrap();
+    edited["config"]["entropy"] = serde_json::Value::Null;
+    let no_rng = spoiled("no-rng.json", edited.to_string());
+    let sock = dir.join("d.sock");
+    let mut d = Vmm::start(&sock);
+    let body = json!({"snapshot_path": no_rng, "mem_backend": {"backend_type": "File", "backend_path": c_mem}});
+    let refused = fault(&sock, "PUT", "/snapshot/load", body);
+    assert!(refused.contains("the snapshot has virtio devices [virtio-rng], the configuration []"), "{refused}");
+    let _ = d.child.kill();
 }
 
 #[test]
@@ -267,4 +326,80 @@ fn diff_snapshots_laid_over_their_base_equal_a_full_one() {
     b.wait_for_ticks(3);
     let ticks = b.ticks();
     assert!(ticks[0] == last + 1 || ticks[0] == last + 2, "{last} then {ticks:?}");
+}
+
+/// A host connection through the vsock socket to the guest's `port`, and `n` bytes echoed.
+fn vsock_echo(uds: &Path, port: u32, n: usize) -> std::os::unix::net::UnixStream {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(uds).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
+    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+    let mut ok = String::new();
+    reader.read_line(&mut ok).unwrap();
+    assert!(ok.starts_with("OK "), "{ok:?}");
+    let sent: Vec<u8> = (0..n).map(|i| (i * 13 + 5) as u8).collect();
+    stream.write_all(&sent).unwrap();
+    let mut back = vec![0u8; n];
+    reader.read_exact(&mut back).unwrap();
+    assert!(back == sent, "the echo differs");
+    stream
+}
+
+#[test]
+fn a_restored_guests_vsock_streams_are_reset_and_new_ones_work() {
+    if !kvm_or_skip("a_restored_guests_vsock_streams_are_reset_and_new_ones_work") {
+        return;
+    }
+    let dir = tempdir();
+    let payloads = payloads_in(&dir);
+    let uds = dir.join("v.sock");
+    let sock = dir.join("a.sock");
+    let a = Vmm::start(&sock);
+    // An echo server on port 1234 that ends after two streams closed.
+    let boot = json!({"kernel_image_path": payloads.join("vsockecho.elf"), "boot_args": "exitless.params=1234,2"});
+    expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
+    expect_ok(&sock, "PUT", "/vsock", Some(&json!({"guest_cid": 3, "uds_path": uds}))).unwrap();
+    expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !a.lines.lock().unwrap().iter().any(|l| l.contains("listening on port 1234")) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A stream open when the snapshot is taken.
+    let open = vsock_echo(&uds, 1234, 10_000);
+    expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
+    let (state, mem) = snapshot(&sock, &dir, 0);
+    // The snapshotted VMM goes on with its stream after the snapshot.
+    expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Resumed"}))).unwrap();
+    let mut a = a;
+    let mut again = open.try_clone().unwrap();
+    {
+        use std::io::{Read, Write};
+        again.write_all(b"still here").unwrap();
+        let mut back = [0u8; 10];
+        again.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"still here");
+    }
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    drop(open);
+
+    // The restored guest learns of the reset from its event queue; its socket is bound
+    // anew (the killed VMM's was left behind), and a new stream is echoed.
+    let sock = dir.join("b.sock");
+    let mut b = Vmm::start(&sock);
+    load(&sock, &state, &mem);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !b.lines.lock().unwrap().iter().any(|l| l.contains("transport reset")) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let lines = b.lines.lock().unwrap().clone();
+    assert!(lines.iter().any(|l| l == "vsockecho: transport reset, 1 streams dropped, CID 3"), "{lines:?}");
+    let stream = vsock_echo(&uds, 1234, 100_000);
+    stream.shutdown(std::net::Shutdown::Both).unwrap();
+    let status = b.child.wait().unwrap();
+    let lines = b.lines.lock().unwrap().clone();
+    assert!(status.success(), "{status}: {lines:?}");
+    let end = lines.iter().find(|l| l.starts_with("vsockecho: ") && l.contains("bytes echoed"));
+    assert!(end.is_some_and(|l| l.ends_with("0 client bytes checked, 0 errors")), "{lines:?}");
 }

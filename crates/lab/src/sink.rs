@@ -167,13 +167,23 @@ impl Sink {
             let result = enter_current_thread(&ns).map_err(SinkError::from).and_then(|()| packet_socket(&name, kind));
             let _ = tx.send(result);
         });
-        let (socket, ifindex) = rx.recv().map_err(|e| SinkError::Socket(ifname.into(), std::io::Error::other(e)))??;
+        let socket = rx.recv().map_err(|e| SinkError::Socket(ifname.into(), std::io::Error::other(e)))??;
+        Ok(Sink::start(socket, size, kind))
+    }
+
+    /// A sink of lab frames on `ifname` in this process's own namespace (a tap that
+    /// outlives the VMMs using it, as in the snapshot tests).
+    pub fn on_host(ifname: &str, size: usize) -> Result<Sink, SinkError> {
+        Ok(Sink::start(packet_socket(ifname, FrameKind::Lab)?, size, FrameKind::Lab))
+    }
+
+    fn start((socket, ifindex): (OwnedFd, i32), size: usize, kind: FrameKind) -> Sink {
         let socket = Arc::new(socket);
         let shared = Arc::new(Shared::default());
         let (s2, sock2) = (shared.clone(), socket.clone());
         let thread =
             std::thread::Builder::new().name("sink".into()).spawn(move || receive(&sock2, &s2, size, kind)).ok();
-        Ok(Sink { shared, socket, ifindex, thread })
+        Sink { shared, socket, ifindex, thread }
     }
 
     /// A handle that sends frames from another thread.

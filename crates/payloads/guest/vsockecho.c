@@ -13,10 +13,13 @@
  * unknown op, a length beyond its buffer, a foreign source CID, a non-stream type (each
  * must be met with silence), and data and credit for connections it never opened (each
  * must be met with RST); it prints how many RSTs came back, then serves as usual.
+ * Event queue: a TRANSPORT_RESET (a restore from a snapshot) drops every stream (each
+ * counts as a close) and the CID is read again; listening goes on.
  * Params: 0 = listening port (default 1234), 1 = closes to wait for (default 1),
  * 2 = host port to connect to (default none), 3 = client bytes (default 4096),
  * 4 = 1 for the hostile prelude, 5 = a port whose REQUESTs it ignores (default none).
- * Results: 0 = bytes echoed, 1 = streams accepted, 2 = client bytes checked, 3 = errors.
+ * Results: 0 = bytes echoed, 1 = streams accepted, 2 = client bytes checked, 3 = errors,
+ * 4 = transport resets.
  */
 #include "runtime.h"
 #include "virtio.h"
@@ -53,7 +56,9 @@ static u32 tx_nfree;
 static struct conn conns[MAX_CONNS];
 static u8 rings[MAX_CONNS][RING];
 static u64 guest_cid;
-static u64 echoed, accepted, checked, errors, closes, stray_resets;
+static u64 echoed, accepted, checked, errors, closes, stray_resets, transport_resets;
+#define EVENTS 4
+static u32 events[EVENTS] __attribute__((aligned(64)));
 static u32 ignored_port;
 static u8 expect_byte(u64 i) { return (u8)(i * 7 + 3); }
 
@@ -106,6 +111,27 @@ static void send(u32 host_port, u32 guest_port, struct conn *c, u16 op, u32 flag
 static void repost(u16 head) {
 	vs.rx.desc[head] = (struct vring_desc){(u64)rxbuf[head], SLOT_BYTES, VRING_DESC_F_WRITE, 0};
 	if (vq_push(&vs.rx, head)) vq_kick(&vs.rx);
+}
+
+static void post_event(u16 i) {
+	vs.event.desc[i] = (struct vring_desc){(u64)&events[i], sizeof events[i], VRING_DESC_F_WRITE, 0};
+	if (vq_push(&vs.event, i)) vq_kick(&vs.event);
+}
+
+/* The device's events: TRANSPORT_RESET (id 0) ends every stream; the CID may have changed. */
+static void take_events(void) {
+	int head;
+	while ((head = vq_pop_used(&vs.event, 0)) >= 0) {
+		if (events[head] == 0) {
+			u64 dropped = 0;
+			for (int i = 0; i < MAX_CONNS; i++) dropped += conns[i].used, conns[i].used = 0;
+			closes += dropped;
+			transport_resets++;
+			guest_cid = mmio_read(vs.device_cfg, 4) | (u64)mmio_read(vs.device_cfg + 4, 4) << 32;
+			print("vsockecho: transport reset, %lu streams dropped, CID %lu\n", dropped, guest_cid);
+		}
+		post_event((u16)head);
+	}
 }
 
 static void client_send(struct conn *c, u64 bytes) {
@@ -221,6 +247,7 @@ int main(void) {
 	guest_cid = mmio_read(vs.device_cfg, 4) | (u64)mmio_read(vs.device_cfg + 4, 4) << 32;
 	for (u16 i = 0; i < SLOTS && i < vs.rx.size; i++) repost(i);
 	for (u16 i = 0; i < SLOTS && i < vs.tx.size; i++) tx_free[tx_nfree++] = i;
+	for (u16 i = 0; i < EVENTS; i++) post_event(i);
 	vq_interrupt_after(&vs.rx, 0xffff);
 	vq_interrupt_after(&vs.tx, 0xffff);
 	ignored_port = (u32)param(5, 0);
@@ -233,6 +260,7 @@ int main(void) {
 	}
 	while (closes < want_closes) {
 		reclaim_tx();
+		take_events();
 		u32 len;
 		int head, progressed = 0;
 		while ((head = vq_pop_used(&vs.rx, &len)) >= 0) {
@@ -264,6 +292,7 @@ int main(void) {
 	set_result(1, accepted);
 	set_result(2, checked);
 	set_result(3, errors);
+	set_result(4, transport_resets);
 	print("vsockecho: %lu bytes echoed on %lu streams, %lu client bytes checked, %lu errors\n", echoed, accepted, checked, errors);
 	return errors ? 1 : 0;
 }

@@ -215,6 +215,7 @@ fn activation(mem: GuestMemoryMmap, n: usize) -> Option<(Activation, Vec<Arc<Eve
         features: crate::virtio::VIRTIO_F_EVENT_IDX,
         interrupt: Arc::new(interrupt),
         status: Arc::default(),
+        restored: false,
     };
     Some((activation, kicks))
 }

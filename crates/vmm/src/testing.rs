@@ -73,10 +73,12 @@ impl MemslotSink for FakeKvm {
     }
 }
 
-/// A virtio device that only counts the transport's activations.
+/// A virtio device that only counts the transport's activations and keeps the queues'
+/// positions it was started with (a restore's must be the snapshot's).
 #[derive(Default)]
 pub struct RecordingDevice {
     pub activations: Arc<AtomicU64>,
+    pub started_at: Arc<Mutex<Vec<crate::virtio::QueuePosition>>>,
 }
 
 impl VirtioDevice for RecordingDevice {
@@ -92,11 +94,18 @@ impl VirtioDevice for RecordingDevice {
     fn read_config(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0xab);
     }
-    fn activate(&mut self, _queues: Vec<ActiveQueue>, _activation: Activation) -> Result<(), ActivateError> {
+    fn activate(&mut self, queues: Vec<ActiveQueue>, _activation: Activation) -> Result<(), ActivateError> {
         self.activations.fetch_add(1, Ordering::Relaxed);
+        *self.started_at.lock().unwrap() = queues.iter().map(|q| crate::virtio::QueuePosition::of(&q.queue)).collect();
         Ok(())
     }
     fn reset(&mut self) {}
+    fn pause(&mut self) -> Option<Vec<crate::virtio::QueuePosition>> {
+        (self.activations.load(Ordering::Relaxed) > 0).then(|| self.started_at.lock().unwrap().clone())
+    }
+    fn resume(&mut self) -> Result<(), ActivateError> {
+        Ok(())
+    }
 }
 
 /// A virtio-pci transport (3 MSI-X vectors, routed nowhere) over `mem` around a

@@ -178,7 +178,15 @@ pub struct SnapshotLoad {
     #[serde(default)]
     pub resume_vm: Option<bool>,
     #[serde(default)]
-    pub network_overrides: Option<Vec<serde_json::Value>>,
+    pub network_overrides: Option<Vec<NetworkOverride>>,
+}
+
+/// A restored NIC on another tap than the snapshotted one's (a clone on another host).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkOverride {
+    pub iface_id: String,
+    pub host_dev_name: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -51,18 +51,24 @@ impl Vm {
             (Some(_), Some(_)) => return Err(Fault("Give mem_backend or mem_file_path, not both.".into())),
             (None, None) => return Err(Fault("The memory file is missing: give mem_backend.".into())),
         };
-        if l.network_overrides.as_ref().is_some_and(|o| !o.is_empty()) {
-            return Err(Fault("The snapshot has no network interfaces to override.".into()));
-        }
         let file = SnapshotFile::read(l.snapshot_path.as_ref()).map_err(|e| Fault(format!("{e}.")))?;
         let config: VmConfig = serde_json::from_value(file.config)
             .map_err(|e| Fault(format!("{}: its configuration is not Firecracker's: {e}.", l.snapshot_path)))?;
         // This VMM's own logging and metrics, not the snapshotted one's; dirty pages tracked
         // as the load asks (for Diff snapshots of the restored guest).
         let mut config = VmConfig { logger, metrics, ..config };
+        for o in l.network_overrides.iter().flatten() {
+            let nic = config.network_interfaces.iter_mut().find(|n| n.iface_id == o.iface_id);
+            let nic = nic
+                .ok_or_else(|| Fault(format!("The snapshot has no network interface {:?} to override.", o.iface_id)))?;
+            nic.host_dev_name.clone_from(&o.host_dev_name);
+        }
         config.machine_config.track_dirty_pages = l.track_dirty_pages.or(l.enable_diff_snapshots).unwrap_or(false);
         let memory = std::fs::File::open(&mem_path)
             .map_err(|e| Fault(format!("Cannot open the memory file {mem_path}: {e}.")))?;
+        if let Some(v) = &config.vsock {
+            remove_stale_socket(std::path::Path::new(&v.uds_path));
+        }
         self.config = config;
         let restore = Restore { state: file.machine, memory };
         let built = self.build(Some(restore));
@@ -71,5 +77,18 @@ impl Vm {
             self.config = unconfigured;
         }
         Ok((built?, !l.resume_vm.unwrap_or(false)))
+    }
+}
+
+/// The vsock socket the snapshotted VMM left behind (it was killed, as a restore's source
+/// usually is): removed if nothing listens on it, so the restored device can bind it. A
+/// socket someone listens on stays, and the load fails on it with the bind's error.
+fn remove_stale_socket(path: &std::path::Path) {
+    use std::os::unix::fs::FileTypeExt;
+    let is_socket = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());
+    let refused = |e: std::io::Error| e.kind() == std::io::ErrorKind::ConnectionRefused;
+    if is_socket && std::os::unix::net::UnixStream::connect(path).is_err_and(refused) {
+        tracing::info!("removing {}: a vsock socket nothing listens on (left by the snapshotted VMM)", path.display());
+        let _ = std::fs::remove_file(path);
     }
 }

@@ -292,12 +292,14 @@ func TestStopVMMEndsTheVMMAndItsSocket(t *testing.T) {
 	}
 }
 
-// CreateSnapshot on a paused guest, then a new VMM started WithSnapshot: the guest, halted
-// waiting for IRQ 1 when it was saved, takes Ctrl-Alt-Del in the new VMM and resets.
+// CreateSnapshot on a paused guest with a drive, a NIC, MMDS and vsock, then a new VMM
+// started WithSnapshot (its devices rebuilt from the snapshot, the vsock socket the old
+// VMM left bound anew): the guest, halted waiting for IRQ 1 when it was saved, takes
+// Ctrl-Alt-Del in the new VMM and resets.
 func TestSnapshotsThroughTheSDK(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	v := start(t, ctx, false)
+	v := start(t, ctx, true)
 	m := v.machine
 	if err := m.PauseVM(ctx); err != nil {
 		t.Fatalf("PauseVM: %v", err)

@@ -15,7 +15,7 @@ int vdev_find_nth(struct vdev *n, u32 id, u32 nth) {
 	n->nth = nth;
 	for (u32 i = 0; i < count && n->fn == 0xffffffff; i++)
 		if (cfg32(found[i], 0) == ((0x1040 + id) << 16 | 0x1af4) && seen++ == nth) n->fn = found[i];
-	if (n->fn == 0xffffffff || nth >= VDEV_MAX_DEVICES) return -1;
+	if (n->fn == 0xffffffff) return -1;
 	n->bar0 = cfg32(n->fn, 0x10) & ~0xfULL;
 	if ((cfg32(n->fn, 0x10) & 6) == 4) n->bar0 |= (u64)cfg32(n->fn, 0x14) << 32; /* 64-bit BAR */
 	if (map_high(n->bar0)) return -3;
@@ -46,7 +46,7 @@ void vdev_setup_queue(struct vdev *n, struct vq *q, u16 index, u16 qsize, u16 ve
 	if (max && qsize > max) qsize = max;
 	q->size = qsize;
 	q->avail_idx = q->last_used = 0;
-	u8(*r)[4096] = rings[n->nth][index];
+	u8(*r)[4096] = rings[n->rings][index];
 	q->desc = (struct vring_desc *)r[0];
 	q->avail = (volatile struct vring_avail *)r[1];
 	q->used = (volatile struct vring_used *)r[2];
@@ -74,7 +74,10 @@ int vdev_init(struct vdev *n, u32 id, u64 wanted, u16 nqueues, u16 qsize) {
 }
 
 int vdev_init_nth(struct vdev *n, u32 id, u32 nth, u64 wanted, u16 nqueues, u16 qsize) {
+	/* Each device set up gets ring memory of its own, whatever its type. */
+	static u32 ring_sets;
 	if (nqueues > VDEV_MAX_QUEUES || vdev_find_nth(n, id, nth)) return -1;
+	n->rings = ring_sets < VDEV_MAX_DEVICES ? ring_sets++ : VDEV_MAX_DEVICES - 1;
 	u64 c = n->common;
 	vdev_set_status(n, 0);
 	vdev_set_status(n, VS_ACK);

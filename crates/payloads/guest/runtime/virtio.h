@@ -34,11 +34,12 @@ struct vq {
 /* The most queues a payload drives (virtio-vsock's rx, tx and event). */
 #define VDEV_MAX_QUEUES 3
 /* The most devices a payload drives at once (each has its own rings). */
-#define VDEV_MAX_DEVICES 2
+#define VDEV_MAX_DEVICES 3
 
 struct vdev {
 	u32 fn;               /* bus-0 function index */
-	u32 nth;              /* which device of its type (0: the first), and whose rings */
+	u32 nth;              /* which device of its type (0: the first) */
+	u32 rings;            /* whose ring memory its queues use (one set per device set up) */
 	u64 bar0;
 	u64 common, isr, device_cfg, notify_base;
 	u32 notify_mult, msix_cap;

@@ -21,6 +21,7 @@ use crate::pci::cf8::{Cf8Device, CF8_LEN, CF8_PORT};
 use crate::pci::ecam::{EcamShadow, ECAM_SIZE, SHADOW_MAX_SLOTS};
 use crate::pci::ecam_device::EcamDevice;
 use crate::pci::{BarSpec, EcamMode, PciError, PciFunction, PciRoot};
+use crate::virtio::pci::VirtioPci;
 use kvm_ioctls::VmFd;
 use std::sync::Arc;
 use vm_memory::GuestMemoryMmap;
@@ -344,7 +345,32 @@ impl DeviceManager {
         })
     }
 
-    /// The virtio-blk devices, in the order attached.
+    /// Every virtio device, in the order attached: its name, PCI slot and transport.
+    pub fn virtio_devices(&self) -> impl Iterator<Item = (&str, u8, &Arc<VirtioPci>)> {
+        self.devices.iter().filter_map(|d| {
+            let transport = match &d.handle {
+                DeviceHandle::Net(n) => &n.transport,
+                DeviceHandle::Block(b) => &b.transport,
+                DeviceHandle::Entropy(e) => &e.transport,
+                DeviceHandle::Vsock(v) => &v.transport,
+                _ => return None,
+            };
+            let slot = d.resources.iter().find_map(|r| match r {
+                Resource::PciSlot(s) => Some(*s),
+                _ => None,
+            })?;
+            Some((d.name.as_str(), slot, transport))
+        })
+    }
+
+    /// Starts the virtio devices a snapshot restored, where their queues stood (once the
+    /// vCPUs' interrupt state is back, so no interrupt is lost).
+    pub fn start_restored(&self) {
+        for (_, _, transport) in self.virtio_devices() {
+            transport.start_restored();
+        }
+    }
+
     /// The vsock device, if there is one.
     pub fn vsock(&self) -> Option<&VsockHandle> {
         self.devices.iter().find_map(|d| match &d.handle {
@@ -361,6 +387,7 @@ impl DeviceManager {
         })
     }
 
+    /// The virtio-blk devices, in the order attached.
     pub fn drives(&self) -> impl Iterator<Item = &DriveHandle> {
         self.devices.iter().filter_map(|d| match &d.handle {
             DeviceHandle::Block(b) => Some(b),

@@ -258,7 +258,7 @@ impl Machine {
         let restored = match restore {
             Some(r) => {
                 r.state.vm.restore(&vm).map_err(crate::snapshot::SnapshotError::from)?;
-                r.state.devices.restore(&devices);
+                r.state.devices.restore(&devices).map_err(crate::snapshot::SnapshotError::Refused)?;
                 Some(r.state.vcpus)
             }
             None => None,
@@ -390,6 +390,9 @@ impl Machine {
         let vcpus = (0..self.vcpus.count).map(|id| self.create_vcpu(id)).collect::<Result<Vec<_>, _>>();
         self.control.vcpus_created();
         let mut vcpus = vcpus?;
+        if self.restored.is_some() {
+            self.devices.start_restored();
+        }
         if let Some(after) = self.run.stuck_after {
             let watches = crate::vcpu::stuck::watches(usize::from(self.vcpus.count), after);
             for (vcpu, watch) in vcpus.iter_mut().zip(watches) {

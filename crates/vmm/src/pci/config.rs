@@ -196,6 +196,20 @@ impl ConfigSpace {
         }
     }
 
+    /// Puts back what a guest had written (a snapshot's copy of this function's config
+    /// space): refused if a read-only bit differs, since then it was another function.
+    pub fn restore(&mut self, saved: &[u8]) -> Result<(), String> {
+        if saved.len() != CONFIG_SIZE {
+            return Err(format!("{} bytes of config space, not {CONFIG_SIZE}", saved.len()));
+        }
+        let differs = (0..CONFIG_SIZE).find(|&i| (saved[i] ^ self.bytes[i]) & !self.writable[i] != 0);
+        if let Some(at) = differs {
+            return Err(format!("config byte {at:#x} is {:#04x} there, {:#04x} here", saved[at], self.bytes[at]));
+        }
+        self.write(0, saved);
+        Ok(())
+    }
+
     pub fn bytes(&self) -> &[u8; CONFIG_SIZE] {
         &self.bytes
     }

@@ -34,6 +34,13 @@ impl Vector {
     }
 }
 
+/// A function's MSI-X table as a snapshot keeps it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MsixState {
+    pub entries: Vec<[u8; MSIX_ENTRY_SIZE]>,
+    pub pending: Vec<bool>,
+}
+
 pub struct Msix {
     vectors: Vec<Vector>,
     enabled: bool,
@@ -135,6 +142,33 @@ impl Msix {
             }
         }
         self.deliver_pending();
+    }
+
+    /// The table and pending bits, for a snapshot (enable and mask live in config space).
+    pub fn save(&self) -> MsixState {
+        MsixState {
+            entries: self.vectors.iter().map(|v| v.raw).collect(),
+            pending: self.vectors.iter().map(|v| v.pending).collect(),
+        }
+    }
+
+    /// Puts a snapshot's table back: each unmasked vector routed to its message. Nothing is
+    /// delivered here (the vCPUs' interrupt state is not restored yet): pending bits stay
+    /// until the guest unmasks.
+    pub fn restore(&mut self, saved: &MsixState) -> Result<(), String> {
+        if saved.entries.len() != self.vectors.len() || saved.pending.len() != self.vectors.len() {
+            return Err(format!("{} MSI-X vectors there, {} here", saved.entries.len(), self.vectors.len()));
+        }
+        for (v, (raw, &pending)) in self.vectors.iter_mut().zip(saved.entries.iter().zip(&saved.pending)) {
+            v.raw = *raw;
+            v.raw[12] &= 1;
+            v.raw[13..16].fill(0);
+            v.pending = pending;
+            if !v.masked() {
+                self.router.set(v.gsi, v.message()).map_err(|e| format!("cannot route an MSI-X vector: {e}"))?;
+            }
+        }
+        Ok(())
     }
 
     pub fn pba_read(&self, offset: u64, data: &mut [u8]) {

@@ -189,6 +189,22 @@ impl PciRoot {
         state.shadow.refresh(index, state.functions[index].as_deref().map(|f| f.config.bytes()));
     }
 
+    /// Puts a snapshot's config space back on function `index`: its BARs placed where the
+    /// guest had them, the device told (MSI-X enable and mask), the ECAM shadow rewritten.
+    pub fn restore_config(&self, index: usize, saved: &[u8]) -> Result<(), String> {
+        let mut state = self.lock();
+        let function = state.functions.get_mut(index).and_then(Option::as_deref_mut).ok_or("no such function")?;
+        function.config.restore(saved)?;
+        if let Some(hook) = &function.hook {
+            // No register written (an empty range): the device re-reads its capabilities.
+            hook.config_written(&function.config, 0, 0);
+        }
+        self.place_bars(&mut state, index);
+        let state = &mut *state;
+        state.shadow.refresh(index, state.functions[index].as_deref().map(|f| f.config.bytes()));
+        Ok(())
+    }
+
     /// Puts each BAR of function `index` where its config space says, or takes it off the
     /// bus when decode is off or the address is not a valid place for it.
     fn place_bars(&self, state: &mut PciState, index: usize) {

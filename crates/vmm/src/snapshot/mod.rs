@@ -5,12 +5,15 @@
 //! Nothing is saved by pointer: every piece is KVM's own structure, read through its
 //! ioctls. A state file is checked whole before anything is built from it (format
 //! version, counts, sizes, this host's CPU), so a bad one is refused with one line.
-//! This first step covers microVMs without virtio devices; one with them is refused.
+//! Virtio devices are paused first (nothing in flight, devices.rs), so the rings in the
+//! memory file agree with the queue positions saved, and go on once the file is written.
 
+mod devices;
 pub mod memory;
 mod vcpu;
 mod vm;
 
+pub use devices::{DeviceStates, VirtioDeviceState};
 pub use vcpu::{msr_list, VcpuState};
 pub use vm::VmState;
 
@@ -75,32 +78,9 @@ pub struct MachineState {
     pub cpu: CpuIdentity,
     pub vm: VmState,
     pub vcpus: Vec<VcpuState>,
-    /// The VMM's own legacy devices (the in-kernel ones are in `vm`).
+    /// The VMM's own devices (the in-kernel ones are in `vm`).
     #[serde(default)]
-    pub devices: LegacyDevices,
-}
-
-/// COM1 and the i8042, as the guest left them.
-#[derive(Debug, Default, Serialize, Deserialize)]
-pub struct LegacyDevices {
-    pub serial: Option<crate::devices::legacy::serial::SerialRegs>,
-    pub keyboard: Option<crate::devices::legacy::i8042::State>,
-}
-
-impl LegacyDevices {
-    fn save(devices: &crate::device_manager::DeviceManager) -> Self {
-        LegacyDevices { serial: devices.serial().map(|s| s.save()), keyboard: devices.keyboard().map(|k| k.save()) }
-    }
-
-    /// Puts the saved registers back on the devices this machine has.
-    pub fn restore(&self, devices: &crate::device_manager::DeviceManager) {
-        if let (Some(regs), Some(serial)) = (&self.serial, devices.serial()) {
-            serial.restore(regs);
-        }
-        if let (Some(state), Some(keyboard)) = (&self.keyboard, devices.keyboard()) {
-            keyboard.restore(state.clone());
-        }
-    }
+    pub devices: DeviceStates,
 }
 
 impl std::fmt::Debug for VmState {
@@ -239,27 +219,36 @@ pub fn check_restore(r: &Restore, vcpus: u8, mem_size: u64, test_devices: bool) 
 
 /// A paused `machine`'s state, its RAM written to `memory`: all of it, or with `diff` only
 /// the pages the guest wrote since the last snapshot (KVM's dirty log; the file has RAM's
-/// length and holes elsewhere, to be laid over the previous one's). Refused for devices whose
-/// state is not saved yet (virtio, the test devices): better no snapshot than one that
-/// resumes a guest whose devices forgot what it told them.
+/// length and holes elsewhere, to be laid over the previous one's). Refused with the test
+/// devices, whose state is not saved: better no snapshot than one that resumes a guest
+/// whose devices forgot what it told them.
 pub fn take(machine: &crate::Machine, memory: &mut std::fs::File, diff: bool) -> Result<MachineState, SnapshotError> {
     use crate::device_manager::DeviceKind;
-    let unsaved = machine.devices().devices().iter().find(|d| {
-        matches!(
-            d.kind,
-            DeviceKind::VirtioNet
-                | DeviceKind::VirtioBlock
-                | DeviceKind::VirtioRng
-                | DeviceKind::VirtioVsock
-                | DeviceKind::QemuTest
-        )
-    });
+    let unsaved = machine.devices().devices().iter().find(|d| d.kind == DeviceKind::QemuTest);
     if let Some(d) = unsaved {
         return Err(SnapshotError::Refused(format!(
-            "exitless cannot snapshot a microVM with {} yet: its state is not saved",
+            "exitless cannot snapshot a microVM with {}: its state is not saved",
             d.name
         )));
     }
+    if diff && machine.dirty_logged_slots().is_none() {
+        return Err(SnapshotError::Refused("a Diff snapshot needs dirty pages tracked".into()));
+    }
+    // Devices first: what they finish (and the interrupts they send) is in what follows.
+    let devices = DeviceStates::save(machine.devices());
+    let taken = take_paused(machine, memory, diff);
+    devices.resume(machine.devices());
+    let (vm, vcpus, mem_size) = taken?;
+    let count = machine.vcpu_count();
+    Ok(MachineState { vcpu_count: count, mem_size, cpu: CpuIdentity::host(), vm, vcpus, devices })
+}
+
+/// The vCPUs, the VM and the memory file, while the devices are paused.
+fn take_paused(
+    machine: &crate::Machine,
+    memory: &mut std::fs::File,
+    diff: bool,
+) -> Result<(VmState, Vec<VcpuState>, u64), SnapshotError> {
     let msrs = msr_list(machine.kvm())?;
     let count = machine.vcpu_count();
     let vcpus = machine
@@ -269,11 +258,10 @@ pub fn take(machine: &crate::Machine, memory: &mut std::fs::File, diff: bool) ->
     let vm = VmState::capture(machine.vm())?;
     let mem_size = machine.map().ram_regions().iter().map(|&(_, size)| size).sum();
     let io = |source| SnapshotError::Io { what: "write", path: "the memory file".into(), source };
-    let slots = machine.dirty_logged_slots();
-    match (diff, slots) {
+    match (diff, machine.dirty_logged_slots()) {
         (true, Some(slots)) => memory::write_dirty(machine.vm(), machine.memory(), slots, memory).map_err(io)?,
         (true, None) => return Err(SnapshotError::Refused("a Diff snapshot needs dirty pages tracked".into())),
-        (false, _) => {
+        (false, slots) => {
             let written = memory::write_full(machine.memory(), memory).map_err(io)?;
             // What the next Diff holds starts here.
             if let Some(slots) = slots {
@@ -282,8 +270,7 @@ pub fn take(machine: &crate::Machine, memory: &mut std::fs::File, diff: bool) ->
             written
         }
     };
-    let devices = LegacyDevices::save(machine.devices());
-    Ok(MachineState { vcpu_count: count, mem_size, cpu: CpuIdentity::host(), vm, vcpus, devices })
+    Ok((vm, vcpus, mem_size))
 }
 
 #[cfg(test)]

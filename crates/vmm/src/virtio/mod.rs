@@ -8,6 +8,8 @@ pub mod rng;
 pub mod thread;
 pub mod vsock;
 
+pub use thread::QueuePosition;
+
 use crate::pci::msix::Msix;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,6 +42,12 @@ pub trait VirtioDevice: Send {
     fn activate(&mut self, queues: Vec<ActiveQueue>, activation: Activation) -> Result<(), ActivateError>;
     /// Stops the device and forgets its queues (the driver wrote status 0).
     fn reset(&mut self);
+    /// Stops the device for a snapshot with nothing in flight (every chain it took is on
+    /// the used ring), keeping it to resume; each queue's position, or None if it does not
+    /// run.
+    fn pause(&mut self) -> Option<Vec<QueuePosition>>;
+    /// Goes on after [`VirtioDevice::pause`] where it stopped.
+    fn resume(&mut self) -> Result<(), ActivateError>;
 }
 
 /// Why a device could not start on what the driver set up.
@@ -67,6 +75,9 @@ pub struct Activation {
     pub features: u64,
     pub interrupt: Arc<Interrupt>,
     pub status: Arc<DeviceStatus>,
+    /// The device goes on from a snapshot taken in another VMM (its queues where they
+    /// were; what lived only in that VMM, like vsock's connections, is gone).
+    pub restored: bool,
 }
 
 /// The device status byte, shared so a device thread can raise NEEDS_RESET.

@@ -4,7 +4,7 @@
 //! requests (one operation and its length in bytes each) until their tokens are back.
 
 use super::chain::{self, Segment};
-use super::thread::DeviceThread;
+use super::thread::{DeviceJob, DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
@@ -39,7 +39,7 @@ pub struct RngStats {
 pub struct VirtioRng {
     limits: Arc<LimiterSlot>,
     pub stats: Arc<RngStats>,
-    thread: DeviceThread<()>,
+    thread: DeviceThread<Worker>,
 }
 
 impl VirtioRng {
@@ -82,7 +82,7 @@ impl VirtioDevice for VirtioRng {
         let Ok([q]) = <[ActiveQueue; 1]>::try_from(queues) else {
             return Err(ActivateError::QueueCount { want: 1, have: 0 });
         };
-        let mut worker = Worker {
+        let worker = Worker {
             queue: q.queue,
             kick: q.kick,
             mem: a.mem,
@@ -93,11 +93,20 @@ impl VirtioDevice for VirtioRng {
             segs: Vec::with_capacity(MAX_SEGMENTS),
             broken: false,
         };
-        self.thread.start(Box::new(move |stop| worker.run(stop)))
+        self.thread.start(worker)
     }
 
     fn reset(&mut self) {
         self.thread.stop();
+    }
+
+    fn pause(&mut self) -> Option<Vec<QueuePosition>> {
+        // A request is filled and used in one pass: none is in flight.
+        self.thread.pause()
+    }
+
+    fn resume(&mut self) -> Result<(), ActivateError> {
+        self.thread.resume()
     }
 }
 
@@ -116,8 +125,18 @@ struct Worker {
     broken: bool,
 }
 
-impl Worker {
+impl DeviceJob for Worker {
     fn run(&mut self, stop: &EventFd) {
+        self.serve(stop)
+    }
+
+    fn positions(&self) -> Vec<QueuePosition> {
+        vec![QueuePosition::of(&self.queue)]
+    }
+}
+
+impl Worker {
+    fn serve(&mut self, stop: &EventFd) {
         let epoll = match self.epoll(stop) {
             Ok(e) => e,
             Err(e) => return tracing::error!("virtio-rng: cannot start its thread: {e}"),

@@ -9,7 +9,7 @@ pub mod request;
 pub mod slot;
 mod worker;
 
-use super::thread::DeviceThread;
+use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 use crate::poll::{PollCounts, PollMode, PollStats};
@@ -19,7 +19,7 @@ pub use disk::{Disk, DiskError, DriveConfig};
 use engine::Engine;
 use request::SECTOR_SIZE;
 pub use slot::DiskSlot;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
@@ -122,8 +122,10 @@ pub struct VirtioBlk {
     kept: Option<worker::Kept>,
     pub stats: Arc<BlkStats>,
     /// Lent the engine and slots while the device runs.
-    thread: DeviceThread<worker::Kept>,
+    thread: DeviceThread<worker::Worker>,
     poll: PollMode,
+    /// Tells the thread a snapshot stops it (its requests in flight are answered).
+    pausing: Arc<AtomicBool>,
 }
 
 impl VirtioBlk {
@@ -133,7 +135,7 @@ impl VirtioBlk {
         let stats = Arc::new(BlkStats { engine: kept.engine.name(), ..Default::default() });
         let limits = Arc::new(LimiterSlot::new(config.limits));
         let thread = DeviceThread::spawn("virtio-blk", ThreadKind::Block).map_err(DiskError::Thread)?;
-        Ok(VirtioBlk { disk, limits, kept: Some(kept), stats, thread, poll })
+        Ok(VirtioBlk { disk, limits, kept: Some(kept), stats, thread, poll, pausing: Arc::default() })
     }
 
     fn fresh(thread_pool: bool) -> worker::Kept {
@@ -167,8 +169,8 @@ impl VirtioBlk {
     /// Stops the device thread's job once its requests in flight have completed, and
     /// takes the engine back.
     fn stop(&mut self) {
-        if let Some(kept) = self.thread.stop() {
-            self.kept = Some(kept);
+        if let Some(worker) = self.thread.stop() {
+            self.kept = Some(worker.into_kept());
         }
     }
 }
@@ -239,11 +241,23 @@ impl VirtioDevice for VirtioBlk {
             engine,
             slots,
             poll: self.poll,
+            pausing: self.pausing.clone(),
         };
-        self.thread.start(Box::new(move |stop| worker::run(parts, stop)))
+        self.thread.start(worker::Worker::new(parts))
     }
 
     fn reset(&mut self) {
         self.stop();
+    }
+
+    fn pause(&mut self) -> Option<Vec<QueuePosition>> {
+        self.pausing.store(true, Ordering::Release);
+        let positions = self.thread.pause();
+        self.pausing.store(false, Ordering::Release);
+        positions
+    }
+
+    fn resume(&mut self) -> Result<(), ActivateError> {
+        self.thread.resume()
     }
 }

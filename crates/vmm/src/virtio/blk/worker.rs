@@ -10,9 +10,10 @@ use super::slot::DiskSlot;
 use super::{BlkStats, QUEUE_SIZE, SEG_MAX};
 use crate::poll::{PollMode, PollWindow};
 use crate::rate_limiter::{LimiterSlot, Throttle};
+use crate::virtio::thread::{DeviceJob, QueuePosition};
 use crate::virtio::{chain, Activation, ActiveQueue, DeviceStatus, Interrupt};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -30,6 +31,8 @@ pub(super) struct Parts {
     pub engine: Engine,
     pub slots: Slots,
     pub poll: PollMode,
+    /// Set while a snapshot stops the thread.
+    pub pausing: Arc<AtomicBool>,
 }
 
 /// Everything a device thread owns across activations.
@@ -73,7 +76,7 @@ struct Slot {
     iov: Vec<libc::iovec>,
 }
 
-struct Worker {
+pub(super) struct Worker {
     queue: Queue,
     kick: Arc<EventFd>,
     mem: GuestMemoryMmap,
@@ -97,23 +100,32 @@ struct Worker {
     poll: PollMode,
     /// False while the thread polls: the queue's notifications stay off (crate::poll).
     kicks_wanted: bool,
+    pausing: Arc<AtomicBool>,
 }
 
-/// The thread's body; hands back engine and slots once no request is in flight.
-pub(super) fn run(parts: Parts, stop: &EventFd) -> Kept {
-    let mut w = Worker::new(parts);
-    // SAFETY: pthread_self has no preconditions.
-    w.stats.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
-    match w.epoll(stop) {
-        Ok(epoll) => w.serve(&epoll, stop),
-        Err(e) => tracing::error!("virtio-blk: cannot start its thread: {e}"),
+impl DeviceJob for Worker {
+    fn run(&mut self, stop: &EventFd) {
+        // SAFETY: pthread_self has no preconditions.
+        self.stats.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
+        match self.epoll(stop) {
+            Ok(epoll) => self.serve(&epoll, stop),
+            Err(e) => tracing::error!("virtio-blk: cannot start its thread: {e}"),
+        }
+        // A snapshot wants every request it took answered in guest memory; a reset wants
+        // the rings left alone.
+        match self.pausing.load(Ordering::Acquire) {
+            true => self.finish_in_flight(),
+            false => self.drain(),
+        }
     }
-    w.drain();
-    Kept { engine: w.engine, slots: w.slots }
+
+    fn positions(&self) -> Vec<QueuePosition> {
+        vec![QueuePosition::of(&self.queue)]
+    }
 }
 
 impl Worker {
-    fn new(p: Parts) -> Self {
+    pub(super) fn new(p: Parts) -> Self {
         Worker {
             queue: p.queue.queue,
             kick: p.queue.kick,
@@ -134,7 +146,14 @@ impl Worker {
             broken: false,
             poll: p.poll,
             kicks_wanted: true,
+            pausing: p.pausing,
         }
+    }
+
+    /// What outlives the activation, once nothing is in flight.
+    pub(super) fn into_kept(mut self) -> Kept {
+        self.drain();
+        Kept { engine: self.engine, slots: self.slots }
     }
 
     fn epoll(&self, stop: &EventFd) -> std::io::Result<Epoll> {
@@ -149,7 +168,7 @@ impl Worker {
     fn serve(&mut self, epoll: &Epoll, stop: &EventFd) {
         let mut events = [EpollEvent::default(); 4];
         let (stats, mut window) = (self.stats.clone(), PollWindow::default());
-        // Requests may have been queued before the kick was watched.
+        // Requests may have been queued before the kick was watched (or a pause).
         self.process_queue();
         loop {
             if !self.kicks_wanted {
@@ -382,6 +401,21 @@ impl Worker {
     /// Puts every request whose I/O has completed on the used ring, then starts what
     /// waited for a free slot.
     fn complete_finished(&mut self) {
+        self.complete_reaped();
+        self.process_queue();
+    }
+
+    /// For a snapshot: waits out the requests in flight and answers each, taking no more.
+    fn finish_in_flight(&mut self) {
+        while self.engine.inflight() > 0 {
+            self.engine.wait();
+            self.complete_reaped();
+        }
+        self.interrupt_if_needed();
+    }
+
+    /// Puts every request whose I/O has completed on the used ring.
+    fn complete_reaped(&mut self) {
         let mut done = std::mem::take(&mut self.done);
         self.engine.reap(&mut done);
         for c in done.drain(..) {
@@ -399,7 +433,6 @@ impl Worker {
             self.finish(head, status, code, used_len);
         }
         self.done = done;
-        self.process_queue();
     }
 
     /// Writes the status byte and returns the chain to the driver.

@@ -22,7 +22,7 @@ mod worker;
 
 pub use stats::{MmdsStats, NetCounters, NetStats};
 
-use super::thread::DeviceThread;
+use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 use crate::net::mmds::{MmdsStack, SharedMmds};
@@ -68,7 +68,7 @@ pub struct VirtioNet {
     /// The checksum and segmentation offloads offered (features.rs); none when turned off.
     offloads: u64,
     pub stats: Arc<NetStats>,
-    thread: DeviceThread<()>,
+    thread: DeviceThread<Worker>,
 }
 
 impl VirtioNet {
@@ -166,12 +166,22 @@ impl VirtioDevice for VirtioNet {
         let mut worker = Worker::new(io, queues, activation)?;
         worker.poll = self.poll;
         worker.throttles = self.limits.clone().map(Throttle::new);
-        self.thread.start(Box::new(move |stop| worker.run(stop)))
+        self.thread.start(worker)
     }
 
     fn reset(&mut self) {
         // Outstanding chains are dropped with the queues: the driver re-posts after reset.
         self.thread.stop();
+    }
+
+    fn pause(&mut self) -> Option<Vec<QueuePosition>> {
+        // Nothing is in flight between passes: a sent chain is used once the tap took it,
+        // RX rewinds the buffers a frame did not fill.
+        self.thread.pause()
+    }
+
+    fn resume(&mut self) -> Result<(), ActivateError> {
+        self.thread.resume()
     }
 }
 

@@ -6,6 +6,7 @@ use super::{RX, TX};
 use crate::net::tap::VNET_HDR_LEN;
 use crate::poll::{PollMode, PollWindow};
 use crate::rate_limiter::Throttle;
+use crate::virtio::thread::{DeviceJob, QueuePosition};
 use crate::virtio::{ActivateError, Activation, ActiveQueue, Interrupt};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -43,6 +44,16 @@ pub(super) struct Worker {
     pub(super) mmds_due: Option<Instant>,
 }
 
+impl DeviceJob for Worker {
+    fn run(&mut self, stop: &EventFd) {
+        self.serve(stop)
+    }
+
+    fn positions(&self) -> Vec<QueuePosition> {
+        self.queues.iter().map(QueuePosition::of).collect()
+    }
+}
+
 impl Worker {
     pub fn new(io: FrameIo, queues: Vec<ActiveQueue>, a: Activation) -> Result<Self, ActivateError> {
         if queues.len() != 2 {
@@ -66,7 +77,7 @@ impl Worker {
         })
     }
 
-    pub fn run(&mut self, stop: &EventFd) {
+    fn serve(&mut self, stop: &EventFd) {
         // SAFETY: pthread_self has no preconditions.
         self.io.stats.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
         let epoll = match self.epoll(stop) {

@@ -5,7 +5,7 @@
 //! (queue n at 0x3000 + 4n; the VMM registers each as a zero-length ioeventfd, so a kick
 //! never exits to userspace), MSI-X table 0x4000, PBA 0x5000.
 
-use super::{ActivateError, Activation, ActiveQueue, DeviceStatus, Interrupt, VirtioDevice, NO_VECTOR};
+use super::{ActivateError, Activation, ActiveQueue, DeviceStatus, Interrupt, QueuePosition, VirtioDevice, NO_VECTOR};
 use super::{STATUS_DRIVER_OK, STATUS_FEATURES_OK, STATUS_NEEDS_RESET, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use crate::bus::{BusDevice, DeviceId};
 use crate::ioeventfd::IoeventfdKey;
@@ -81,6 +81,8 @@ struct Transport {
     warned: bool,
     /// Bumped on every change of the device's configuration the driver did not make.
     config_generation: u8,
+    /// A snapshot's queue positions and ISR, until the restored device starts.
+    restored: Option<(Vec<QueuePosition>, u8)>,
 }
 
 /// Common configuration fields: offset, width.
@@ -135,6 +137,7 @@ impl VirtioPci {
             active: false,
             warned: false,
             config_generation: 0,
+            restored: None,
         };
         Ok(VirtioPci {
             state: Mutex::new(state),
@@ -367,7 +370,7 @@ impl VirtioPci {
         let new = self.status.raise(add);
         tracing::debug!("virtio type {}: status {old:#x} -> {new:#x}", t.device.device_type());
         if new & STATUS_DRIVER_OK != 0 && new & STATUS_FEATURES_OK != 0 && !t.active {
-            if let Err(e) = self.activate(t) {
+            if let Err(e) = self.activate(t, None) {
                 tracing::warn!("virtio: cannot start the device: {e}; it needs a reset");
                 self.status.raise(STATUS_NEEDS_RESET);
                 if let Some(i) = crate::sync::lock(&self.interrupt).as_ref() {
@@ -378,8 +381,9 @@ impl VirtioPci {
     }
 
     /// DRIVER_OK: builds the queues from what the driver wrote, checks them, and starts
-    /// the device (synchronously, on this vCPU's exit).
-    fn activate(&self, t: &mut Transport) -> Result<(), ActivateError> {
+    /// the device (synchronously, on this vCPU's exit); `at` says where each queue stands
+    /// when the device goes on from a snapshot.
+    fn activate(&self, t: &mut Transport, at: Option<&[QueuePosition]>) -> Result<(), ActivateError> {
         let sizes: Vec<u16> = t.queues.iter().filter(|q| q.enabled).map(|q| q.size).collect();
         tracing::debug!(
             "virtio type {}: DRIVER_OK, features {:#x}, queue sizes {sizes:?}",
@@ -405,13 +409,17 @@ impl VirtioPci {
             queue.set_used_ring_address(Some(regs.device as u32), Some((regs.device >> 32) as u32));
             queue.set_event_idx(event_idx);
             queue.set_ready(regs.enabled);
+            if let Some(p) = at.and_then(|at| at.get(i)) {
+                queue.set_next_avail(p.next_avail);
+                queue.set_next_used(p.next_used);
+            }
             if regs.enabled && !queue.is_valid(&t.mem) {
                 return Err(ActivateError::RingsOutsideMemory(i));
             }
             active.push(ActiveQueue { queue, kick: self.kicks[i].clone() });
         }
-        let activation =
-            Activation { mem: t.mem.clone(), features: t.driver_features, interrupt, status: self.status.clone() };
+        let (mem, features, status) = (t.mem.clone(), t.driver_features, self.status.clone());
+        let activation = Activation { mem, features, interrupt, status, restored: at.is_some() };
         t.device.activate(active, activation)?;
         t.active = true;
         Ok(())
@@ -507,6 +515,9 @@ impl ConfigHook for VirtioPci {
         true
     }
 }
+
+mod state;
+pub use state::{QueueState, TransportState};
 
 #[cfg(test)]
 mod tests;

@@ -176,3 +176,59 @@ fn any_access_anywhere_in_bar0_is_safe() {
     negotiate(&t, VIRTIO_F_VERSION_1);
     assert_ne!(t.status() & STATUS_FEATURES_OK, 0);
 }
+
+#[test]
+fn a_saved_transport_restores_onto_a_new_one_and_starts_where_its_queues_stood() {
+    use crate::testing::RecordingDevice;
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let recording = || {
+        let device = RecordingDevice::default();
+        let (activations, started_at) = (device.activations.clone(), device.started_at.clone());
+        let router = Arc::new(crate::irq::GsiRouter::new(Arc::new(crate::testing::FakeKvm::default())));
+        let msix = Msix::new(router, 3).unwrap();
+        (Arc::new(VirtioPci::new(Box::new(device), mem.clone(), msix).unwrap()), activations, started_at)
+    };
+    let (a, _, a_at) = recording();
+    negotiate(&a, VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX);
+    w(&a, 0x16, 0, 2);
+    w(&a, 0x18, 64, 2);
+    for (reg, at) in [(0x20, 0x1000u64), (0x28, 0x2000), (0x30, 0x3000)] {
+        w(&a, reg, at, 8);
+    }
+    w(&a, 0x1a, 1, 2);
+    w(&a, 0x1c, 1, 2);
+    w(&a, 0x14, 0xf, 1);
+    // As if the device had taken 7 chains and used 5 of them.
+    let worked = vec![QueuePosition { next_avail: 7, next_used: 5 }, QueuePosition::default()];
+    *a_at.lock().unwrap() = worked.clone();
+    let saved = a.save();
+    assert!(saved.active && saved.status == 0xf, "{saved:?}");
+    a.resume().unwrap();
+    let text = serde_json::to_string(&saved).unwrap();
+    assert_eq!(serde_json::from_str::<TransportState>(&text).unwrap(), saved);
+
+    let (b, b_started, b_at) = recording();
+    b.restore(&saved).unwrap();
+    assert_eq!(b_started.load(Ordering::Relaxed), 0, "not started before the vCPUs exist");
+    assert_eq!((b.status(), r(&b, 0x18, 2), r(&b, 0x20, 8), r(&b, 0x1a, 2)), (0xf, 64, 0x1000, 1));
+    assert_eq!(driver_features(&b), VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX);
+    b.start_restored();
+    assert_eq!(b_started.load(Ordering::Relaxed), 1);
+    assert_eq!(*b_at.lock().unwrap(), worked, "the queues go on from the snapshot's positions");
+    b.start_restored(); // once only
+    assert_eq!(b_started.load(Ordering::Relaxed), 1);
+
+    // State that contradicts the device is refused, naming what.
+    let refused = |spoil: &dyn Fn(&mut TransportState)| {
+        let mut s = saved.clone();
+        spoil(&mut s);
+        recording().0.restore(&s).unwrap_err()
+    };
+    assert!(refused(&|s| s.device_type = 2).contains("type 2 there, 1 here"));
+    assert!(refused(&|s| s.queues.truncate(1)).contains("1 queues there, 2 here"));
+    assert!(refused(&|s| s.driver_features |= 1 << 40).contains("does not offer"));
+    assert!(refused(&|s| s.queues[0].size = 48).contains("size 48"));
+    assert!(refused(&|s| s.queues[0].vector = 9).contains("vector 9"));
+    assert!(refused(&|s| s.queues[0].position = None).contains("no position"));
+    assert!(refused(&|s| s.msix.entries.truncate(2)).contains("MSI-X"));
+}

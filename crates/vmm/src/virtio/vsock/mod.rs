@@ -8,7 +8,7 @@ mod conn;
 mod muxer;
 pub mod packet;
 
-use super::thread::DeviceThread;
+use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use crate::seccomp::ThreadKind;
@@ -48,7 +48,7 @@ pub struct VirtioVsock {
     poll: crate::poll::PollMode,
     listener: Arc<UnixListener>,
     pub stats: Arc<VsockStats>,
-    thread: DeviceThread<()>,
+    thread: DeviceThread<muxer::Muxer>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -124,11 +124,21 @@ impl VirtioDevice for VirtioVsock {
         };
         let mut muxer = muxer::Muxer::new(&self.config, self.listener.clone(), self.stats.clone(), queues, a);
         muxer.poll = self.poll;
-        self.thread.start(Box::new(move |stop| muxer.run(stop)))
+        self.thread.start(muxer)
     }
 
     fn reset(&mut self) {
         // The connections close with the muxer; the host sockets see EOF.
         self.thread.stop();
+    }
+
+    fn pause(&mut self) -> Option<Vec<QueuePosition>> {
+        // Packets are taken and answered in one pass; streams keep their bytes in their
+        // sockets until the muxer resumes (a snapshot's copy of the guest resets them).
+        self.thread.pause()
+    }
+
+    fn resume(&mut self) -> Result<(), ActivateError> {
+        self.thread.resume()
     }
 }

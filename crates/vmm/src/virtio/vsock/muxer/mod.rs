@@ -9,6 +9,7 @@ use super::conn::{Conn, Read, State};
 use super::packet::{self, Header, HEADER_LEN};
 use super::{VsockConfig, VsockStats};
 use crate::virtio::chain::{self, Segment};
+use crate::virtio::thread::{DeviceJob, QueuePosition};
 use crate::virtio::{Activation, ActiveQueue, DeviceStatus, Interrupt};
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read as _, Write};
@@ -17,7 +18,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
@@ -28,6 +29,9 @@ const EVT: usize = 2;
 const TOKEN_STOP: u64 = 3;
 const TOKEN_LISTENER: u64 = 4;
 const FIRST_TOKEN: u64 = 8;
+
+mod event;
+mod rx;
 /// Connections at once; more are refused (the host's closed, the guest's reset).
 const MAX_CONNECTIONS: usize = 1024;
 /// Host ports for host-initiated connections start here, as Firecracker's do.
@@ -77,6 +81,25 @@ pub struct Muxer {
     broken: bool,
     /// How long the thread looks for more work before it sleeps (crate::poll).
     pub poll: crate::poll::PollMode,
+    /// The epoll set, kept between runs: a paused device's streams stay in it.
+    epoll: Option<Epoll>,
+    /// A TRANSPORT_RESET waits for an event buffer (event.rs).
+    transport_reset: bool,
+}
+
+impl DeviceJob for Muxer {
+    fn run(&mut self, stop: &EventFd) {
+        let epoll = match self.epoll.take().map_or_else(|| self.epoll(stop), Ok) {
+            Ok(e) => e,
+            Err(e) => return tracing::error!("virtio-vsock: cannot start its thread: {e}"),
+        };
+        self.serve(&epoll, stop);
+        self.epoll = Some(epoll);
+    }
+
+    fn positions(&self) -> Vec<QueuePosition> {
+        self.queues.iter().map(QueuePosition::of).collect()
+    }
 }
 
 impl Muxer {
@@ -109,18 +132,17 @@ impl Muxer {
             used: [false; 3],
             broken: false,
             poll: crate::poll::PollMode::Off,
+            epoll: None,
+            transport_reset: a.restored,
         }
     }
 
-    pub fn run(&mut self, stop: &EventFd) {
-        let epoll = match self.epoll(stop) {
-            Ok(e) => e,
-            Err(e) => return tracing::error!("virtio-vsock: cannot start its thread: {e}"),
-        };
+    fn serve(&mut self, epoll: &Epoll, stop: &EventFd) {
         let mut events = [EpollEvent::default(); 32];
         let (stats, mut window) = (self.stats.clone(), crate::poll::PollWindow::default());
-        self.process_tx(&epoll);
+        self.process_tx(epoll);
         loop {
+            self.send_transport_reset();
             self.process_rx();
             self.interrupts();
             window.sleeping(&stats.poll);
@@ -129,15 +151,15 @@ impl Muxer {
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return tracing::error!("virtio-vsock: epoll failed: {e}"),
             };
-            self.expire_connecting(&epoll);
+            self.expire_connecting(epoll);
             window.woke(self.poll, &stats.poll);
-            if !self.handle(&epoll, &events[..n]) {
+            if !self.handle(epoll, &events[..n]) {
                 return;
             }
             // Keep looking for a while before sleeping: the guest's next packets and the
             // sockets' next bytes are taken without a wake-up.
             let mode = self.poll;
-            let look = || self.poll_once(&epoll, &mut events);
+            let look = || self.poll_once(epoll, &mut events);
             if !window.poll_while_working(mode, &stats.poll, stop, look) {
                 return;
             }
@@ -188,8 +210,10 @@ impl Muxer {
                         if let Ok(k) = self.kicks[t as usize].read() {
                             self.stats.kicks.fetch_add(k, Ordering::Relaxed);
                         }
-                        if t as usize == TX {
-                            self.process_tx(epoll);
+                        match t as usize {
+                            TX => self.process_tx(epoll),
+                            EVT => self.send_transport_reset(),
+                            _ => {}
                         }
                     }
                     TOKEN_LISTENER => self.accept(epoll),
@@ -458,93 +482,6 @@ impl Muxer {
         self.conns.insert(key, (token, conn));
         self.control.push_back(response);
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Fills the guest's receive buffers: control packets, then data in turn.
-    fn process_rx(&mut self) {
-        if self.broken || !self.queues[RX].ready() {
-            return;
-        }
-        while !self.control.is_empty() || !self.ready.is_empty() {
-            let Some(chain) = self.queues[RX].pop_descriptor_chain(&self.mem) else {
-                match crate::virtio::rearm_notifications(&mut self.queues[RX], &self.mem, true) {
-                    Ok(true) => continue,
-                    Ok(false) => return, // the guest's next kick brings buffers
-                    Err(e) => return self.fail(e),
-                }
-            };
-            let head = chain.head_index();
-            if chain::segments(chain, &self.mem, true, usize::MAX, &mut self.segs).is_err() {
-                self.stats.bad_packets.fetch_add(1, Ordering::Relaxed);
-                self.put_rx(head, 0);
-                continue;
-            }
-            let written = match self.control.pop_front() {
-                Some(h) => self.write_header(&h),
-                None => self.rx_data(),
-            };
-            match written {
-                Some(len) => self.put_rx(head, len),
-                // Nothing to put in it after all: back on the avail ring.
-                None => self.queues[RX].go_to_previous_position(),
-            }
-        }
-    }
-
-    fn put_rx(&mut self, head: u16, len: u32) {
-        if self.queues[RX].add_used(&self.mem, head, len).is_err() {
-            return self.fail("cannot write the rx used ring");
-        }
-        self.used[RX] = true;
-        self.stats.rx_packets.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Puts `h` at the start of the receive buffer in `self.segs` (its payload, if any, is
-    /// already after it); the packet's length, or None if the buffer cannot hold a header.
-    fn write_header(&self, h: &Header) -> Option<u32> {
-        (chain::scatter(&self.mem, &self.segs, &h.bytes()) == HEADER_LEN).then_some(HEADER_LEN as u32 + h.len)
-    }
-
-    /// One packet of data from the next ready stream, or a SHUTDOWN for one the host
-    /// closed; None once no stream has anything (the buffer goes back).
-    fn rx_data(&mut self) -> Option<u32> {
-        let payload = chain::skip(&self.segs, HEADER_LEN);
-        while let Some(key) = self.ready.pop_front() {
-            let Some((_, conn)) = self.conns.get_mut(&key) else { continue };
-            if conn.state != State::Established || conn.host_closed {
-                conn.readable = false;
-                continue;
-            }
-            if conn.peer_credit() == 0 {
-                // Asked for credit; the next packet that brings some puts the stream back.
-                conn.readable = false;
-                conn.waiting_for_credit = true;
-                let h = conn.header(self.guest_cid, packet::OP_CREDIT_REQUEST, 0);
-                return self.write_header(&h);
-            }
-            let (h, keep) = match conn.read_for_guest(&self.mem, &payload) {
-                Read::Bytes(n) => {
-                    self.stats.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
-                    (conn.header(self.guest_cid, packet::OP_RW, n as u32), true)
-                }
-                Read::WouldBlock => {
-                    conn.readable = false;
-                    continue;
-                }
-                Read::Closed => {
-                    conn.host_closed = true;
-                    conn.readable = false;
-                    let mut h = conn.header(self.guest_cid, packet::OP_SHUTDOWN, 0);
-                    h.flags = packet::SHUTDOWN_RCV | packet::SHUTDOWN_SEND;
-                    (h, false)
-                }
-            };
-            if keep {
-                self.ready.push_back(key);
-            }
-            return self.write_header(&h);
-        }
-        None
     }
 
     fn interrupts(&mut self) {

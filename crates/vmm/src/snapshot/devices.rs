@@ -1,0 +1,102 @@
+//! The VMM's own devices in a snapshot: COM1 and the i8042 by their registers, and each
+//! virtio device by its PCI config space (BARs where the guest put them, MSI-X enable)
+//! and its transport (virtio::pci::state), matched on restore by name and slot.
+
+use crate::device_manager::DeviceManager;
+use crate::virtio::pci::TransportState;
+use serde::{Deserialize, Serialize};
+
+/// What the guest left in the VMM's devices.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct DeviceStates {
+    pub serial: Option<crate::devices::legacy::serial::SerialRegs>,
+    pub keyboard: Option<crate::devices::legacy::i8042::State>,
+    #[serde(default)]
+    pub virtio: Vec<VirtioDeviceState>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VirtioDeviceState {
+    /// The device manager's name for it (`virtio-net1`, `virtio-blk0`).
+    pub name: String,
+    pub slot: u8,
+    /// Its 4 KiB of config space, in hex.
+    #[serde(with = "hex_bytes")]
+    pub config: Vec<u8>,
+    pub transport: TransportState,
+}
+
+impl DeviceStates {
+    /// Pauses every virtio device (nothing in flight after this) and reads every device.
+    pub fn save(devices: &DeviceManager) -> Self {
+        let virtio = devices
+            .virtio_devices()
+            .map(|(name, slot, transport)| VirtioDeviceState {
+                name: name.to_string(),
+                slot,
+                transport: transport.save(),
+                config: devices.pci().config_snapshot(usize::from(slot) << 3).map_or_else(Vec::new, |c| c.to_vec()),
+            })
+            .collect();
+        DeviceStates {
+            serial: devices.serial().map(|s| s.save()),
+            keyboard: devices.keyboard().map(|k| k.save()),
+            virtio,
+        }
+    }
+
+    /// After [`DeviceStates::save`]: the virtio devices go on.
+    pub fn resume(&self, devices: &DeviceManager) {
+        for (name, _, transport) in devices.virtio_devices() {
+            if let Err(e) = transport.resume() {
+                tracing::error!("{name}: cannot go on after the snapshot: {e}");
+            }
+        }
+    }
+
+    /// Puts the saved state back on the devices this machine was built with, which must
+    /// be the snapshot's: the same virtio devices in the same slots. The virtio devices
+    /// start later, with [`DeviceManager::start_restored`], once the vCPUs exist.
+    pub fn restore(&self, devices: &DeviceManager) -> Result<(), String> {
+        if let (Some(regs), Some(serial)) = (&self.serial, devices.serial()) {
+            serial.restore(regs);
+        }
+        if let (Some(state), Some(keyboard)) = (&self.keyboard, devices.keyboard()) {
+            keyboard.restore(state.clone());
+        }
+        let here: Vec<_> = devices.virtio_devices().collect();
+        let names = |n: &mut dyn Iterator<Item = &str>| n.collect::<Vec<_>>().join(", ");
+        let listed = (names(&mut self.virtio.iter().map(|v| v.name.as_str())), names(&mut here.iter().map(|h| h.0)));
+        if listed.0 != listed.1 {
+            return Err(format!("the snapshot has virtio devices [{}], the configuration [{}]", listed.0, listed.1));
+        }
+        for (saved, (name, slot, transport)) in self.virtio.iter().zip(here) {
+            if saved.slot != slot {
+                return Err(format!("{name} is in PCI slot {} in the snapshot, {slot} here", saved.slot));
+            }
+            let index = usize::from(slot) << 3;
+            let refused = |e: String| format!("{name}: {e}");
+            devices.pci().restore_config(index, &saved.config).map_err(refused)?;
+            transport.restore(&saved.transport).map_err(refused)?;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes as one hex string: a config space is 8 KiB of text, not 16 of numbers.
+mod hex_bytes {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        let digit = |c: u8| (c as char).to_digit(16).ok_or_else(|| serde::de::Error::custom("not hex"));
+        if text.len() % 2 != 0 {
+            return Err(serde::de::Error::custom("hex of odd length"));
+        }
+        text.as_bytes().chunks(2).map(|p| Ok((digit(p[0])? * 16 + digit(p[1])?) as u8)).collect()
+    }
+}

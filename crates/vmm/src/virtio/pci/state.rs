@@ -1,0 +1,159 @@
+//! A virtio-pci transport in a snapshot: what the driver wrote (features, vectors, each
+//! queue's registers), where each queue stands, the status and ISR bytes, and the MSI-X
+//! table. Saving pauses the device first, so nothing is in flight and the rings in guest
+//! memory agree with the positions saved. A restore puts it all back on a transport built
+//! from the same configuration, and the device starts where it stood once the vCPUs exist
+//! (an interrupt sent before their interrupt state is back would be lost).
+
+use super::{Transport, VirtioPci};
+use crate::pci::msix::MsixState;
+use crate::virtio::{ActivateError, QueuePosition, NO_VECTOR, STATUS_DRIVER_OK, STATUS_NEEDS_RESET};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransportState {
+    pub device_type: u16,
+    pub status: u8,
+    pub isr: u8,
+    pub device_feature_select: u32,
+    pub driver_feature_select: u32,
+    pub driver_features: u64,
+    pub config_vector: u16,
+    pub queue_select: u16,
+    pub config_generation: u8,
+    /// Whether the device ran (DRIVER_OK, and not broken since).
+    pub active: bool,
+    pub queues: Vec<QueueState>,
+    pub msix: MsixState,
+}
+
+/// One queue: the driver's registers and, if the device ran, where it stood.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueState {
+    pub size: u16,
+    pub enabled: bool,
+    pub desc: u64,
+    pub driver: u64,
+    pub device: u64,
+    pub vector: u16,
+    pub position: Option<QueuePosition>,
+}
+
+impl VirtioPci {
+    /// Pauses the device (nothing in flight once this returns) and reads the transport.
+    /// The machine is paused: no vCPU changes the transport meanwhile.
+    pub fn save(&self) -> TransportState {
+        let mut t = self.lock();
+        let positions = if t.active { t.device.pause() } else { None };
+        let isr = crate::sync::lock(&self.interrupt).as_ref().map_or(0, |i| i.isr.load(Ordering::Acquire));
+        let queues = t
+            .queues
+            .iter()
+            .enumerate()
+            .map(|(i, q)| QueueState {
+                size: q.size,
+                enabled: q.enabled,
+                desc: q.desc,
+                driver: q.driver,
+                device: q.device,
+                vector: q.vector,
+                position: positions.as_ref().and_then(|p| p.get(i).copied()),
+            })
+            .collect();
+        TransportState {
+            device_type: t.device.device_type(),
+            status: self.status.get(),
+            isr,
+            device_feature_select: t.device_feature_select,
+            driver_feature_select: t.driver_feature_select,
+            driver_features: t.driver_features,
+            config_vector: t.config_vector,
+            queue_select: t.queue_select,
+            config_generation: t.config_generation,
+            active: positions.is_some(),
+            queues,
+            msix: crate::sync::lock(&self.msix).save(),
+        }
+    }
+
+    /// After [`VirtioPci::save`]: the device goes on where it paused.
+    pub fn resume(&self) -> Result<(), ActivateError> {
+        self.lock().device.resume()
+    }
+
+    /// Puts a snapshot's state on this transport, built from the same configuration and
+    /// never run; [`VirtioPci::start_restored`] starts the device. Refused, naming what,
+    /// where the state contradicts this device.
+    pub fn restore(&self, s: &TransportState) -> Result<(), String> {
+        let mut t = self.lock();
+        check(&t, s, crate::sync::lock(&self.msix).len())?;
+        crate::sync::lock(&self.msix).restore(&s.msix)?;
+        t.device_feature_select = s.device_feature_select;
+        t.driver_feature_select = s.driver_feature_select;
+        t.driver_features = s.driver_features;
+        t.config_vector = s.config_vector;
+        t.queue_select = s.queue_select;
+        t.config_generation = s.config_generation;
+        for (regs, q) in t.queues.iter_mut().zip(&s.queues) {
+            (regs.size, regs.enabled, regs.vector) = (q.size, q.enabled, q.vector);
+            (regs.desc, regs.driver, regs.device) = (q.desc, q.driver, q.device);
+        }
+        self.status.set(s.status);
+        if s.active {
+            let positions = s.queues.iter().map(|q| q.position.unwrap_or_default()).collect();
+            t.restored = Some((positions, s.isr));
+        }
+        Ok(())
+    }
+
+    /// Starts a restored device where its queues stood (nothing if it did not run). A
+    /// device that cannot start asks the driver for a reset, as at DRIVER_OK.
+    pub fn start_restored(&self) {
+        let mut t = self.lock();
+        let Some((positions, isr)) = t.restored.take() else { return };
+        match self.activate(&mut t, Some(&positions)) {
+            Ok(()) => {
+                if let Some(i) = crate::sync::lock(&self.interrupt).as_ref() {
+                    i.isr.store(isr, Ordering::Release);
+                }
+            }
+            Err(e) => {
+                tracing::warn!("virtio type {}: cannot go on from the snapshot: {e}", t.device.device_type());
+                self.status.raise(STATUS_NEEDS_RESET);
+            }
+        }
+    }
+}
+
+/// The saved transport fits this one: the same device type, queues and vectors, features
+/// this device offers, registers the driver could have written.
+fn check(t: &Transport, s: &TransportState, vectors: usize) -> Result<(), String> {
+    let kind = t.device.device_type();
+    if s.device_type != kind {
+        return Err(format!("virtio device type {} there, {kind} here", s.device_type));
+    }
+    if s.queues.len() != t.queues.len() {
+        return Err(format!("{} queues there, {} here", s.queues.len(), t.queues.len()));
+    }
+    let extra = s.driver_features & !t.device.features();
+    if extra != 0 {
+        return Err(format!("the guest took features {extra:#x} this device does not offer here"));
+    }
+    let vector_ok = |v: u16| v == NO_VECTOR || usize::from(v) < vectors;
+    if !vector_ok(s.config_vector) {
+        return Err(format!("config vector {} of {vectors}", s.config_vector));
+    }
+    for (i, (q, regs)) in s.queues.iter().zip(&t.queues).enumerate() {
+        if q.size == 0 || q.size > regs.max || !q.size.is_power_of_two() || !vector_ok(q.vector) {
+            return Err(format!("queue {i}: size {} (at most {}), vector {}", q.size, regs.max, q.vector));
+        }
+        if s.active && q.enabled && q.position.is_none() {
+            return Err(format!("queue {i} ran but has no position"));
+        }
+    }
+    if s.active && s.status & STATUS_DRIVER_OK == 0 {
+        return Err("the device ran without DRIVER_OK".into());
+    }
+    Ok(())
+}
