@@ -34,6 +34,7 @@ fn main() -> ExitCode {
         Command::Payloads(args) => payloads(args),
         Command::Bench { args } => bench(&args),
         Command::RebaseSnap(args) => rebase(&args),
+        Command::UffdHandler(args) => uffd_handler(&args),
         Command::Top(args) => {
             let interval = std::time::Duration::from_secs_f64(args.interval.max(0.05));
             top::run(&args.api_sock, interval, args.iterations).map(|()| ExitCode::SUCCESS).map_err(Into::into)
@@ -123,6 +124,14 @@ fn rebase(args: &exitless::args::RebaseArgs) -> Result<ExitCode, Box<dyn std::er
     let (base, diff) = (open(&args.base_file, true)?, open(&args.diff_file, false)?);
     let laid = exitless_vmm::snapshot::memory::rebase(&base, &diff).map_err(|e| format!("rebase-snap: {e}"))?;
     println!("rebase-snap: laid {} KiB of {} over {}", laid / 1024, args.diff_file.display(), args.base_file.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn uffd_handler(args: &exitless::args::UffdHandlerArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let ready = || eprintln!("uffd-handler: listening on {}", args.socket.display());
+    let served = exitless_vmm::snapshot::uffd_handler::serve(&args.socket, &args.mem_file, ready)
+        .map_err(|e| format!("uffd-handler: {e}"))?;
+    println!("uffd-handler: {} faults, {} pages copied in", served.faults, served.pages);
     Ok(ExitCode::SUCCESS)
 }
 

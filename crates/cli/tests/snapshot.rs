@@ -216,8 +216,9 @@ fn bad_snapshots_and_bad_timing_are_refused_and_the_vmm_serves_on() {
     assert!(try_load(&no_vcpus, &mem).contains("vCPU states for 3 vCPUs"));
     assert!(try_load(&state, &short_mem).contains("holds 4096 bytes"));
     assert!(try_load("/nonexistent/s.json", &mem).contains("cannot read"));
-    let uffd = json!({"snapshot_path": state, "mem_backend": {"backend_type": "Uffd", "backend_path": "/tmp/u"}});
-    assert!(fault(&sock, "PUT", "/snapshot/load", uffd).contains("Uffd"));
+    let nobody = dir.join("nobody.sock");
+    let uffd = json!({"snapshot_path": state, "mem_backend": {"backend_type": "Uffd", "backend_path": nobody}});
+    assert!(fault(&sock, "PUT", "/snapshot/load", uffd).contains("cannot connect to the handler"));
     // Each refusal left the VMM unconfigured and serving: the good snapshot loads, paused.
     let body = json!({"snapshot_path": state, "mem_backend": {"backend_type": "File", "backend_path": mem}});
     expect_ok(&sock, "PUT", "/snapshot/load", Some(&body)).unwrap();
@@ -402,4 +403,53 @@ fn a_restored_guests_vsock_streams_are_reset_and_new_ones_work() {
     assert!(status.success(), "{status}: {lines:?}");
     let end = lines.iter().find(|l| l.starts_with("vsockecho: ") && l.contains("bytes echoed"));
     assert!(end.is_some_and(|l| l.ends_with("0 client bytes checked, 0 errors")), "{lines:?}");
+}
+
+#[test]
+fn a_snapshot_loads_through_a_page_fault_handler() {
+    if !kvm_or_skip("a_snapshot_loads_through_a_page_fault_handler") {
+        return;
+    }
+    let dir = tempdir();
+    let payloads = payloads_in(&dir);
+    let sock = dir.join("a.sock");
+    let mut a = Vmm::start(&sock);
+    expect_ok(&sock, "PUT", "/machine-config", Some(&json!({"vcpu_count": 1, "mem_size_mib": 64}))).unwrap();
+    let boot = json!({"kernel_image_path": payloads.join("counter.elf"), "boot_args": "exitless.params=60,4"});
+    expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
+    expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
+    a.wait_for_ticks(5);
+    expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
+    let (state, mem) = snapshot(&sock, &dir, 0);
+    let last = *a.ticks().last().unwrap();
+    let _ = a.child.kill();
+
+    // The handler, as a user runs Firecracker's: it listens, the load connects.
+    let handler_sock = dir.join("uffd.sock");
+    let handler = std::process::Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(["uffd-handler", "--socket", handler_sock.to_str().unwrap(), "--mem-file", &mem])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !handler_sock.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let sock = dir.join("b.sock");
+    let mut b = Vmm::start(&sock);
+    let body = json!({"snapshot_path": state, "mem_backend": {"backend_type": "Uffd", "backend_path": handler_sock}, "resume_vm": true});
+    expect_ok(&sock, "PUT", "/snapshot/load", Some(&body)).unwrap();
+    let status = b.child.wait().unwrap();
+    let ticks = b.ticks();
+    assert!(status.success() && (ticks[0] == last + 1 || ticks[0] == last + 2), "{status}: {last} then {ticks:?}");
+    assert_eq!(*ticks.last().unwrap(), 60, "{ticks:?}");
+    // The guest's memory came from the handler: the pages it touched, the 4 MiB it wrote
+    // before the snapshot among them (the counter reads nothing back, but the image and
+    // stack are touched at once).
+    let out = handler.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    let pages: u64 = said.split(' ').nth(3).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(out.status.success() && pages > 0, "{said}{}", String::from_utf8_lossy(&out.stderr));
+    let _ = b.child.kill();
 }

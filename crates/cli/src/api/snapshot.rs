@@ -2,9 +2,9 @@
 //! state file and memory file), `PUT /snapshot/load` on a VMM nothing was configured in
 //! (the configuration comes from the state file; the guest resumes or stays paused).
 
-use super::model::{MemBackendType, SnapshotCreate, SnapshotLoad, SnapshotType, VmConfig};
+use super::model::{MemBackend, MemBackendType, SnapshotCreate, SnapshotLoad, SnapshotType, VmConfig};
 use super::vm::{Fault, State, Vm};
-use exitless_vmm::snapshot::{self, Restore, SnapshotFile};
+use exitless_vmm::snapshot::{self, MemoryBackend, Restore, SnapshotFile};
 use exitless_vmm::Machine;
 
 impl Vm {
@@ -44,10 +44,9 @@ impl Vm {
         if self.config != unconfigured {
             return Err(Fault("Loading a snapshot is only allowed before anything is configured.".into()));
         }
-        let mem_path = match (&l.mem_backend, &l.mem_file_path) {
-            (Some(b), None) if b.backend_type == MemBackendType::File => b.backend_path.clone(),
-            (Some(_), None) => return Err(Fault("exitless does not support the Uffd memory backend yet.".into())),
-            (None, Some(path)) => path.clone(),
+        let backend = match (&l.mem_backend, &l.mem_file_path) {
+            (Some(b), None) => b.clone(),
+            (None, Some(path)) => MemBackend { backend_type: MemBackendType::File, backend_path: path.clone() },
             (Some(_), Some(_)) => return Err(Fault("Give mem_backend or mem_file_path, not both.".into())),
             (None, None) => return Err(Fault("The memory file is missing: give mem_backend.".into())),
         };
@@ -64,8 +63,13 @@ impl Vm {
             nic.host_dev_name.clone_from(&o.host_dev_name);
         }
         config.machine_config.track_dirty_pages = l.track_dirty_pages.or(l.enable_diff_snapshots).unwrap_or(false);
-        let memory = std::fs::File::open(&mem_path)
-            .map_err(|e| Fault(format!("Cannot open the memory file {mem_path}: {e}.")))?;
+        let path = &backend.backend_path;
+        let memory = match backend.backend_type {
+            MemBackendType::File => MemoryBackend::File(
+                std::fs::File::open(path).map_err(|e| Fault(format!("Cannot open the memory file {path}: {e}.")))?,
+            ),
+            MemBackendType::Uffd => MemoryBackend::Uffd(path.into()),
+        };
         if let Some(v) = &config.vsock {
             remove_stale_socket(std::path::Path::new(&v.uds_path));
         }

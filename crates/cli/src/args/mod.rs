@@ -63,7 +63,19 @@ impl Cli {
     /// command or asks for help or the version.
     pub fn try_parse_args() -> Result<Cli, clap::Error> {
         let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-        let long_way = ["run", "payloads", "bench", "top", "rebase-snap", "help", "-h", "--help", "-V", "--version"];
+        let long_way = [
+            "run",
+            "payloads",
+            "bench",
+            "top",
+            "rebase-snap",
+            "uffd-handler",
+            "help",
+            "-h",
+            "--help",
+            "-V",
+            "--version",
+        ];
         if args.len() > 1 && !args[1..].iter().any(|a| long_way.iter().any(|w| a == w)) {
             return FirecrackerCli::try_parse_from(args).map(|f| Cli { command: None, api: f.api });
         }
@@ -198,6 +210,20 @@ pub enum Command {
     /// Lay a Diff snapshot's memory file over its base, as Firecracker's rebase-snap does:
     /// the base then holds the memory of the Diff snapshot.
     RebaseSnap(RebaseArgs),
+    /// Serve a restored guest's page faults from a snapshot's memory file: the page-fault
+    /// handler of the Uffd memory backend (`"mem_backend": {"backend_type": "Uffd",
+    /// "backend_path": SOCKET}`). Serves one VMM, until it is gone.
+    UffdHandler(UffdHandlerArgs),
+}
+
+#[derive(Args)]
+pub struct UffdHandlerArgs {
+    /// The Unix socket to listen on (the load's backend_path).
+    #[arg(long, value_name = "PATH")]
+    pub socket: PathBuf,
+    /// The snapshot's memory file.
+    #[arg(long, value_name = "FILE")]
+    pub mem_file: PathBuf,
 }
 
 #[derive(Args)]

@@ -144,6 +144,8 @@ pub struct Machine {
     ram_slots: (Vec<u32>, bool),
     /// The MSR filter still being installed (a restore does not wait for it to start).
     lstar_watch: std::sync::Mutex<Option<LstarWatch>>,
+    /// The userfaultfd guest RAM is registered with (the Uffd backend), kept as long as RAM.
+    _uffd: Option<std::os::fd::OwnedFd>,
 }
 
 type LstarWatch = std::thread::JoinHandle<Result<(), kvm_ioctls::Error>>;
@@ -189,7 +191,7 @@ impl Machine {
         if let Some(r) = &restore {
             crate::snapshot::check_restore(r, config.vcpus, config.mem_size, config.devices.test_devices)?;
         }
-        let (memory, ram_slots, registering) =
+        let (memory, ram_slots, registering, uffd) =
             map_guest_ram(&vm, &map, &mut allocators, restore.as_ref().map(|r| &r.memory), config.track_dirty_pages)?;
         let (entry, facs) = match &restore {
             // Memory holds what the guest had: tables, image and all.
@@ -279,6 +281,7 @@ impl Machine {
             restored,
             ram_slots: (ram_slots, config.track_dirty_pages),
             lstar_watch: std::sync::Mutex::new(lstar_watch),
+            _uffd: uffd,
         })
     }
 

@@ -5,13 +5,16 @@
 use super::{ioctl, MachineError};
 use crate::device_manager::Allocators;
 use crate::layout::MemoryMap;
+use crate::snapshot::MemoryBackend;
 use exitless_payloads::abi;
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
-/// Guest RAM, anonymous, or from a snapshot's memory file mapped privately; and the
+/// Guest RAM, anonymous, or from a snapshot's memory (its file mapped privately, or a
+/// page-fault handler's, snapshot/uffd.rs; the userfaultfd is returned to keep); and the
 /// memslot of each region (in order), whose writes KVM logs if `log_dirty`. The memslots
 /// are registered on a thread of their own: KVM waits out an SRCU grace period for them
 /// (about 10 ms on this host), which the rest of the machine's setup overlaps. Join the
@@ -20,13 +23,17 @@ pub(super) fn map_guest_ram(
     vm: &Arc<VmFd>,
     map: &MemoryMap,
     allocators: &mut Allocators,
-    file: Option<&std::fs::File>,
+    from: Option<&MemoryBackend>,
     log_dirty: bool,
-) -> Result<(GuestMemoryMmap, Vec<u32>, RamSlots), MachineError> {
+) -> Result<(GuestMemoryMmap, Vec<u32>, RamSlots, Option<OwnedFd>), MachineError> {
     let regions: Vec<_> = map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
-    let memory = match file {
-        Some(file) => crate::snapshot::memory::map_private(file, &regions)?,
-        None => GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?,
+    let (memory, uffd) = match from {
+        Some(MemoryBackend::File(file)) => (crate::snapshot::memory::map_private(file, &regions)?, None),
+        Some(MemoryBackend::Uffd(socket)) => {
+            let (memory, uffd) = crate::snapshot::uffd::map_anonymous(socket, &regions)?;
+            (memory, Some(uffd))
+        }
+        None => (GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?, None),
     };
     let slots: Vec<u32> = allocators.memslots(memory.num_regions() as u32)?.collect();
     let (vm, mem, ram) = (vm.clone(), memory.clone(), slots.clone());
@@ -34,7 +41,7 @@ pub(super) fn map_guest_ram(
         .name("memslots".into())
         .spawn(move || register(&vm, &mem, &ram, log_dirty))
         .map_err(|e| MachineError::Memory(e.into()))?;
-    Ok((memory, slots, RamSlots(registering)))
+    Ok((memory, slots, RamSlots(registering), uffd))
 }
 
 /// The RAM memslots being registered (map_guest_ram).

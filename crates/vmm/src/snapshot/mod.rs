@@ -10,6 +10,8 @@
 
 mod devices;
 pub mod memory;
+pub mod uffd;
+pub mod uffd_handler;
 mod vcpu;
 mod vm;
 
@@ -191,10 +193,19 @@ impl MachineState {
     }
 }
 
-/// What a machine is restored from: its state and its memory file (mapped privately).
+/// What a machine is restored from: its state and its memory.
 pub struct Restore {
     pub state: MachineState,
-    pub memory: std::fs::File,
+    pub memory: MemoryBackend,
+}
+
+/// Where a restored guest's memory comes from (Firecracker's `mem_backend`).
+pub enum MemoryBackend {
+    /// The memory file, mapped privately: pages come in on first touch.
+    File(std::fs::File),
+    /// Anonymous memory whose page faults the handler listening on this socket serves
+    /// (uffd.rs).
+    Uffd(std::path::PathBuf),
 }
 
 /// A restore fits the machine being built: the same vCPU count and RAM, this host's CPU,
@@ -214,7 +225,11 @@ pub fn check_restore(r: &Restore, vcpus: u8, mem_size: u64, test_devices: bool) 
         return Err(SnapshotError::Refused("the test devices (--testdevs) are not saved in snapshots".into()));
     }
     r.state.check_host()?;
-    memory::check_length(&r.memory, mem_size).map_err(SnapshotError::Refused)
+    match &r.memory {
+        MemoryBackend::File(file) => memory::check_length(file, mem_size).map_err(SnapshotError::Refused),
+        // The handler's memory is its own to check.
+        MemoryBackend::Uffd(_) => Ok(()),
+    }
 }
 
 /// A paused `machine`'s state, its RAM written to `memory`: all of it, or with `diff` only
@@ -294,5 +309,13 @@ mod tests {
         wrong.machine.vcpu_count = 1;
         wrong.machine.mem_size = 3;
         assert!(wrong.machine.check().is_err());
+        // Virtio devices: each with its config space (hex) and transport.
+        let devices = SnapshotFile::parse("s", &corpus("vsock-rng-devices")).unwrap().machine.devices;
+        let names: Vec<_> = devices.virtio.iter().map(|v| (v.name.as_str(), v.config.len())).collect();
+        assert_eq!(names, [("virtio-rng", 4096), ("virtio-vsock", 4096)]);
+        assert!(devices.virtio[1].transport.active && devices.virtio[1].transport.queues.len() == 3);
+        let text = String::from_utf8(corpus("vsock-rng-devices")).unwrap();
+        let odd = text.replacen("\"config\":\"", "\"config\":\"0", 1);
+        assert!(matches!(SnapshotFile::parse("s", odd.as_bytes()), Err(SnapshotError::Format(..))));
     }
 }

@@ -1,0 +1,117 @@
+//! Firecracker's Uffd memory backend: guest RAM is anonymous, registered with a
+//! userfaultfd, and a page-fault handler process the user runs fills each page on first
+//! touch (UFFDIO_COPY from wherever it keeps the memory). The handshake is Firecracker's:
+//! the VMM connects to the handler's Unix socket and sends, in one message, the JSON list
+//! of the regions (`base_host_virt_addr`, `size`, `offset` in the memory file,
+//! `page_size`, and the deprecated `page_size_kib`, in bytes too) with the userfaultfd
+//! attached (SCM_RIGHTS). Nothing more passes on that socket. The few ioctls are written
+//! here (the `userfaultfd` crate builds its bindings with libclang at compile time).
+
+use super::SnapshotError;
+use serde::Serialize;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+const UFFD_API: u64 = 0xaa;
+/// _IOWR(0xaa, 0x3f, struct uffdio_api), _IOWR(0xaa, 0x00, struct uffdio_register).
+const UFFDIO_API: u64 = 0xc018_aa3f;
+const UFFDIO_REGISTER: u64 = 0xc020_aa00;
+/// _IO(0xaa, 0x00) on /dev/userfaultfd.
+const USERFAULTFD_IOC_NEW: u64 = 0xaa00;
+const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioRegister {
+    start: u64,
+    len: u64,
+    mode: u64,
+    ioctls: u64,
+}
+
+/// One region as the handler gets it (Firecracker's GuestRegionUffdMapping).
+#[derive(Debug, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct UffdMapping {
+    pub base_host_virt_addr: u64,
+    pub size: usize,
+    pub offset: u64,
+    pub page_size: usize,
+    pub page_size_kib: usize,
+}
+
+/// Anonymous guest RAM for `regions`, registered with a new userfaultfd that is handed to
+/// the handler listening on `socket`; the VMM keeps its own copy of the fd (returned) for
+/// as long as the memory lives.
+pub fn map_anonymous(
+    socket: &Path,
+    regions: &[(GuestAddress, usize)],
+) -> Result<(GuestMemoryMmap, OwnedFd), SnapshotError> {
+    let fail = |what: &str, e: std::io::Error| SnapshotError::Refused(format!("the Uffd backend: {what}: {e}"));
+    let memory = GuestMemoryMmap::<()>::from_ranges(regions)
+        .map_err(|e| fail("cannot map guest memory", std::io::Error::other(e.to_string())))?;
+    let uffd = create().map_err(|e| fail("cannot create a userfaultfd", e))?;
+    let mut mappings = Vec::new();
+    let mut offset = 0u64;
+    for region in memory.iter() {
+        let host = memory
+            .get_host_address(region.start_addr())
+            .map_err(|e| fail("a region without a mapping", std::io::Error::other(e.to_string())))?;
+        let mut register =
+            UffdioRegister { start: host as u64, len: region.len(), mode: UFFDIO_REGISTER_MODE_MISSING, ioctls: 0 };
+        // SAFETY: UFFDIO_REGISTER with a struct of the kernel's layout, on our own mapping.
+        if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_REGISTER as _, &mut register) } != 0 {
+            return Err(fail("cannot register guest memory", std::io::Error::last_os_error()));
+        }
+        let page = 4096;
+        mappings.push(UffdMapping {
+            base_host_virt_addr: host as u64,
+            size: region.len() as usize,
+            offset,
+            page_size: page,
+            page_size_kib: page,
+        });
+        offset += region.len();
+    }
+    let json = serde_json::to_vec(&mappings).map_err(|e| fail("the mappings", std::io::Error::other(e)))?;
+    let stream = std::os::unix::net::UnixStream::connect(socket)
+        .map_err(|e| fail(&format!("cannot connect to the handler at {}", socket.display()), e))?;
+    stream
+        .send_with_fd(&json[..], uffd.as_raw_fd())
+        .map_err(|e| fail("cannot send the handler its userfaultfd", std::io::Error::from_raw_os_error(e.errno())))?;
+    Ok((memory, uffd))
+}
+
+/// A userfaultfd for faults from the kernel too (KVM touches guest memory on the guest's
+/// behalf): the system call, or /dev/userfaultfd where the system call is closed to us.
+fn create() -> std::io::Result<OwnedFd> {
+    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+    // SAFETY: userfaultfd(2) takes flags only.
+    let mut fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as i32;
+    if fd < 0 {
+        let first = std::io::Error::last_os_error();
+        let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd").map_err(|_| first)?;
+        // SAFETY: USERFAULTFD_IOC_NEW takes the new fd's flags.
+        fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    // SAFETY: a fresh fd, owned by nobody else.
+    let uffd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut api = UffdioApi { api: UFFD_API, ..Default::default() };
+    // SAFETY: UFFDIO_API with a struct of the kernel's layout.
+    if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_API as _, &mut api) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(uffd)
+}
