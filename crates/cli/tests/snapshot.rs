@@ -68,6 +68,23 @@ fn load(sock: &Path, state: &str, mem: &str) -> Duration {
     started.elapsed()
 }
 
+/// A counting guest (`counter` with `params`) on a VMM at `dir/a.sock`, paused after five
+/// ticks and snapshotted: the VMM (still running, paused) and the state and memory files.
+fn counting_snapshot(dir: &Path, vcpus: u8, params: &str) -> (Vmm, String, String) {
+    let payloads = payloads_in(dir);
+    let sock = dir.join("a.sock");
+    let vmm = Vmm::start(&sock);
+    expect_ok(&sock, "PUT", "/machine-config", Some(&json!({"vcpu_count": vcpus, "mem_size_mib": 64}))).unwrap();
+    let boot =
+        json!({"kernel_image_path": payloads.join("counter.elf"), "boot_args": format!("exitless.params={params}")});
+    expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
+    expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
+    vmm.wait_for_ticks(5);
+    expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
+    let (state, mem) = snapshot(&sock, dir, 0);
+    (vmm, state, mem)
+}
+
 /// Snapshot and restore hops in the chain.
 const HOPS: u32 = 100;
 /// The lab frames echoed across the hops.
@@ -176,18 +193,11 @@ fn bad_snapshots_and_bad_timing_are_refused_and_the_vmm_serves_on() {
         return;
     }
     let dir = tempdir();
-    let payloads = payloads_in(&dir);
     // A good snapshot to spoil.
-    let sock = dir.join("a.sock");
-    let mut a = Vmm::start(&sock);
-    expect_ok(&sock, "PUT", "/machine-config", Some(&json!({"vcpu_count": 2, "mem_size_mib": 64}))).unwrap();
-    let boot = json!({"kernel_image_path": payloads.join("counter.elf"), "boot_args": "exitless.params=100000"});
-    expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
-    expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
-    a.wait_for_ticks(5);
-    expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
-    let (state, mem) = snapshot(&sock, &dir, 0);
+    let (mut a, state, mem) = counting_snapshot(&dir, 2, "100000");
     let _ = a.child.kill();
+    let payloads = dir.join("payloads");
+    let boot = json!({"kernel_image_path": payloads.join("counter.elf"), "boot_args": "exitless.params=100000"});
     let described = exitless(&["--describe-snapshot", &state]);
     assert_eq!(stdout(&described).trim(), "v1.0.0", "{}", stderr(&described));
     let text = std::fs::read_to_string(&state).unwrap();
@@ -411,16 +421,7 @@ fn a_snapshot_loads_through_a_page_fault_handler() {
         return;
     }
     let dir = tempdir();
-    let payloads = payloads_in(&dir);
-    let sock = dir.join("a.sock");
-    let mut a = Vmm::start(&sock);
-    expect_ok(&sock, "PUT", "/machine-config", Some(&json!({"vcpu_count": 1, "mem_size_mib": 64}))).unwrap();
-    let boot = json!({"kernel_image_path": payloads.join("counter.elf"), "boot_args": "exitless.params=60,4"});
-    expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
-    expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
-    a.wait_for_ticks(5);
-    expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
-    let (state, mem) = snapshot(&sock, &dir, 0);
+    let (mut a, state, mem) = counting_snapshot(&dir, 1, "60,4");
     let last = *a.ticks().last().unwrap();
     let _ = a.child.kill();
 

@@ -57,7 +57,8 @@ impl DeviceManager {
     pub fn attach_power(&mut self, control: Arc<RunControl>, s3: bool) -> Result<Arc<AcpiPm>, DeviceError> {
         let pm = Arc::new(AcpiPm::new(control, s3));
         let (port, len) = (layout::ACPI_PM_PORT, layout::ACPI_PM_LEN);
-        self.attach_pio("acpi-pm", DeviceKind::PowerManagement, port, len, pm.clone(), DeviceHandle::Bus)?;
+        let handle = DeviceHandle::Power(pm.clone());
+        self.attach_pio("acpi-pm", DeviceKind::PowerManagement, port, len, pm.clone(), handle)?;
         Ok(pm)
     }
 

@@ -13,7 +13,7 @@ pub use allocators::{AllocError, Allocators};
 pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle, VsockHandle};
 
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
-use crate::devices::legacy::{Serial, I8042};
+use crate::devices::legacy::{AcpiPm, Serial, I8042};
 use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
 use crate::irq::{GsiRouter, IrqError};
 use crate::layout::{self, MemoryMap};
@@ -112,6 +112,7 @@ pub enum DeviceHandle {
     Bus,
     Serial(Arc<Serial>),
     Keyboard(Arc<I8042>),
+    Power(Arc<AcpiPm>),
     Net(NetHandle),
     Block(DriveHandle),
     Entropy(EntropyHandle),
@@ -333,6 +334,14 @@ impl DeviceManager {
     pub fn keyboard(&self) -> Option<&Arc<I8042>> {
         self.devices.iter().find_map(|d| match &d.handle {
             DeviceHandle::Keyboard(k) => Some(k),
+            _ => None,
+        })
+    }
+
+    /// The ACPI PM registers and timer.
+    pub fn power(&self) -> Option<&Arc<AcpiPm>> {
+        self.devices.iter().find_map(|d| match &d.handle {
+            DeviceHandle::Power(p) => Some(p),
             _ => None,
         })
     }

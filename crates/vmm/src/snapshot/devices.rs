@@ -1,4 +1,4 @@
-//! The VMM's own devices in a snapshot: COM1 and the i8042 by their registers, and each
+//! The VMM's own devices in a snapshot: COM1, the i8042 and ACPI PM by their registers, and each
 //! virtio device by its PCI config space (BARs where the guest put them, MSI-X enable)
 //! and its transport (virtio::pci::state), matched on restore by name and slot.
 
@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 pub struct DeviceStates {
     pub serial: Option<crate::devices::legacy::serial::SerialRegs>,
     pub keyboard: Option<crate::devices::legacy::i8042::State>,
+    /// The ACPI PM registers and timer (a restored guest's timer goes on, never back).
+    #[serde(default)]
+    pub power: Option<crate::devices::legacy::acpi_pm::PmState>,
     #[serde(default)]
     pub virtio: Vec<VirtioDeviceState>,
 }
@@ -41,6 +44,7 @@ impl DeviceStates {
         DeviceStates {
             serial: devices.serial().map(|s| s.save()),
             keyboard: devices.keyboard().map(|k| k.save()),
+            power: devices.power().map(|p| p.save()),
             virtio,
         }
     }
@@ -63,6 +67,9 @@ impl DeviceStates {
         }
         if let (Some(state), Some(keyboard)) = (&self.keyboard, devices.keyboard()) {
             keyboard.restore(state.clone());
+        }
+        if let (Some(state), Some(power)) = (&self.power, devices.power()) {
+            power.restore(state);
         }
         let here: Vec<_> = devices.virtio_devices().collect();
         let names = |n: &mut dyn Iterator<Item = &str>| n.collect::<Vec<_>>().join(", ");

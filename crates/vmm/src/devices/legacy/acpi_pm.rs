@@ -6,7 +6,7 @@
 use crate::bus::BusDevice;
 use crate::layout;
 use crate::vcpu::control::{GuestStop, RunControl};
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,12 +30,24 @@ const CNT: u64 = (layout::ACPI_PM1_CNT - layout::ACPI_PM_PORT) as u64;
 const TMR: u64 = (layout::ACPI_PM_TMR - layout::ACPI_PM_PORT) as u64;
 const RESET: u64 = (layout::ACPI_RESET - layout::ACPI_PM_PORT) as u64;
 
+/// PM1 status, enable and control, and the PM timer, as a snapshot keeps them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PmState {
+    pub status: u16,
+    pub enable: u16,
+    pub cnt: u16,
+    pub timer: u32,
+}
+
 pub struct AcpiPm {
     control: Arc<RunControl>,
     started: Instant,
     status: AtomicU16,
     enable: AtomicU16,
     cnt: AtomicU16,
+    /// Added to the ticks since `started`: a restored machine's timer goes on from the
+    /// snapshot's value, never back.
+    timer_offset: AtomicU32,
     /// Whether S3 is offered (with `--testdevs`: only a wake by the RTC alarm is modelled).
     s3: bool,
 }
@@ -48,8 +60,28 @@ impl AcpiPm {
             status: AtomicU16::new(0),
             enable: AtomicU16::new(0),
             cnt: AtomicU16::new(SCI_EN),
+            timer_offset: AtomicU32::new(0),
             s3,
         }
+    }
+
+    /// The registers a snapshot keeps, the timer's value among them.
+    pub fn save(&self) -> PmState {
+        PmState {
+            status: self.status.load(Ordering::Relaxed),
+            enable: self.enable.load(Ordering::Relaxed),
+            cnt: self.cnt.load(Ordering::Relaxed),
+            timer: self.timer(),
+        }
+    }
+
+    pub fn restore(&self, s: &PmState) {
+        self.status.store(s.status, Ordering::Relaxed);
+        self.enable.store(s.enable, Ordering::Relaxed);
+        // SCI_EN stays set, SLP_EN never sticks: as any write leaves them.
+        self.cnt.store((s.cnt | SCI_EN) & !SLP_EN, Ordering::Relaxed);
+        self.timer_offset.store(0, Ordering::Relaxed);
+        self.timer_offset.store(s.timer.wrapping_sub(self.timer()), Ordering::Relaxed);
     }
 
     /// PM1 enable, as the guest last wrote it.
@@ -65,7 +97,8 @@ impl AcpiPm {
     /// The 32-bit PM timer: ticks since the machine was made.
     fn timer(&self) -> u32 {
         let ns = self.started.elapsed().as_nanos();
-        (ns * u128::from(PM_TIMER_HZ) / 1_000_000_000) as u32
+        let ticks = (ns * u128::from(PM_TIMER_HZ) / 1_000_000_000) as u32;
+        ticks.wrapping_add(self.timer_offset.load(Ordering::Relaxed))
     }
 
     /// The registers' bytes from `EVT` on, for reads of any width and offset.
@@ -157,5 +190,28 @@ mod tests {
         let s3 = Arc::new(RunControl::default());
         AcpiPm::new(s3.clone(), true).write(CNT, &(SLP_TYP_S3 << 10 | SLP_EN).to_le_bytes());
         assert!(s3.is_suspended() && s3.guest_stopped().is_none());
+    }
+}
+
+#[cfg(test)]
+mod snapshot_tests {
+    use super::*;
+
+    #[test]
+    fn a_restored_timer_goes_on_from_the_saved_value_and_registers_come_back() {
+        let old = AcpiPm::new(Arc::new(RunControl::default()), false);
+        old.write(EVT + 2, &RTC_EN.to_le_bytes());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let saved = old.save();
+        assert!(saved.timer > 0 && saved.enable == RTC_EN, "{saved:?}");
+        // A new machine's timer starts near 0; the restored one goes on from the snapshot's.
+        let new = AcpiPm::new(Arc::new(RunControl::default()), false);
+        new.restore(&saved);
+        let mut t = [0u8; 4];
+        new.read(TMR, &mut t);
+        let ahead = u32::from_le_bytes(t).wrapping_sub(saved.timer);
+        assert!(ahead < PM_TIMER_HZ as u32 / 10, "{} then {}", saved.timer, u32::from_le_bytes(t));
+        assert_eq!(new.save().enable, RTC_EN);
+        assert_eq!(new.save().cnt & SCI_EN, SCI_EN);
     }
 }

@@ -5,6 +5,9 @@
 //! (in the order they arose), then data from the streams in turn, one packet per stream
 //! per turn, so that no stream starves another.
 
+mod event;
+mod rx;
+
 use super::conn::{Conn, Read, State};
 use super::packet::{self, Header, HEADER_LEN};
 use super::{VsockConfig, VsockStats};
@@ -29,9 +32,6 @@ const EVT: usize = 2;
 const TOKEN_STOP: u64 = 3;
 const TOKEN_LISTENER: u64 = 4;
 const FIRST_TOKEN: u64 = 8;
-
-mod event;
-mod rx;
 /// Connections at once; more are refused (the host's closed, the guest's reset).
 const MAX_CONNECTIONS: usize = 1024;
 /// Host ports for host-initiated connections start here, as Firecracker's do.
