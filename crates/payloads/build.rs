@@ -81,6 +81,7 @@ fn main() {
         "-Wl,-z,noexecstack",
     ];
     let mut table = String::from("pub static PAYLOADS: &[Payload] = &[\n");
+    let mut blobs = Blobs::default();
     for (name, about) in PAYLOADS {
         let elf = out.join(format!("{name}.elf"));
         let mut cmd = Command::new(&cc);
@@ -102,13 +103,13 @@ fn main() {
         let bzimage = if BZIMAGES.contains(name) {
             let path = out.join(format!("{name}.bzImage"));
             fs::write(&path, bzimage(&elf, &out)).expect("write bzImage");
-            format!("Some(include_bytes!({:?}))", path.display().to_string())
+            format!("Some({})", blobs.embed(&path))
         } else {
             "None".into()
         };
         table.push_str(&format!(
-            "    Payload {{ name: {name:?}, about: {about:?}, elf: include_bytes!({:?}), bzimage: {bzimage}, multiboot: false }},\n",
-            elf.display().to_string()
+            "    Payload {{ name: {name:?}, about: {about:?}, elf: {}, bzimage: {bzimage}, multiboot: false }},\n",
+            blobs.embed(&elf)
         ));
     }
     for (name, about) in MULTIBOOT {
@@ -129,12 +130,36 @@ fn main() {
         let status = cmd.status().unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
         assert!(status.success(), "compiling multiboot payload {name} failed (does {cc} take -m32?): {cmd:?}");
         table.push_str(&format!(
-            "    Payload {{ name: {name:?}, about: {about:?}, elf: include_bytes!({:?}), bzimage: None, multiboot: true }},\n",
-            elf.display().to_string()
+            "    Payload {{ name: {name:?}, about: {about:?}, elf: {}, bzimage: None, multiboot: true }},\n",
+            blobs.embed(&elf)
         ));
     }
     table.push_str("];\n");
+    table.push_str(&blobs.statics);
     fs::write(out.join("payloads.rs"), table).expect("write payloads.rs");
+}
+
+/// The images as statics in a section of their own: 2 MB of guest code a VMM reads only
+/// when it boots one, kept out of `.rodata`, where the kernel's fault-around would map
+/// them beside the strings and tables every start touches (resident memory).
+#[derive(Default)]
+struct Blobs {
+    statics: String,
+    count: usize,
+}
+
+impl Blobs {
+    /// Embeds the file at `path`; the expression that names it.
+    fn embed(&mut self, path: &Path) -> String {
+        let len = fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).len();
+        let name = format!("BLOB_{}", self.count);
+        self.count += 1;
+        self.statics.push_str(&format!(
+            "#[link_section = \".exitless_payloads\"]\nstatic {name}: [u8; {len}] = *include_bytes!({:?});\n",
+            path.display().to_string()
+        ));
+        format!("&{name}")
+    }
 }
 
 /// Wraps the payload's loaded bytes (linked at 1 MiB, the 64-bit Linux entry 0x200 in) in a
