@@ -15,7 +15,7 @@ use vm_memory::GuestMemoryMmap;
 pub const BUF_ALLOC: u32 = 256 << 10;
 /// Freed credit worth telling the guest about without being asked.
 const CREDIT_UPDATE_AFTER: u32 = BUF_ALLOC / 4;
-const MAX_IOVECS: usize = 16;
+const MAX_IOVECS: usize = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {

@@ -7,21 +7,22 @@
 
 mod event;
 mod rx;
+mod tx;
 
 use super::conn::{Conn, Read, State};
 use super::packet::{self, Header, HEADER_LEN};
 use super::{VsockConfig, VsockStats};
-use crate::virtio::chain::{self, Segment};
+use crate::virtio::chain::Segment;
 use crate::virtio::thread::{DeviceJob, QueuePosition};
 use crate::virtio::{Activation, ActiveQueue, DeviceStatus, Interrupt};
 use std::collections::{HashMap, VecDeque};
-use std::io::{ErrorKind, Read as _, Write};
+use std::io::{ErrorKind, Read as _};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
@@ -85,6 +86,8 @@ pub struct Muxer {
     epoll: Option<Epoll>,
     /// A TRANSPORT_RESET waits for an event buffer (event.rs).
     transport_reset: bool,
+    /// Data packets from the guest waiting for one writev (tx.rs).
+    tx_batch: tx::TxBatch,
 }
 
 impl DeviceJob for Muxer {
@@ -134,6 +137,7 @@ impl Muxer {
             poll: crate::poll::PollMode::Off,
             epoll: None,
             transport_reset: a.restored,
+            tx_batch: tx::TxBatch::default(),
         }
     }
 
@@ -350,120 +354,6 @@ impl Muxer {
         self.control.push_back(Header::to_guest(self.guest_cid, key.0, key.1, packet::OP_RST));
     }
 
-    /// The guest's packets: each acted on and returned.
-    fn process_tx(&mut self, epoll: &Epoll) {
-        if self.broken || !self.queues[TX].ready() {
-            return;
-        }
-        loop {
-            if self.queues[TX].disable_notification(&self.mem).is_err() {
-                return self.fail("cannot write the tx queue's avail_event");
-            }
-            while let Some(chain) = self.queues[TX].pop_descriptor_chain(&self.mem) {
-                let head = chain.head_index();
-                let total = chain::segments(chain, &self.mem, false, usize::MAX, &mut self.segs);
-                if let Err(e) = total.map_err(|e| e.to_string()).and_then(|total| self.tx_packet(epoll, total)) {
-                    self.stats.bad_packets.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!("virtio-vsock: a packet from the guest: {e}");
-                }
-                if self.queues[TX].add_used(&self.mem, head, 0).is_err() {
-                    return self.fail("cannot write the tx used ring");
-                }
-                self.used[TX] = true;
-            }
-            match crate::virtio::rearm_notifications(&mut self.queues[TX], &self.mem, true) {
-                Ok(true) => continue,
-                Ok(false) => break,
-                Err(e) => return self.fail(e),
-            }
-        }
-    }
-
-    /// One packet from the guest, its chain's `total` bytes in `self.segs`.
-    fn tx_packet(&mut self, epoll: &Epoll, total: usize) -> Result<(), String> {
-        let mut raw = [0u8; HEADER_LEN];
-        if total < HEADER_LEN || chain::gather(&self.mem, &self.segs, &mut raw) < HEADER_LEN {
-            return Err(packet::BadPacket::Short.to_string());
-        }
-        let h = Header::parse(&raw);
-        packet::check(&h, self.guest_cid, total - HEADER_LEN).map_err(|e| e.to_string())?;
-        self.stats.tx_packets.fetch_add(1, Ordering::Relaxed);
-        let key = (h.dst_port, h.src_port);
-        if let Some((_, conn)) = self.conns.get_mut(&key) {
-            conn.peer_credit_from(&h);
-            // Every packet carries the guest's credit: a stream that stopped for it goes on.
-            if conn.waiting_for_credit && conn.peer_credit() > 0 {
-                conn.waiting_for_credit = false;
-                conn.readable = true;
-                self.ready.push_back(key);
-            }
-        }
-        match h.op {
-            packet::OP_REQUEST => self.guest_connect(epoll, key),
-            packet::OP_RESPONSE => match self.conns.get_mut(&key) {
-                Some((_, conn)) if conn.state == State::Connecting => {
-                    conn.state = State::Established;
-                    // Firecracker's answer to CONNECT: the host port, on its own line.
-                    let _ = conn.stream.write_all(format!("OK {}\n", key.0).as_bytes());
-                    if !conn.readable {
-                        conn.readable = true;
-                        self.ready.push_back(key);
-                    }
-                }
-                _ => self.reset(epoll, key),
-            },
-            packet::OP_RW => {
-                let payload = chain::skip(&self.segs, HEADER_LEN);
-                match self.conns.get_mut(&key) {
-                    Some((_, conn)) if conn.state == State::Established => {
-                        if conn.write_guest_bytes(&self.mem, &payload, h.len as usize).is_err() {
-                            self.reset(epoll, key);
-                            return Err(format!("port {}: more than its credit", key.1));
-                        }
-                        self.stats.tx_bytes.fetch_add(u64::from(h.len), Ordering::Relaxed);
-                        if conn.credit_update_due() {
-                            let update = conn.credit_update(self.guest_cid);
-                            self.control.push_back(update);
-                        }
-                    }
-                    _ => self.reset(epoll, key),
-                }
-            }
-            packet::OP_CREDIT_REQUEST => match self.conns.get_mut(&key) {
-                Some((_, conn)) => {
-                    let update = conn.credit_update(self.guest_cid);
-                    self.control.push_back(update);
-                    // If that freed nothing, the next byte the socket takes will be told.
-                    conn.credit_requested = true;
-                }
-                None => self.reset(epoll, key),
-            },
-            // The credit it brings was taken above.
-            packet::OP_CREDIT_UPDATE if self.conns.contains_key(&key) => {}
-            packet::OP_CREDIT_UPDATE => self.reset(epoll, key),
-            packet::OP_SHUTDOWN => match self.conns.get_mut(&key) {
-                Some((_, conn)) => {
-                    let both = packet::SHUTDOWN_RCV | packet::SHUTDOWN_SEND;
-                    if h.flags & both == both || conn.host_closed {
-                        self.reset(epoll, key);
-                    } else if h.flags & packet::SHUTDOWN_SEND != 0 {
-                        conn.guest_done_sending = true;
-                        conn.flush();
-                    }
-                }
-                None => self.reset(epoll, key),
-            },
-            // RST: the connection is gone (if it was ever there); nothing to answer.
-            _ => {
-                if let Some((token, _)) = self.conns.get(&key) {
-                    let token = *token;
-                    self.forget(epoll, token);
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// The guest connects to the host's port P: `<uds_path>_P`.
     fn guest_connect(&mut self, epoll: &Epoll, key: Key) {
         if self.conns.contains_key(&key) || self.tokens.len() >= MAX_CONNECTIONS {
@@ -507,6 +397,7 @@ impl Muxer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::virtio::chain;
 
     #[test]
     fn skips_the_header_across_segments() {

@@ -1,11 +1,17 @@
-//! The receive queue: control packets first, in the order they arose, then one packet of
-//! data per ready stream in turn.
+//! The receive queue: control packets first, in the order they arose, then data from the
+//! ready streams in turn. A stream's data fills as many of the guest's buffers as its
+//! credit allows (up to `RX_BATCH`) with one readv: a read per 4 KiB buffer made the socket
+//! calls the bound (a bare Unix-socket echo in 4 KiB calls moves 0.4 GB/s on this host, in
+//! 64 KiB calls 1.8).
 
 use super::{Muxer, Read, State, HEADER_LEN, RX};
-use crate::virtio::chain;
+use crate::virtio::chain::{self, Segment};
 use crate::virtio::vsock::packet::{self, Header};
 use std::sync::atomic::Ordering;
 use virtio_queue::{QueueOwnedT, QueueT};
+
+/// The most receive buffers one read fills.
+const RX_BATCH: usize = 16;
 
 impl Muxer {
     /// Fills the guest's receive buffers: control packets, then data in turn.
@@ -27,14 +33,17 @@ impl Muxer {
                 self.put_rx(head, 0);
                 continue;
             }
-            let written = match self.control.pop_front() {
-                Some(h) => self.write_header(&h),
-                None => self.rx_data(),
-            };
-            match written {
-                Some(len) => self.put_rx(head, len),
-                // Nothing to put in it after all: back on the avail ring.
-                None => self.queues[RX].go_to_previous_position(),
+            match self.control.pop_front() {
+                Some(h) => match self.write_header(&self.segs, &h) {
+                    Some(len) => self.put_rx(head, len),
+                    None => self.put_rx(head, 0),
+                },
+                None => {
+                    if !self.rx_data(head) {
+                        // Nothing to put in it after all: back on the avail ring.
+                        self.queues[RX].go_to_previous_position();
+                    }
+                }
             }
         }
     }
@@ -47,16 +56,16 @@ impl Muxer {
         self.stats.rx_packets.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Puts `h` at the start of the receive buffer in `self.segs` (its payload, if any, is
-    /// already after it); the packet's length, or None if the buffer cannot hold a header.
-    fn write_header(&self, h: &Header) -> Option<u32> {
-        (chain::scatter(&self.mem, &self.segs, &h.bytes()) == HEADER_LEN).then_some(HEADER_LEN as u32 + h.len)
+    /// Puts `h` at the start of the receive buffer `segs` (its payload, if any, is already
+    /// after it); the packet's length, or None if the buffer cannot hold a header.
+    fn write_header(&self, segs: &[Segment], h: &Header) -> Option<u32> {
+        (chain::scatter(&self.mem, segs, &h.bytes()) == HEADER_LEN).then_some(HEADER_LEN as u32 + h.len)
     }
 
-    /// One packet of data from the next ready stream, or a SHUTDOWN for one the host
-    /// closed; None once no stream has anything (the buffer goes back).
-    fn rx_data(&mut self) -> Option<u32> {
-        let payload = chain::skip(&self.segs, HEADER_LEN);
+    /// Data from the next ready stream into the buffer `head` (its segments in
+    /// `self.segs`) and as many more as it fills, or a SHUTDOWN or CREDIT_REQUEST for one
+    /// that has none; false once no stream has anything (the buffer is not used).
+    fn rx_data(&mut self, head: u16) -> bool {
         while let Some(key) = self.ready.pop_front() {
             let Some((_, conn)) = self.conns.get_mut(&key) else { continue };
             if conn.state != State::Established || conn.host_closed {
@@ -68,30 +77,74 @@ impl Muxer {
                 conn.readable = false;
                 conn.waiting_for_credit = true;
                 let h = conn.header(self.guest_cid, packet::OP_CREDIT_REQUEST, 0);
-                return self.write_header(&h);
+                let len = self.write_header(&self.segs, &h).unwrap_or(0);
+                self.put_rx(head, len);
+                return true;
             }
-            let (h, keep) = match conn.read_for_guest(&self.mem, &payload) {
+            // This buffer's payload first, then more of the guest's buffers while the
+            // stream's credit goes beyond what they hold.
+            let credit = conn.peer_credit() as usize;
+            let mut buffers = vec![(head, std::mem::take(&mut self.segs))];
+            let mut room = payload_room(&buffers[0].1);
+            while buffers.len() < RX_BATCH && room < credit {
+                let Some(chain) = self.queues[RX].pop_descriptor_chain(&self.mem) else { break };
+                let (next, mut segs) = (chain.head_index(), Vec::new());
+                if chain::segments(chain, &self.mem, true, usize::MAX, &mut segs).is_err() {
+                    self.queues[RX].go_to_previous_position();
+                    break;
+                }
+                room += payload_room(&segs);
+                buffers.push((next, segs));
+            }
+            let payload: Vec<Segment> = buffers.iter().flat_map(|(_, s)| chain::skip(s, HEADER_LEN)).collect();
+            let read = conn.read_for_guest(&self.mem, &payload);
+            // One packet per buffer the bytes reached, in order; a closed socket a SHUTDOWN.
+            let mut packets = Vec::with_capacity(buffers.len());
+            match read {
                 Read::Bytes(n) => {
                     self.stats.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
-                    (conn.header(self.guest_cid, packet::OP_RW, n as u32), true)
+                    let mut left = n;
+                    for (_, segs) in &buffers {
+                        let got = left.min(payload_room(segs));
+                        if got == 0 {
+                            break;
+                        }
+                        left -= got;
+                        packets.push(conn.header(self.guest_cid, packet::OP_RW, got as u32));
+                    }
+                    self.ready.push_back(key);
                 }
-                Read::WouldBlock => {
-                    conn.readable = false;
-                    continue;
-                }
+                Read::WouldBlock => conn.readable = false,
                 Read::Closed => {
                     conn.host_closed = true;
                     conn.readable = false;
                     let mut h = conn.header(self.guest_cid, packet::OP_SHUTDOWN, 0);
                     h.flags = packet::SHUTDOWN_RCV | packet::SHUTDOWN_SEND;
-                    (h, false)
+                    packets.push(h);
                 }
-            };
-            if keep {
-                self.ready.push_back(key);
             }
-            return self.write_header(&h);
+            for ((buffer, segs), h) in buffers.iter().zip(&packets) {
+                let len = self.write_header(segs, h).unwrap_or(0);
+                self.put_rx(*buffer, len);
+            }
+            // The buffers the read did not reach go back, the last taken first; the first
+            // one stays taken when nothing was read, for the next stream.
+            let back = buffers.len() - packets.len().max(1);
+            for _ in 0..back {
+                self.queues[RX].go_to_previous_position();
+            }
+            if packets.is_empty() {
+                self.segs = std::mem::take(&mut buffers[0].1);
+                continue;
+            }
+            self.segs = std::mem::take(&mut buffers[0].1);
+            return true;
         }
-        None
+        false
     }
+}
+
+/// What a receive buffer holds after the packet header.
+fn payload_room(segs: &[Segment]) -> usize {
+    segs.iter().map(|s| s.len).sum::<usize>().saturating_sub(HEADER_LEN)
 }
