@@ -3,7 +3,9 @@
 //! resumed) by a new VMM; by guest memory size and written share. Measured: the create
 //! request, what the files hold, the load request, and from the load request to the
 //! guest's next line (the guest running again). Every restored guest must go on counting
-//! from the tick it had reached.
+//! from the tick it had reached. A Diff row snapshots the same guest Full first (the
+//! base), lets it count three more ticks, and takes a Diff: what the Diff holds and costs
+//! to create is measured, and the load is of the base with the Diff laid over it.
 
 use crate::api_client::{expect_ok, listening};
 use crate::report::{print_table, targets_json, targets_text, Outputs, Target};
@@ -21,6 +23,8 @@ pub struct Options {
     pub sizes_mib: Vec<u64>,
     /// Shares of RAM the guest writes before the snapshot (0 to 1).
     pub dirty: Vec<f64>,
+    /// Full rows, Diff rows, or both.
+    pub kinds: Vec<Kind>,
     /// Runs per VMM, size and share, interleaved between the VMMs; medians are reported.
     pub runs: u32,
     pub outputs: Outputs,
@@ -29,9 +33,26 @@ pub struct Options {
 /// What stops the snapshot lab (crate::report::LabError).
 pub type SnapshotBenchError = crate::report::LabError;
 
+/// A snapshot type, as `PUT /snapshot/create` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Full,
+    Diff,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Full => "Full",
+            Kind::Diff => "Diff",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Row {
     pub vmm: &'static str,
+    pub kind: Kind,
     pub mem_mib: u64,
     pub dirty: f64,
     pub create_ms: f64,
@@ -121,13 +142,20 @@ impl Drop for Vmm {
     }
 }
 
-fn run_one(vmm: (&'static str, &Path), dir: &Path, mem_mib: u64, dirty: f64) -> Result<Row, SnapshotBenchError> {
+fn run_one(
+    vmm: (&'static str, &Path),
+    dir: &Path,
+    mem_mib: u64,
+    dirty: f64,
+    kind: Kind,
+) -> Result<Row, SnapshotBenchError> {
     let (name, exe) = vmm;
-    let fail = |what: &str| SnapshotBenchError::Run(format!("{name}, {mem_mib} MiB, {dirty}: {what}"));
+    let fail = |what: &str| SnapshotBenchError::Run(format!("{name}, {mem_mib} MiB, {dirty}, {kind:?}: {what}"));
     let kernel = dir.join("counter.elf");
     let dirty_mib = ((mem_mib as f64 * dirty) as u64).min(mem_mib.saturating_sub(18));
     let first = Vmm::start(exe, dir.join("a.sock"))?;
-    first.put("/machine-config", json!({"vcpu_count": 1, "mem_size_mib": mem_mib}))?;
+    let track = kind == Kind::Diff;
+    first.put("/machine-config", json!({"vcpu_count": 1, "mem_size_mib": mem_mib, "track_dirty_pages": track}))?;
     first.put(
         "/boot-source",
         json!({"kernel_image_path": kernel, "boot_args": format!("exitless.params=1000000000,{dirty_mib}")}),
@@ -137,10 +165,26 @@ fn run_one(vmm: (&'static str, &Path), dir: &Path, mem_mib: u64, dirty: f64) -> 
     first.tick_after(booted, Duration::from_secs(60)).ok_or_else(|| fail("the guest never ticked"))?;
     first.put("/vm", json!({"state": "Paused"}))?;
     let (state, memory) = (dir.join("state.json"), dir.join("memory.bin"));
-    let create = first.put("/snapshot/create", json!({"snapshot_path": state, "mem_file_path": memory}))?;
+    let mut create = first.put("/snapshot/create", json!({"snapshot_path": state, "mem_file_path": memory}))?;
+    let (mut state_kib, mut memory_written_kib) = (kib(&state, false), kib(&memory, true));
+    if kind == Kind::Diff {
+        // Three more ticks, then only what the guest wrote since the base.
+        first.put("/vm", json!({"state": "Resumed"}))?;
+        for _ in 0..3 {
+            first.tick_after(Instant::now(), Duration::from_secs(30)).ok_or_else(|| fail("no tick after the base"))?;
+        }
+        first.put("/vm", json!({"state": "Paused"}))?;
+        let diff = dir.join("diff.bin");
+        let body = json!({"snapshot_type": "Diff", "snapshot_path": state, "mem_file_path": diff});
+        create = first.put("/snapshot/create", body)?;
+        (state_kib, memory_written_kib) = (kib(&state, false), kib(&diff, true));
+        // What a restore of a Diff loads: the base with the Diff laid over it.
+        let open = |p: &Path, w: bool| std::fs::OpenOptions::new().read(true).write(w).open(p);
+        let (base, laid) = (open(&memory, true), open(&diff, false));
+        let (Ok(base), Ok(laid)) = (base, laid) else { return Err(fail("cannot open the memory files")) };
+        exitless_vmm::snapshot::memory::rebase(&base, &laid).map_err(|e| fail(&format!("rebase: {e}")))?;
+    }
     let last_tick = first.last_tick();
-    let state_kib = std::fs::metadata(&state).map(|m| m.len() / 1024).unwrap_or(0);
-    let memory_written_kib = allocated_kib(&memory);
     let second = Vmm::start(exe, dir.join("b.sock"))?;
     let loaded_at = Instant::now();
     let load = second.put(
@@ -154,6 +198,7 @@ fn run_one(vmm: (&'static str, &Path), dir: &Path, mem_mib: u64, dirty: f64) -> 
     }
     Ok(Row {
         vmm: name,
+        kind,
         mem_mib,
         dirty,
         create_ms: create.as_secs_f64() * 1e3,
@@ -164,6 +209,13 @@ fn run_one(vmm: (&'static str, &Path), dir: &Path, mem_mib: u64, dirty: f64) -> 
     })
 }
 
+/// A file's size in KiB, or (`allocated`) its blocks on disk: a memory file's holes take none.
+fn kib(path: &Path, allocated: bool) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path);
+    meta.map(|m| if allocated { m.blocks() * 512 / 1024 } else { m.len() / 1024 }).unwrap_or(0)
+}
+
 fn median_row(runs: &[Row]) -> Row {
     let med = |f: fn(&Row) -> f64| crate::stats::median(&runs.iter().map(f).collect::<Vec<_>>());
     Row {
@@ -172,12 +224,6 @@ fn median_row(runs: &[Row]) -> Row {
         running_again_ms: med(|r| r.running_again_ms),
         ..runs[0].clone()
     }
-}
-
-/// The memory file's blocks on disk (its holes take none).
-fn allocated_kib(path: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).map(|m| m.blocks() * 512 / 1024).unwrap_or(0)
 }
 
 pub fn measure(opts: &Options) -> Result<Vec<Row>, SnapshotBenchError> {
@@ -191,24 +237,26 @@ pub fn measure(opts: &Options) -> Result<Vec<Row>, SnapshotBenchError> {
         vmms.push(("firecracker", fc.as_path()));
     }
     let mut rows = Vec::new();
-    for &mem in &opts.sizes_mib {
-        for &dirty in &opts.dirty {
-            let mut runs: Vec<Vec<Row>> = vec![Vec::new(); vmms.len()];
-            for run in 0..opts.runs as usize {
-                // Each run starts at the next VMM, so neither always goes first.
-                for k in 0..vmms.len() {
-                    let v = (run + k) % vmms.len();
-                    eprintln!(
-                        "snapshot: {} {mem} MiB, {:.0}% written, run {}/{} ...",
-                        vmms[v].0,
-                        dirty * 100.0,
-                        run + 1,
-                        opts.runs
-                    );
-                    runs[v].push(run_one(vmms[v], &dir, mem, dirty)?);
+    for &kind in &opts.kinds {
+        for &mem in &opts.sizes_mib {
+            for &dirty in &opts.dirty {
+                let mut runs: Vec<Vec<Row>> = vec![Vec::new(); vmms.len()];
+                for run in 0..opts.runs as usize {
+                    // Each run starts at the next VMM, so neither always goes first.
+                    for k in 0..vmms.len() {
+                        let v = (run + k) % vmms.len();
+                        eprintln!(
+                            "snapshot: {} {kind:?} {mem} MiB, {:.0}% written, run {}/{} ...",
+                            vmms[v].0,
+                            dirty * 100.0,
+                            run + 1,
+                            opts.runs
+                        );
+                        runs[v].push(run_one(vmms[v], &dir, mem, dirty, kind)?);
+                    }
                 }
+                rows.extend(runs.iter().map(|r| median_row(r)));
             }
-            rows.extend(runs.iter().map(|r| median_row(r)));
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -218,15 +266,17 @@ pub fn measure(opts: &Options) -> Result<Vec<Row>, SnapshotBenchError> {
 pub fn targets(rows: &[Row]) -> Vec<Target> {
     let mut out: Vec<Target> = rows
         .iter()
-        .filter(|r| r.mem_mib == 512 && r.vmm == "exitless")
+        .filter(|r| r.mem_mib == 512 && r.vmm == "exitless" && r.kind == Kind::Full)
         .map(|r| {
             let what = format!("512 MiB ({:.0}% written): load to running <= 10 ms", r.dirty * 100.0);
             Target::new(what, format!("{:.1} ms", r.running_again_ms), r.running_again_ms <= 10.0)
         })
         .collect();
     // Beside Firecracker on the same guest, size and share.
-    for fc in rows.iter().filter(|r| r.vmm == "firecracker") {
-        let ours = rows.iter().find(|r| r.vmm == "exitless" && r.mem_mib == fc.mem_mib && r.dirty == fc.dirty);
+    for fc in rows.iter().filter(|r| r.vmm == "firecracker" && r.kind == Kind::Full) {
+        let ours = rows
+            .iter()
+            .find(|r| r.vmm == "exitless" && r.kind == Kind::Full && r.mem_mib == fc.mem_mib && r.dirty == fc.dirty);
         if let Some(ours) = ours {
             let what =
                 format!("{} MiB ({:.0}% written): load to running <= Firecracker's", fc.mem_mib, fc.dirty * 100.0);
@@ -238,16 +288,18 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
 }
 
 pub fn text(rows: &[Row]) -> String {
-    let mut s =
-        String::from("snapshot lab: the counter guest, Full snapshots through the API, restored in a new VMM\n");
+    let mut s = String::from(
+        "snapshot lab: the counter guest, snapshots through the API, restored in a new VMM (Diff: 3 ticks after a Full base, loaded laid over it)\n",
+    );
     s += &format!(
-        "  {:<12} {:>8} {:>8} {:>11} {:>10} {:>14} {:>9} {:>16}\n",
-        "VMM", "RAM MiB", "written", "create ms", "state KiB", "memory KiB", "load ms", "to running ms"
+        "  {:<12} {:<5} {:>8} {:>8} {:>11} {:>10} {:>14} {:>9} {:>16}\n",
+        "VMM", "type", "RAM MiB", "written", "create ms", "state KiB", "memory KiB", "load ms", "to running ms"
     );
     for r in rows {
         s += &format!(
-            "  {:<12} {:>8} {:>7.0}% {:>11.1} {:>10} {:>14} {:>9.1} {:>16.1}\n",
+            "  {:<12} {:<5} {:>8} {:>7.0}% {:>11.1} {:>10} {:>14} {:>9.1} {:>16.1}\n",
             r.vmm,
+            r.kind.name(),
             r.mem_mib,
             r.dirty * 100.0,
             r.create_ms,
@@ -264,7 +316,7 @@ pub fn json(rows: &[Row]) -> Value {
     let rows: Vec<Value> = rows
         .iter()
         .map(|r| {
-            json!({"vmm": r.vmm, "mem_mib": r.mem_mib, "dirty_fraction": r.dirty, "snapshot_type": "Full", "create_ms": r.create_ms,
+            json!({"vmm": r.vmm, "mem_mib": r.mem_mib, "dirty_fraction": r.dirty, "snapshot_type": r.kind.name(), "create_ms": r.create_ms,
                    "state_kib": r.state_kib, "memory_written_kib": r.memory_written_kib, "load_ms": r.load_ms,
                    "load_to_running_ms": r.running_again_ms})
         })

@@ -47,8 +47,20 @@ pub struct SnapshotArgs {
     /// Runs per VMM, size and share (interleaved); medians are reported.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub runs: u32,
+    /// Snapshot types, each measured: Full, and Diff (three ticks after a Full base,
+    /// loaded laid over it).
+    #[arg(long, value_delimiter = ',', default_value = "Full,Diff", value_parser = parse_kind)]
+    pub types: Vec<exitless_lab::snapshot::Kind>,
     #[command(flatten)]
     pub out: OutputArgs,
+}
+
+fn parse_kind(s: &str) -> Result<exitless_lab::snapshot::Kind, String> {
+    match s {
+        "Full" | "full" => Ok(exitless_lab::snapshot::Kind::Full),
+        "Diff" | "diff" => Ok(exitless_lab::snapshot::Kind::Diff),
+        _ => Err(format!("{s:?} is not a snapshot type (Full or Diff)")),
+    }
 }
 
 fn parse_share(s: &str) -> Result<f64, String> {
@@ -64,6 +76,7 @@ impl SnapshotArgs {
             firecracker: self.firecracker.clone(),
             sizes_mib: self.mem.clone(),
             dirty: self.written.clone(),
+            kinds: self.types.clone(),
             runs: self.runs,
             outputs: self.out.outputs(),
         }
