@@ -2,8 +2,8 @@
 //! paused and snapshotted through the API, its VMM killed, and the snapshot loaded (and
 //! resumed) by a new VMM; by guest memory size and written share. Measured: the create
 //! request, what the files hold, the load request, and from the load request to the
-//! guest's next line (the guest running again). Every restored guest must go on counting
-//! from the tick it had reached. A Diff row snapshots the same guest Full first (the
+//! guest's next line (the guest running again); the files are synced to disk before the
+//! load. Every restored guest must go on counting from the tick it had reached. A Diff row snapshots the same guest Full first (the
 //! base), lets it count three more ticks, and takes a Diff: what the Diff holds and costs
 //! to create is measured, and the load is of the base with the Diff laid over it.
 
@@ -185,6 +185,12 @@ fn run_one(
         exitless_vmm::snapshot::memory::rebase(&base, &laid).map_err(|e| fail(&format!("rebase: {e}")))?;
     }
     let last_tick = first.last_tick();
+    // The files on disk before the load, for both VMMs alike: otherwise the kernel's
+    // writeback of what the create just wrote (up to the whole RAM) runs during the load on
+    // this 2-core host, and the row measures that rather than the load.
+    for file in [&state, &memory] {
+        std::fs::File::open(file).and_then(|f| f.sync_all()).map_err(|e| fail(&format!("sync: {e}")))?;
+    }
     let second = Vmm::start(exe, dir.join("b.sock"))?;
     let loaded_at = Instant::now();
     let load = second.put(
@@ -193,7 +199,14 @@ fn run_one(
     )?;
     let (ran_at, tick) =
         second.tick_after(loaded_at, Duration::from_secs(30)).ok_or_else(|| fail("the restored guest never ticked"))?;
-    if last_tick.is_some_and(|last| tick != last + 1 && tick != last + 2) {
+    // exitless's console keeps every line it took before the kill: the next tick must follow
+    // the last. Firecracker may lose the last lines it buffered when killed: there the
+    // restored guest must only go on, not start again.
+    let follows = |last: u64| match name {
+        "exitless" => tick == last + 1 || tick == last + 2,
+        _ => tick > last,
+    };
+    if last_tick.is_some_and(|last| !follows(last)) {
         return Err(fail(&format!("the restored guest ticked {tick} after {last_tick:?}")));
     }
     Ok(Row {
