@@ -105,10 +105,12 @@ impl Muxer {
                     self.stats.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
                     let mut left = n;
                     for (_, segs) in &buffers {
-                        let got = left.min(payload_room(segs));
-                        if got == 0 {
+                        if left == 0 {
                             break;
                         }
+                        // A buffer with no room past its header (a guest's odd choice) gets an
+                        // empty packet: the bytes went on to the next one, and order holds.
+                        let got = left.min(payload_room(segs));
                         left -= got;
                         packets.push(conn.header(self.guest_cid, packet::OP_RW, got as u32));
                     }
@@ -133,12 +135,10 @@ impl Muxer {
             for _ in 0..back {
                 self.queues[RX].go_to_previous_position();
             }
-            if packets.is_empty() {
-                self.segs = std::mem::take(&mut buffers[0].1);
-                continue;
-            }
             self.segs = std::mem::take(&mut buffers[0].1);
-            return true;
+            if !packets.is_empty() {
+                return true;
+            }
         }
         false
     }
