@@ -246,23 +246,27 @@ pub fn take(machine: &crate::Machine, memory: &mut std::fs::File, diff: bool) ->
             d.name
         )));
     }
-    if diff && machine.dirty_logged_slots().is_none() {
-        return Err(SnapshotError::Refused("a Diff snapshot needs dirty pages tracked".into()));
-    }
+    // A Diff writes the pages each RAM memslot logged as dirty.
+    let diff_slots = match (diff, machine.dirty_logged_slots()) {
+        (true, None) => return Err(SnapshotError::Refused("a Diff snapshot needs dirty pages tracked".into())),
+        (true, slots) => slots,
+        (false, _) => None,
+    };
     // Devices first: what they finish (and the interrupts they send) is in what follows.
     let devices = DeviceStates::save(machine.devices());
-    let taken = take_paused(machine, memory, diff);
+    let taken = take_paused(machine, memory, diff_slots);
     devices.resume(machine.devices());
     let (vm, vcpus, mem_size) = taken?;
     let count = machine.vcpu_count();
     Ok(MachineState { vcpu_count: count, mem_size, cpu: CpuIdentity::host(), vm, vcpus, devices })
 }
 
-/// The vCPUs, the VM and the memory file, while the devices are paused.
+/// The vCPUs, the VM and the memory file (a Diff of `diff_slots`, or all of RAM), while
+/// the devices are paused.
 fn take_paused(
     machine: &crate::Machine,
     memory: &mut std::fs::File,
-    diff: bool,
+    diff_slots: Option<&[u32]>,
 ) -> Result<(VmState, Vec<VcpuState>, u64), SnapshotError> {
     let msrs = msr_list(machine.kvm())?;
     let count = machine.vcpu_count();
@@ -273,13 +277,12 @@ fn take_paused(
     let vm = VmState::capture(machine.vm())?;
     let mem_size = machine.map().ram_regions().iter().map(|&(_, size)| size).sum();
     let io = |source| SnapshotError::Io { what: "write", path: "the memory file".into(), source };
-    match (diff, machine.dirty_logged_slots()) {
-        (true, Some(slots)) => memory::write_dirty(machine.vm(), machine.memory(), slots, memory).map_err(io)?,
-        (true, None) => return Err(SnapshotError::Refused("a Diff snapshot needs dirty pages tracked".into())),
-        (false, slots) => {
+    match diff_slots {
+        Some(slots) => memory::write_dirty(machine.vm(), machine.memory(), slots, memory).map_err(io)?,
+        None => {
             let written = memory::write_full(machine.memory(), memory).map_err(io)?;
             // What the next Diff holds starts here.
-            if let Some(slots) = slots {
+            if let Some(slots) = machine.dirty_logged_slots() {
                 memory::clear_dirty_log(machine.vm(), machine.memory(), slots).map_err(io)?;
             }
             written

@@ -371,12 +371,18 @@ impl VirtioPci {
         tracing::debug!("virtio type {}: status {old:#x} -> {new:#x}", t.device.device_type());
         if new & STATUS_DRIVER_OK != 0 && new & STATUS_FEATURES_OK != 0 && !t.active {
             if let Err(e) = self.activate(t, None) {
-                tracing::warn!("virtio: cannot start the device: {e}; it needs a reset");
-                self.status.raise(STATUS_NEEDS_RESET);
-                if let Some(i) = crate::sync::lock(&self.interrupt).as_ref() {
-                    i.signal_config();
-                }
+                self.cannot_start(t, "start the device", e);
             }
+        }
+    }
+
+    /// The device could not start on what the driver (or a snapshot) set up: NEEDS_RESET,
+    /// and the configuration interrupt where the driver set one up, so that it notices.
+    fn cannot_start(&self, t: &Transport, what: &str, e: ActivateError) {
+        tracing::warn!("virtio type {}: cannot {what}: {e}; it needs a reset", t.device.device_type());
+        self.status.raise(STATUS_NEEDS_RESET);
+        if let Some(i) = crate::sync::lock(&self.interrupt).as_ref() {
+            i.signal_config();
         }
     }
 

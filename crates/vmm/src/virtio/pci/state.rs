@@ -7,7 +7,7 @@
 
 use super::{Transport, VirtioPci};
 use crate::pci::msix::MsixState;
-use crate::virtio::{ActivateError, QueuePosition, NO_VECTOR, STATUS_DRIVER_OK, STATUS_NEEDS_RESET};
+use crate::virtio::{ActivateError, QueuePosition, NO_VECTOR, STATUS_DRIVER_OK};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
 
@@ -118,10 +118,7 @@ impl VirtioPci {
                     i.isr.store(isr, Ordering::Release);
                 }
             }
-            Err(e) => {
-                tracing::warn!("virtio type {}: cannot go on from the snapshot: {e}", t.device.device_type());
-                self.status.raise(STATUS_NEEDS_RESET);
-            }
+            Err(e) => self.cannot_start(&t, "go on from the snapshot", e),
         }
     }
 }

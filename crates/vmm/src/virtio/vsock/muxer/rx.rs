@@ -34,10 +34,10 @@ impl Muxer {
                 continue;
             }
             match self.control.pop_front() {
-                Some(h) => match self.write_header(&self.segs, &h) {
-                    Some(len) => self.put_rx(head, len),
-                    None => self.put_rx(head, 0),
-                },
+                Some(h) => {
+                    let len = self.write_header(&self.segs, &h).unwrap_or(0);
+                    self.put_rx(head, len);
+                }
                 None => {
                     if !self.rx_data(head) {
                         // Nothing to put in it after all: back on the avail ring.
