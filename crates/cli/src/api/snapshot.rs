@@ -18,10 +18,8 @@ impl Vm {
                 "The microVM must be paused to be snapshotted: PATCH /vm {\"state\": \"Paused\"} first.".into(),
             ));
         }
+        // Without track_dirty_pages a Diff holds every resident page, as in Firecracker.
         let diff = c.snapshot_type == Some(SnapshotType::Diff);
-        if diff && !self.config.machine_config.track_dirty_pages {
-            return Err(Fault("A Diff snapshot needs track_dirty_pages in machine-config (or in the load).".into()));
-        }
         let mut memory = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -70,11 +68,20 @@ impl Vm {
             ),
             MemBackendType::Uffd => MemoryBackend::Uffd(path.into()),
         };
+        if let Some(o) = &l.vsock_override {
+            let vsock =
+                config.vsock.as_mut().ok_or_else(|| Fault("The snapshot has no vsock device to override.".into()))?;
+            vsock.uds_path.clone_from(&o.uds_path);
+        }
+        let clock_realtime = l.clock_realtime.unwrap_or(false);
+        if clock_realtime && !file.machine.vm.has_realtime() {
+            return Err(Fault("clock_realtime requested but not present in the snapshot state.".into()));
+        }
         if let Some(v) = &config.vsock {
             remove_stale_socket(std::path::Path::new(&v.uds_path));
         }
         self.config = config;
-        let restore = Restore { state: file.machine, memory };
+        let restore = Restore { state: file.machine, memory, clock_realtime };
         let built = self.build(Some(restore));
         if built.is_err() {
             // Nothing started: the VMM is as unconfigured as before.

@@ -230,7 +230,9 @@ impl Machine {
                 devices.attach_edu_behind_iommu()?;
             }
         }
-        if d.boot_timer {
+        // A restored guest booted long ago, and its devices' places are the snapshot's,
+        // one of which may be the timer's page: Firecracker attaches none on restore either.
+        if d.boot_timer && restore.is_none() {
             devices.attach_boot_timer(started.0)?;
         }
         for net in &d.nets {
@@ -259,7 +261,7 @@ impl Machine {
         let threads_per_core = if config.smt { 2 } else { 1 };
         let restored = match restore {
             Some(r) => {
-                r.state.vm.restore(&vm).map_err(crate::snapshot::SnapshotError::from)?;
+                r.state.vm.restore(&vm, r.clock_realtime).map_err(crate::snapshot::SnapshotError::from)?;
                 r.state.devices.restore(&devices).map_err(crate::snapshot::SnapshotError::Refused)?;
                 Some(r.state.vcpus)
             }

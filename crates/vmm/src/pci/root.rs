@@ -189,8 +189,23 @@ impl PciRoot {
         state.shadow.refresh(index, state.functions[index].as_deref().map(|f| f.config.bytes()));
     }
 
+    /// Takes every BAR of the functions at `indices` off the bus (their ioeventfds parked).
+    /// A restore clears them all before it puts any back, so that no saved place is
+    /// refused for a place another function was given when it was built.
+    pub fn unplace_bars(&self, indices: &[usize]) {
+        let mut state = self.lock();
+        for &index in indices {
+            let Some(function) = state.functions.get_mut(index).and_then(Option::as_deref_mut) else { continue };
+            for bar in 0..BAR_COUNT {
+                self.take_off_bus(function, bar);
+            }
+        }
+    }
+
     /// Puts a snapshot's config space back on function `index`: its BARs placed where the
     /// guest had them, the device told (MSI-X enable and mask), the ECAM shadow rewritten.
+    /// Every BAR the guest had decoded must land where it was, its ioeventfds with it:
+    /// a device the guest cannot reach is a restore that failed, never a quiet one.
     pub fn restore_config(&self, index: usize, saved: &[u8]) -> Result<(), String> {
         let mut state = self.lock();
         let function = state.functions.get_mut(index).and_then(Option::as_deref_mut).ok_or("no such function")?;
@@ -202,7 +217,52 @@ impl PciRoot {
         self.place_bars(&mut state, index);
         let state = &mut *state;
         state.shadow.refresh(index, state.functions[index].as_deref().map(|f| f.config.bytes()));
+        let function = state.functions[index].as_deref().ok_or("no such function")?;
+        for (bar, handler) in function.bars.iter().enumerate() {
+            let Some(handler) = handler else { continue };
+            match self.place_for(function, bar) {
+                Some(at) if handler.mapped != Some(at) => {
+                    return Err(format!("BAR{bar} cannot be put back at {at:#x} (something else is there)"))
+                }
+                Some(at) if !handler.parked.is_empty() => {
+                    return Err(format!("BAR{bar} at {at:#x}: KVM refused its ioeventfds"))
+                }
+                _ => {}
+            }
+        }
         Ok(())
+    }
+
+    /// Where BAR `bar` of `function` belongs: the address its config space gives, if
+    /// decode is on and the BAR lies wholly inside a window of its kind.
+    fn place_for(&self, function: &PciFunction, bar: usize) -> Option<u64> {
+        let spec = function.config.bar(bar)?;
+        let address = function.config.bar_address(bar).unwrap_or(0);
+        let w = &self.windows;
+        let windows = match spec.kind {
+            BarKind::Io => [&w.io, &w.io],
+            BarKind::Memory32 => [&w.mmio32, &w.mmio32],
+            BarKind::Memory64 => [&w.mmio32, &w.mmio64],
+        };
+        let end = address.checked_add(spec.size);
+        let fits = windows.iter().any(|w| w.start <= address && end.is_some_and(|end| end <= w.end));
+        (function.config.bar_enabled(bar) && fits).then_some(address)
+    }
+
+    /// Takes BAR `bar` of `function` off the bus if it is on it, parking its ioeventfds.
+    fn take_off_bus(&self, function: &mut PciFunction, bar: usize) {
+        let (Some(spec), Some(handler)) = (function.config.bar(bar), function.bars[bar].as_mut()) else { return };
+        let Some(old) = handler.mapped.take() else { return };
+        tracing::debug!("{} BAR{bar}: off the bus at {old:#x}", function.name);
+        let space = if spec.is_memory() { IoSpace::Mmio } else { IoSpace::Pio };
+        let _ = self.buses.update(|b| match space {
+            IoSpace::Pio => b.pio.remove(PioAddress(old as u16)).map(drop),
+            IoSpace::Mmio => b.mmio.remove(MmioAddress(old)).map(drop),
+        });
+        match self.ioeventfds.take_range(space, old, spec.size) {
+            Ok(taken) => handler.parked.extend(taken),
+            Err(e) => self.warn(format_args!("{} BAR{bar}: ioeventfds stay at {old:#x}: {e}", function.name)),
+        }
     }
 
     /// Puts each BAR of function `index` where its config space says, or takes it off the
@@ -210,32 +270,15 @@ impl PciRoot {
     fn place_bars(&self, state: &mut PciState, index: usize) {
         let Some(function) = state.functions[index].as_deref_mut() else { return };
         for bar in 0..BAR_COUNT {
-            let (Some(spec), Some(handler)) = (function.config.bar(bar), function.bars[bar].as_mut()) else { continue };
-            let address = function.config.bar_address(bar).unwrap_or(0);
-            let w = &self.windows;
-            let (space, windows) = match spec.kind {
-                BarKind::Io => (IoSpace::Pio, [&w.io, &w.io]),
-                BarKind::Memory32 => (IoSpace::Mmio, [&w.mmio32, &w.mmio32]),
-                BarKind::Memory64 => (IoSpace::Mmio, [&w.mmio32, &w.mmio64]),
-            };
-            let end = address.checked_add(spec.size);
-            let fits = windows.iter().any(|w| w.start <= address && end.is_some_and(|end| end <= w.end));
-            let wanted = (function.config.bar_enabled(bar) && fits).then_some(address);
-            if wanted == handler.mapped {
+            let Some(spec) = function.config.bar(bar) else { continue };
+            let wanted = self.place_for(function, bar);
+            if function.bars[bar].as_ref().is_none_or(|h| h.mapped == wanted) {
                 continue;
             }
-            if let Some(old) = handler.mapped.take() {
-                tracing::debug!("{} BAR{bar}: off the bus at {old:#x}", function.name);
-                let _ = self.buses.update(|b| match space {
-                    IoSpace::Pio => b.pio.remove(PioAddress(old as u16)).map(drop),
-                    IoSpace::Mmio => b.mmio.remove(MmioAddress(old)).map(drop),
-                });
-                match self.ioeventfds.take_range(space, old, spec.size) {
-                    Ok(taken) => handler.parked.extend(taken),
-                    Err(e) => self.warn(format_args!("{} BAR{bar}: ioeventfds stay at {old:#x}: {e}", function.name)),
-                }
-            }
+            self.take_off_bus(function, bar);
             let Some(new) = wanted else { continue };
+            let Some(handler) = function.bars[bar].as_mut() else { continue };
+            let space = if spec.is_memory() { IoSpace::Mmio } else { IoSpace::Pio };
             let (id, device) = (handler.id, handler.device.clone());
             let placed = self.buses.update(|b| match space {
                 IoSpace::Pio => b.pio.insert(PioAddress(new as u16), spec.size, id, device),

@@ -77,10 +77,14 @@ impl DeviceStates {
         if listed.0 != listed.1 {
             return Err(format!("the snapshot has virtio devices [{}], the configuration [{}]", listed.0, listed.1));
         }
-        for (saved, (name, slot, transport)) in self.virtio.iter().zip(here) {
-            if saved.slot != slot {
+        for (saved, (name, slot, _)) in self.virtio.iter().zip(&here) {
+            if saved.slot != *slot {
                 return Err(format!("{name} is in PCI slot {} in the snapshot, {slot} here", saved.slot));
             }
+        }
+        let functions: Vec<usize> = here.iter().map(|(_, slot, _)| usize::from(*slot) << 3).collect();
+        devices.pci().unplace_bars(&functions);
+        for (saved, (name, slot, transport)) in self.virtio.iter().zip(here) {
             let index = usize::from(slot) << 3;
             let refused = |e: String| format!("{name}: {e}");
             devices.pci().restore_config(index, &saved.config).map_err(refused)?;

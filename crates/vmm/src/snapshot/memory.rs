@@ -40,28 +40,44 @@ pub fn write_full(memory: &GuestMemoryMmap, file: &mut File) -> std::io::Result<
     Ok(written)
 }
 
-/// Writes the pages KVM logged as written in each region's memslot (`slots`, in the
-/// memory's order) at their offsets in `file`, which gets RAM's length; the log is
-/// cleared by reading it. Returns the bytes written.
+/// Which pages a Diff holds.
+#[derive(Clone, Copy, Debug)]
+pub enum DiffPages<'a> {
+    /// Those KVM logged as written in each region's memslot (in the memory's order).
+    Logged(&'a [u32]),
+    /// Without dirty tracking, every page resident in the VMM (mincore), as Firecracker
+    /// falls back to: more than the guest wrote since the base (pages it only read), but
+    /// nothing it wrote, unless the host swapped that page out.
+    Resident,
+}
+
+/// Writes the pages `which` names at their offsets in `file`, which gets RAM's length
+/// (a logged region's log is cleared by reading it). Returns the bytes written.
 pub fn write_dirty(
     vm: &kvm_ioctls::VmFd,
     memory: &GuestMemoryMmap,
-    slots: &[u32],
+    which: DiffPages,
     file: &mut File,
 ) -> std::io::Result<u64> {
     file.set_len(0)?;
     let total: u64 = memory.iter().map(|r| r.len()).sum();
     file.set_len(total)?;
     let (mut at, mut written) = (0u64, 0u64);
-    for (region, &slot) in memory.iter().zip(slots) {
-        let bitmap = vm
-            .get_dirty_log(slot, region.len() as usize)
-            .map_err(|e| std::io::Error::other(format!("KVM_GET_DIRTY_LOG: {e}")))?;
+    for (index, region) in memory.iter().enumerate() {
         let slice = region
             .get_slice(vm_memory::MemoryRegionAddress(0), region.len() as usize)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         // SAFETY: as in write_full: mapped while `memory` lives, the guest paused.
         let bytes = unsafe { std::slice::from_raw_parts(slice.ptr_guard().as_ptr(), slice.len()) };
+        let bitmap = match which {
+            DiffPages::Logged(slots) => {
+                let slot =
+                    *slots.get(index).ok_or_else(|| std::io::Error::other("a RAM region without its memslot"))?;
+                vm.get_dirty_log(slot, bytes.len())
+                    .map_err(|e| std::io::Error::other(format!("KVM_GET_DIRTY_LOG: {e}")))?
+            }
+            DiffPages::Resident => resident(bytes)?,
+        };
         for (word_index, &word) in bitmap.iter().enumerate() {
             let mut bits = word;
             while bits != 0 {
@@ -77,6 +93,24 @@ pub fn write_dirty(
     }
     file.flush()?;
     Ok(written)
+}
+
+/// A bitmap (as KVM's dirty log: bit i of word i / 64) of the pages of `bytes` resident
+/// in this process.
+fn resident(bytes: &[u8]) -> std::io::Result<Vec<u64>> {
+    let pages = bytes.len().div_ceil(PAGE);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `bytes` is a page-aligned mapping (a guest RAM region) of `bytes.len()`
+    // bytes; mincore only reads its page tables and writes one byte per page into `vec`,
+    // which has room for every page.
+    if unsafe { libc::mincore(bytes.as_ptr() as *mut libc::c_void, bytes.len(), vec.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::other(format!("mincore: {}", std::io::Error::last_os_error())));
+    }
+    let mut bitmap = vec![0u64; pages.div_ceil(64)];
+    for (page, _) in vec.iter().enumerate().filter(|(_, &b)| b & 1 != 0) {
+        bitmap[page / 64] |= 1 << (page % 64);
+    }
+    Ok(bitmap)
 }
 
 /// Reads (and so clears) the dirty log: the next Diff holds what is written from now.

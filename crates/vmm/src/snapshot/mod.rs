@@ -197,6 +197,9 @@ impl MachineState {
 pub struct Restore {
     pub state: MachineState,
     pub memory: MemoryBackend,
+    /// Firecracker's `clock_realtime`: the guest's clock advances by the wall time that
+    /// passed since the snapshot (KVM_CLOCK_REALTIME), instead of going on from its reading.
+    pub clock_realtime: bool,
 }
 
 /// Where a restored guest's memory comes from (Firecracker's `mem_backend`).
@@ -246,27 +249,28 @@ pub fn take(machine: &crate::Machine, memory: &mut std::fs::File, diff: bool) ->
             d.name
         )));
     }
-    // A Diff writes the pages each RAM memslot logged as dirty.
-    let diff_slots = match (diff, machine.dirty_logged_slots()) {
-        (true, None) => return Err(SnapshotError::Refused("a Diff snapshot needs dirty pages tracked".into())),
-        (true, slots) => slots,
+    // A Diff writes the pages each RAM memslot logged as dirty, or without dirty
+    // tracking every resident page (Firecracker's fallback).
+    let diff_pages = match (diff, machine.dirty_logged_slots()) {
+        (true, Some(slots)) => Some(memory::DiffPages::Logged(slots)),
+        (true, None) => Some(memory::DiffPages::Resident),
         (false, _) => None,
     };
     // Devices first: what they finish (and the interrupts they send) is in what follows.
     let devices = DeviceStates::save(machine.devices());
-    let taken = take_paused(machine, memory, diff_slots);
+    let taken = take_paused(machine, memory, diff_pages);
     devices.resume(machine.devices());
     let (vm, vcpus, mem_size) = taken?;
     let count = machine.vcpu_count();
     Ok(MachineState { vcpu_count: count, mem_size, cpu: CpuIdentity::host(), vm, vcpus, devices })
 }
 
-/// The vCPUs, the VM and the memory file (a Diff of `diff_slots`, or all of RAM), while
+/// The vCPUs, the VM and the memory file (a Diff of `diff_pages`, or all of RAM), while
 /// the devices are paused.
 fn take_paused(
     machine: &crate::Machine,
     memory: &mut std::fs::File,
-    diff_slots: Option<&[u32]>,
+    diff_pages: Option<memory::DiffPages>,
 ) -> Result<(VmState, Vec<VcpuState>, u64), SnapshotError> {
     let msrs = msr_list(machine.kvm())?;
     let count = machine.vcpu_count();
@@ -277,8 +281,8 @@ fn take_paused(
     let vm = VmState::capture(machine.vm())?;
     let mem_size = machine.map().ram_regions().iter().map(|&(_, size)| size).sum();
     let io = |source| SnapshotError::Io { what: "write", path: "the memory file".into(), source };
-    match diff_slots {
-        Some(slots) => memory::write_dirty(machine.vm(), machine.memory(), slots, memory).map_err(io)?,
+    match diff_pages {
+        Some(pages) => memory::write_dirty(machine.vm(), machine.memory(), pages, memory).map_err(io)?,
         None => {
             let written = memory::write_full(machine.memory(), memory).map_err(io)?;
             // What the next Diff holds starts here.
