@@ -113,7 +113,8 @@ fn stop_one(vm: &mut Running, timeout: Duration) -> bool {
             }
         }
     };
-    status.and_then(|s| s.code()) == Some(128 + libc::SIGTERM) && !vm.sock.exists()
+    use std::os::unix::process::ExitStatusExt;
+    status.and_then(|s| s.signal()) == Some(libc::SIGTERM) && !vm.sock.exists()
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -209,7 +210,7 @@ pub fn run(opts: &Options) -> Result<(), FleetError> {
         ("VMM RSS beyond guest RAM, max (KiB)", format!("{:.0}", percentile(&rss, 1.0))),
         ("VMM PSS beyond guest RAM, median (KiB)", format!("{:.0}", percentile(&pss, 0.5))),
         ("VMM PSS beyond guest RAM, max (KiB)", format!("{:.0}", percentile(&pss, 1.0))),
-        ("stopped cleanly by SIGTERM (exit 143, socket gone)", format!("{clean}/{n}")),
+        ("stopped cleanly by SIGTERM (killed by it, socket gone)", format!("{clean}/{n}")),
         ("files left in the fleet's directory", format!("{}", left.len())),
     ];
     table += &format!("  {:<52} {:>10}\n", "metric", "value");

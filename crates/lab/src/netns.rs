@@ -62,7 +62,7 @@ fn remove_on_signal(name: &str) {
 impl Netns {
     pub fn create(name: &str) -> Result<Netns, NetnsError> {
         let owned = name.to_string();
-        let on_signal = exitless_vmm::termination::on_signal(move || remove_on_signal(&owned));
+        let on_signal = exitless_vmm::termination::on_signal(move |_| remove_on_signal(&owned));
         remove_stale();
         let _ = ip(&["netns", "del", name]); // our own pid's leftover (a reused pid)
         ip(&["netns", "add", name])?;

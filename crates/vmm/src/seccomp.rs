@@ -202,13 +202,28 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_fcntl,
             libc::SYS_getrandom,
             libc::SYS_poll,
-            // PUT /snapshot/create writes the state and memory files.
+            // PUT /snapshot/create writes the state and memory files (a Diff without
+            // dirty tracking asks which pages are resident).
             libc::SYS_write,
+            libc::SYS_mincore,
             libc::SYS_pwrite64,
             libc::SYS_ftruncate,
         ],
-        // sigwait, then the cleanups: unlink a socket, detach and unlink a namespace's mount.
-        ThreadKind::Signals => &[libc::SYS_rt_sigtimedwait, libc::SYS_unlink, libc::SYS_umount2],
+        // sigwait, then the cleanups: unlink a socket, detach and unlink a namespace's mount,
+        // flush metrics (which read /proc/self: the API thread's rights to open and size a
+        // file); then the signal again, by default action.
+        ThreadKind::Signals => &[
+            libc::SYS_rt_sigtimedwait,
+            libc::SYS_unlink,
+            libc::SYS_umount2,
+            libc::SYS_openat,
+            libc::SYS_fstat,
+            libc::SYS_newfstatat,
+            libc::SYS_statx,
+            libc::SYS_lseek,
+            libc::SYS_rt_sigaction,
+            libc::SYS_tgkill,
+        ],
     };
     [COMMON, extra].concat()
 }
