@@ -19,7 +19,7 @@ trap 'rm -rf "$work"' EXIT
 
 for r in $(seq "$repeat"); do
   echo "run $r/$repeat..." >&2
-  "$exitless" run --testdevs --kernel "$flat" --cmdline "vmexit.flat $cases" --timeout 600 \
+  "$exitless" run --testdevs --kernel "$flat" --cmdline "$cases" --timeout 600 \
     </dev/null >"$work/exitless.$r" 2>/dev/null || true
   timeout 600 qemu-system-x86_64 -machine pc,accel=kvm -cpu qemu64 -m 256 -nodefaults -display none \
     -serial stdio -device pc-testdev -device isa-debug-exit,iobase=0xf4,iosize=0x4 -device pci-testdev \

@@ -85,7 +85,7 @@ while IFS='|' read -r name file smp args extra arch timeout accel check; do
   # its timeout; --stuck-after 10: so does a guest whose every vCPU has spun in place (a
   # deadlock) or halted for 10 s (STUCK).
   "$exitless" run --testdevs $devices --kernel "$kut/x86/$file" --vcpus "$smp" --mem "$mem" \
-    --cmdline "$file $args $append" --timeout "$t" --sample-guest 10 --stuck-after 10 \
+    --cmdline "$args $append" --timeout "$t" --sample-guest 10 --stuck-after 10 \
     </dev/null >"$work/$name.log" 2>"$work/$name.err"
   status=$?
   set -e

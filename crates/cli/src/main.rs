@@ -64,10 +64,15 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         true => vec![exitless_lab::devices::plug().0],
         false => Vec::new(),
     };
+    // QEMU's `-kernel F -append A` hands a multiboot image `F A`: its argv[0] is its name.
+    let cmdline = match &args.kernel {
+        Some(path) if exitless_vmm::boot::image::is_multiboot(&image) => format!("{} {}", path.display(), args.cmdline),
+        _ => args.cmdline.clone(),
+    };
     let machine = Machine::new(MachineConfig {
         mem_size: args.mem,
         vcpus: args.vcpus,
-        cmdline: args.cmdline.clone(),
+        cmdline,
         initrd,
         params: args.params.clone(),
         devices: DeviceConfig {

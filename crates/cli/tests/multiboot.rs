@@ -38,6 +38,33 @@ fn a_multiboot_guest_sees_its_info_initrd_and_the_test_devices() {
     assert!(json["devices"]["edu"]["writes"].as_u64() > Some(10), "{json}");
 }
 
+/// QEMU's `-kernel F -append A` hands a multiboot image `F A`, and kvm-unit-tests reads its
+/// test names from argv[1] on: `exitless run --kernel F --cmdline A` must do the same.
+#[test]
+fn a_multiboot_kernels_command_line_starts_with_its_path() {
+    if !kvm_or_skip("a_multiboot_kernels_command_line_starts_with_its_path") {
+        return;
+    }
+    let dir = tempdir();
+    let kernel = payloads_in(&dir).join("mbcheck.elf");
+    let kernel = kernel.to_str().unwrap();
+    let params = format!("{},1,0,0", 64u64 << 20);
+    let out = exitless(&[
+        "run",
+        "--kernel",
+        kernel,
+        "--testdevs",
+        "--mem",
+        "64M",
+        "--params",
+        &params,
+        "--cmdline",
+        "cpuid -v",
+    ]);
+    let text = stdout(&out);
+    assert!(text.contains(&format!("mbcheck: cmdline [{kernel} cpuid -v]")), "{text}\n{}", stderr(&out));
+}
+
 #[test]
 fn without_testdevs_the_test_devices_are_absent() {
     if !kvm_or_skip("without_testdevs_the_test_devices_are_absent") {
