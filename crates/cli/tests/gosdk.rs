@@ -41,9 +41,13 @@ fn the_go_sdk_starts_pauses_updates_flushes_and_stops_a_microvm() {
     let text = format!("{}\n{}", stdout(&out), stderr(&out));
     assert!(out.status.success(), "{text}");
     // Every Go test ran (none skipped for a missing variable).
-    for name in
-        ["TestTheGoSDKDrivesAMicroVMThroughItsLife", "TestStopVMMEndsTheVMMAndItsSocket", "TestSnapshotsThroughTheSDK"]
-    {
+    for name in [
+        "TestTheGoSDKDrivesAMicroVMThroughItsLife",
+        "TestStopVMMEndsTheVMMAndItsSocket",
+        "TestSnapshotsThroughTheSDK",
+        "TestTheVersionLineParsesAsTheGoSDKParsesIt",
+        "TestTheVersionLineParsesAsKataParsesIt",
+    ] {
         assert!(text.contains(&format!("--- PASS: {name}")), "{name} did not pass:\n{text}");
     }
 }

@@ -50,9 +50,13 @@ impl Vm {
         Ok(lock(&self.mmds).patch(&patch)?)
     }
 
-    /// `GET /mmds`.
-    pub fn mmds(&self) -> Value {
-        lock(&self.mmds).document()
+    /// `GET /mmds`. Once started, a microVM with no NIC answering MMDS has no store, as in
+    /// Firecracker (whatever was put before the start).
+    pub fn mmds(&self) -> Result<Value, Fault> {
+        if !matches!(self.state, super::vm::State::NotStarted) && self.config.mmds_config.is_none() {
+            return Err(Fault("MMDS error: The MMDS data store is not initialized.".into()));
+        }
+        Ok(lock(&self.mmds).document())
     }
 
     /// The address MMDS answers at on `iface_id`, if that NIC answers it.

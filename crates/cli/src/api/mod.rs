@@ -5,7 +5,7 @@
 //! The main thread serves the socket; InstanceStart hands the built machine to a thread
 //! that runs it; when the guest stops, that thread writes the last metrics, removes the
 //! socket and ends the process with the guest's status, as Firecracker does. SIGINT,
-//! SIGTERM and SIGHUP remove the socket too (the process then exits 128 + the signal).
+//! SIGTERM and SIGHUP remove the socket too, then end the process as Firecracker's do.
 
 pub mod fuzzing;
 pub mod logging;
@@ -35,6 +35,9 @@ struct Shared {
     socket: Option<PathBuf>,
 }
 
+/// Firecracker's exit code after SIGHUP (`FcExitCode::SIGHUP`).
+const SIGHUP_EXIT: i32 = 156;
+
 /// The flags exitless cannot honour: each refused in one line saying why.
 fn refuse_unsupported(args: &ApiArgs) -> Result<(), String> {
     if args.seccomp_filter.is_some() {
@@ -47,6 +50,10 @@ fn refuse_unsupported(args: &ApiArgs) -> Result<(), String> {
 }
 
 pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if args.version {
+        println!("{}", crate::args::VERSION);
+        return Ok(ExitCode::SUCCESS);
+    }
     refuse_unsupported(&args)?;
     // Firecracker's snapshot queries: a version line, then the process ends.
     if args.snapshot_version {
@@ -82,15 +89,27 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if let Some(path) = &args.metrics_path {
         shared.metrics.open(&path.to_string_lossy())?;
     }
-    let listener = match &shared.socket {
-        Some(path) => Some(bind(path)?),
+    let limits = server::Limits::new(args.http_api_max_payload_size);
+    let server = match &shared.socket {
+        Some(path) => Some(server::Server::new(bind(path)?, limits).map_err(|e| format!("cannot serve the API: {e}"))?),
         None => None,
     };
-    let _remove_socket = shared.socket.clone().map(|path| {
-        exitless_vmm::termination::on_signal(move || {
-            let _ = std::fs::remove_file(&path);
+    // As Firecracker: SIGHUP writes the metrics once more (counting it) and exits 156;
+    // SIGINT and SIGTERM end the process by the signal. Each removes the socket first.
+    exitless_vmm::termination::exit_with(libc::SIGHUP, SIGHUP_EXIT);
+    let _on_signal = {
+        let shared = shared.clone();
+        exitless_vmm::termination::on_signal(move |sig| {
+            if sig == libc::SIGHUP && shared.metrics.is_open() {
+                let mut sample = exitless_vmm::sync::lock(&shared.vm).metrics_sample();
+                sample.count("signals", "sighup", 1);
+                let _ = shared.metrics.write(sample);
+            }
+            if let Some(path) = &shared.socket {
+                let _ = std::fs::remove_file(path);
+            }
         })
-    });
+    };
     if let Some(file) = &args.config_file {
         let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
         let config: model::VmConfig = model::from_json(text.as_bytes())
@@ -99,10 +118,9 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         start(&shared, machine)?;
     }
     shared.metrics.api_ready();
-    match listener {
-        Some(listener) => {
-            let handler = handler(shared.clone());
-            server::serve(listener, server::Limits::new(args.http_api_max_payload_size), handler)?;
+    match server {
+        Some(server) => {
+            server.serve(handler(shared.clone()))?;
             Ok(ExitCode::SUCCESS)
         }
         // --no-api: the machine runs until the guest stops, which ends the process.

@@ -51,12 +51,36 @@ impl Limits {
 /// Answers requests: method, path (no query) and body in, a reply out.
 pub type Handler = Rc<dyn Fn(&str, &str, &[u8]) -> Reply>;
 
-/// Serves `listener` until the process ends (the thread that runs the machine ends it).
-pub fn serve(listener: std::os::unix::net::UnixListener, limits: Limits, handler: Handler) -> io::Result<()> {
-    listener.set_nonblocking(true)?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
+/// The socket and the runtime that serves it, made before anything confines the thread:
+/// a guest started from `--config-file` confines it before the first request is served,
+/// and the API filter has no room for making a runtime (epoll_create1, eventfd2, FIONBIO).
+pub struct Server {
+    listener: std::os::unix::net::UnixListener,
+    runtime: tokio::runtime::Runtime,
+    limits: Limits,
+}
+
+impl Server {
+    pub fn new(listener: std::os::unix::net::UnixListener, limits: Limits) -> io::Result<Self> {
+        listener.set_nonblocking(true)?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
+        Ok(Server { listener, runtime, limits })
+    }
+
+    /// Serves the socket until the process ends (the thread that runs the machine ends it).
+    pub fn serve(self, handler: Handler) -> io::Result<()> {
+        serve(self.listener, &self.runtime, self.limits, handler)
+    }
+}
+
+fn serve(
+    listener: std::os::unix::net::UnixListener,
+    runtime: &tokio::runtime::Runtime,
+    limits: Limits,
+    handler: Handler,
+) -> io::Result<()> {
     let local = tokio::task::LocalSet::new();
-    local.block_on(&runtime, async move {
+    local.block_on(runtime, async move {
         let listener = tokio::net::UnixListener::from_std(listener)?;
         let open = Rc::new(Cell::new(0usize));
         let mut refused_logged = false;
@@ -98,6 +122,9 @@ where
     });
     let served = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
+        // A client that half-closes (or hangs up) right after its request still has it
+        // executed, as Firecracker executes every whole request it has read.
+        .half_close(true)
         .header_read_timeout(limits.header_timeout)
         .max_buf_size(MAX_HEAD)
         .serve_connection(hyper_util::rt::TokioIo::new(FaultOnParseError::new(stream)), service)

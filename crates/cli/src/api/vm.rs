@@ -227,9 +227,6 @@ impl Vm {
     /// socket is bound at the start; a path that exists is refused then.
     pub fn set_vsock(&mut self, v: super::model::Vsock) -> Result<(), Fault> {
         self.pre_boot()?;
-        if v.guest_cid < 3 {
-            return Err(Fault(format!("Invalid guest CID {}: it must be 3 or more.", v.guest_cid)));
-        }
         if v.uds_path.is_empty() {
             return Err(Fault("The vsock's uds_path is empty.".into()));
         }
@@ -253,7 +250,8 @@ impl Vm {
 
     pub fn set_metrics(&mut self, m: Metrics, metrics: &super::metrics::Metrics) -> Result<(), Fault> {
         self.pre_boot()?;
-        if self.config.metrics.is_some() {
+        // `--metrics-path` opened one already, or an earlier PUT did: Firecracker's refusal.
+        if self.config.metrics.is_some() || metrics.is_open() {
             return Err(Fault("Reinitialization of metrics not allowed.".into()));
         }
         metrics.open(&m.metrics_path)?;
@@ -262,7 +260,7 @@ impl Vm {
     }
 
     /// The running machine, or a fault saying the microVM is not running and `why` it must be.
-    fn running(&self, why: &str) -> Result<&Arc<Machine>, Fault> {
+    pub(super) fn running(&self, why: &str) -> Result<&Arc<Machine>, Fault> {
         match &self.state {
             State::Running { machine, .. } => Ok(machine),
             _ => Err(Fault(format!("The microVM is {}: {why}.", self.state_name()))),
@@ -335,6 +333,10 @@ impl Vm {
         // The root device first: it becomes /dev/vda.
         let mut drives: Vec<&Drive> = self.config.drives.iter().collect();
         drives.sort_by_key(|d| !d.is_root_device);
+        let cmdline = match drives.first().filter(|d| d.is_root_device && restore.is_none()) {
+            Some(root) => format!("{cmdline} {}", root_args(root)),
+            None => cmdline,
+        };
         self.built_drives = drives.iter().map(|d| d.drive_id.clone()).collect();
         let drives = drives
             .into_iter()
@@ -448,6 +450,17 @@ impl Vm {
         }
         sample
     }
+}
+
+/// What Firecracker adds to the command line for the root drive (builder.rs,
+/// `attach_block_devices`): the device by name or by partition UUID, then ro or rw.
+fn root_args(root: &Drive) -> String {
+    let device = match &root.partuuid {
+        Some(uuid) => format!("root=PARTUUID={uuid}"),
+        None => "root=/dev/vda".to_string(),
+    };
+    let mode = if root.is_read_only.unwrap_or(false) { "ro" } else { "rw" };
+    format!("{device} {mode}")
 }
 
 /// A resource's id in the path must be the one in its body.

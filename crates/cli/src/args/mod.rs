@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[derive(Parser)]
 #[command(
     name = "exitless",
-    version = VERSION,
+    disable_version_flag = true,
     about = "A KVM VMM whose guest I/O avoids heavyweight exits",
     arg_required_else_help = true
 )]
@@ -22,7 +22,7 @@ pub struct Cli {
 /// the VMM with its flags. Parsing it does not build the commands' and labs' argument
 /// trees, which were a tenth of the code a start touched (and kept resident).
 #[derive(Parser)]
-#[command(name = "exitless", version = VERSION)]
+#[command(name = "exitless", disable_version_flag = true)]
 struct FirecrackerCli {
     #[command(flatten)]
     api: ApiArgs,
@@ -63,19 +63,7 @@ impl Cli {
     /// command or asks for help or the version.
     pub fn try_parse_args() -> Result<Cli, clap::Error> {
         let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-        let long_way = [
-            "run",
-            "payloads",
-            "bench",
-            "top",
-            "rebase-snap",
-            "uffd-handler",
-            "help",
-            "-h",
-            "--help",
-            "-V",
-            "--version",
-        ];
+        let long_way = ["run", "payloads", "bench", "top", "rebase-snap", "uffd-handler", "help", "-h", "--help"];
         if args.len() > 1 && !args[1..].iter().any(|a| long_way.iter().any(|w| a == w)) {
             return FirecrackerCli::try_parse_from(args).map(|f| Cli { command: None, api: f.api });
         }
@@ -86,17 +74,27 @@ impl Cli {
 /// The Firecracker release whose API and flags exitless serves.
 pub const FIRECRACKER_API: &str = "1.16.1";
 
-/// `--version`: "exitless v1.16.1 (exitless 0.1.0, Firecracker API v1.16.1)". Kata takes the
-/// second word as the Firecracker version (it needs at least 0.21.1); the rest says what
-/// this is.
-pub const VERSION: &str =
-    concat!("v1.16.1 (exitless ", env!("CARGO_PKG_VERSION"), ", serving the Firecracker v1.16.1 API)");
+/// `--version`: Firecracker's own first line (`Firecracker v1.16.1` and a blank line, as
+/// its main.rs prints it), then what this really is. Each client reads the first line
+/// only: the Go SDK's pattern `Firecracker v(?P<version>[0-9]+\.[0-9]+\.[0-9]+-?.*)` takes
+/// the rest of that line as the version and compares it with the API's
+/// `firecracker_version`; Kata takes the line's second word less its `v` as a semantic
+/// version of at least 0.21.1; firecracker-containerd checks none. Tested against each
+/// parser in tests/gosdk (version_test.go).
+pub const VERSION: &str = concat!(
+    "Firecracker v1.16.1\n\nexitless v",
+    env!("CARGO_PKG_VERSION"),
+    ": a KVM VMM serving Firecracker v1.16.1's API and process interface"
+);
 
 /// With no command: Firecracker's process interface (its flags, its REST API). Every
 /// flag of Firecracker v1.16 is here, with Firecracker's meaning or refused in one line
 /// saying why (README: "Firecracker's flags").
 #[derive(Args, Clone)]
 pub struct ApiArgs {
+    /// Prints the version (Firecracker's line, then exitless's) and exits.
+    #[arg(short = 'V', long)]
+    pub version: bool,
     /// Serve Firecracker's REST API on this Unix socket (with no command).
     #[arg(long, value_name = "PATH", default_value = "/run/firecracker.socket")]
     pub api_sock: PathBuf,
@@ -316,9 +314,9 @@ pub struct RunArgs {
     /// `PUT /entropy`.
     #[arg(long)]
     pub entropy: bool,
-    /// A virtio-vsock device, as Firecracker's `PUT /vsock`: the guest's CID (3 or more)
-    /// and the Unix socket host processes connect to (`CONNECT <port>\n`); the guest's
-    /// connections to port P reach `<uds>_P`.
+    /// A virtio-vsock device, as Firecracker's `PUT /vsock`: the guest's CID (any 32-bit
+    /// number, as Firecracker takes it) and the Unix socket host processes connect to
+    /// (`CONNECT <port>\n`); the guest's connections to port P reach `<uds>_P`.
     #[arg(long, value_name = "cid=N,uds=PATH", value_parser = parse_vsock)]
     pub vsock: Option<exitless_vmm::virtio::vsock::VsockConfig>,
     /// MMDS on the first NIC at 169.254.169.254, serving FILE's JSON (as Firecracker's

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 /// The labs, as `exitless bench` takes them.
 #[derive(clap::Parser)]
-#[command(name = "exitless bench", bin_name = "exitless bench", version = exitless::args::VERSION, arg_required_else_help = true)]
+#[command(name = "exitless bench", bin_name = "exitless bench", version = env!("CARGO_PKG_VERSION"), arg_required_else_help = true)]
 struct Bench {
     #[command(subcommand)]
     command: BenchCommand,

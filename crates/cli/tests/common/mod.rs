@@ -137,9 +137,15 @@ impl Drop for RemoveLinks {
 
 /// `exitless --api-sock SOCK`, its stdout as given, once its API answers (or 10 s pass).
 pub fn api_process(sock: &std::path::Path, stdout: std::process::Stdio) -> std::process::Child {
+    api_process_with(sock, stdout, &[])
+}
+
+/// `exitless --api-sock SOCK EXTRA...`, as [`api_process`].
+pub fn api_process_with(sock: &std::path::Path, stdout: std::process::Stdio, extra: &[&str]) -> std::process::Child {
     let _ = std::fs::remove_file(sock);
     let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
         .args(["--api-sock", sock.to_str().unwrap()])
+        .args(extra)
         .stdin(std::process::Stdio::null())
         .stdout(stdout)
         .stderr(std::process::Stdio::null())

@@ -3,6 +3,7 @@ module exitless/gosdk
 go 1.22
 
 require (
+	github.com/blang/semver v3.5.1+incompatible
 	github.com/firecracker-microvm/firecracker-go-sdk v1.0.0
 	github.com/sirupsen/logrus v1.8.1
 )
