@@ -31,6 +31,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("pci_config", pci_config),
     ("virtio_net", virtio_net),
     ("virtio_pci", virtio_pci),
+    ("virtio_mmio", virtio_mmio),
     ("bus_dispatch", bus_dispatch),
     ("vsock_packet", vsock_packet),
     ("mmds_frames", mmds_frames),
@@ -203,11 +204,13 @@ fn activation(mem: GuestMemoryMmap, n: usize) -> Option<(Activation, Vec<Arc<Eve
     let router = Arc::new(GsiRouter::new(Arc::new(FakeKvm::default())));
     let msix = Msix::new(router, n + 1).ok()?;
     let interrupt = Interrupt {
-        msix: Arc::new(std::sync::Mutex::new(msix)),
         isr: Default::default(),
-        queue_vectors: (0..n as u16).collect(),
-        config_vector: n as u16,
         signalled: Default::default(),
+        delivery: crate::virtio::Delivery::Msix {
+            msix: Arc::new(std::sync::Mutex::new(msix)),
+            queue_vectors: (0..n as u16).collect(),
+            config_vector: n as u16,
+        },
     };
     let kicks = (0..n).map(|_| EventFd::new(libc::EFD_NONBLOCK).map(Arc::new)).collect::<Result<_, _>>().ok()?;
     let activation = Activation {
@@ -233,6 +236,25 @@ pub fn virtio_pci(data: &[u8]) {
         let size = [1usize, 2, 4, 8][usize::from(op[1] & 3)];
         let offset = u64::from(u16::from_le_bytes([op[2], op[3]])) % BAR_SIZE;
         let offset = offset.min(BAR_SIZE - size as u64);
+        if op[0] & 1 == 0 {
+            transport.write(offset, &op[4..4 + size]);
+        } else {
+            let mut buf = [0u8; 8];
+            transport.read(offset, &mut buf[..size]);
+        }
+    }
+}
+
+/// The virtio-mmio transport: as [`virtio_pci`], the input's first 4 KiB are guest
+/// memory, the rest 12-byte accesses (kind, size, offset, value) anywhere in the 4 KiB
+/// window, of every width: registers, QueueNotify, InterruptACK, the configuration.
+pub fn virtio_mmio(data: &[u8]) {
+    use crate::virtio::mmio::WINDOW;
+    let Some(mem) = guest_memory(&data[..data.len().min(0x1000)]) else { return };
+    let (transport, _, _) = crate::testing::virtio_mmio_transport(mem);
+    for op in data.get(0x1000..).unwrap_or_default().chunks_exact(12) {
+        let size = [1usize, 2, 4, 8][usize::from(op[1] & 3)];
+        let offset = (u64::from(u16::from_le_bytes([op[2], op[3]])) % WINDOW).min(WINDOW - size as u64);
         if op[0] & 1 == 0 {
             transport.write(offset, &op[4..4 + size]);
         } else {

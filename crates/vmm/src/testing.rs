@@ -5,6 +5,7 @@ use crate::irq::GsiRouter;
 use crate::irq::{IrqError, IrqLevel, IrqSink, MsiMessage, Route};
 use crate::pci::ecam::{MemslotSink, ShadowError};
 use crate::pci::msix::Msix;
+use crate::virtio::mmio::VirtioMmio;
 use crate::virtio::pci::VirtioPci;
 use crate::virtio::{ActivateError, Activation, ActiveQueue, VirtioDevice, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -117,6 +118,16 @@ pub fn virtio_transport(mem: GuestMemoryMmap) -> (Arc<VirtioPci>, Arc<AtomicU64>
     let msix = Msix::new(router, 3).expect("a fake router takes any route");
     let transport = VirtioPci::new(Box::new(device), mem, msix).expect("eventfds for the kicks");
     (Arc::new(transport), activations)
+}
+
+/// A virtio-mmio transport over `mem` around a [`RecordingDevice`], that device's
+/// activation count, and the eventfd its interrupt line writes.
+pub fn virtio_mmio_transport(mem: GuestMemoryMmap) -> (Arc<VirtioMmio>, Arc<AtomicU64>, Arc<EventFd>) {
+    let device = RecordingDevice::default();
+    let activations = device.activations.clone();
+    let irqfd = Arc::new(EventFd::new(libc::EFD_NONBLOCK).expect("an eventfd for the line"));
+    let transport = VirtioMmio::new(Box::new(device), mem, irqfd.clone()).expect("eventfds for the kicks");
+    (Arc::new(transport), activations, irqfd)
 }
 
 /// A bus device with a 4 KiB scratch register file: what PCI tests and the config-space

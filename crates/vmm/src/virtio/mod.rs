@@ -1,11 +1,15 @@
-//! virtio 1.x (modern) over PCI: the transport, and the devices behind it.
+//! virtio 1.x (modern): the devices, and the two transports beneath them (PCI, as
+//! exitless's own guests find devices; MMIO, as Firecracker's do), which share
+//! `transport`'s status machine and activation.
 
 pub mod blk;
 pub mod chain;
+pub mod mmio;
 pub mod net;
 pub mod pci;
 pub mod rng;
 pub mod thread;
+pub mod transport;
 pub mod vsock;
 
 pub use thread::QueuePosition;
@@ -155,31 +159,52 @@ pub fn interrupt_if_needed(
     }
 }
 
-/// Interrupts from a device: ISR bits for the record, MSI-X vectors for delivery.
+/// Interrupts from a device: the ISR bits (MMIO's InterruptStatus, PCI's ISR), set
+/// before the interrupt is sent so a driver that reads them on it sees them, and the way
+/// the interrupt is delivered.
 pub struct Interrupt {
-    pub msix: Arc<Mutex<Msix>>,
     pub isr: AtomicU8,
-    pub queue_vectors: Vec<u16>,
-    pub config_vector: u16,
     /// Interrupts requested by the device (delivered or left pending by a mask).
     pub signalled: AtomicU64,
+    pub delivery: Delivery,
+}
+
+pub enum Delivery {
+    /// PCI: the queue's or the configuration's MSI-X vector.
+    Msix { msix: Arc<Mutex<Msix>>, queue_vectors: Vec<u16>, config_vector: u16 },
+    /// MMIO: the device's one line, an irqfd on its GSI (edge: one interrupt per write).
+    Line(Arc<EventFd>),
 }
 
 impl Interrupt {
     pub fn signal_queue(&self, queue: usize) {
         self.isr.fetch_or(1, Ordering::AcqRel);
-        self.signal(self.queue_vectors.get(queue).copied().unwrap_or(NO_VECTOR));
+        self.signal(Some(queue));
     }
 
     pub fn signal_config(&self) {
         self.isr.fetch_or(2, Ordering::AcqRel);
-        self.signal(self.config_vector);
+        self.signal(None);
     }
 
-    fn signal(&self, vector: u16) {
+    /// Queue `queue`'s interrupt, or the configuration's.
+    fn signal(&self, queue: Option<usize>) {
         self.signalled.fetch_add(1, Ordering::Relaxed);
-        if vector != NO_VECTOR {
-            crate::sync::lock(&self.msix).trigger(vector);
+        match &self.delivery {
+            Delivery::Msix { msix, queue_vectors, config_vector } => {
+                let vector = match queue {
+                    Some(q) => queue_vectors.get(q).copied().unwrap_or(NO_VECTOR),
+                    None => *config_vector,
+                };
+                if vector != NO_VECTOR {
+                    crate::sync::lock(msix).trigger(vector);
+                }
+            }
+            Delivery::Line(irqfd) => {
+                if let Err(e) = irqfd.write(1) {
+                    tracing::warn!("virtio: cannot raise the device's interrupt line: {e}");
+                }
+            }
         }
     }
 }

@@ -5,16 +5,16 @@
 //! (queue n at 0x3000 + 4n; the VMM registers each as a zero-length ioeventfd, so a kick
 //! never exits to userspace), MSI-X table 0x4000, PBA 0x5000.
 
-use super::{ActivateError, Activation, ActiveQueue, DeviceStatus, Interrupt, QueuePosition, VirtioDevice, NO_VECTOR};
-use super::{STATUS_DRIVER_OK, STATUS_FEATURES_OK, STATUS_NEEDS_RESET, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
+use super::transport::{Lines, Link, Transport};
+pub use super::transport::{QueueState, TransportState};
+use super::{ActivateError, VirtioDevice, NO_VECTOR};
 use crate::bus::{BusDevice, DeviceId};
 use crate::ioeventfd::IoeventfdKey;
 use crate::pci::config::{COMMAND, COMMAND_MEMORY};
 use crate::pci::msix::Msix;
 use crate::pci::{BarKind, BarSpec, ConfigHook, ConfigSpace, PciFunction, PciIds};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -56,35 +56,6 @@ fn class_code(device_type: u16) -> [u8; 3] {
     }
 }
 
-/// What the driver wrote for one queue.
-#[derive(Clone, Copy, Default)]
-struct QueueRegs {
-    max: u16,
-    size: u16,
-    enabled: bool,
-    desc: u64,
-    driver: u64,
-    device: u64,
-    vector: u16,
-}
-
-struct Transport {
-    device: Box<dyn VirtioDevice>,
-    mem: GuestMemoryMmap,
-    device_feature_select: u32,
-    driver_feature_select: u32,
-    driver_features: u64,
-    config_vector: u16,
-    queue_select: u16,
-    queues: Vec<QueueRegs>,
-    active: bool,
-    warned: bool,
-    /// Bumped on every change of the device's configuration the driver did not make.
-    config_generation: u8,
-    /// A snapshot's queue positions and ISR, until the restored device starts.
-    restored: Option<(Vec<QueuePosition>, u8)>,
-}
-
 /// Common configuration fields: offset, width.
 const FIELDS: &[(u64, usize)] = &[
     (0x00, 4), // device_feature_select
@@ -109,45 +80,18 @@ const FIELDS: &[(u64, usize)] = &[
 
 pub struct VirtioPci {
     state: Mutex<Transport>,
+    link: Link,
     msix: Arc<Mutex<Msix>>,
-    status: Arc<DeviceStatus>,
-    interrupt: Mutex<Option<Arc<Interrupt>>>,
-    kicks: Vec<Arc<EventFd>>,
     msix_cap: Mutex<usize>,
     pci_cfg_cap: Mutex<usize>,
 }
 
 impl VirtioPci {
     pub fn new(device: Box<dyn VirtioDevice>, mem: GuestMemoryMmap, msix: Msix) -> std::io::Result<Self> {
-        let queues: Vec<QueueRegs> = device
-            .queue_max_sizes()
-            .into_iter()
-            .map(|max| QueueRegs { max, size: max, vector: NO_VECTOR, ..Default::default() })
-            .collect();
-        let kicks = queues.iter().map(|_| EventFd::new(libc::EFD_NONBLOCK).map(Arc::new)).collect::<Result<_, _>>()?;
-        let state = Transport {
-            device,
-            mem,
-            device_feature_select: 0,
-            driver_feature_select: 0,
-            driver_features: 0,
-            config_vector: NO_VECTOR,
-            queue_select: 0,
-            queues,
-            active: false,
-            warned: false,
-            config_generation: 0,
-            restored: None,
-        };
-        Ok(VirtioPci {
-            state: Mutex::new(state),
-            msix: Arc::new(Mutex::new(msix)),
-            status: Arc::new(DeviceStatus::default()),
-            interrupt: Mutex::new(None),
-            kicks,
-            msix_cap: Mutex::new(0),
-            pci_cfg_cap: Mutex::new(0),
-        })
+        let state = Transport::new(device, mem);
+        let msix = Arc::new(Mutex::new(msix));
+        let link = Link::new(state.queues.len(), Lines::Msix(msix.clone()))?;
+        Ok(VirtioPci { state: Mutex::new(state), link, msix, msix_cap: Mutex::new(0), pci_cfg_cap: Mutex::new(0) })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Transport> {
@@ -175,7 +119,7 @@ impl VirtioPci {
             body.extend_from_slice(extra);
             body
         };
-        let queues = self.kicks.len() as u64;
+        let queues = self.link.kicks.len() as u64;
         let _ = config.add_capability(CAP_VENDOR, &cap(CFG_COMMON, COMMON, COMMON_LEN, &[]));
         let _ = config.add_capability(
             CAP_VENDOR,
@@ -228,11 +172,11 @@ impl VirtioPci {
     /// Zero-length MMIO ioeventfds for every queue's notify address, relative to BAR0.
     fn notify_ioeventfds(&self) -> std::io::Result<Vec<(IoeventfdKey, EventFd)>> {
         let key = |q: usize| IoeventfdKey::mmio(NOTIFY + q as u64 * NOTIFY_MULTIPLIER, 0, None);
-        self.kicks.iter().enumerate().map(|(q, fd)| Ok((key(q), fd.try_clone()?))).collect()
+        self.link.kicks.iter().enumerate().map(|(q, fd)| Ok((key(q), fd.try_clone()?))).collect()
     }
 
     pub fn status(&self) -> u8 {
-        self.status.get()
+        self.link.status.get()
     }
 
     /// The GSI behind each MSI-X vector.
@@ -243,36 +187,25 @@ impl VirtioPci {
     /// The device's configuration changed under the driver (a drive's new backing file):
     /// a new config_generation, and the configuration-change interrupt if the driver runs it.
     pub fn config_changed(&self) {
-        let mut t = crate::sync::lock(&self.state);
-        t.config_generation = t.config_generation.wrapping_add(1);
-        drop(t);
-        if let Some(i) = crate::sync::lock(&self.interrupt).as_ref() {
-            i.signal_config();
-        }
+        self.lock().config_changed(&self.link);
     }
 
     /// Interrupts the device has asked for since activation.
     pub fn interrupts_signalled(&self) -> u64 {
-        self.interrupt
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map_or(0, |i| i.signalled.load(Ordering::Relaxed))
+        self.link.interrupts_signalled()
     }
 
     fn common_image(&self, t: &Transport) -> [u8; COMMON_LEN as usize] {
         let mut img = [0u8; COMMON_LEN as usize];
-        let q = t.queues.get(usize::from(t.queue_select)).copied().unwrap_or_default();
-        let features = t.device.features();
-        let feature_word = |select: u32, f: u64| if select < 2 { (f >> (32 * select)) as u32 } else { 0 };
+        let q = t.selected_queue();
         let mut put = |at: usize, bytes: &[u8]| img[at..at + bytes.len()].copy_from_slice(bytes);
         put(0x00, &t.device_feature_select.to_le_bytes());
-        put(0x04, &feature_word(t.device_feature_select, features).to_le_bytes());
+        put(0x04, &t.device_features_word().to_le_bytes());
         put(0x08, &t.driver_feature_select.to_le_bytes());
-        put(0x0c, &feature_word(t.driver_feature_select, t.driver_features).to_le_bytes());
+        put(0x0c, &t.driver_features_word().to_le_bytes());
         put(0x10, &t.config_vector.to_le_bytes());
         put(0x12, &(t.queues.len() as u16).to_le_bytes());
-        put(0x14, &[self.status.get()]);
+        put(0x14, &[self.link.status.get()]);
         put(0x15, &[t.config_generation]);
         put(0x16, &t.queue_select.to_le_bytes());
         put(0x18, &q.size.to_le_bytes());
@@ -301,148 +234,33 @@ impl VirtioPci {
         }
     }
 
-    fn warn_once(t: &mut Transport, what: std::fmt::Arguments) {
-        if !t.warned {
-            t.warned = true;
-            tracing::warn!("virtio: {what} (ignored; further driver errors are not reported)");
-        }
-    }
-
     fn set_field(&self, t: &mut Transport, at: u64, v: u64) {
         let vectors = crate::sync::lock(&self.msix).len() as u64;
         let valid_vector = |v: u64| if v < vectors { v as u16 } else { NO_VECTOR };
-        let select = usize::from(t.queue_select);
-        // Queue registers are frozen once the device runs.
-        let queue_write = matches!(at, 0x18 | 0x1a | 0x1c | 0x20 | 0x28 | 0x30);
-        if queue_write && (t.active || select >= t.queues.len()) {
-            return Self::warn_once(
-                t,
-                format_args!("queue register {at:#x} written for queue {select} while not allowed"),
-            );
-        }
         match at {
             0x00 => t.device_feature_select = v as u32,
             0x08 => t.driver_feature_select = v as u32,
-            // Features are fixed once FEATURES_OK is set; bits never offered are dropped.
-            0x0c if t.driver_feature_select < 2 && self.status.get() & STATUS_FEATURES_OK == 0 => {
-                let shift = 32 * t.driver_feature_select;
-                let word = (t.driver_features & !(0xffff_ffffu64 << shift)) | ((v & 0xffff_ffff) << shift);
-                t.driver_features = word & t.device.features();
-            }
+            0x0c => t.set_driver_features_word(&self.link, v as u32),
             0x10 => t.config_vector = valid_vector(v),
-            0x14 => self.set_status(t, v as u8),
+            0x14 => t.set_status(&self.link, v as u8),
             0x16 => t.queue_select = v as u16,
-            0x18 => {
-                let q = &mut t.queues[select];
-                if v == 0 || v > u64::from(q.max) || !v.is_power_of_two() {
-                    return Self::warn_once(t, format_args!("queue size {v} out of range for queue {select}"));
+            0x18 => t.set_queue_size(v),
+            0x1a => {
+                if let Some(q) = t.writable_queue("a queue register") {
+                    q.vector = valid_vector(v);
                 }
-                q.size = v as u16;
             }
-            0x1a => t.queues[select].vector = valid_vector(v),
-            0x1c => t.queues[select].enabled = v == 1,
-            0x20 => t.queues[select].desc = v,
-            0x28 => t.queues[select].driver = v,
-            0x30 => t.queues[select].device = v,
+            0x1c | 0x20 | 0x28 | 0x30 => {
+                let Some(q) = t.writable_queue("a queue register") else { return };
+                match at {
+                    0x1c => q.enabled = v == 1,
+                    0x20 => q.desc = v,
+                    0x28 => q.driver = v,
+                    _ => q.device = v,
+                }
+            }
             _ => {} // read-only fields
         }
-    }
-
-    /// A status write: 0 resets; otherwise the driver may only add bits (virtio 1.2
-    /// 2.1.2), and the update is one atomic step so a NEEDS_RESET the device thread raises
-    /// meanwhile is never lost.
-    fn set_status(&self, t: &mut Transport, v: u8) {
-        if v == 0 {
-            return self.reset(t);
-        }
-        let old = self.status.get();
-        let driver_bits = old & !STATUS_NEEDS_RESET;
-        if v & driver_bits != driver_bits {
-            return Self::warn_once(t, format_args!("driver cleared status bits ({old:#x} -> {v:#x})"));
-        }
-        let mut add = v & !old & !STATUS_NEEDS_RESET;
-        if add & STATUS_FEATURES_OK != 0 && t.driver_features & VIRTIO_F_VERSION_1 == 0 {
-            // A modern device needs VERSION_1: FEATURES_OK does not stick.
-            let accepted = t.driver_features;
-            Self::warn_once(t, format_args!("driver accepted features {accepted:#x} without VERSION_1"));
-            add &= !STATUS_FEATURES_OK;
-        }
-        let new = self.status.raise(add);
-        tracing::debug!("virtio type {}: status {old:#x} -> {new:#x}", t.device.device_type());
-        if new & STATUS_DRIVER_OK != 0 && new & STATUS_FEATURES_OK != 0 && !t.active {
-            if let Err(e) = self.activate(t, None) {
-                self.cannot_start(t, "start the device", e);
-            }
-        }
-    }
-
-    /// The device could not start on what the driver (or a snapshot) set up: NEEDS_RESET,
-    /// and the configuration interrupt where the driver set one up, so that it notices.
-    fn cannot_start(&self, t: &Transport, what: &str, e: ActivateError) {
-        tracing::warn!("virtio type {}: cannot {what}: {e}; it needs a reset", t.device.device_type());
-        self.status.raise(STATUS_NEEDS_RESET);
-        if let Some(i) = crate::sync::lock(&self.interrupt).as_ref() {
-            i.signal_config();
-        }
-    }
-
-    /// DRIVER_OK: builds the queues from what the driver wrote, checks them, and starts
-    /// the device (synchronously, on this vCPU's exit); `at` says where each queue stands
-    /// when the device goes on from a snapshot.
-    fn activate(&self, t: &mut Transport, at: Option<&[QueuePosition]>) -> Result<(), ActivateError> {
-        let sizes: Vec<u16> = t.queues.iter().filter(|q| q.enabled).map(|q| q.size).collect();
-        tracing::debug!(
-            "virtio type {}: DRIVER_OK, features {:#x}, queue sizes {sizes:?}",
-            t.device.device_type(),
-            t.driver_features
-        );
-        let event_idx = t.driver_features & VIRTIO_F_EVENT_IDX != 0;
-        let interrupt = Arc::new(Interrupt {
-            msix: self.msix.clone(),
-            isr: AtomicU8::new(0),
-            queue_vectors: t.queues.iter().map(|q| q.vector).collect(),
-            config_vector: t.config_vector,
-            signalled: AtomicU64::new(0),
-        });
-        *crate::sync::lock(&self.interrupt) = Some(interrupt.clone());
-        let mut active = Vec::new();
-        for (i, regs) in t.queues.iter().enumerate() {
-            let queue_error = |source| ActivateError::Queue { index: i, source };
-            let mut queue = Queue::new(regs.max).map_err(queue_error)?;
-            queue.try_set_size(regs.size).map_err(queue_error)?;
-            queue.set_desc_table_address(Some(regs.desc as u32), Some((regs.desc >> 32) as u32));
-            queue.set_avail_ring_address(Some(regs.driver as u32), Some((regs.driver >> 32) as u32));
-            queue.set_used_ring_address(Some(regs.device as u32), Some((regs.device >> 32) as u32));
-            queue.set_event_idx(event_idx);
-            queue.set_ready(regs.enabled);
-            if let Some(p) = at.and_then(|at| at.get(i)) {
-                queue.set_next_avail(p.next_avail);
-                queue.set_next_used(p.next_used);
-            }
-            if regs.enabled && !queue.is_valid(&t.mem) {
-                return Err(ActivateError::RingsOutsideMemory(i));
-            }
-            active.push(ActiveQueue { queue, kick: self.kicks[i].clone() });
-        }
-        let (mem, features, status) = (t.mem.clone(), t.driver_features, self.status.clone());
-        let activation = Activation { mem, features, interrupt, status, restored: at.is_some() };
-        t.device.activate(active, activation)?;
-        t.active = true;
-        Ok(())
-    }
-
-    fn reset(&self, t: &mut Transport) {
-        tracing::debug!("virtio type {}: reset by the driver", t.device.device_type());
-        t.device.reset();
-        t.active = false;
-        t.driver_features = 0;
-        t.config_vector = NO_VECTOR;
-        t.queue_select = 0;
-        for q in &mut t.queues {
-            *q = QueueRegs { max: q.max, size: q.max, vector: NO_VECTOR, ..Default::default() };
-        }
-        self.status.set(0);
-        *crate::sync::lock(&self.interrupt) = None;
     }
 }
 
@@ -457,7 +275,7 @@ impl BusDevice for VirtioPci {
             }
             ISR => {
                 // Reading the ISR clears it (a side effect: this BAR is never mapped).
-                let interrupt = crate::sync::lock(&self.interrupt);
+                let interrupt = crate::sync::lock(&self.link.interrupt);
                 data[0] = interrupt.as_ref().map_or(0, |i| i.isr.swap(0, Ordering::AcqRel));
             }
             o if (DEVICE_CFG..DEVICE_CFG + DEVICE_CFG_LEN).contains(&o) => {
@@ -475,9 +293,9 @@ impl BusDevice for VirtioPci {
                 let mut t = self.lock();
                 self.common_write(&mut t, o, data);
             }
-            o if (NOTIFY..NOTIFY + self.kicks.len() as u64 * NOTIFY_MULTIPLIER).contains(&o) => {
+            o if (NOTIFY..NOTIFY + self.link.kicks.len() as u64 * NOTIFY_MULTIPLIER).contains(&o) => {
                 // Only reached when no ioeventfd took the write (counted as a device write).
-                let _ = self.kicks[((o - NOTIFY) / NOTIFY_MULTIPLIER) as usize].write(1);
+                let _ = self.link.kicks[((o - NOTIFY) / NOTIFY_MULTIPLIER) as usize].write(1);
             }
             o if (MSIX_TABLE..MSIX_TABLE + 0x1000).contains(&o) => {
                 crate::sync::lock(&self.msix).table_write(o - MSIX_TABLE, data)
@@ -522,8 +340,34 @@ impl ConfigHook for VirtioPci {
     }
 }
 
-mod state;
-pub use state::{QueueState, TransportState};
+impl VirtioPci {
+    /// Pauses the device (nothing in flight once this returns) and reads the transport
+    /// with its MSI-X table.
+    pub fn save(&self) -> TransportState {
+        let mut state = self.lock().save(&self.link);
+        state.msix = Some(crate::sync::lock(&self.msix).save());
+        state
+    }
+
+    /// After [`VirtioPci::save`]: the device goes on where it paused.
+    pub fn resume(&self) -> Result<(), ActivateError> {
+        self.lock().device.resume()
+    }
+
+    /// Puts a snapshot's state on this transport, built from the same configuration and
+    /// never run; [`VirtioPci::start_restored`] starts the device.
+    pub fn restore(&self, s: &TransportState) -> Result<(), String> {
+        let msix = s.msix.as_ref().ok_or("a PCI device saved without its MSI-X table")?;
+        let mut t = self.lock();
+        t.restore(&self.link, s, crate::sync::lock(&self.msix).len())?;
+        crate::sync::lock(&self.msix).restore(msix)
+    }
+
+    /// Starts a restored device where its queues stood (nothing if it did not run).
+    pub fn start_restored(&self) {
+        self.lock().start_restored(&self.link);
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -1,13 +1,13 @@
-//! A virtio-pci transport in a snapshot: what the driver wrote (features, vectors, each
-//! queue's registers), where each queue stands, the status and ISR bytes, and the MSI-X
-//! table. Saving pauses the device first, so nothing is in flight and the rings in guest
-//! memory agree with the positions saved. A restore puts it all back on a transport built
-//! from the same configuration, and the device starts where it stood once the vCPUs exist
-//! (an interrupt sent before their interrupt state is back would be lost).
+//! A virtio transport in a snapshot: what the driver wrote (features, vectors, each
+//! queue's registers), where each queue stands, the status and ISR bytes, and for PCI the
+//! MSI-X table. Saving pauses the device first, so nothing is in flight and the rings in
+//! guest memory agree with the positions saved. A restore puts it all back on a transport
+//! built from the same configuration, and the device starts where it stood once the vCPUs
+//! exist (an interrupt sent before their interrupt state is back would be lost).
 
-use super::{Transport, VirtioPci};
+use super::{Link, Transport};
 use crate::pci::msix::MsixState;
-use crate::virtio::{ActivateError, QueuePosition, NO_VECTOR, STATUS_DRIVER_OK};
+use crate::virtio::{QueuePosition, NO_VECTOR, STATUS_DRIVER_OK};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
 
@@ -25,7 +25,9 @@ pub struct TransportState {
     /// Whether the device ran (DRIVER_OK, and not broken since).
     pub active: bool,
     pub queues: Vec<QueueState>,
-    pub msix: MsixState,
+    /// PCI's MSI-X table and pending bits (none on MMIO).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub msix: Option<MsixState>,
 }
 
 /// One queue: the driver's registers and, if the device ran, where it stood.
@@ -40,14 +42,13 @@ pub struct QueueState {
     pub position: Option<QueuePosition>,
 }
 
-impl VirtioPci {
+impl Transport {
     /// Pauses the device (nothing in flight once this returns) and reads the transport.
     /// The machine is paused: no vCPU changes the transport meanwhile.
-    pub fn save(&self) -> TransportState {
-        let mut t = self.lock();
-        let positions = if t.active { t.device.pause() } else { None };
-        let isr = crate::sync::lock(&self.interrupt).as_ref().map_or(0, |i| i.isr.load(Ordering::Acquire));
-        let queues = t
+    pub fn save(&mut self, link: &Link) -> TransportState {
+        let positions = if self.active { self.device.pause() } else { None };
+        let isr = crate::sync::lock(&link.interrupt).as_ref().map_or(0, |i| i.isr.load(Ordering::Acquire));
+        let queues = self
             .queues
             .iter()
             .enumerate()
@@ -62,64 +63,42 @@ impl VirtioPci {
             })
             .collect();
         TransportState {
-            device_type: t.device.device_type(),
-            status: self.status.get(),
+            device_type: self.device.device_type(),
+            status: link.status.get(),
             isr,
-            device_feature_select: t.device_feature_select,
-            driver_feature_select: t.driver_feature_select,
-            driver_features: t.driver_features,
-            config_vector: t.config_vector,
-            queue_select: t.queue_select,
-            config_generation: t.config_generation,
+            device_feature_select: self.device_feature_select,
+            driver_feature_select: self.driver_feature_select,
+            driver_features: self.driver_features,
+            config_vector: self.config_vector,
+            queue_select: self.queue_select,
+            config_generation: self.config_generation,
             active: positions.is_some(),
             queues,
-            msix: crate::sync::lock(&self.msix).save(),
+            msix: None,
         }
     }
 
-    /// After [`VirtioPci::save`]: the device goes on where it paused.
-    pub fn resume(&self) -> Result<(), ActivateError> {
-        self.lock().device.resume()
-    }
-
-    /// Puts a snapshot's state on this transport, built from the same configuration and
-    /// never run; [`VirtioPci::start_restored`] starts the device. Refused, naming what,
-    /// where the state contradicts this device.
-    pub fn restore(&self, s: &TransportState) -> Result<(), String> {
-        let mut t = self.lock();
-        check(&t, s, crate::sync::lock(&self.msix).len())?;
-        crate::sync::lock(&self.msix).restore(&s.msix)?;
-        t.device_feature_select = s.device_feature_select;
-        t.driver_feature_select = s.driver_feature_select;
-        t.driver_features = s.driver_features;
-        t.config_vector = s.config_vector;
-        t.queue_select = s.queue_select;
-        t.config_generation = s.config_generation;
-        for (regs, q) in t.queues.iter_mut().zip(&s.queues) {
+    /// Puts a snapshot's state on this transport (with `vectors` MSI-X vectors; 0 on
+    /// MMIO), built from the same configuration and never run; [`Transport::start_restored`]
+    /// starts the device. Refused, naming what, where the state contradicts this device.
+    pub fn restore(&mut self, link: &Link, s: &TransportState, vectors: usize) -> Result<(), String> {
+        check(self, s, vectors)?;
+        self.device_feature_select = s.device_feature_select;
+        self.driver_feature_select = s.driver_feature_select;
+        self.driver_features = s.driver_features;
+        self.config_vector = s.config_vector;
+        self.queue_select = s.queue_select;
+        self.config_generation = s.config_generation;
+        for (regs, q) in self.queues.iter_mut().zip(&s.queues) {
             (regs.size, regs.enabled, regs.vector) = (q.size, q.enabled, q.vector);
             (regs.desc, regs.driver, regs.device) = (q.desc, q.driver, q.device);
         }
-        self.status.set(s.status);
+        link.status.set(s.status);
         if s.active {
             let positions = s.queues.iter().map(|q| q.position.unwrap_or_default()).collect();
-            t.restored = Some((positions, s.isr));
+            self.restored = Some((positions, s.isr));
         }
         Ok(())
-    }
-
-    /// Starts a restored device where its queues stood (nothing if it did not run). A
-    /// device that cannot start asks the driver for a reset, as at DRIVER_OK.
-    pub fn start_restored(&self) {
-        let mut t = self.lock();
-        let Some((positions, isr)) = t.restored.take() else { return };
-        match self.activate(&mut t, Some(&positions)) {
-            Ok(()) => {
-                if let Some(i) = crate::sync::lock(&self.interrupt).as_ref() {
-                    i.isr.store(isr, Ordering::Release);
-                }
-            }
-            Err(e) => self.cannot_start(&t, "go on from the snapshot", e),
-        }
     }
 }
 

@@ -1,0 +1,221 @@
+//! The virtio-mmio transport (virtio 1.2 4.2, version 2), Firecracker's: one 4 KiB page of
+//! registers per device, found by the guest on its command line
+//! (`virtio_mmio.device=4K@ADDR:IRQ`) or in the DSDT, and one interrupt line.
+//!
+//! The exitless path: QueueNotify (0x050) is an ioeventfd per queue, matched on the queue
+//! index the driver writes, so a kick never leaves the kernel; the interrupt is an irqfd on
+//! the device's GSI, raised after InterruptStatus has its bit, so the driver's read on the
+//! interrupt sees why. InterruptACK is applied in the vCPU's exit, before the driver goes
+//! on to its queues: an interrupt the device raises after the driver read the status and
+//! before it acknowledged leaves a used buffer the driver's queue walk (which follows the
+//! acknowledgement) finds, and a second interrupt that reads 0 is only spurious.
+
+pub use super::transport::TransportState;
+use super::transport::{Lines, Link, Transport};
+use super::{ActivateError, VirtioDevice};
+use crate::bus::BusDevice;
+use crate::ioeventfd::IoeventfdKey;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+/// One device's window.
+pub const WINDOW: u64 = 0x1000;
+
+const MAGIC: u64 = 0x000;
+const VERSION: u64 = 0x004;
+const DEVICE_ID: u64 = 0x008;
+const VENDOR_ID: u64 = 0x00c;
+const DEVICE_FEATURES: u64 = 0x010;
+const DEVICE_FEATURES_SEL: u64 = 0x014;
+const DRIVER_FEATURES: u64 = 0x020;
+const DRIVER_FEATURES_SEL: u64 = 0x024;
+const QUEUE_SEL: u64 = 0x030;
+const QUEUE_NUM_MAX: u64 = 0x034;
+const QUEUE_NUM: u64 = 0x038;
+const QUEUE_READY: u64 = 0x044;
+pub const QUEUE_NOTIFY: u64 = 0x050;
+const INTERRUPT_STATUS: u64 = 0x060;
+const INTERRUPT_ACK: u64 = 0x064;
+const STATUS: u64 = 0x070;
+const QUEUE_DESC_LOW: u64 = 0x080;
+const QUEUE_DESC_HIGH: u64 = 0x084;
+const QUEUE_DRIVER_LOW: u64 = 0x090;
+const QUEUE_DRIVER_HIGH: u64 = 0x094;
+const QUEUE_DEVICE_LOW: u64 = 0x0a0;
+const QUEUE_DEVICE_HIGH: u64 = 0x0a4;
+const SHM_LEN_LOW: u64 = 0x0b0;
+const SHM_LEN_HIGH: u64 = 0x0b4;
+const CONFIG_GENERATION: u64 = 0x0fc;
+const CONFIG: u64 = 0x100;
+
+/// "virt", little-endian.
+const MAGIC_VALUE: u32 = 0x7472_6976;
+
+pub struct VirtioMmio {
+    state: Mutex<Transport>,
+    link: Link,
+}
+
+impl VirtioMmio {
+    /// The transport for `device`, interrupting the guest through `irqfd` (an eventfd
+    /// the caller registers on the device's GSI).
+    pub fn new(device: Box<dyn VirtioDevice>, mem: GuestMemoryMmap, irqfd: Arc<EventFd>) -> std::io::Result<Self> {
+        let state = Transport::new(device, mem);
+        let link = Link::new(state.queues.len(), Lines::Line(irqfd))?;
+        Ok(VirtioMmio { state: Mutex::new(state), link })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Transport> {
+        crate::sync::lock(&self.state)
+    }
+
+    /// One ioeventfd per queue on QueueNotify, relative to the window, matching a 4-byte
+    /// write of that queue's index (a write of another size, or of another value, exits).
+    pub fn notify_ioeventfds(&self) -> std::io::Result<Vec<(IoeventfdKey, EventFd)>> {
+        let key = |q: usize| IoeventfdKey::mmio(QUEUE_NOTIFY, 4, Some(q as u64));
+        self.link.kicks.iter().enumerate().map(|(q, fd)| Ok((key(q), fd.try_clone()?))).collect()
+    }
+
+    pub fn status(&self) -> u8 {
+        self.link.status.get()
+    }
+
+    /// The device's configuration changed under the driver: a new ConfigGeneration and the
+    /// configuration interrupt.
+    pub fn config_changed(&self) {
+        self.lock().config_changed(&self.link);
+    }
+
+    /// Interrupts the device has asked for since activation.
+    pub fn interrupts_signalled(&self) -> u64 {
+        self.link.interrupts_signalled()
+    }
+
+    /// Pauses the device (nothing in flight once this returns) and reads the transport.
+    pub fn save(&self) -> TransportState {
+        self.lock().save(&self.link)
+    }
+
+    /// After [`VirtioMmio::save`]: the device goes on where it paused.
+    pub fn resume(&self) -> Result<(), ActivateError> {
+        self.lock().device.resume()
+    }
+
+    /// Puts a snapshot's state on this transport, built from the same configuration and
+    /// never run; [`VirtioMmio::start_restored`] starts the device.
+    pub fn restore(&self, s: &TransportState) -> Result<(), String> {
+        if s.msix.is_some() {
+            return Err("a PCI device's state for an MMIO device".into());
+        }
+        self.lock().restore(&self.link, s, 0)
+    }
+
+    /// Starts a restored device where its queues stood (nothing if it did not run).
+    pub fn start_restored(&self) {
+        self.lock().start_restored(&self.link);
+    }
+
+    fn register(&self, offset: u64) -> u32 {
+        let t = self.lock();
+        let q = t.selected_queue();
+        match offset {
+            MAGIC => MAGIC_VALUE,
+            VERSION => 2,
+            DEVICE_ID => u32::from(t.device.device_type()),
+            VENDOR_ID => 0,
+            DEVICE_FEATURES => t.device_features_word(),
+            QUEUE_NUM_MAX => u32::from(q.max),
+            QUEUE_READY => u32::from(q.enabled),
+            INTERRUPT_STATUS => {
+                crate::sync::lock(&self.link.interrupt).as_ref().map_or(0, |i| u32::from(i.isr.load(Ordering::Acquire)))
+            }
+            STATUS => u32::from(self.link.status.get()),
+            QUEUE_DESC_LOW => q.desc as u32,
+            QUEUE_DESC_HIGH => (q.desc >> 32) as u32,
+            QUEUE_DRIVER_LOW => q.driver as u32,
+            QUEUE_DRIVER_HIGH => (q.driver >> 32) as u32,
+            QUEUE_DEVICE_LOW => q.device as u32,
+            QUEUE_DEVICE_HIGH => (q.device >> 32) as u32,
+            // No shared memory regions: a region's length reads as all ones.
+            SHM_LEN_LOW | SHM_LEN_HIGH => u32::MAX,
+            CONFIG_GENERATION => u32::from(t.config_generation),
+            _ => 0,
+        }
+    }
+
+    fn set_register(&self, offset: u64, v: u32) {
+        let mut t = self.lock();
+        let half = |old: u64, high: bool| match high {
+            true => (old & 0xffff_ffff) | (u64::from(v) << 32),
+            false => (old & !0xffff_ffff) | u64::from(v),
+        };
+        match offset {
+            DEVICE_FEATURES_SEL => t.device_feature_select = v,
+            DRIVER_FEATURES => t.set_driver_features_word(&self.link, v),
+            DRIVER_FEATURES_SEL => t.driver_feature_select = v,
+            QUEUE_SEL => t.queue_select = v.min(u32::from(u16::MAX)) as u16,
+            QUEUE_NUM => t.set_queue_size(u64::from(v)),
+            QUEUE_READY => {
+                if let Some(q) = t.writable_queue("QueueReady") {
+                    q.enabled = v == 1;
+                }
+            }
+            QUEUE_NOTIFY => {
+                // Only reached when no ioeventfd took the write: a kick of another size.
+                if let Some(kick) = self.link.kicks.get(v as usize) {
+                    let _ = kick.write(1);
+                }
+            }
+            INTERRUPT_ACK => {
+                if let Some(i) = crate::sync::lock(&self.link.interrupt).as_ref() {
+                    i.isr.fetch_and(!(v as u8), Ordering::AcqRel);
+                }
+            }
+            STATUS => t.set_status(&self.link, v as u8),
+            QUEUE_DESC_LOW | QUEUE_DESC_HIGH | QUEUE_DRIVER_LOW | QUEUE_DRIVER_HIGH | QUEUE_DEVICE_LOW
+            | QUEUE_DEVICE_HIGH => {
+                let Some(q) = t.writable_queue("a queue address") else { return };
+                let high = offset & 4 != 0;
+                match offset & !4 {
+                    QUEUE_DESC_LOW => q.desc = half(q.desc, high),
+                    QUEUE_DRIVER_LOW => q.driver = half(q.driver, high),
+                    _ => q.device = half(q.device, high),
+                }
+            }
+            _ => t.warn_once(format_args!("write to read-only or unknown register {offset:#x}")),
+        }
+    }
+}
+
+impl BusDevice for VirtioMmio {
+    fn read(&self, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        if offset >= CONFIG {
+            return self.lock().device.read_config(offset - CONFIG, data);
+        }
+        // The registers are 32 bits wide and read whole (virtio 1.2 4.2.2.2).
+        if data.len() != 4 || !offset.is_multiple_of(4) {
+            return self.lock().warn_once(format_args!("{}-byte read at register {offset:#x}", data.len()));
+        }
+        data.copy_from_slice(&self.register(offset).to_le_bytes());
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) {
+        if offset >= CONFIG {
+            // Every device's configuration is read-only to the driver here.
+            return self.lock().warn_once(format_args!("write to the device configuration at {offset:#x}"));
+        }
+        let Ok(bytes) = <[u8; 4]>::try_from(data) else {
+            return self.lock().warn_once(format_args!("{}-byte write at register {offset:#x}", data.len()));
+        };
+        if !offset.is_multiple_of(4) {
+            return self.lock().warn_once(format_args!("unaligned write at register {offset:#x}"));
+        }
+        self.set_register(offset, u32::from_le_bytes(bytes));
+    }
+}
+
+#[cfg(test)]
+mod tests;

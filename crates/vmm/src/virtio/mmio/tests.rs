@@ -1,0 +1,180 @@
+//! The virtio-mmio transport without KVM: a driver's setup as Linux's virtio_mmio makes it,
+//! the interrupt path, and a hostile driver's every mistake refused or ignored.
+
+use super::*;
+use crate::virtio::{STATUS_DRIVER_OK, STATUS_FEATURES_OK, STATUS_NEEDS_RESET, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
+use std::sync::atomic::AtomicU64;
+use vm_memory::GuestAddress;
+
+fn transport() -> (Arc<VirtioMmio>, Arc<AtomicU64>, Arc<EventFd>) {
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    crate::testing::virtio_mmio_transport(mem)
+}
+
+fn w(t: &VirtioMmio, at: u64, v: u32) {
+    t.write(at, &v.to_le_bytes());
+}
+
+fn r(t: &VirtioMmio, at: u64) -> u32 {
+    let mut b = [0u8; 4];
+    t.read(at, &mut b);
+    u32::from_le_bytes(b)
+}
+
+/// ACKNOWLEDGE, DRIVER, `features`, FEATURES_OK; then each queue at 0x1000 * (q + 1) and
+/// DRIVER_OK, as Linux's virtio_mmio does it.
+fn bring_up(t: &VirtioMmio, features: u64) {
+    w(t, STATUS, 0);
+    w(t, STATUS, 3);
+    for sel in 0..2 {
+        w(t, DRIVER_FEATURES_SEL, sel);
+        w(t, DRIVER_FEATURES, (features >> (32 * sel)) as u32);
+    }
+    w(t, STATUS, 0xb);
+    for q in 0..2u32 {
+        w(t, QUEUE_SEL, q);
+        assert_eq!(r(t, QUEUE_NUM_MAX), 256);
+        assert_eq!(r(t, QUEUE_READY), 0);
+        w(t, QUEUE_NUM, 128);
+        let base = 0x1_0000 * u64::from(q + 1);
+        for (low, at) in [(QUEUE_DESC_LOW, base), (QUEUE_DRIVER_LOW, base + 0x800), (QUEUE_DEVICE_LOW, base + 0x1000)] {
+            w(t, low, at as u32);
+            w(t, low + 4, (at >> 32) as u32);
+        }
+        w(t, QUEUE_READY, 1);
+    }
+    w(t, STATUS, 0xf);
+}
+
+#[test]
+fn the_registers_say_virtio_version_2_and_the_device() {
+    let (t, _, _) = transport();
+    assert_eq!(r(&t, MAGIC), 0x7472_6976);
+    assert_eq!(r(&t, VERSION), 2);
+    assert_eq!(r(&t, DEVICE_ID), 1);
+    w(&t, DEVICE_FEATURES_SEL, 1);
+    assert_eq!(u64::from(r(&t, DEVICE_FEATURES)) << 32, VIRTIO_F_VERSION_1);
+    w(&t, DEVICE_FEATURES_SEL, 0);
+    assert_eq!(u64::from(r(&t, DEVICE_FEATURES)), VIRTIO_F_EVENT_IDX);
+    assert_eq!(r(&t, SHM_LEN_LOW), u32::MAX, "no shared memory region");
+    // The device configuration, at any width.
+    let mut b = [0u8; 2];
+    t.read(CONFIG + 6, &mut b);
+    assert_eq!(b, [0xab, 0xab]);
+}
+
+#[test]
+fn a_driver_brings_the_device_up_and_its_queues_are_frozen() {
+    let (t, activations, _) = transport();
+    bring_up(&t, VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX | 1 << 40);
+    assert_eq!(activations.load(Ordering::Relaxed), 1);
+    assert_eq!(t.status() & (STATUS_FEATURES_OK | STATUS_DRIVER_OK), STATUS_FEATURES_OK | STATUS_DRIVER_OK);
+    w(&t, DRIVER_FEATURES_SEL, 1);
+    assert_eq!(r(&t, DRIVER_FEATURES), 0, "driver features are not readable here; only the device's");
+    // Running: the queue registers stay as they were.
+    w(&t, QUEUE_SEL, 1);
+    w(&t, QUEUE_NUM, 64);
+    w(&t, QUEUE_DESC_LOW, 0xdead_0000);
+    w(&t, QUEUE_READY, 0);
+    assert_eq!((r(&t, QUEUE_DESC_LOW), r(&t, QUEUE_READY)), (0x2_0000, 1));
+    // A reset forgets everything; the driver can start over.
+    w(&t, STATUS, 0);
+    assert_eq!((t.status(), r(&t, QUEUE_READY), r(&t, QUEUE_DESC_LOW)), (0, 0, 0));
+    bring_up(&t, VIRTIO_F_VERSION_1);
+    assert_eq!(activations.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn an_interrupt_sets_its_status_bit_before_the_line_and_the_ack_clears_it() {
+    let (t, _, irqfd) = transport();
+    bring_up(&t, VIRTIO_F_VERSION_1);
+    let interrupt = crate::sync::lock(&t.link.interrupt).clone().unwrap();
+    interrupt.signal_queue(1);
+    assert_eq!(irqfd.read().unwrap(), 1, "one edge on the line");
+    assert_eq!(r(&t, INTERRUPT_STATUS), 1);
+    t.config_changed();
+    assert_eq!(r(&t, INTERRUPT_STATUS), 3);
+    assert_eq!(r(&t, CONFIG_GENERATION), 1);
+    // The driver acknowledges what it read; a bit it did not acknowledge stays.
+    w(&t, INTERRUPT_ACK, 1);
+    assert_eq!(r(&t, INTERRUPT_STATUS), 2);
+    w(&t, INTERRUPT_ACK, 2);
+    assert_eq!(r(&t, INTERRUPT_STATUS), 0);
+    assert_eq!(t.interrupts_signalled(), 2);
+}
+
+#[test]
+fn kicks_reach_their_queue_by_ioeventfd_or_by_the_exit() {
+    let (t, _, _) = transport();
+    let keys = t.notify_ioeventfds().unwrap();
+    let want: Vec<_> = (0..2).map(|q| IoeventfdKey::mmio(QUEUE_NOTIFY, 4, Some(q))).collect();
+    assert_eq!(keys.iter().map(|(k, _)| *k).collect::<Vec<_>>(), want);
+    // A kick no ioeventfd took (another width reaches the device only as a whole write).
+    w(&t, QUEUE_NOTIFY, 1);
+    assert_eq!(t.link.kicks[1].read().unwrap(), 1);
+    w(&t, QUEUE_NOTIFY, 7); // no such queue: nothing
+    assert!(t.link.kicks[0].read().is_err());
+}
+
+#[test]
+fn a_hostile_driver_is_ignored_and_the_device_keeps_its_state() {
+    let (t, activations, _) = transport();
+    // Accesses of 1, 2 and 8 bytes and unaligned ones to registers do nothing.
+    for (at, len) in [(STATUS, 1), (STATUS, 2), (STATUS, 8), (STATUS + 1, 4), (QUEUE_SEL + 2, 4)] {
+        t.write(at, &[0xff; 8][..len]);
+        let mut b = [0u8; 8];
+        t.read(at, &mut b[..len]);
+        assert_eq!(b, [0; 8], "{len}-byte read at {at:#x}");
+    }
+    assert_eq!(t.status(), 0);
+    // Writes to read-only registers and to the configuration.
+    for at in [MAGIC, VERSION, DEVICE_ID, QUEUE_NUM_MAX, INTERRUPT_STATUS, CONFIG_GENERATION, CONFIG, 0xffc] {
+        w(&t, at, 0x1234_5678);
+    }
+    assert_eq!((r(&t, MAGIC), r(&t, VERSION), r(&t, QUEUE_NUM_MAX)), (0x7472_6976, 2, 256));
+    // Sizes above the maximum or not a power of two, a queue that does not exist.
+    w(&t, QUEUE_NUM, 512);
+    w(&t, QUEUE_NUM, 100);
+    w(&t, QUEUE_SEL, 9);
+    w(&t, QUEUE_READY, 1);
+    assert_eq!(r(&t, QUEUE_NUM_MAX), 0, "queue 9 does not exist");
+    w(&t, QUEUE_SEL, 0);
+    assert_eq!(r(&t, QUEUE_READY), 0);
+    // Features outside the offer are dropped (all ones asked, the offer taken).
+    w(&t, STATUS, 3);
+    w(&t, DRIVER_FEATURES_SEL, 1);
+    w(&t, DRIVER_FEATURES, u32::MAX);
+    w(&t, STATUS, 0xb);
+    assert_ne!(t.status() & STATUS_FEATURES_OK, 0);
+    // Rings outside guest memory: DRIVER_OK does not start the device, which asks for a reset.
+    w(&t, QUEUE_SEL, 0);
+    w(&t, QUEUE_DESC_HIGH, 0x10);
+    w(&t, QUEUE_READY, 1);
+    w(&t, STATUS, 0xf);
+    assert_eq!(activations.load(Ordering::Relaxed), 0);
+    assert_ne!(t.status() & STATUS_NEEDS_RESET, 0);
+    // A driver that clears bits without a reset is ignored; a reset recovers.
+    w(&t, STATUS, 1);
+    assert_ne!(t.status() & STATUS_NEEDS_RESET, 0);
+    w(&t, STATUS, 0);
+    bring_up(&t, VIRTIO_F_VERSION_1);
+    assert_eq!(activations.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_saved_transport_restores_onto_a_new_one_and_refuses_a_pci_state() {
+    let (t, activations, _) = transport();
+    bring_up(&t, VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX);
+    let saved = t.save();
+    assert!(saved.active && saved.msix.is_none());
+    let (u, restored, _) = transport();
+    u.restore(&saved).unwrap();
+    u.start_restored();
+    assert_eq!((activations.load(Ordering::Relaxed), restored.load(Ordering::Relaxed)), (1, 1));
+    assert_eq!(u.status(), t.status());
+    w(&u, QUEUE_SEL, 1);
+    assert_eq!(r(&u, QUEUE_DESC_LOW), 0x2_0000);
+    let (v, _, _) = transport();
+    let pci = crate::virtio::transport::TransportState { msix: Some(Default::default()), ..saved };
+    assert!(v.restore(&pci).is_err());
+}
