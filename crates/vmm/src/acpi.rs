@@ -78,7 +78,7 @@ fn bytes(table: &dyn Aml) -> Vec<u8> {
 /// The DSDT: the PCI host bridge with its windows, COM1, the PS/2 keyboard, and the S5
 /// (soft-off) sleep type.
 /// (Each object is built and serialized in one statement: AML objects borrow their parts.)
-fn dsdt(map: &MemoryMap) -> Vec<u8> {
+fn dsdt(map: &MemoryMap, mmio_windows: &[(u64, u64, u32)]) -> Vec<u8> {
     let (mmio64, mmio64_size) = map.pci_mmio64();
     let mut dsdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     aml::Device::new(
@@ -131,6 +131,25 @@ fn dsdt(map: &MemoryMap) -> Vec<u8> {
         ],
     )
     .to_aml_bytes(&mut dsdt);
+    // Each virtio-mmio device, as Linux's virtio_mmio driver matches it in ACPI (LNRO0005),
+    // for kernels that take devices from the DSDT rather than the command line.
+    for (i, &(base, len, irq)) in mmio_windows.iter().enumerate() {
+        aml::Device::new(
+            format!("_SB_.V{i:03X}").as_str().into(),
+            vec![
+                &Name::new("_HID".into(), &"LNRO0005"),
+                &Name::new("_UID".into(), &(i as u32)),
+                &Name::new(
+                    "_CRS".into(),
+                    &aml::ResourceTemplate::new(vec![
+                        &aml::Memory32Fixed::new(true, base as u32, len as u32),
+                        &Interrupt::new(true, true, false, false, irq),
+                    ]),
+                ),
+            ],
+        )
+        .to_aml_bytes(&mut dsdt);
+    }
     // The PS/2 keyboard, so Linux's i8042 driver finds it through PNP (SendCtrlAltDel).
     aml::Device::new(
         "_SB_.PS2K".into(),
@@ -232,7 +251,12 @@ pub struct Placed {
 }
 
 /// Writes every table into the ACPI area.
-pub fn write_tables(mem: &GuestMemoryMmap, map: &MemoryMap, vcpus: u8) -> Result<Placed, AcpiError> {
+pub fn write_tables(
+    mem: &GuestMemoryMmap,
+    map: &MemoryMap,
+    vcpus: u8,
+    mmio_windows: &[(u64, u64, u32)],
+) -> Result<Placed, AcpiError> {
     let mut area: Vec<u8> = Vec::new();
     let mut place = |table: &[u8], align: usize| -> u64 {
         area.resize(area.len().next_multiple_of(align), 0);
@@ -242,7 +266,7 @@ pub fn write_tables(mem: &GuestMemoryMmap, map: &MemoryMap, vcpus: u8) -> Result
     };
     let rsdp_at = place(&[0; 36], 16);
     let facs = place(&bytes(&FACS::new()), 64);
-    let dsdt = place(&dsdt(map), 16);
+    let dsdt = place(&dsdt(map, mmio_windows), 16);
     let fadt = place(&fadt(dsdt, facs), 16);
     let madt = place(&madt(vcpus), 16);
     let mcfg = place(&mcfg(), 16);
@@ -273,7 +297,7 @@ mod tests {
     fn tables_checksum_and_point_at_each_other() {
         let map = MemoryMap::new(256 << 20).unwrap();
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 256 << 20)]).unwrap();
-        let rsdp = write_tables(&mem, &map, 3).unwrap().rsdp;
+        let rsdp = write_tables(&mem, &map, 3, &[(0xc000_1000, 0x1000, 5)]).unwrap().rsdp;
         let read = |at: u64, len: usize| {
             let mut v = vec![0u8; len];
             mem.read_slice(&mut v, GuestAddress(at)).unwrap();
@@ -309,7 +333,7 @@ mod tests {
 
     #[test]
     fn the_ecam_window_is_a_motherboard_resource() {
-        let dsdt = dsdt(&MemoryMap::new(256 << 20).unwrap());
+        let dsdt = dsdt(&MemoryMap::new(256 << 20).unwrap(), &[]);
         // PNP0C02 as an EISA ID, then a Memory32Fixed descriptor (0x86) for the window.
         assert!(dsdt.windows(4).any(|w| w == [0x41, 0xd0, 0x0c, 0x02]), "no PNP0C02 device");
         let mut fixed = vec![0x86, 9, 0, 0];

@@ -5,7 +5,7 @@
 //! ```text
 //! 0x0000_0000  RAM (low memory: boot structures below 1 MiB, see the constants below)
 //! 0x0009_fc00  reserved (EBDA, VGA hole, BIOS area: real-mode handlers at 0xd0000, ACPI
-//!              tables at 0xe0000)
+//!              tables at 0xe0000, the MP table at 0xf0000)
 //! 0x0010_0000  RAM: kernel, then the rest up to min(RAM, 3 GiB)
 //! 0xc000_0000  32-bit PCI MMIO window (BARs)
 //! 0xe000_0000  ECAM, bus 0 (reserved)
@@ -54,7 +54,10 @@ pub const LOW_RAM_END: u64 = 0x9_fc00;
 pub const BIOS_STUBS_GPA: u64 = 0xd_0000;
 /// ACPI tables: the RSDP first (where a BIOS would put it), then the others.
 pub const ACPI_START: u64 = 0xe_0000;
-pub const ACPI_END: u64 = 0x10_0000;
+pub const ACPI_END: u64 = 0xf_0000;
+/// The MP table (boot/mptable.rs), where Linux scans for it, reserved.
+pub const MPTABLE_GPA: u64 = ACPI_END;
+pub const MPTABLE_END: u64 = 0x10_0000;
 /// Images are loaded at or above 1 MiB.
 pub const HIGH_RAM_START: u64 = 0x10_0000;
 
@@ -90,6 +93,9 @@ pub const ACPI_PM_LEN: u64 = 13;
 pub const ACPI_RESET_VALUE: u8 = 1;
 /// IOAPIC pins for PCI INTx, past the ISA interrupts (handed out by the allocators).
 pub const PCI_INTX_PINS: std::ops::RangeInclusive<u32> = 16..=23;
+/// The ISA interrupt lines virtio-mmio devices take first: none of the PC's own (the PIT
+/// 0, keyboard 1, cascade 2, COM1 4, RTC 8, the ACPI SCI 9).
+pub const MMIO_IRQS: [u32; 9] = [5, 6, 7, 10, 11, 12, 13, 14, 15];
 /// The ACPI SCI's ISA interrupt.
 pub const SCI_IRQ: u8 = 9;
 /// COM1 and its interrupt.
@@ -205,6 +211,7 @@ impl MemoryMap {
             entry(0, LOW_RAM_END, MemoryType::Ram),
             entry(LOW_RAM_END, ACPI_START - LOW_RAM_END, MemoryType::Reserved),
             entry(ACPI_START, ACPI_END - ACPI_START, MemoryType::Acpi),
+            entry(MPTABLE_GPA, MPTABLE_END - MPTABLE_GPA, MemoryType::Reserved),
             entry(HIGH_RAM_START, self.low_ram_end() - HIGH_RAM_START, MemoryType::Ram),
             entry(ECAM_GPA, ECAM_SIZE, MemoryType::Reserved),
         ];

@@ -1,6 +1,9 @@
-/* A minimal modern virtio-pci driver for payloads: finds a device through ECAM,
- * negotiates, sets up one or two split queues with EVENT_IDX and MSI-X. virtio-net's are
- * RX (0) and TX (1); virtio-blk's one request queue is q[0]. */
+/* A minimal modern virtio driver for payloads: finds a device through ECAM (virtio-pci)
+ * or, where there is none on PCI, in the virtio-mmio windows Firecracker's layout puts
+ * after the boot timer's page; negotiates, sets up one or two split queues with
+ * EVENT_IDX (and on PCI MSI-X; an MMIO device's interrupt line is left masked, as these
+ * payloads poll). virtio-net's queues are RX (0) and TX (1); virtio-blk's one request
+ * queue is q[0]. */
 #pragma once
 #include "runtime.h"
 
@@ -25,6 +28,7 @@ struct vq {
 	volatile struct vring_avail *avail;
 	volatile struct vring_used *used;
 	u64 notify;
+	u32 notify_len; /* PCI: the 2-byte queue index; MMIO: QueueNotify, 4 bytes */
 };
 
 #define VIRTIO_ID_NET 1
@@ -36,7 +40,13 @@ struct vq {
 /* The most devices a payload drives at once (each has its own rings). */
 #define VDEV_MAX_DEVICES 3
 
+/* Where virtio-mmio devices may be: 4 KiB windows from the second page of the 32-bit
+ * window on (exitless's and Firecracker's layout). */
+#define VIRTIO_MMIO_FIRST 0xc0001000ULL
+#define VIRTIO_MMIO_WINDOWS 32
+
 struct vdev {
+	u64 mmio;             /* its virtio-mmio window; 0 for a virtio-pci device */
 	u32 fn;               /* bus-0 function index */
 	u32 nth;              /* which device of its type (0: the first) */
 	u32 rings;            /* whose ring memory its queues use (one set per device set up) */

@@ -7,6 +7,7 @@
 pub mod bios_state;
 pub mod cpu;
 pub mod image;
+pub mod mptable;
 pub mod multiboot;
 pub mod pvh;
 pub mod regs;

@@ -44,6 +44,8 @@ pub struct Allocators {
     taken: [Vec<std::ops::Range<u64>>; 3],
     /// IOAPIC pins for PCI INTx still free.
     intx_pins: std::ops::RangeInclusive<u32>,
+    /// ISA lines for virtio-mmio devices still free.
+    mmio_irqs: std::array::IntoIter<u32, 9>,
     /// The next free KVM memory slot, and how many KVM offers.
     next_memslot: u32,
     memslots: u32,
@@ -62,6 +64,7 @@ impl Allocators {
             mmio64: range(windows.mmio64.clone())?,
             taken: Default::default(),
             intx_pins: crate::layout::PCI_INTX_PINS,
+            mmio_irqs: crate::layout::MMIO_IRQS.into_iter(),
             next_memslot: 0,
             memslots,
         })
@@ -79,6 +82,32 @@ impl Allocators {
     /// An IOAPIC pin of its own for a PCI function's INTx.
     pub fn intx_pin(&mut self) -> Result<u32, AllocError> {
         self.intx_pins.next().ok_or(AllocError::NoIntxPin)
+    }
+
+    /// The next page-aligned window of `len` bytes for a virtio-mmio device: from the
+    /// second page of the 32-bit window on (the first is the boot timer's), as Firecracker
+    /// lays them out.
+    pub fn mmio_device_window(&mut self, len: u64) -> Result<u64, AllocError> {
+        let start = self.mmio32.base() + crate::layout::PAGE_SIZE;
+        let mut at = start;
+        loop {
+            let spec = BarSpec { kind: BarKind::Memory32, size: len };
+            match self.reserve_bar(spec, at) {
+                Ok(()) => return Ok(at),
+                Err(_) if at + len < self.mmio32.end() => at += len,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// An interrupt line for a virtio-mmio device: the ISA lines no legacy device uses
+    /// first (so a guest without an IOAPIC, `noapic`, reaches them through the PIC), then
+    /// the IOAPIC's upper pins.
+    pub fn mmio_irq(&mut self) -> Result<u32, AllocError> {
+        match self.mmio_irqs.next() {
+            Some(irq) => Ok(irq),
+            None => self.intx_pin(),
+        }
     }
 
     /// The lowest free device number on bus 0.

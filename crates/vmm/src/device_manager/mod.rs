@@ -10,7 +10,7 @@ mod qemu_test;
 mod virtio;
 
 pub use allocators::{AllocError, Allocators};
-pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle, VsockHandle};
+pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle, TransportKind, VirtioTransport, VsockHandle};
 
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
 use crate::devices::legacy::{AcpiPm, Serial, I8042};
@@ -21,7 +21,6 @@ use crate::pci::cf8::{Cf8Device, CF8_LEN, CF8_PORT};
 use crate::pci::ecam::{EcamShadow, ECAM_SIZE, SHADOW_MAX_SLOTS};
 use crate::pci::ecam_device::EcamDevice;
 use crate::pci::{BarSpec, EcamMode, PciError, PciFunction, PciRoot};
-use crate::virtio::pci::VirtioPci;
 use kvm_ioctls::VmFd;
 use std::sync::Arc;
 use vm_memory::GuestMemoryMmap;
@@ -53,6 +52,8 @@ pub enum DeviceError {
     Alloc(#[from] AllocError),
     #[error(transparent)]
     Irq(#[from] IrqError),
+    #[error(transparent)]
+    Ioeventfd(#[from] crate::ioeventfd::IoeventfdError),
     #[error(transparent)]
     Pci(#[from] PciError),
     #[error(transparent)]
@@ -147,6 +148,8 @@ pub struct DeviceManagerConfig {
     pub ecam: EcamMode,
     /// Whether 0xCF8/0xCFC config access exists (see `MachineConfig`).
     pub pci_config_io: bool,
+    /// The transport virtio devices are attached over.
+    pub transport: TransportKind,
 }
 
 pub struct DeviceManager {
@@ -160,6 +163,7 @@ pub struct DeviceManager {
     /// What each bus entry is called in the exit profile, by [`DeviceId`].
     bus_names: Vec<String>,
     devices: Vec<Device>,
+    transport: TransportKind,
 }
 
 impl DeviceManager {
@@ -189,6 +193,7 @@ impl DeviceManager {
             ioeventfds,
             bus_names: Vec::new(),
             devices: Vec::new(),
+            transport: config.transport,
         };
         if config.pci_config_io {
             let cf8 = Arc::new(Cf8Device::new(&pci));
@@ -354,8 +359,9 @@ impl DeviceManager {
         })
     }
 
-    /// Every virtio device, in the order attached: its name, PCI slot and transport.
-    pub fn virtio_devices(&self) -> impl Iterator<Item = (&str, u8, &Arc<VirtioPci>)> {
+    /// Every virtio device, in the order attached: its name, where it is (a PCI slot, or
+    /// an MMIO window and line) and its transport.
+    pub fn virtio_devices(&self) -> impl Iterator<Item = (&str, &[Resource], &VirtioTransport)> {
         self.devices.iter().filter_map(|d| {
             let transport = match &d.handle {
                 DeviceHandle::Net(n) => &n.transport,
@@ -364,12 +370,26 @@ impl DeviceManager {
                 DeviceHandle::Vsock(v) => &v.transport,
                 _ => return None,
             };
-            let slot = d.resources.iter().find_map(|r| match r {
-                Resource::PciSlot(s) => Some(*s),
+            Some((d.name.as_str(), d.resources.as_slice(), transport))
+        })
+    }
+
+    /// Each virtio-mmio device's window and interrupt line, in the order attached: what the
+    /// guest is told on its command line and in the DSDT.
+    pub fn mmio_windows(&self) -> Vec<(u64, u64, u32)> {
+        let windows = self.virtio_devices().filter_map(|(_, resources, transport)| {
+            let VirtioTransport::Mmio(_) = transport else { return None };
+            let window = resources.iter().find_map(|r| match r {
+                Resource::Mmio { base, len } => Some((*base, *len)),
                 _ => None,
             })?;
-            Some((d.name.as_str(), slot, transport))
-        })
+            let line = resources.iter().find_map(|r| match r {
+                Resource::Irq(gsi) => Some(*gsi),
+                _ => None,
+            })?;
+            Some((window.0, window.1, line))
+        });
+        windows.collect()
     }
 
     /// Starts the virtio devices a snapshot restored, where their queues stood (once the

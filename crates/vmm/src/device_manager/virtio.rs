@@ -1,5 +1,6 @@
 //! Attaching virtio devices over PCI (the transport, MSI-X vectors, BAR0 and the notify
-//! ioeventfds), and the virtio-net and virtio-blk handles the API and the labs use.
+//! ioeventfds) or over MMIO (a 4 KiB window, an interrupt line, the notify ioeventfds),
+//! and the handles the API, snapshots and the labs use.
 
 use super::{BarRequest, DeviceError, DeviceHandle, DeviceKind, DeviceManager};
 use crate::net::mmds::SharedMmds;
@@ -8,8 +9,9 @@ use crate::pci::msix::Msix;
 use crate::poll::PollMode;
 use crate::rate_limiter::{LimiterSlot, Limits};
 use crate::virtio::blk::{BlkStats, DiskSlot, DriveConfig, VirtioBlk};
+use crate::virtio::mmio::VirtioMmio;
 use crate::virtio::net::{NetStats, TxMode, VirtioNet};
-use crate::virtio::pci::VirtioPci;
+use crate::virtio::pci::{TransportState, VirtioPci};
 use crate::virtio::rng::{RngStats, VirtioRng};
 use crate::virtio::vsock::{VirtioVsock, VsockConfig, VsockStats};
 use crate::virtio::{self, VirtioDevice};
@@ -50,11 +52,84 @@ impl NetConfig {
     }
 }
 
+/// Which transport the virtio devices are attached over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TransportKind {
+    /// virtio-pci: exitless's own guests, Firecracker's with `--enable-pci`.
+    #[default]
+    Pci,
+    /// virtio-mmio: Firecracker's default, for guests that boot with `pci=off`.
+    Mmio,
+}
+
+/// A virtio device's transport.
+#[derive(Clone)]
+pub enum VirtioTransport {
+    Pci(Arc<VirtioPci>),
+    Mmio(Arc<VirtioMmio>),
+}
+
+impl VirtioTransport {
+    pub fn status(&self) -> u8 {
+        match self {
+            VirtioTransport::Pci(t) => t.status(),
+            VirtioTransport::Mmio(t) => t.status(),
+        }
+    }
+
+    /// The device's configuration changed under the driver: a new generation and the
+    /// configuration interrupt.
+    pub fn config_changed(&self) {
+        match self {
+            VirtioTransport::Pci(t) => t.config_changed(),
+            VirtioTransport::Mmio(t) => t.config_changed(),
+        }
+    }
+
+    /// Interrupts the device has asked for since activation.
+    pub fn interrupts_signalled(&self) -> u64 {
+        match self {
+            VirtioTransport::Pci(t) => t.interrupts_signalled(),
+            VirtioTransport::Mmio(t) => t.interrupts_signalled(),
+        }
+    }
+
+    /// Pauses the device (nothing in flight after this) and reads its transport.
+    pub fn save(&self) -> TransportState {
+        match self {
+            VirtioTransport::Pci(t) => t.save(),
+            VirtioTransport::Mmio(t) => t.save(),
+        }
+    }
+
+    /// After [`VirtioTransport::save`]: the device goes on.
+    pub fn resume(&self) -> Result<(), virtio::ActivateError> {
+        match self {
+            VirtioTransport::Pci(t) => t.resume(),
+            VirtioTransport::Mmio(t) => t.resume(),
+        }
+    }
+
+    pub fn restore(&self, s: &TransportState) -> Result<(), String> {
+        match self {
+            VirtioTransport::Pci(t) => t.restore(s),
+            VirtioTransport::Mmio(t) => t.restore(s),
+        }
+    }
+
+    pub fn start_restored(&self) {
+        match self {
+            VirtioTransport::Pci(t) => t.start_restored(),
+            VirtioTransport::Mmio(t) => t.start_restored(),
+        }
+    }
+}
+
 /// A virtio-blk device, for the API, the lab and the report.
 pub struct DriveHandle {
     pub name: String,
     pub stats: Arc<BlkStats>,
-    pub transport: Arc<VirtioPci>,
+    pub transport: VirtioTransport,
     /// The backing file, swapped by [`DeviceManager::update_drive`].
     pub disk: Arc<DiskSlot>,
     /// The rate limits, changed by [`DeviceManager::set_drive_limits`].
@@ -64,7 +139,7 @@ pub struct DriveHandle {
 /// A virtio-net device, for the API, the lab and the report.
 pub struct NetHandle {
     pub stats: Arc<NetStats>,
-    pub transport: Arc<VirtioPci>,
+    pub transport: VirtioTransport,
     pub tap_name: String,
     /// The RX and TX rate limits, changed by [`DeviceManager::set_net_limits`].
     pub limits: [Arc<LimiterSlot>; 2],
@@ -73,29 +148,43 @@ pub struct NetHandle {
 /// The virtio-rng device, for the API and the report.
 pub struct EntropyHandle {
     pub stats: Arc<RngStats>,
-    pub transport: Arc<VirtioPci>,
+    pub transport: VirtioTransport,
     pub limits: Arc<LimiterSlot>,
 }
 
 /// The virtio-vsock device, for the API, the lab and the report.
 pub struct VsockHandle {
     pub stats: Arc<VsockStats>,
-    pub transport: Arc<VirtioPci>,
+    pub transport: VirtioTransport,
     pub uds_path: std::path::PathBuf,
 }
 
 impl DeviceManager {
-    /// Plugs a virtio device in: a free PCI slot, BAR0 from the 32-bit window, one MSI-X
-    /// vector per queue plus one for config changes, every queue's notify address an
-    /// ioeventfd wherever the guest puts BAR0. `handle` makes the device's handle from
-    /// its transport.
+    /// Plugs a virtio device in over the machine's transport. `handle` makes the device's
+    /// handle from its transport.
     pub fn attach_virtio(
         &mut self,
         name: &str,
         kind: DeviceKind,
         device: Box<dyn VirtioDevice>,
-        handle: impl FnOnce(Arc<VirtioPci>) -> DeviceHandle,
-    ) -> Result<Arc<VirtioPci>, DeviceError> {
+        handle: impl FnOnce(VirtioTransport) -> DeviceHandle,
+    ) -> Result<VirtioTransport, DeviceError> {
+        match self.transport {
+            TransportKind::Pci => self.attach_virtio_pci(name, kind, device, handle),
+            TransportKind::Mmio => self.attach_virtio_mmio(name, kind, device, handle),
+        }
+    }
+
+    /// Over PCI: a free slot, BAR0 from the 32-bit window, one MSI-X vector per queue plus
+    /// one for config changes, every queue's notify address an ioeventfd wherever the
+    /// guest puts BAR0.
+    fn attach_virtio_pci(
+        &mut self,
+        name: &str,
+        kind: DeviceKind,
+        device: Box<dyn VirtioDevice>,
+        handle: impl FnOnce(VirtioTransport) -> DeviceHandle,
+    ) -> Result<VirtioTransport, DeviceError> {
         let vectors = device.queue_max_sizes().len() + 1;
         let msix = Msix::new(self.gsi_router.clone(), vectors)?;
         let setup = |source| DeviceError::Setup { name: name.into(), source };
@@ -104,9 +193,42 @@ impl DeviceManager {
         let pci = transport.clone();
         self.attach_pci(name, kind, None, &bars, |p| {
             let function = pci.pci_function(name, p.bars[0].0, p.bars[0].1).map_err(setup)?;
-            Ok((function, handle(pci)))
+            Ok((function, handle(VirtioTransport::Pci(pci))))
         })?;
-        Ok(transport)
+        Ok(VirtioTransport::Pci(transport))
+    }
+
+    /// Over MMIO, as Firecracker places them: the next 4 KiB window after the boot timer's
+    /// page, the next free interrupt line (an irqfd on its GSI), and one ioeventfd per
+    /// queue on QueueNotify.
+    fn attach_virtio_mmio(
+        &mut self,
+        name: &str,
+        kind: DeviceKind,
+        device: Box<dyn VirtioDevice>,
+        handle: impl FnOnce(VirtioTransport) -> DeviceHandle,
+    ) -> Result<VirtioTransport, DeviceError> {
+        let setup = |source| DeviceError::Setup { name: name.into(), source };
+        let base = self.allocators.mmio_device_window(virtio::mmio::WINDOW)?;
+        let gsi = self.allocators.mmio_irq()?;
+        let irqfd = Arc::new(vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).map_err(setup)?);
+        self.vm.register_irqfd(&irqfd, gsi).map_err(|source| DeviceError::Ioctl {
+            name: "virtio-mmio",
+            what: "KVM_IRQFD",
+            source,
+        })?;
+        let transport = Arc::new(VirtioMmio::new(device, self.memory.clone(), irqfd).map_err(setup)?);
+        for (key, fd) in transport.notify_ioeventfds().map_err(setup)? {
+            let at = crate::ioeventfd::IoeventfdKey { addr: base + key.addr, ..key };
+            self.ioeventfds.register(at, &fd)?;
+        }
+        let made = VirtioTransport::Mmio(transport.clone());
+        self.attach_mmio(name, kind, base, virtio::mmio::WINDOW, transport, handle(made.clone()))?;
+        if let Some(device) = self.devices.last_mut() {
+            device.resources.push(super::Resource::Irq(gsi));
+        }
+        tracing::debug!("{name}: virtio-mmio at {base:#x}, GSI {gsi}");
+        Ok(made)
     }
 
     /// A virtio-net device on tap `net.tap`.

@@ -45,6 +45,8 @@ pub struct DeviceConfig {
     /// it reads all of config space through ECAM (MCFG), as crosvm's
     /// `--break-linux-pci-config-io` arranges.
     pub pci_config_io: bool,
+    /// The transport virtio devices are attached over (PCI unless asked).
+    pub transport: crate::device_manager::TransportKind,
     /// virtio-net devices, one per tap, in order.
     pub nets: Vec<NetConfig>,
     /// virtio-blk devices, one per drive, in order.
@@ -114,6 +116,7 @@ impl Default for DeviceConfig {
             ioeventfd_limits: IoeventfdLimits::default(),
             ecam: EcamMode::Mapped,
             pci_config_io: true,
+            transport: Default::default(),
             nets: Vec::new(),
             drives: Vec::new(),
             entropy: None,

@@ -2,7 +2,7 @@
 //! vCPUs, and the device manager that owns every device. Built once from a
 //! [`MachineConfig`]; [`Machine::run`] runs the vCPUs on threads of their own.
 
-use crate::boot::{self, cpu, regs, BootSpec, EntryPoint};
+use crate::boot::{self, cpu, regs, EntryPoint};
 use crate::device_manager::{AllocError, Allocators, DeviceError, DeviceManager, DeviceManagerConfig};
 use crate::host::{HostProfile, NestedExits};
 use crate::layout::{self, LayoutError, MemoryMap};
@@ -25,8 +25,9 @@ pub use config::{AttachFixed, DeviceConfig, MachineConfig, RunOptions};
 pub use ram::{read_result, shared_slot};
 
 mod config;
+mod load;
 mod ram;
-use ram::{map_guest_ram, write_shared_page};
+use ram::map_guest_ram;
 
 /// At most this many vCPUs (APIC IDs and MADT processor IDs are bytes; 0xff is broadcast).
 pub const MAX_VCPUS: u8 = 254;
@@ -193,26 +194,14 @@ impl Machine {
         }
         let (memory, ram_slots, registering, uffd) =
             map_guest_ram(&vm, &map, &mut allocators, restore.as_ref().map(|r| &r.memory), config.track_dirty_pages)?;
-        let (entry, facs) = match &restore {
-            // Memory holds what the guest had: tables, image and all.
-            Some(_) => (None, 0),
-            None => {
-                let tables = acpi::write_tables(&memory, &map, config.vcpus)?;
-                let spec = BootSpec { cmdline: &config.cmdline, initrd: config.initrd.as_deref(), rsdp: tables.rsdp };
-                // Before the image: a multiboot image may be linked over it (and then owns the page).
-                write_shared_page(&memory, map.low_ram_end(), &config.params)?;
-                let entry = boot::load(&memory, &map, &config.image, &spec)?;
-                if let EntryPoint::Multiboot(_) = entry {
-                    boot::bios_state::program_pic_and_pit(&vm).map_err(ioctl("KVM_SET_IRQCHIP/KVM_SET_PIT2"))?;
-                }
-                (Some(entry), tables.facs)
-            }
-        };
-
         let control = Arc::new(RunControl::default());
         let d = config.devices;
-        let dm_config =
-            DeviceManagerConfig { ioeventfd_limits: d.ioeventfd_limits, ecam: d.ecam, pci_config_io: d.pci_config_io };
+        let dm_config = DeviceManagerConfig {
+            ioeventfd_limits: d.ioeventfd_limits,
+            ecam: d.ecam,
+            pci_config_io: d.pci_config_io,
+            transport: d.transport,
+        };
         let mut devices = DeviceManager::new(vm.clone(), memory.clone(), &map, allocators, dm_config)?;
         devices.attach_serial(d.serial_out, d.serial_in)?;
         devices.attach_debug_exit(control.clone())?;
@@ -221,10 +210,9 @@ impl Machine {
         for attach in d.fixed {
             attach(&mut devices)?;
         }
-        let mut sleep = None;
+        let mut rtc = None;
         if d.test_devices {
-            let rtc = devices.attach_rtc()?;
-            sleep = Some(Arc::new(crate::vcpu::sleep::Sleep::new(pm, rtc, facs, memory.clone())));
+            rtc = Some(devices.attach_rtc()?);
             devices.attach_qemu_test_devices(config.mem_size, config.vcpus)?;
             if d.test_iommu {
                 devices.attach_edu_behind_iommu()?;
@@ -247,6 +235,24 @@ impl Machine {
         if let Some(vsock) = &d.vsock {
             devices.attach_vsock(vsock, d.poll)?;
         }
+        // The devices are placed: the guest's tables and command line can name them.
+        let (entry, facs) = match &restore {
+            // Memory holds what the guest had: tables, image and all.
+            Some(_) => (None, 0),
+            None => {
+                let boot = load::GuestBoot {
+                    image: &config.image,
+                    cmdline: &config.cmdline,
+                    initrd: config.initrd.as_deref(),
+                    params: &config.params,
+                    vcpus: config.vcpus,
+                    mmio_windows: &devices.mmio_windows(),
+                };
+                let (entry, facs) = boot.load(&vm, &memory, &map)?;
+                (Some(entry), facs)
+            }
+        };
+        let sleep = rtc.map(|rtc| Arc::new(crate::vcpu::sleep::Sleep::new(pm, rtc, facs, memory.clone())));
         // A booting guest may write LSTAR at once: the filter must be on before it runs. A
         // restored one wrote it in another VMM (its watch starts from the saved value), so
         // the filter's grace period (most of a restore's time here) overlaps its first run.

@@ -1,8 +1,9 @@
 //! The VMM's own devices in a snapshot: COM1, the i8042 and ACPI PM by their registers, and each
-//! virtio device by its PCI config space (BARs where the guest put them, MSI-X enable)
-//! and its transport (virtio::pci::state), matched on restore by name and slot.
+//! virtio device by its transport (virtio::transport::state) and where it is: a PCI
+//! device by its slot and config space (BARs where the guest put them, MSI-X enable), an
+//! MMIO device by its window; matched on restore by name and place.
 
-use crate::device_manager::DeviceManager;
+use crate::device_manager::{DeviceManager, Resource};
 use crate::virtio::pci::TransportState;
 use serde::{Deserialize, Serialize};
 
@@ -22,7 +23,12 @@ pub struct DeviceStates {
 pub struct VirtioDeviceState {
     /// The device manager's name for it (`virtio-net1`, `virtio-blk0`).
     pub name: String,
+    /// Its PCI slot (0 for an MMIO device).
+    #[serde(default)]
     pub slot: u8,
+    /// An MMIO device's window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmio: Option<u64>,
     /// Its 4 KiB of config space, in hex.
     #[serde(with = "hex_bytes")]
     pub config: Vec<u8>,
@@ -34,11 +40,16 @@ impl DeviceStates {
     pub fn save(devices: &DeviceManager) -> Self {
         let virtio = devices
             .virtio_devices()
-            .map(|(name, slot, transport)| VirtioDeviceState {
-                name: name.to_string(),
-                slot,
-                transport: transport.save(),
-                config: devices.pci().config_snapshot(usize::from(slot) << 3).map_or_else(Vec::new, |c| c.to_vec()),
+            .map(|(name, resources, transport)| {
+                let (slot, mmio) = place(resources);
+                let config = slot.and_then(|s| devices.pci().config_snapshot(usize::from(s) << 3));
+                VirtioDeviceState {
+                    name: name.to_string(),
+                    slot: slot.unwrap_or(0),
+                    mmio,
+                    transport: transport.save(),
+                    config: config.map_or_else(Vec::new, |c| c.to_vec()),
+                }
             })
             .collect();
         DeviceStates {
@@ -47,6 +58,13 @@ impl DeviceStates {
             power: devices.power().map(|p| p.save()),
             virtio,
         }
+    }
+
+    /// The transport the snapshotted machine's virtio devices were on (None: it had none).
+    pub fn transport(&self) -> Option<crate::device_manager::TransportKind> {
+        use crate::device_manager::TransportKind;
+        let first = self.virtio.first()?;
+        Some(if first.mmio.is_some() { TransportKind::Mmio } else { TransportKind::Pci })
     }
 
     /// After [`DeviceStates::save`]: the virtio devices go on.
@@ -77,21 +95,43 @@ impl DeviceStates {
         if listed.0 != listed.1 {
             return Err(format!("the snapshot has virtio devices [{}], the configuration [{}]", listed.0, listed.1));
         }
-        for (saved, (name, slot, _)) in self.virtio.iter().zip(&here) {
-            if saved.slot != *slot {
-                return Err(format!("{name} is in PCI slot {} in the snapshot, {slot} here", saved.slot));
+        for (saved, (name, resources, _)) in self.virtio.iter().zip(&here) {
+            match place(resources) {
+                (Some(slot), _) if saved.mmio.is_some() || saved.slot != slot => {
+                    return Err(format!("{name} is in PCI slot {} in the snapshot, {slot} here", saved.slot))
+                }
+                (None, Some(base)) if saved.mmio != Some(base) => {
+                    let there = saved.mmio.map_or("on PCI".into(), |b| format!("at {b:#x}"));
+                    return Err(format!("{name} is {there} in the snapshot, at {base:#x} here"));
+                }
+                _ => {}
             }
         }
-        let functions: Vec<usize> = here.iter().map(|(_, slot, _)| usize::from(*slot) << 3).collect();
+        let functions: Vec<usize> =
+            here.iter().filter_map(|(_, r, _)| place(r).0).map(|slot| usize::from(slot) << 3).collect();
         devices.pci().unplace_bars(&functions);
-        for (saved, (name, slot, transport)) in self.virtio.iter().zip(here) {
-            let index = usize::from(slot) << 3;
+        for (saved, (name, resources, transport)) in self.virtio.iter().zip(here) {
             let refused = |e: String| format!("{name}: {e}");
-            devices.pci().restore_config(index, &saved.config).map_err(refused)?;
+            if let Some(slot) = place(resources).0 {
+                devices.pci().restore_config(usize::from(slot) << 3, &saved.config).map_err(refused)?;
+            }
             transport.restore(&saved.transport).map_err(refused)?;
         }
         Ok(())
     }
+}
+
+/// A device's PCI slot, or its MMIO window's base.
+fn place(resources: &[Resource]) -> (Option<u8>, Option<u64>) {
+    let slot = resources.iter().find_map(|r| match r {
+        Resource::PciSlot(s) => Some(*s),
+        _ => None,
+    });
+    let mmio = resources.iter().find_map(|r| match r {
+        Resource::Mmio { base, .. } => Some(*base),
+        _ => None,
+    });
+    (slot, mmio)
 }
 
 /// Bytes as one hex string: a config space is 8 KiB of text, not 16 of numbers.
