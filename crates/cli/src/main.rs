@@ -79,6 +79,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             serial_in: terminal::console_input(),
             serial_out: Box::new(LiveStdout),
             pci_config_io: args.pci_config_io,
+            transport: args.transport.for_cmdline(&args.cmdline),
             ecam: args.ecam,
             test_devices: args.testdevs,
             test_iommu: args.testdev_iommu,

@@ -67,7 +67,11 @@ fn two_virtio_functions_get_their_own_slot_bar_and_vectors() {
     let names: Vec<_> = dm.devices().iter().map(|d| (d.name.as_str(), d.kind)).collect();
     assert!(names.contains(&("virtio-blk", DeviceKind::VirtioBlock)), "the device manager lists it: {names:?}");
     assert!(names.contains(&("serial", DeviceKind::Serial)), "{names:?}");
-    let (net_gsis, blk_gsis) = (net.vector_gsis(), blk.vector_gsis());
+    let gsis = |t: &exitless_vmm::device_manager::VirtioTransport| match t {
+        exitless_vmm::device_manager::VirtioTransport::Pci(p) => p.vector_gsis(),
+        _ => panic!("the default transport is PCI"),
+    };
+    let (net_gsis, blk_gsis) = (gsis(&net), gsis(&blk));
     assert_eq!((net_gsis.len(), blk_gsis.len()), (3, 3), "a vector per queue plus config");
     assert!(net_gsis.iter().all(|g| !blk_gsis.contains(g)), "{net_gsis:?} {blk_gsis:?}");
     machine.run(Some(Duration::from_secs(60))).unwrap();

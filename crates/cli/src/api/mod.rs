@@ -82,6 +82,7 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let socket = if args.no_api { None } else { Some(args.api_sock.clone()) };
     let mut vm = Vm::new(args.id.clone());
     vm.boot_timer = args.boot_timer;
+    vm.enable_pci = args.enable_pci;
     vm.host_profile = args.host_profile;
     let mmds_limit = args.mmds_size_limit.unwrap_or(args.http_api_max_payload_size);
     vm.mmds = Arc::new(Mutex::new(mmds::store(mmds_limit, args.metadata.as_deref())?));

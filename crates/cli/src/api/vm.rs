@@ -7,6 +7,7 @@ use super::model::{
     PartialNetworkInterface, VmConfig, VmState,
 };
 use crate::report;
+use exitless_vmm::device_manager::TransportKind;
 use exitless_vmm::virtio::blk::DriveConfig;
 use exitless_vmm::{Machine, NetConfig};
 use std::sync::Arc;
@@ -44,6 +45,8 @@ pub struct Vm {
     pub state: State,
     /// `--boot-timer`: Firecracker's boot-timer device.
     pub boot_timer: bool,
+    /// `--enable-pci`: virtio-pci devices; else virtio-mmio and `pci=off`, as Firecracker.
+    pub enable_pci: bool,
     /// `--host-profile`.
     pub host_profile: exitless_vmm::host::ProfileChoice,
     /// Drive ids in the order their devices were built (the machine's `drives`).
@@ -59,6 +62,7 @@ impl Vm {
             config: VmConfig::default(),
             state: State::NotStarted,
             boot_timer: false,
+            enable_pci: false,
             host_profile: Default::default(),
             built_drives: Vec::new(),
             mmds: Arc::new(std::sync::Mutex::new(exitless_vmm::net::mmds::Mmds::new(
@@ -333,6 +337,17 @@ impl Vm {
         // The root device first: it becomes /dev/vda.
         let mut drives: Vec<&Drive> = self.config.drives.iter().collect();
         drives.sort_by_key(|d| !d.is_root_device);
+        // Firecracker's builder: without PCI, `pci=off`; then the root drive. A restored
+        // guest keeps the transport its snapshot was taken on, whatever the flag says.
+        let transport = match &restore {
+            Some(r) => r.state.devices.transport().unwrap_or_default(),
+            None if self.enable_pci => TransportKind::Pci,
+            None => TransportKind::Mmio,
+        };
+        let cmdline = match transport {
+            TransportKind::Mmio if restore.is_none() => format!("{cmdline} pci=off"),
+            _ => cmdline,
+        };
         let cmdline = match drives.first().filter(|d| d.is_root_device && restore.is_none()) {
             Some(root) => format!("{cmdline} {}", root_args(root)),
             None => cmdline,
@@ -356,6 +371,7 @@ impl Vm {
             initrd,
             devices: exitless_vmm::DeviceConfig {
                 boot_timer: self.boot_timer,
+                transport,
                 serial_in: crate::terminal::console_input(),
                 serial_out: Box::new(crate::LiveStdout),
                 nets,

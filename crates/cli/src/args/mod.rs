@@ -58,6 +58,29 @@ fn one_line(e: &clap::Error) -> String {
     what.join(" ").trim_start_matches("error: ").to_string()
 }
 
+/// `--transport`: a transport, or `auto`.
+#[derive(Clone, Copy, Debug)]
+pub struct TransportChoice(Option<exitless_vmm::device_manager::TransportKind>);
+
+fn parse_transport(s: &str) -> Result<TransportChoice, String> {
+    use exitless_vmm::device_manager::TransportKind;
+    match s {
+        "auto" => Ok(TransportChoice(None)),
+        "mmio" => Ok(TransportChoice(Some(TransportKind::Mmio))),
+        "pci" => Ok(TransportChoice(Some(TransportKind::Pci))),
+        _ => Err(format!("'{s}' is not auto, mmio or pci")),
+    }
+}
+
+impl TransportChoice {
+    /// The transport for a guest with `cmdline`: `auto` picks mmio when it turns PCI off.
+    pub fn for_cmdline(self, cmdline: &str) -> exitless_vmm::device_manager::TransportKind {
+        use exitless_vmm::device_manager::TransportKind;
+        let pci_off = cmdline.split_whitespace().any(|w| w == "pci=off");
+        self.0.unwrap_or(if pci_off { TransportKind::Mmio } else { TransportKind::Pci })
+    }
+}
+
 impl Cli {
     /// The same result as `Cli::try_parse`, taking the short way when no argument names a
     /// command or asks for help or the version.
@@ -151,7 +174,8 @@ pub struct ApiArgs {
     /// Initial MMDS contents: a JSON file.
     #[arg(long, value_name = "FILE")]
     pub metadata: Option<PathBuf>,
-    /// Accepted and needs nothing: every exitless device is a virtio-pci device.
+    /// virtio devices over PCI, as Firecracker's flag asks; without it they are virtio-mmio
+    /// devices and `pci=off` is added to the guest's command line, as Firecracker does.
     #[arg(long)]
     pub enable_pci: bool,
     /// Prints the snapshot format this exitless writes, as Firecracker does, and exits.
@@ -254,6 +278,11 @@ pub struct RunArgs {
     /// Virtual CPUs (at most what KVM allows).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=254))]
     pub vcpus: u8,
+    /// The transport of the virtio devices: `pci`, `mmio` (Firecracker's, found on the
+    /// command line and in the DSDT), or `auto`: mmio when the command line says `pci=off`,
+    /// else pci.
+    #[arg(long, value_name = "auto|mmio|pci", default_value = "auto", value_parser = parse_transport)]
+    pub transport: TransportChoice,
     /// PCI config access through ports 0xCF8/0xCFC: `off` makes Linux's type-1 probe fail,
     /// so it reads all of config space through ECAM (and the read-only mapped window).
     #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]

@@ -135,9 +135,10 @@ impl Drop for RemoveLinks {
     }
 }
 
-/// `exitless --api-sock SOCK`, its stdout as given, once its API answers (or 10 s pass).
+/// `exitless --api-sock SOCK --enable-pci`, its stdout as given, once its API answers (or
+/// 10 s pass): the payloads' virtio driver finds its devices on PCI.
 pub fn api_process(sock: &std::path::Path, stdout: std::process::Stdio) -> std::process::Child {
-    api_process_with(sock, stdout, &[])
+    api_process_with(sock, stdout, &["--enable-pci"])
 }
 
 /// `exitless --api-sock SOCK EXTRA...`, as [`api_process`].

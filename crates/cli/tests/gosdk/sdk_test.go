@@ -87,7 +87,9 @@ func start(t *testing.T, ctx context.Context, withDevices bool) *vm {
 	dir := t.TempDir()
 	v := &vm{serial: &syncBuffer{}, stderr: &syncBuffer{}, logs: &syncBuffer{},
 		sock: filepath.Join(dir, "api.sock"), metrics: filepath.Join(dir, "metrics.fifo")}
-	cmd := firecracker.VMCommandBuilder{}.WithBin(bin).WithSocketPath(v.sock).
+	// --enable-pci: the payloads' virtio driver finds its devices on PCI. (The restore
+	// below passes none: a restored guest keeps its snapshot's transport.)
+	cmd := firecracker.VMCommandBuilder{}.WithBin(bin).WithSocketPath(v.sock).WithArgs([]string{"--enable-pci"}).
 		WithStdout(v.serial).WithStderr(v.stderr).Build(ctx)
 	cfg := firecracker.Config{
 		SocketPath:      v.sock,

@@ -44,13 +44,12 @@ pub fn launch(vmm: Vmm, exe: &Path, sock: &Path, guest: &Guest, timeout: Duratio
     let _ = std::fs::remove_file(sock);
     let mut cmd = Command::new(exe);
     match vmm {
-        Vmm::Exitless => cmd.arg("--api-sock").arg(sock),
-        // Firecracker's virtio devices are MMIO unless asked for PCI; the payloads find
-        // theirs on PCI.
-        Vmm::Firecracker if guest.disk.is_some() || guest.tap.is_some() => {
+        // Firecracker's virtio devices, and exitless's in Firecracker's mode, are MMIO unless
+        // asked for PCI; the payloads find theirs on PCI.
+        Vmm::Exitless | Vmm::Firecracker if guest.disk.is_some() || guest.tap.is_some() => {
             cmd.arg("--api-sock").arg(sock).arg("--enable-pci")
         }
-        Vmm::Firecracker => cmd.arg("--api-sock").arg(sock),
+        Vmm::Exitless | Vmm::Firecracker => cmd.arg("--api-sock").arg(sock),
         Vmm::CloudHypervisor => cmd.arg("--api-socket").arg(sock),
     };
     let spawned = Instant::now();
