@@ -57,33 +57,32 @@ fn firecrackers_mode_puts_devices_on_mmio_unless_pci_is_enabled() {
         (&["--enable-pci"][..], "console=ttyS0 root=/dev/vda rw"),
     ] {
         let sock = dir.join("fc.sock");
-        let mut child = api_process_with(&sock, Stdio::piped(), flags);
+        let child = api_process_with(&sock, Stdio::piped(), flags);
         let boot = json!({"kernel_image_path": payloads.join("bootcheck.elf"), "boot_args": "console=ttyS0"});
         expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
         let drive = json!({"drive_id": "rootfs", "path_on_host": root, "is_root_device": true, "is_read_only": false});
         expect_ok(&sock, "PUT", "/drives/rootfs", Some(&drive)).unwrap();
         expect_ok(&sock, "PUT", "/entropy", Some(&json!({}))).unwrap();
-        expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let out = child.wait_with_output().unwrap();
-        let text = stdout(&out);
+        let text = stdout(&started_to_the_end(&sock, child));
         assert!(text.contains(&format!("bootcheck: cmdline [{cmdline}]")), "{flags:?}: {text}");
     }
     // And the payloads find them there through the API, as under Firecracker without PCI.
     let sock = dir.join("rng.sock");
-    let mut child = api_process_with(&sock, Stdio::piped(), &[]);
+    let child = api_process_with(&sock, Stdio::piped(), &[]);
     expect_ok(&sock, "PUT", "/boot-source", Some(&json!({"kernel_image_path": payloads.join("rngread.elf")}))).unwrap();
     expect_ok(&sock, "PUT", "/entropy", Some(&json!({}))).unwrap();
-    expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
+    let out = started_to_the_end(&sock, child);
+    assert!(stdout(&out).contains(", 0 failed"), "{}", stdout(&out));
+}
+
+/// InstanceStart on the VMM serving `sock`, then its output once the guest ends (or 30 s
+/// pass).
+fn started_to_the_end(sock: &std::path::Path, mut child: std::process::Child) -> std::process::Output {
+    expect_ok(sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = child.kill();
-    let out = child.wait_with_output().unwrap();
-    assert!(stdout(&out).contains(", 0 failed"), "{}", stdout(&out));
+    child.wait_with_output().unwrap()
 }

@@ -103,6 +103,51 @@ fn sectors_written(disk: &Path) -> u64 {
     bytes.chunks(512).skip(1).take_while(|s| word(s, 0) == word(s, 1) && word(s, 0) != 0).count() as u64
 }
 
+/// A snapwork guest's host side: a tap that outlives each VMM, a sink reading it, a disk.
+struct SnapworkHost {
+    dir: std::path::PathBuf,
+    payloads: std::path::PathBuf,
+    tap: String,
+    sink: exitless_lab::sink::Sink,
+    disk: std::path::PathBuf,
+    _remove: RemoveLinks,
+}
+
+impl SnapworkHost {
+    fn new(tap_prefix: &str) -> SnapworkHost {
+        let dir = tempdir();
+        let payloads = payloads_in(&dir);
+        let tap = format!("{tap_prefix}{}", std::process::id() % 100_000);
+        let ip = |args: &[&str]| std::process::Command::new("ip").args(args).status().unwrap().success();
+        assert!(ip(&["tuntap", "add", "dev", &tap, "mode", "tap"]) && ip(&["link", "set", "dev", &tap, "up"]));
+        let remove = RemoveLinks(vec![tap.clone()]);
+        let sink = exitless_lab::sink::Sink::on_host(&tap, FRAME).unwrap();
+        let disk = dir.join("disk.img");
+        std::fs::write(&disk, vec![0u8; 2 << 20]).unwrap();
+        SnapworkHost { dir, payloads, tap, sink, disk, _remove: remove }
+    }
+
+    /// A VMM on `sock` started with `flags`, snapwork configured with the disk, a NIC on
+    /// the tap and `extra` requests, and InstanceStart.
+    fn boot(&self, sock: &Path, flags: &[&str], extra: &[(&str, serde_json::Value)]) -> Vmm {
+        let vmm = Vmm::start_with(sock, flags);
+        expect_ok(sock, "PUT", "/machine-config", Some(&json!({"vcpu_count": 1, "mem_size_mib": 64}))).unwrap();
+        let boot = json!({"kernel_image_path": self.payloads.join("snapwork.elf"),
+                          "boot_args": format!("exitless.params={TICKS}")});
+        expect_ok(sock, "PUT", "/boot-source", Some(&boot)).unwrap();
+        let drive =
+            json!({"drive_id": "work", "path_on_host": self.disk, "is_root_device": false, "is_read_only": false});
+        expect_ok(sock, "PUT", "/drives/work", Some(&drive)).unwrap();
+        let nic = json!({"iface_id": "eth0", "host_dev_name": self.tap, "guest_mac": "06:00:ac:10:00:02"});
+        expect_ok(sock, "PUT", "/network-interfaces/eth0", Some(&nic)).unwrap();
+        for (path, body) in extra {
+            expect_ok(sock, "PUT", path, Some(body)).unwrap();
+        }
+        expect_ok(sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
+        vmm
+    }
+}
+
 #[test]
 fn a_working_guest_goes_on_through_a_hundred_restores() {
     let test = "a_working_guest_goes_on_through_a_hundred_restores";
@@ -112,28 +157,10 @@ fn a_working_guest_goes_on_through_a_hundred_restores() {
     if !exitless_lab::netns::available() && !skip_or_fail(test, "needs root and /dev/net/tun for its tap") {
         return;
     }
-    let dir = tempdir();
-    let payloads = payloads_in(&dir);
-    // A tap that outlives each VMM, and a disk file.
-    let tap = format!("exsnap{}", std::process::id() % 100_000);
-    let ip = |args: &[&str]| std::process::Command::new("ip").args(args).status().unwrap().success();
-    assert!(ip(&["tuntap", "add", "dev", &tap, "mode", "tap"]) && ip(&["link", "set", "dev", &tap, "up"]));
-    let _remove = RemoveLinks(vec![tap.clone()]);
-    let sink = exitless_lab::sink::Sink::on_host(&tap, FRAME).unwrap();
-    let disk = dir.join("disk.img");
-    std::fs::write(&disk, vec![0u8; 2 << 20]).unwrap();
-
+    let host = SnapworkHost::new("exsnap");
+    let (dir, sink, disk) = (&host.dir, &host.sink, &host.disk);
     let sock = dir.join("a.sock");
-    let first = Vmm::start(&sock);
-    expect_ok(&sock, "PUT", "/machine-config", Some(&json!({"vcpu_count": 1, "mem_size_mib": 64}))).unwrap();
-    let boot =
-        json!({"kernel_image_path": payloads.join("snapwork.elf"), "boot_args": format!("exitless.params={TICKS}")});
-    expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
-    let drive = json!({"drive_id": "work", "path_on_host": disk, "is_root_device": false, "is_read_only": false});
-    expect_ok(&sock, "PUT", "/drives/work", Some(&drive)).unwrap();
-    let nic = json!({"iface_id": "eth0", "host_dev_name": tap, "guest_mac": "06:00:ac:10:00:02"});
-    expect_ok(&sock, "PUT", "/network-interfaces/eth0", Some(&nic)).unwrap();
-    expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
+    let first = host.boot(&sock, &["--enable-pci"], &[]);
     first.wait_for_ticks(20);
     let early = json!({"snapshot_path": dir.join("x.json"), "mem_file_path": dir.join("x.bin")});
     assert!(fault(&sock, "PUT", "/snapshot/create", early).contains("paused"));
@@ -146,7 +173,7 @@ fn a_working_guest_goes_on_through_a_hundred_restores() {
     let x = std::fs::metadata(dir.join("x.bin")).unwrap();
     assert_eq!(x.len(), 64 << 20);
     assert!(std::os::unix::fs::MetadataExt::blocks(&x) > 0, "a Diff of a running guest holds no page");
-    let (mut state, mut mem) = snapshot(&sock, &dir, 0);
+    let (mut state, mut mem) = snapshot(&sock, dir, 0);
     let mut vmm = first;
     let mut last = *vmm.ticks().last().unwrap();
     let mut slowest = Duration::ZERO;
@@ -155,7 +182,7 @@ fn a_working_guest_goes_on_through_a_hundred_restores() {
         let _ = vmm.child.kill();
         let _ = vmm.child.wait();
         // Every tick said before the snapshot had its sector written first.
-        let written = sectors_written(&disk);
+        let written = sectors_written(disk);
         assert!(written >= last, "hop {hop}: tick {last} said, {written} sectors written");
         let sock = dir.join(format!("v{hop}.sock"));
         vmm = Vmm::start(&sock);
@@ -175,7 +202,7 @@ fn a_working_guest_goes_on_through_a_hundred_restores() {
         let seen = vmm.ticks().len();
         vmm.wait_for_ticks(seen + 3);
         expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
-        (state, mem) = snapshot(&sock, &dir, hop);
+        (state, mem) = snapshot(&sock, dir, hop);
         let ticks = vmm.ticks();
         // The count went on from the tick it had reached: the next whole tick follows it
         // (the line cut by the kill may be the one after `last`).
@@ -192,8 +219,8 @@ fn a_working_guest_goes_on_through_a_hundred_restores() {
     let done =
         format!("snapwork: done at tick {TICKS} ({} iterations), {HOPS} frames echoed, 0 writes failed", TICKS << 20);
     assert!(lines.iter().any(|l| l == &done), "{lines:?}");
-    assert_eq!(sectors_written(&disk), TICKS);
-    let report = sink.finish(u64::from(HOPS), Duration::from_millis(100));
+    assert_eq!(sectors_written(disk), TICKS);
+    let report = host.sink.finish(u64::from(HOPS), Duration::from_millis(100));
     assert_eq!((report.frames, report.duplicates, report.corrupt), (u64::from(HOPS), 0, 0));
 }
 
@@ -493,31 +520,14 @@ fn a_restore_puts_every_device_back_whatever_the_boot_timer_flag() {
 }
 
 fn restore_hops(first: &[&str]) {
-    let dir = tempdir();
-    let payloads = payloads_in(&dir);
-    let tap = format!("exbt{}", std::process::id() % 100_000);
-    let ip = |args: &[&str]| std::process::Command::new("ip").args(args).status().unwrap().success();
-    assert!(ip(&["tuntap", "add", "dev", &tap, "mode", "tap"]) && ip(&["link", "set", "dev", &tap, "up"]));
-    let _remove = RemoveLinks(vec![tap.clone()]);
-    let sink = exitless_lab::sink::Sink::on_host(&tap, FRAME).unwrap();
+    let host = SnapworkHost::new("exbt");
+    let (dir, sink, disk) = (&host.dir, &host.sink, &host.disk);
     let sender = sink.sender();
-    let disk = dir.join("disk.img");
-    std::fs::write(&disk, vec![0u8; 2 << 20]).unwrap();
     let sock = dir.join("a.sock");
-    let mut vmm = Vmm::start_with(&sock, first);
-    expect_ok(&sock, "PUT", "/machine-config", Some(&json!({"vcpu_count": 1, "mem_size_mib": 64}))).unwrap();
-    let boot =
-        json!({"kernel_image_path": payloads.join("snapwork.elf"), "boot_args": format!("exitless.params={TICKS}")});
-    expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
-    let drive = json!({"drive_id": "work", "path_on_host": disk, "is_root_device": false, "is_read_only": false});
-    expect_ok(&sock, "PUT", "/drives/work", Some(&drive)).unwrap();
-    let nic = json!({"iface_id": "eth0", "host_dev_name": tap, "guest_mac": "06:00:ac:10:00:02"});
-    expect_ok(&sock, "PUT", "/network-interfaces/eth0", Some(&nic)).unwrap();
-    expect_ok(&sock, "PUT", "/entropy", Some(&json!({}))).unwrap();
-    expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
+    let mut vmm = host.boot(&sock, first, &[("/entropy", json!({}))]);
     vmm.wait_for_ticks(5);
     expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
-    let (mut state, mut mem) = snapshot(&sock, &dir, 0);
+    let (mut state, mut mem) = snapshot(&sock, dir, 0);
     for (hop, flags) in [(1u32, &[][..]), (2, &["--boot-timer"][..])] {
         let _ = vmm.child.kill();
         let _ = vmm.child.wait();
@@ -534,15 +544,15 @@ fn restore_hops(first: &[&str]) {
             u64::from(hop),
             "{first:?}, hop {hop} ({flags:?}): the NIC did not echo after the restore"
         );
-        let before = sectors_written(&disk);
+        let before = sectors_written(disk);
         let seen = vmm.ticks().len();
         vmm.wait_for_ticks(seen + 3);
         assert!(
-            sectors_written(&disk) > before,
+            sectors_written(disk) > before,
             "{first:?}, hop {hop} ({flags:?}): the disk took no write after the restore"
         );
         expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
-        (state, mem) = snapshot(&sock, &dir, hop);
+        (state, mem) = snapshot(&sock, dir, hop);
     }
     let _ = vmm.child.kill();
     let _ = vmm.child.wait();

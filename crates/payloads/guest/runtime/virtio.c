@@ -102,29 +102,43 @@ static void vdev_setup_queue_mmio(struct vdev *n, struct vq *q, u16 index, u16 q
 	mmio_write(m + VM_Q_READY, 4, 1);
 }
 
-/* Negotiation and queues over virtio-mmio: the same steps as on PCI, through its
- * registers; no MSI-X (the payloads poll their rings). */
-static int vdev_init_mmio(struct vdev *n, u32 id, u64 wanted, u16 nqueues, u16 qsize) {
-	u64 m = n->mmio;
+/* Reset, ACKNOWLEDGE, DRIVER, the features both want (VERSION_1 always) through the
+ * transport's four 32-bit feature registers, FEATURES_OK; virtio-net's MAC. Both
+ * transports' first steps. */
+static int vdev_negotiate(struct vdev *n, u32 id, u64 wanted, u64 dfselect, u64 df, u64 gfselect, u64 gf) {
 	vdev_set_status(n, 0);
 	vdev_set_status(n, VS_ACK);
 	vdev_set_status(n, VS_ACK | VS_DRIVER);
-	mmio_write(m + VM_DFSELECT, 4, 0);
-	u64 offered = mmio_read(m + VM_DF, 4);
-	mmio_write(m + VM_DFSELECT, 4, 1);
-	offered |= mmio_read(m + VM_DF, 4) << 32;
+	mmio_write(dfselect, 4, 0);
+	u64 offered = mmio_read(df, 4);
+	mmio_write(dfselect, 4, 1);
+	offered |= mmio_read(df, 4) << 32;
 	n->features = offered & (wanted | VIRTIO_F_VERSION_1);
-	mmio_write(m + VM_GFSELECT, 4, 0);
-	mmio_write(m + VM_GF, 4, (u32)n->features);
-	mmio_write(m + VM_GFSELECT, 4, 1);
-	mmio_write(m + VM_GF, 4, (u32)(n->features >> 32));
+	mmio_write(gfselect, 4, 0);
+	mmio_write(gf, 4, (u32)n->features);
+	mmio_write(gfselect, 4, 1);
+	mmio_write(gf, 4, (u32)(n->features >> 32));
 	vdev_set_status(n, VS_ACK | VS_DRIVER | VS_FEATURES_OK);
 	if (!(vdev_status(n) & VS_FEATURES_OK)) return -2;
 	if (id == VIRTIO_ID_NET)
 		for (u32 i = 0; i < 6; i++) n->mac[i] = (u8)mmio_read(n->device_cfg + i, 1);
-	for (u16 i = 0; i < nqueues; i++) vdev_setup_queue_mmio(n, &n->q[i], i, qsize);
+	return 0;
+}
+
+/* DRIVER_OK once the queues are set up; -3 if the device asks for a reset. */
+static int vdev_driver_ok(struct vdev *n) {
 	vdev_set_status(n, VS_ACK | VS_DRIVER | VS_FEATURES_OK | VS_DRIVER_OK);
 	return vdev_status(n) & VS_NEEDS_RESET ? -3 : 0;
+}
+
+/* Negotiation and queues over virtio-mmio: the same steps as on PCI, through its
+ * registers; no MSI-X (the payloads poll their rings). */
+static int vdev_init_mmio(struct vdev *n, u32 id, u64 wanted, u16 nqueues, u16 qsize) {
+	u64 m = n->mmio;
+	int err = vdev_negotiate(n, id, wanted, m + VM_DFSELECT, m + VM_DF, m + VM_GFSELECT, m + VM_GF);
+	if (err) return err;
+	for (u16 i = 0; i < nqueues; i++) vdev_setup_queue_mmio(n, &n->q[i], i, qsize);
+	return vdev_driver_ok(n);
 }
 
 void vdev_setup_queue(struct vdev *n, struct vq *q, u16 index, u16 qsize, u16 vector) {
@@ -164,22 +178,8 @@ int vdev_init_nth(struct vdev *n, u32 id, u32 nth, u64 wanted, u16 nqueues, u16 
 	n->rings = ring_sets < VDEV_MAX_DEVICES ? ring_sets++ : VDEV_MAX_DEVICES - 1;
 	if (n->mmio) return vdev_init_mmio(n, id, wanted, nqueues, qsize);
 	u64 c = n->common;
-	vdev_set_status(n, 0);
-	vdev_set_status(n, VS_ACK);
-	vdev_set_status(n, VS_ACK | VS_DRIVER);
-	mmio_write(c + VC_DFSELECT, 4, 0);
-	u64 offered = mmio_read(c + VC_DF, 4);
-	mmio_write(c + VC_DFSELECT, 4, 1);
-	offered |= mmio_read(c + VC_DF, 4) << 32;
-	n->features = offered & (wanted | VIRTIO_F_VERSION_1);
-	mmio_write(c + VC_GFSELECT, 4, 0);
-	mmio_write(c + VC_GF, 4, (u32)n->features);
-	mmio_write(c + VC_GFSELECT, 4, 1);
-	mmio_write(c + VC_GF, 4, (u32)(n->features >> 32));
-	vdev_set_status(n, VS_ACK | VS_DRIVER | VS_FEATURES_OK);
-	if (!(vdev_status(n) & VS_FEATURES_OK)) return -2;
-	if (id == VIRTIO_ID_NET)
-		for (u32 i = 0; i < 6; i++) n->mac[i] = (u8)mmio_read(n->device_cfg + i, 1);
+	int err = vdev_negotiate(n, id, wanted, c + VC_DFSELECT, c + VC_DF, c + VC_GFSELECT, c + VC_GF);
+	if (err) return err;
 	/* MSI-X: vector i delivers IDT vector VIRTIO_IRQ_BASE + i to APIC 0. */
 	lapic_enable();
 	/* The table's place from the capability (BIR 0: BAR0), not from exitless's layout. */
@@ -195,8 +195,7 @@ int vdev_init_nth(struct vdev *n, u32 id, u32 nth, u64 wanted, u16 nqueues, u16 
 	pci_write(PCI_ECAM, n->fn, n->msix_cap + 2, 2, pci_read(PCI_ECAM, n->fn, n->msix_cap + 2, 2) | 0x8000);
 	mmio_write(c + VC_MSIX_CONFIG, 2, 0);
 	for (u16 i = 0; i < nqueues; i++) vdev_setup_queue(n, &n->q[i], i, qsize, (u16)(i + 1));
-	vdev_set_status(n, VS_ACK | VS_DRIVER | VS_FEATURES_OK | VS_DRIVER_OK);
-	return vdev_status(n) & VS_NEEDS_RESET ? -3 : 0;
+	return vdev_driver_ok(n);
 }
 
 int vq_push(struct vq *q, u16 head) {
