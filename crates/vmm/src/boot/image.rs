@@ -69,6 +69,42 @@ pub fn identify(image: &[u8], map: &MemoryMap) -> Result<Kind, ImageError> {
     Err(ImageError::Unknown)
 }
 
+/// Whether `image` is a Linux kernel: a bzImage, or an ELF vmlinux (which carries ELF
+/// notes owned by "Linux"; exitless's payloads carry none).
+pub fn is_linux(image: &[u8]) -> bool {
+    if image.len() >= 0x270 && &image[0x202..0x206] == b"HdrS" {
+        return true;
+    }
+    if image.len() < 64 || !image.starts_with(b"\x7fELF") || image[4] != 2 {
+        return false;
+    }
+    const PT_NOTE: u32 = 4;
+    let (phoff, phentsize, phnum) = (u64_at(image, 32), usize::from(u16_at(image, 54)), usize::from(u16_at(image, 56)));
+    (0..phnum).any(|i| {
+        let Some(ph) = usize::try_from(phoff).ok().and_then(|o| o.checked_add(i * phentsize)) else { return false };
+        if phentsize < 56 || ph + 56 > image.len() || u32_at(image, ph) != PT_NOTE {
+            return false;
+        }
+        let (offset, size) = (u64_at(image, ph + 8) as usize, u64_at(image, ph + 32) as usize);
+        let notes = image.get(offset..offset.saturating_add(size)).unwrap_or_default();
+        notes_owned_by(notes, b"Linux\0")
+    })
+}
+
+/// Whether an ELF note in `notes` has owner `name` (with its NUL).
+fn notes_owned_by(notes: &[u8], name: &[u8]) -> bool {
+    let mut at = 0;
+    while at + 12 <= notes.len() {
+        let (namesz, descsz) = (u32_at(notes, at) as usize, u32_at(notes, at + 4) as usize);
+        let owner = notes.get(at + 12..at + 12 + namesz).unwrap_or_default();
+        if owner == name {
+            return true;
+        }
+        at += 12 + namesz.next_multiple_of(4) + descsz.next_multiple_of(4);
+    }
+    false
+}
+
 /// A 32-bit ELF with a multiboot header: its command line starts with the image's own
 /// name, as QEMU and GRUB hand it over (kvm-unit-tests reads its arguments from argv[1]).
 pub fn is_multiboot(image: &[u8]) -> bool {

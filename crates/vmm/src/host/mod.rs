@@ -106,6 +106,19 @@ impl HostProfile {
         }
     }
 
+    /// What a Linux guest's command line needs on this host, added when it lacks them
+    /// (docs/linux.md): on a nested host, `noxsave` (its KVM shows XSAVE whatever CPUID
+    /// says and cannot emulate xrstor at CPL0), the `clearcpuid` list (SSSE3, SSE4.1/4.2,
+    /// AES-NI, PCLMULQDQ: self-tests in them are instructions KVM cannot emulate, each
+    /// completed by the VMM at an exit's cost) and `rodata=off` (the W+X walk and rodata
+    /// self-test take tens of minutes where CPL0 is emulated). None on a native host.
+    pub fn linux_args(&self) -> &'static [&'static str] {
+        match self.kind {
+            HostKind::Native => &[],
+            HostKind::Nested => &["noxsave", "clearcpuid=137,147,148,153,129", "rodata=off"],
+        }
+    }
+
     /// `nested (KVM is kvm_pvm: ...)`, for logs and the exit profile.
     pub fn describe(&self) -> String {
         format!("{} ({})", self.name(), self.why)

@@ -20,6 +20,8 @@ pub(super) struct GuestBoot<'a> {
     pub vcpus: u8,
     /// Each virtio-mmio device's window (base, length) and interrupt line.
     pub mmio_windows: &'a [(u64, u64, u32)],
+    /// What a Linux guest needs on this host (`HostProfile::linux_args`).
+    pub host_linux_args: &'a [&'a str],
 }
 
 impl GuestBoot<'_> {
@@ -33,6 +35,10 @@ impl GuestBoot<'_> {
         let tables = acpi::write_tables(memory, map, self.vcpus, self.mmio_windows)?;
         boot::mptable::write(memory, self.vcpus).map_err(|e| MachineError::Memory(e.into()))?;
         let cmdline = with_mmio_devices(self.cmdline, self.mmio_windows);
+        let cmdline = match boot::image::is_linux(self.image) {
+            true => with_host_args(&cmdline, self.host_linux_args),
+            false => cmdline,
+        };
         let spec = BootSpec { cmdline: &cmdline, initrd: self.initrd, rsdp: tables.rsdp };
         // Before the image: a multiboot image may be linked over it (and then owns the page).
         write_shared_page(memory, map.low_ram_end(), self.params)?;
@@ -54,8 +60,29 @@ pub fn with_mmio_devices(cmdline: &str, windows: &[(u64, u64, u32)]) -> String {
     line
 }
 
+/// `cmdline` with each of `args` it lacks (by its name: a user's own `clearcpuid=` stays),
+/// logged once, so a user's boot_args work unchanged on a host that needs them.
+fn with_host_args(cmdline: &str, args: &[&str]) -> String {
+    let name = |w: &str| w.split('=').next().unwrap_or_default().to_string();
+    let given: Vec<String> = cmdline.split_whitespace().map(name).collect();
+    let missing: Vec<&str> = args.iter().copied().filter(|a| !given.contains(&name(a))).collect();
+    if missing.is_empty() {
+        return cmdline.to_string();
+    }
+    tracing::info!("host profile: added to the Linux command line what this host's KVM needs: {}", missing.join(" "));
+    format!("{cmdline} {}", missing.join(" "))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn host_args_are_added_when_missing_and_a_users_own_stay() {
+        let args = ["noxsave", "clearcpuid=1,2", "rodata=off"];
+        assert_eq!(super::with_host_args("console=ttyS0", &args), "console=ttyS0 noxsave clearcpuid=1,2 rodata=off");
+        assert_eq!(super::with_host_args("clearcpuid=9 noxsave", &args), "clearcpuid=9 noxsave rodata=off");
+        assert_eq!(super::with_host_args("a", &[]), "a");
+    }
+
     #[test]
     fn mmio_devices_are_added_as_firecracker_adds_them() {
         let line = super::with_mmio_devices("console=ttyS0", &[(0xc000_1000, 0x1000, 5), (0xc000_2000, 0x1000, 6)]);

@@ -247,6 +247,7 @@ impl Machine {
                     params: &config.params,
                     vcpus: config.vcpus,
                     mmio_windows: &devices.mmio_windows(),
+                    host_linux_args: host.linux_args(),
                 };
                 let (entry, facs) = boot.load(&vm, &memory, &map)?;
                 (Some(entry), facs)
