@@ -69,11 +69,13 @@ pub fn identify(image: &[u8], map: &MemoryMap) -> Result<Kind, ImageError> {
     Err(ImageError::Unknown)
 }
 
-/// Whether `image` is a Linux kernel: a bzImage, or an ELF vmlinux (which carries ELF
-/// notes owned by "Linux"; exitless's payloads carry none).
+/// Whether `image` is a Linux kernel: a bzImage whose header points at a kernel version
+/// string (`kernel_version`, 0x20e), or an ELF vmlinux (which carries ELF notes owned by
+/// "Linux"). exitless's payloads, ELF or bzImage, have neither.
 pub fn is_linux(image: &[u8]) -> bool {
     if image.len() >= 0x270 && &image[0x202..0x206] == b"HdrS" {
-        return true;
+        let at = usize::from(u16_at(image, 0x20e));
+        return at != 0 && image.get(0x200 + at).is_some_and(u8::is_ascii_digit);
     }
     if image.len() < 64 || !image.starts_with(b"\x7fELF") || image[4] != 2 {
         return false;
@@ -168,6 +170,19 @@ fn check_bzimage(image: &[u8]) -> Result<Kind, ImageError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn linux_is_told_from_payloads_by_its_version_string_or_notes() {
+        let mut bz = vec![0u8; 0x400];
+        bz[0x202..0x206].copy_from_slice(b"HdrS");
+        assert!(!super::is_linux(&bz), "a bzImage without kernel_version is a payload");
+        bz[0x20e..0x210].copy_from_slice(&0x100u16.to_le_bytes());
+        bz[0x300..0x307].copy_from_slice(b"6.1.192");
+        assert!(super::is_linux(&bz));
+        let payload = exitless_payloads::find("demo").unwrap().elf;
+        assert!(!super::is_linux(payload));
+    }
+
     use super::*;
 
     fn map() -> MemoryMap {
