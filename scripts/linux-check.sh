@@ -178,8 +178,9 @@ start_as_firecracker() { # mode, log prefix: sets vmm
   api "$sock" PUT /entropy '{}' &&
   api "$sock" PUT /vsock "{\"guest_cid\": 3, \"uds_path\": \"$work/$log.vsock\"}" &&
   api "$sock" PUT /actions '{"action_type": "InstanceStart"}' || fail "configuring the VMM through the API"
-  # No --timeout in Firecracker's interface: the script ends a guest that outlives its own.
-  ( sleep "$timeout"; kill "$vmm" 2>/dev/null ) &
+  # No --timeout in Firecracker's interface: the script ends a guest that outlives its own
+  # (the watch ends within a second of the VMM, so it never outlives the script).
+  ( for _ in $(seq "$timeout"); do sleep 1; kill -0 "$vmm" 2>/dev/null || exit 0; done; kill "$vmm" 2>/dev/null ) &
 }
 boot() { # mode, log prefix, extra exitless flags...: runs one guest to its end; sets boot_s, init_s, status
   local mode=$1 log=$2 start now
