@@ -316,7 +316,7 @@ pub fn echo(frames: u64, size: usize, mergeable: bool, timeout: Duration) -> Res
     if let Some(status) = machine.control().exit_status().filter(|&s| s != 0) {
         return Err(NetBenchError::Guest(status));
     }
-    let interrupts = machine.devices().nets().next().map_or(0, |n| n.transport.interrupts_signalled());
+    let interrupts = machine.devices().nets().next().map_or(0, |n| n.transport.core().interrupts_signalled());
     Ok(EchoReport { sink: sink.finish(frames, Duration::from_secs(2)), interrupts, console: console.text() })
 }
 

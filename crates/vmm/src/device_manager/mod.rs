@@ -396,7 +396,7 @@ impl DeviceManager {
     /// vCPUs' interrupt state is back, so no interrupt is lost).
     pub fn start_restored(&self) {
         for (_, _, transport) in self.virtio_devices() {
-            transport.start_restored();
+            transport.core().start_restored();
         }
     }
 

@@ -13,6 +13,7 @@ use crate::virtio::mmio::VirtioMmio;
 use crate::virtio::net::{NetStats, TxMode, VirtioNet};
 use crate::virtio::pci::{TransportState, VirtioPci};
 use crate::virtio::rng::{RngStats, VirtioRng};
+use crate::virtio::transport::Core;
 use crate::virtio::vsock::{VirtioVsock, VsockConfig, VsockStats};
 use crate::virtio::{self, VirtioDevice};
 use std::net::Ipv4Addr;
@@ -70,27 +71,12 @@ pub enum VirtioTransport {
 }
 
 impl VirtioTransport {
-    pub fn status(&self) -> u8 {
+    /// What both transports share: status, configuration changes, interrupts counted,
+    /// pause and resume, starting a restored device.
+    pub fn core(&self) -> &Core {
         match self {
-            VirtioTransport::Pci(t) => t.status(),
-            VirtioTransport::Mmio(t) => t.status(),
-        }
-    }
-
-    /// The device's configuration changed under the driver: a new generation and the
-    /// configuration interrupt.
-    pub fn config_changed(&self) {
-        match self {
-            VirtioTransport::Pci(t) => t.config_changed(),
-            VirtioTransport::Mmio(t) => t.config_changed(),
-        }
-    }
-
-    /// Interrupts the device has asked for since activation.
-    pub fn interrupts_signalled(&self) -> u64 {
-        match self {
-            VirtioTransport::Pci(t) => t.interrupts_signalled(),
-            VirtioTransport::Mmio(t) => t.interrupts_signalled(),
+            VirtioTransport::Pci(t) => t.core(),
+            VirtioTransport::Mmio(t) => t.core(),
         }
     }
 
@@ -98,15 +84,7 @@ impl VirtioTransport {
     pub fn save(&self) -> TransportState {
         match self {
             VirtioTransport::Pci(t) => t.save(),
-            VirtioTransport::Mmio(t) => t.save(),
-        }
-    }
-
-    /// After [`VirtioTransport::save`]: the device goes on.
-    pub fn resume(&self) -> Result<(), virtio::ActivateError> {
-        match self {
-            VirtioTransport::Pci(t) => t.resume(),
-            VirtioTransport::Mmio(t) => t.resume(),
+            VirtioTransport::Mmio(t) => t.core().save(),
         }
     }
 
@@ -114,13 +92,6 @@ impl VirtioTransport {
         match self {
             VirtioTransport::Pci(t) => t.restore(s),
             VirtioTransport::Mmio(t) => t.restore(s),
-        }
-    }
-
-    pub fn start_restored(&self) {
-        match self {
-            VirtioTransport::Pci(t) => t.start_restored(),
-            VirtioTransport::Mmio(t) => t.start_restored(),
         }
     }
 }
@@ -295,7 +266,7 @@ impl DeviceManager {
         let drive = self.drives().nth(index).ok_or(DeviceError::NoDrive(index))?;
         let disk = drive.disk.swap(path)?;
         tracing::info!("{}: swapped to {} ({} bytes)", drive.name, path.display(), disk.capacity);
-        drive.transport.config_changed();
+        drive.transport.core().config_changed();
         Ok(())
     }
 

@@ -70,7 +70,7 @@ impl DeviceStates {
     /// After [`DeviceStates::save`]: the virtio devices go on.
     pub fn resume(&self, devices: &DeviceManager) {
         for (name, _, transport) in devices.virtio_devices() {
-            if let Err(e) = transport.resume() {
+            if let Err(e) = transport.core().resume() {
                 tracing::error!("{name}: cannot go on after the snapshot: {e}");
             }
         }

@@ -11,12 +11,12 @@
 //! acknowledgement) finds, and a second interrupt that reads 0 is only spurious.
 
 pub use super::transport::TransportState;
-use super::transport::{Lines, Link, Transport};
-use super::{ActivateError, VirtioDevice};
+use super::transport::{Core, Lines, Transport};
+use super::VirtioDevice;
 use crate::bus::BusDevice;
 use crate::ioeventfd::IoeventfdKey;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -54,67 +54,39 @@ const CONFIG: u64 = 0x100;
 const MAGIC_VALUE: u32 = 0x7472_6976;
 
 pub struct VirtioMmio {
-    state: Mutex<Transport>,
-    link: Link,
+    core: Core,
 }
 
 impl VirtioMmio {
     /// The transport for `device`, interrupting the guest through `irqfd` (an eventfd
     /// the caller registers on the device's GSI).
     pub fn new(device: Box<dyn VirtioDevice>, mem: GuestMemoryMmap, irqfd: Arc<EventFd>) -> std::io::Result<Self> {
-        let state = Transport::new(device, mem);
-        let link = Link::new(state.queues.len(), Lines::Line(irqfd))?;
-        Ok(VirtioMmio { state: Mutex::new(state), link })
+        Ok(VirtioMmio { core: Core::new(device, mem, Lines::Line(irqfd))? })
+    }
+
+    /// What this transport shares with the PCI one.
+    pub fn core(&self) -> &Core {
+        &self.core
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Transport> {
-        crate::sync::lock(&self.state)
+        self.core.lock()
     }
 
     /// One ioeventfd per queue on QueueNotify, relative to the window, matching a 4-byte
     /// write of that queue's index (a write of another size, or of another value, exits).
     pub fn notify_ioeventfds(&self) -> std::io::Result<Vec<(IoeventfdKey, EventFd)>> {
         let key = |q: usize| IoeventfdKey::mmio(QUEUE_NOTIFY, 4, Some(q as u64));
-        self.link.kicks.iter().enumerate().map(|(q, fd)| Ok((key(q), fd.try_clone()?))).collect()
-    }
-
-    pub fn status(&self) -> u8 {
-        self.link.status.get()
-    }
-
-    /// The device's configuration changed under the driver: a new ConfigGeneration and the
-    /// configuration interrupt.
-    pub fn config_changed(&self) {
-        self.lock().config_changed(&self.link);
-    }
-
-    /// Interrupts the device has asked for since activation.
-    pub fn interrupts_signalled(&self) -> u64 {
-        self.link.interrupts_signalled()
-    }
-
-    /// Pauses the device (nothing in flight once this returns) and reads the transport.
-    pub fn save(&self) -> TransportState {
-        self.lock().save(&self.link)
-    }
-
-    /// After [`VirtioMmio::save`]: the device goes on where it paused.
-    pub fn resume(&self) -> Result<(), ActivateError> {
-        self.lock().device.resume()
+        self.core.link.kicks.iter().enumerate().map(|(q, fd)| Ok((key(q), fd.try_clone()?))).collect()
     }
 
     /// Puts a snapshot's state on this transport, built from the same configuration and
-    /// never run; [`VirtioMmio::start_restored`] starts the device.
+    /// never run; [`Core::start_restored`] starts the device.
     pub fn restore(&self, s: &TransportState) -> Result<(), String> {
         if s.msix.is_some() {
             return Err("a PCI device's state for an MMIO device".into());
         }
-        self.lock().restore(&self.link, s, 0)
-    }
-
-    /// Starts a restored device where its queues stood (nothing if it did not run).
-    pub fn start_restored(&self) {
-        self.lock().start_restored(&self.link);
+        self.core.restore(s, 0)
     }
 
     fn register(&self, offset: u64) -> u32 {
@@ -128,10 +100,10 @@ impl VirtioMmio {
             DEVICE_FEATURES => t.device_features_word(),
             QUEUE_NUM_MAX => u32::from(q.max),
             QUEUE_READY => u32::from(q.enabled),
-            INTERRUPT_STATUS => {
-                crate::sync::lock(&self.link.interrupt).as_ref().map_or(0, |i| u32::from(i.isr.load(Ordering::Acquire)))
-            }
-            STATUS => u32::from(self.link.status.get()),
+            INTERRUPT_STATUS => crate::sync::lock(&self.core.link.interrupt)
+                .as_ref()
+                .map_or(0, |i| u32::from(i.isr.load(Ordering::Acquire))),
+            STATUS => u32::from(self.core.link.status.get()),
             QUEUE_DESC_LOW => q.desc as u32,
             QUEUE_DESC_HIGH => (q.desc >> 32) as u32,
             QUEUE_DRIVER_LOW => q.driver as u32,
@@ -153,7 +125,7 @@ impl VirtioMmio {
         };
         match offset {
             DEVICE_FEATURES_SEL => t.device_feature_select = v,
-            DRIVER_FEATURES => t.set_driver_features_word(&self.link, v),
+            DRIVER_FEATURES => t.set_driver_features_word(&self.core.link, v),
             DRIVER_FEATURES_SEL => t.driver_feature_select = v,
             QUEUE_SEL => t.queue_select = v.min(u32::from(u16::MAX)) as u16,
             QUEUE_NUM => t.set_queue_size(u64::from(v)),
@@ -164,16 +136,16 @@ impl VirtioMmio {
             }
             QUEUE_NOTIFY => {
                 // Only reached when no ioeventfd took the write: a kick of another size.
-                if let Some(kick) = self.link.kicks.get(v as usize) {
+                if let Some(kick) = self.core.link.kicks.get(v as usize) {
                     let _ = kick.write(1);
                 }
             }
             INTERRUPT_ACK => {
-                if let Some(i) = crate::sync::lock(&self.link.interrupt).as_ref() {
+                if let Some(i) = crate::sync::lock(&self.core.link.interrupt).as_ref() {
                     i.isr.fetch_and(!(v as u8), Ordering::AcqRel);
                 }
             }
-            STATUS => t.set_status(&self.link, v as u8),
+            STATUS => t.set_status(&self.core.link, v as u8),
             QUEUE_DESC_LOW | QUEUE_DESC_HIGH | QUEUE_DRIVER_LOW | QUEUE_DRIVER_HIGH | QUEUE_DEVICE_LOW
             | QUEUE_DEVICE_HIGH => {
                 let Some(q) = t.writable_queue("a queue address") else { return };

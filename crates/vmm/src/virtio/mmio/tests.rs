@@ -68,7 +68,7 @@ fn a_driver_brings_the_device_up_and_its_queues_are_frozen() {
     let (t, activations, _) = transport();
     bring_up(&t, VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX | 1 << 40);
     assert_eq!(activations.load(Ordering::Relaxed), 1);
-    assert_eq!(t.status() & (STATUS_FEATURES_OK | STATUS_DRIVER_OK), STATUS_FEATURES_OK | STATUS_DRIVER_OK);
+    assert_eq!(t.core().status() & (STATUS_FEATURES_OK | STATUS_DRIVER_OK), STATUS_FEATURES_OK | STATUS_DRIVER_OK);
     w(&t, DRIVER_FEATURES_SEL, 1);
     assert_eq!(r(&t, DRIVER_FEATURES), 0, "driver features are not readable here; only the device's");
     // Running: the queue registers stay as they were.
@@ -79,7 +79,7 @@ fn a_driver_brings_the_device_up_and_its_queues_are_frozen() {
     assert_eq!((r(&t, QUEUE_DESC_LOW), r(&t, QUEUE_READY)), (0x2_0000, 1));
     // A reset forgets everything; the driver can start over.
     w(&t, STATUS, 0);
-    assert_eq!((t.status(), r(&t, QUEUE_READY), r(&t, QUEUE_DESC_LOW)), (0, 0, 0));
+    assert_eq!((t.core().status(), r(&t, QUEUE_READY), r(&t, QUEUE_DESC_LOW)), (0, 0, 0));
     bring_up(&t, VIRTIO_F_VERSION_1);
     assert_eq!(activations.load(Ordering::Relaxed), 2);
 }
@@ -88,11 +88,11 @@ fn a_driver_brings_the_device_up_and_its_queues_are_frozen() {
 fn an_interrupt_sets_its_status_bit_before_the_line_and_the_ack_clears_it() {
     let (t, _, irqfd) = transport();
     bring_up(&t, VIRTIO_F_VERSION_1);
-    let interrupt = crate::sync::lock(&t.link.interrupt).clone().unwrap();
+    let interrupt = crate::sync::lock(&t.core().link.interrupt).clone().unwrap();
     interrupt.signal_queue(1);
     assert_eq!(irqfd.read().unwrap(), 1, "one edge on the line");
     assert_eq!(r(&t, INTERRUPT_STATUS), 1);
-    t.config_changed();
+    t.core().config_changed();
     assert_eq!(r(&t, INTERRUPT_STATUS), 3);
     assert_eq!(r(&t, CONFIG_GENERATION), 1);
     // The driver acknowledges what it read; a bit it did not acknowledge stays.
@@ -100,7 +100,7 @@ fn an_interrupt_sets_its_status_bit_before_the_line_and_the_ack_clears_it() {
     assert_eq!(r(&t, INTERRUPT_STATUS), 2);
     w(&t, INTERRUPT_ACK, 2);
     assert_eq!(r(&t, INTERRUPT_STATUS), 0);
-    assert_eq!(t.interrupts_signalled(), 2);
+    assert_eq!(t.core().interrupts_signalled(), 2);
 }
 
 #[test]
@@ -111,9 +111,9 @@ fn kicks_reach_their_queue_by_ioeventfd_or_by_the_exit() {
     assert_eq!(keys.iter().map(|(k, _)| *k).collect::<Vec<_>>(), want);
     // A kick no ioeventfd took (another width reaches the device only as a whole write).
     w(&t, QUEUE_NOTIFY, 1);
-    assert_eq!(t.link.kicks[1].read().unwrap(), 1);
+    assert_eq!(t.core().link.kicks[1].read().unwrap(), 1);
     w(&t, QUEUE_NOTIFY, 7); // no such queue: nothing
-    assert!(t.link.kicks[0].read().is_err());
+    assert!(t.core().link.kicks[0].read().is_err());
 }
 
 #[test]
@@ -126,7 +126,7 @@ fn a_hostile_driver_is_ignored_and_the_device_keeps_its_state() {
         t.read(at, &mut b[..len]);
         assert_eq!(b, [0; 8], "{len}-byte read at {at:#x}");
     }
-    assert_eq!(t.status(), 0);
+    assert_eq!(t.core().status(), 0);
     // Writes to read-only registers and to the configuration.
     for at in [MAGIC, VERSION, DEVICE_ID, QUEUE_NUM_MAX, INTERRUPT_STATUS, CONFIG_GENERATION, CONFIG, 0xffc] {
         w(&t, at, 0x1234_5678);
@@ -145,17 +145,17 @@ fn a_hostile_driver_is_ignored_and_the_device_keeps_its_state() {
     w(&t, DRIVER_FEATURES_SEL, 1);
     w(&t, DRIVER_FEATURES, u32::MAX);
     w(&t, STATUS, 0xb);
-    assert_ne!(t.status() & STATUS_FEATURES_OK, 0);
+    assert_ne!(t.core().status() & STATUS_FEATURES_OK, 0);
     // Rings outside guest memory: DRIVER_OK does not start the device, which asks for a reset.
     w(&t, QUEUE_SEL, 0);
     w(&t, QUEUE_DESC_HIGH, 0x10);
     w(&t, QUEUE_READY, 1);
     w(&t, STATUS, 0xf);
     assert_eq!(activations.load(Ordering::Relaxed), 0);
-    assert_ne!(t.status() & STATUS_NEEDS_RESET, 0);
+    assert_ne!(t.core().status() & STATUS_NEEDS_RESET, 0);
     // A driver that clears bits without a reset is ignored; a reset recovers.
     w(&t, STATUS, 1);
-    assert_ne!(t.status() & STATUS_NEEDS_RESET, 0);
+    assert_ne!(t.core().status() & STATUS_NEEDS_RESET, 0);
     w(&t, STATUS, 0);
     bring_up(&t, VIRTIO_F_VERSION_1);
     assert_eq!(activations.load(Ordering::Relaxed), 1);
@@ -165,13 +165,13 @@ fn a_hostile_driver_is_ignored_and_the_device_keeps_its_state() {
 fn a_saved_transport_restores_onto_a_new_one_and_refuses_a_pci_state() {
     let (t, activations, _) = transport();
     bring_up(&t, VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX);
-    let saved = t.save();
+    let saved = t.core().save();
     assert!(saved.active && saved.msix.is_none());
     let (u, restored, _) = transport();
     u.restore(&saved).unwrap();
-    u.start_restored();
+    u.core().start_restored();
     assert_eq!((activations.load(Ordering::Relaxed), restored.load(Ordering::Relaxed)), (1, 1));
-    assert_eq!(u.status(), t.status());
+    assert_eq!(u.core().status(), t.core().status());
     w(&u, QUEUE_SEL, 1);
     assert_eq!(r(&u, QUEUE_DESC_LOW), 0x2_0000);
     let (v, _, _) = transport();

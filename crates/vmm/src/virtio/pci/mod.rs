@@ -5,9 +5,9 @@
 //! (queue n at 0x3000 + 4n; the VMM registers each as a zero-length ioeventfd, so a kick
 //! never exits to userspace), MSI-X table 0x4000, PBA 0x5000.
 
-use super::transport::{Lines, Link, Transport};
+use super::transport::{Core, Lines, Transport};
 pub use super::transport::{QueueState, TransportState};
-use super::{ActivateError, VirtioDevice, NO_VECTOR};
+use super::{VirtioDevice, NO_VECTOR};
 use crate::bus::{BusDevice, DeviceId};
 use crate::ioeventfd::IoeventfdKey;
 use crate::pci::config::{COMMAND, COMMAND_MEMORY};
@@ -79,8 +79,7 @@ const FIELDS: &[(u64, usize)] = &[
 ];
 
 pub struct VirtioPci {
-    state: Mutex<Transport>,
-    link: Link,
+    core: Core,
     msix: Arc<Mutex<Msix>>,
     msix_cap: Mutex<usize>,
     pci_cfg_cap: Mutex<usize>,
@@ -88,14 +87,18 @@ pub struct VirtioPci {
 
 impl VirtioPci {
     pub fn new(device: Box<dyn VirtioDevice>, mem: GuestMemoryMmap, msix: Msix) -> std::io::Result<Self> {
-        let state = Transport::new(device, mem);
         let msix = Arc::new(Mutex::new(msix));
-        let link = Link::new(state.queues.len(), Lines::Msix(msix.clone()))?;
-        Ok(VirtioPci { state: Mutex::new(state), link, msix, msix_cap: Mutex::new(0), pci_cfg_cap: Mutex::new(0) })
+        let core = Core::new(device, mem, Lines::Msix(msix.clone()))?;
+        Ok(VirtioPci { core, msix, msix_cap: Mutex::new(0), pci_cfg_cap: Mutex::new(0) })
+    }
+
+    /// What this transport shares with the MMIO one.
+    pub fn core(&self) -> &Core {
+        &self.core
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Transport> {
-        crate::sync::lock(&self.state)
+        self.core.lock()
     }
 
     /// The PCI function: virtio IDs, BAR0 at `bar0` (decode on), the virtio capabilities
@@ -119,7 +122,7 @@ impl VirtioPci {
             body.extend_from_slice(extra);
             body
         };
-        let queues = self.link.kicks.len() as u64;
+        let queues = self.core.link.kicks.len() as u64;
         let _ = config.add_capability(CAP_VENDOR, &cap(CFG_COMMON, COMMON, COMMON_LEN, &[]));
         let _ = config.add_capability(
             CAP_VENDOR,
@@ -172,27 +175,12 @@ impl VirtioPci {
     /// Zero-length MMIO ioeventfds for every queue's notify address, relative to BAR0.
     fn notify_ioeventfds(&self) -> std::io::Result<Vec<(IoeventfdKey, EventFd)>> {
         let key = |q: usize| IoeventfdKey::mmio(NOTIFY + q as u64 * NOTIFY_MULTIPLIER, 0, None);
-        self.link.kicks.iter().enumerate().map(|(q, fd)| Ok((key(q), fd.try_clone()?))).collect()
-    }
-
-    pub fn status(&self) -> u8 {
-        self.link.status.get()
+        self.core.link.kicks.iter().enumerate().map(|(q, fd)| Ok((key(q), fd.try_clone()?))).collect()
     }
 
     /// The GSI behind each MSI-X vector.
     pub fn vector_gsis(&self) -> Vec<u32> {
         crate::sync::lock(&self.msix).gsis()
-    }
-
-    /// The device's configuration changed under the driver (a drive's new backing file):
-    /// a new config_generation, and the configuration-change interrupt if the driver runs it.
-    pub fn config_changed(&self) {
-        self.lock().config_changed(&self.link);
-    }
-
-    /// Interrupts the device has asked for since activation.
-    pub fn interrupts_signalled(&self) -> u64 {
-        self.link.interrupts_signalled()
     }
 
     fn common_image(&self, t: &Transport) -> [u8; COMMON_LEN as usize] {
@@ -205,7 +193,7 @@ impl VirtioPci {
         put(0x0c, &t.driver_features_word().to_le_bytes());
         put(0x10, &t.config_vector.to_le_bytes());
         put(0x12, &(t.queues.len() as u16).to_le_bytes());
-        put(0x14, &[self.link.status.get()]);
+        put(0x14, &[self.core.link.status.get()]);
         put(0x15, &[t.config_generation]);
         put(0x16, &t.queue_select.to_le_bytes());
         put(0x18, &q.size.to_le_bytes());
@@ -240,9 +228,9 @@ impl VirtioPci {
         match at {
             0x00 => t.device_feature_select = v as u32,
             0x08 => t.driver_feature_select = v as u32,
-            0x0c => t.set_driver_features_word(&self.link, v as u32),
+            0x0c => t.set_driver_features_word(&self.core.link, v as u32),
             0x10 => t.config_vector = valid_vector(v),
-            0x14 => t.set_status(&self.link, v as u8),
+            0x14 => t.set_status(&self.core.link, v as u8),
             0x16 => t.queue_select = v as u16,
             0x18 => t.set_queue_size(v),
             0x1a => {
@@ -275,7 +263,7 @@ impl BusDevice for VirtioPci {
             }
             ISR => {
                 // Reading the ISR clears it (a side effect: this BAR is never mapped).
-                let interrupt = crate::sync::lock(&self.link.interrupt);
+                let interrupt = crate::sync::lock(&self.core.link.interrupt);
                 data[0] = interrupt.as_ref().map_or(0, |i| i.isr.swap(0, Ordering::AcqRel));
             }
             o if (DEVICE_CFG..DEVICE_CFG + DEVICE_CFG_LEN).contains(&o) => {
@@ -293,9 +281,9 @@ impl BusDevice for VirtioPci {
                 let mut t = self.lock();
                 self.common_write(&mut t, o, data);
             }
-            o if (NOTIFY..NOTIFY + self.link.kicks.len() as u64 * NOTIFY_MULTIPLIER).contains(&o) => {
+            o if (NOTIFY..NOTIFY + self.core.link.kicks.len() as u64 * NOTIFY_MULTIPLIER).contains(&o) => {
                 // Only reached when no ioeventfd took the write (counted as a device write).
-                let _ = self.link.kicks[((o - NOTIFY) / NOTIFY_MULTIPLIER) as usize].write(1);
+                let _ = self.core.link.kicks[((o - NOTIFY) / NOTIFY_MULTIPLIER) as usize].write(1);
             }
             o if (MSIX_TABLE..MSIX_TABLE + 0x1000).contains(&o) => {
                 crate::sync::lock(&self.msix).table_write(o - MSIX_TABLE, data)
@@ -344,28 +332,17 @@ impl VirtioPci {
     /// Pauses the device (nothing in flight once this returns) and reads the transport
     /// with its MSI-X table.
     pub fn save(&self) -> TransportState {
-        let mut state = self.lock().save(&self.link);
+        let mut state = self.core.save();
         state.msix = Some(crate::sync::lock(&self.msix).save());
         state
     }
 
-    /// After [`VirtioPci::save`]: the device goes on where it paused.
-    pub fn resume(&self) -> Result<(), ActivateError> {
-        self.lock().device.resume()
-    }
-
     /// Puts a snapshot's state on this transport, built from the same configuration and
-    /// never run; [`VirtioPci::start_restored`] starts the device.
+    /// never run; [`Core::start_restored`] starts the device.
     pub fn restore(&self, s: &TransportState) -> Result<(), String> {
         let msix = s.msix.as_ref().ok_or("a PCI device saved without its MSI-X table")?;
-        let mut t = self.lock();
-        t.restore(&self.link, s, crate::sync::lock(&self.msix).len())?;
+        self.core.restore(s, crate::sync::lock(&self.msix).len())?;
         crate::sync::lock(&self.msix).restore(msix)
-    }
-
-    /// Starts a restored device where its queues stood (nothing if it did not run).
-    pub fn start_restored(&self) {
-        self.lock().start_restored(&self.link);
     }
 }
 

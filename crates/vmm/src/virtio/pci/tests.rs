@@ -60,14 +60,14 @@ fn status_only_grows_until_reset_and_keeps_needs_reset() {
     let (t, _) = transport();
     negotiate(&t, VIRTIO_F_VERSION_1);
     w(&t, 0x14, 0xf, 1);
-    assert_eq!(t.status(), 0xf);
+    assert_eq!(t.core().status(), 0xf);
     w(&t, 0x14, 0x1, 1); // lowering is not a transition the spec has
-    assert_eq!(t.status(), 0xf);
-    t.link.status.raise(STATUS_NEEDS_RESET); // the device thread, meanwhile
+    assert_eq!(t.core().status(), 0xf);
+    t.core().link.status.raise(STATUS_NEEDS_RESET); // the device thread, meanwhile
     w(&t, 0x14, u64::from(0xf | STATUS_FAILED), 1);
-    assert_eq!(t.status(), 0xf | STATUS_FAILED | STATUS_NEEDS_RESET);
+    assert_eq!(t.core().status(), 0xf | STATUS_FAILED | STATUS_NEEDS_RESET);
     w(&t, 0x14, 0, 1);
-    assert_eq!(t.status(), 0);
+    assert_eq!(t.core().status(), 0);
 }
 
 #[test]
@@ -93,10 +93,10 @@ fn driver_ok_with_rings_outside_memory_needs_reset_and_reset_clears_it() {
     w(&t, 0x20, 0xffff_0000_0000, 8);
     w(&t, 0x1c, 1, 2);
     w(&t, 0x14, 0xf, 1);
-    assert_ne!(t.status() & STATUS_NEEDS_RESET, 0);
+    assert_ne!(t.core().status() & STATUS_NEEDS_RESET, 0);
     assert_eq!(activations.load(Ordering::Relaxed), 0);
     w(&t, 0x14, 0, 1);
-    assert_eq!(t.status(), 0);
+    assert_eq!(t.core().status(), 0);
     assert_eq!(r(&t, 0x20, 8), 0, "queue registers back to their reset values");
 }
 
@@ -104,7 +104,7 @@ fn driver_ok_with_rings_outside_memory_needs_reset_and_reset_clears_it() {
 fn a_configuration_change_moves_the_generation_and_raises_the_config_interrupt() {
     let (t, activations) = transport();
     assert_eq!(r(&t, 0x15, 1), 0);
-    t.config_changed(); // before the driver runs the device: only the generation moves
+    t.core().config_changed(); // before the driver runs the device: only the generation moves
     assert_eq!(r(&t, 0x15, 1), 1);
     negotiate(&t, VIRTIO_F_VERSION_1);
     w(&t, 0x16, 0, 2);
@@ -115,7 +115,7 @@ fn a_configuration_change_moves_the_generation_and_raises_the_config_interrupt()
     w(&t, 0x14, 0xf, 1);
     assert_eq!(activations.load(Ordering::Relaxed), 1);
     assert_eq!(r(&t, ISR, 1), 0);
-    t.config_changed();
+    t.core().config_changed();
     assert_eq!(r(&t, 0x15, 1), 2);
     assert_eq!(r(&t, ISR, 1), 2, "ISR bit 1: a configuration change");
     assert_eq!(r(&t, ISR, 1), 0, "reading the ISR clears it");
@@ -138,7 +138,7 @@ fn the_pci_cfg_window_reaches_bar0() {
     set(PCI_CFG_OFFSET, 0x14, &mut f.config);
     set(PCI_CFG_LENGTH, 1, &mut f.config);
     set(PCI_CFG_DATA, 1, &mut f.config);
-    assert_eq!(t.status(), 1);
+    assert_eq!(t.core().status(), 1);
     let mut data = [0u8; 4];
     assert!(t.config_read(&f.config, cap + PCI_CFG_DATA, &mut data));
     assert_eq!(data[0], 1);
@@ -150,7 +150,7 @@ fn the_pci_cfg_window_reaches_bar0() {
     set(PCI_CFG_OFFSET, 0xffff_fff0, &mut f.config);
     set(PCI_CFG_LENGTH, 4, &mut f.config);
     set(PCI_CFG_DATA, 0xffff_ffff, &mut f.config); // out of the BAR: ignored
-    assert_eq!(t.status(), 1);
+    assert_eq!(t.core().status(), 1);
 }
 
 #[test]
@@ -176,7 +176,7 @@ fn any_access_anywhere_in_bar0_is_safe() {
     }
     // Still a working transport afterwards.
     negotiate(&t, VIRTIO_F_VERSION_1);
-    assert_ne!(t.status() & STATUS_FEATURES_OK, 0);
+    assert_ne!(t.core().status() & STATUS_FEATURES_OK, 0);
 }
 
 #[test]
@@ -205,19 +205,19 @@ fn a_saved_transport_restores_onto_a_new_one_and_starts_where_its_queues_stood()
     *a_at.lock().unwrap() = worked.clone();
     let saved = a.save();
     assert!(saved.active && saved.status == 0xf, "{saved:?}");
-    a.resume().unwrap();
+    a.core().resume().unwrap();
     let text = serde_json::to_string(&saved).unwrap();
     assert_eq!(serde_json::from_str::<TransportState>(&text).unwrap(), saved);
 
     let (b, b_started, b_at) = recording();
     b.restore(&saved).unwrap();
     assert_eq!(b_started.load(Ordering::Relaxed), 0, "not started before the vCPUs exist");
-    assert_eq!((b.status(), r(&b, 0x18, 2), r(&b, 0x20, 8), r(&b, 0x1a, 2)), (0xf, 64, 0x1000, 1));
+    assert_eq!((b.core().status(), r(&b, 0x18, 2), r(&b, 0x20, 8), r(&b, 0x1a, 2)), (0xf, 64, 0x1000, 1));
     assert_eq!(driver_features(&b), VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX);
-    b.start_restored();
+    b.core().start_restored();
     assert_eq!(b_started.load(Ordering::Relaxed), 1);
     assert_eq!(*b_at.lock().unwrap(), worked, "the queues go on from the snapshot's positions");
-    b.start_restored(); // once only
+    b.core().start_restored(); // once only
     assert_eq!(b_started.load(Ordering::Relaxed), 1);
 
     // State that contradicts the device is refused, naming what.

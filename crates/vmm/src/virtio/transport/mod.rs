@@ -1,8 +1,9 @@
 //! What every virtio transport does the same way, whichever registers carry it (PCI's
 //! common configuration, MMIO's register page): the device behind it, the features the
 //! driver negotiated, each queue's registers, the status machine (virtio 1.2 2.1), and
-//! activation on DRIVER_OK. A transport owns one [`Transport`] behind its lock and one
-//! [`Link`] beside it, the parts device threads and interrupt paths reach without it.
+//! activation on DRIVER_OK. A transport owns one [`Core`]: a [`Transport`] behind its lock
+//! and the [`Link`] beside it, the parts device threads and interrupt paths reach without
+//! the lock.
 
 use super::{ActivateError, Activation, ActiveQueue, DeviceStatus, Interrupt, QueuePosition, VirtioDevice, NO_VECTOR};
 use super::{STATUS_DRIVER_OK, STATUS_FEATURES_OK, STATUS_NEEDS_RESET, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
@@ -62,6 +63,61 @@ impl Link {
         crate::sync::lock(&self.interrupt)
             .as_ref()
             .map_or(0, |i| i.signalled.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+/// A transport's shared half, and what the device manager, snapshots and the API ask of
+/// any transport.
+pub struct Core {
+    state: Mutex<Transport>,
+    pub link: Link,
+}
+
+impl Core {
+    pub fn new(device: Box<dyn VirtioDevice>, mem: GuestMemoryMmap, lines: Lines) -> std::io::Result<Core> {
+        let state = Transport::new(device, mem);
+        let link = Link::new(state.queues.len(), lines)?;
+        Ok(Core { state: Mutex::new(state), link })
+    }
+
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Transport> {
+        crate::sync::lock(&self.state)
+    }
+
+    pub fn status(&self) -> u8 {
+        self.link.status.get()
+    }
+
+    /// The device's configuration changed under the driver (a drive's new backing file):
+    /// a new config generation, and the configuration interrupt if the driver runs it.
+    pub fn config_changed(&self) {
+        self.lock().config_changed(&self.link);
+    }
+
+    /// Interrupts the device has asked for since activation.
+    pub fn interrupts_signalled(&self) -> u64 {
+        self.link.interrupts_signalled()
+    }
+
+    /// Pauses the device (nothing in flight once this returns) and reads the transport.
+    pub fn save(&self) -> TransportState {
+        self.lock().save(&self.link)
+    }
+
+    /// After [`Core::save`]: the device goes on where it paused.
+    pub fn resume(&self) -> Result<(), ActivateError> {
+        self.lock().device.resume()
+    }
+
+    /// Puts a snapshot's state on this transport (with `vectors` MSI-X vectors), built from
+    /// the same configuration and never run; [`Core::start_restored`] starts the device.
+    pub fn restore(&self, s: &TransportState, vectors: usize) -> Result<(), String> {
+        self.lock().restore(&self.link, s, vectors)
+    }
+
+    /// Starts a restored device where its queues stood (nothing if it did not run).
+    pub fn start_restored(&self) {
+        self.lock().start_restored(&self.link);
     }
 }
 
