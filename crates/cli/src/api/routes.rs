@@ -54,15 +54,18 @@ fn check_id(id: &str) -> Result<&str, Fault> {
 }
 
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Fault> {
-    model::from_json(body)
-        .map_err(|e| Fault(format!("An error occurred when deserializing the json body of a request: {e}.")))
+    model::from_json(body).map_err(body_fault)
+}
+
+/// Firecracker's words for a body it cannot deserialize.
+fn body_fault(e: impl std::fmt::Display) -> Fault {
+    Fault(format!("An error occurred when deserializing the json body of a request: {e}."))
 }
 
 /// MMDS's document: any JSON value, lists anywhere (SSH keys), as Firecracker takes it;
 /// the shape check is for the API's own bodies.
 fn parse_metadata(body: &[u8]) -> Result<Value, Fault> {
-    serde_json::from_slice(body)
-        .map_err(|e| Fault(format!("An error occurred when deserializing the json body of a request: {e}.")))
+    serde_json::from_slice(body).map_err(body_fault)
 }
 
 pub fn handle(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) -> (Reply, Then) {

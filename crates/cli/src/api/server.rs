@@ -69,46 +69,38 @@ impl Server {
 
     /// Serves the socket until the process ends (the thread that runs the machine ends it).
     pub fn serve(self, handler: Handler) -> io::Result<()> {
-        serve(self.listener, &self.runtime, self.limits, handler)
-    }
-}
-
-fn serve(
-    listener: std::os::unix::net::UnixListener,
-    runtime: &tokio::runtime::Runtime,
-    limits: Limits,
-    handler: Handler,
-) -> io::Result<()> {
-    let local = tokio::task::LocalSet::new();
-    local.block_on(runtime, async move {
-        let listener = tokio::net::UnixListener::from_std(listener)?;
-        let open = Rc::new(Cell::new(0usize));
-        let mut refused_logged = false;
-        loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
-                // EMFILE and the like: the next accept may work once connections close.
-                Err(e) => {
-                    tracing::warn!("api: cannot accept a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+        let Server { listener, runtime, limits } = self;
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&runtime, async move {
+            let listener = tokio::net::UnixListener::from_std(listener)?;
+            let open = Rc::new(Cell::new(0usize));
+            let mut refused_logged = false;
+            loop {
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    // EMFILE and the like: the next accept may work once connections close.
+                    Err(e) => {
+                        tracing::warn!("api: cannot accept a connection: {e}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                if open.get() >= limits.max_connections {
+                    if !refused_logged {
+                        tracing::warn!("api: {} connections open; closing new ones", limits.max_connections);
+                        refused_logged = true;
+                    }
                     continue;
                 }
-            };
-            if open.get() >= limits.max_connections {
-                if !refused_logged {
-                    tracing::warn!("api: {} connections open; closing new ones", limits.max_connections);
-                    refused_logged = true;
-                }
-                continue;
+                open.set(open.get() + 1);
+                let (open, handler) = (open.clone(), handler.clone());
+                tokio::task::spawn_local(async move {
+                    connection(stream, limits, handler).await;
+                    open.set(open.get() - 1);
+                });
             }
-            open.set(open.get() + 1);
-            let (open, handler) = (open.clone(), handler.clone());
-            tokio::task::spawn_local(async move {
-                connection(stream, limits, handler).await;
-                open.set(open.get() - 1);
-            });
-        }
-    })
+        })
+    }
 }
 
 /// Serves one connection until the client or hyper ends it.
@@ -122,8 +114,8 @@ where
     });
     let served = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
-        // A client that half-closes (or hangs up) right after its request still has it
-        // executed, as Firecracker executes every whole request it has read.
+        // A client may half-close (socat, `nc -N`) once its request is sent: hyper would
+        // otherwise close the connection on that EOF, mid-request.
         .half_close(true)
         .header_read_timeout(limits.header_timeout)
         .max_buf_size(MAX_HEAD)
