@@ -81,6 +81,7 @@ fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             pci_config_io: args.pci_config_io,
             transport: args.transport.for_cmdline(&args.cmdline),
             ecam: args.ecam,
+            mmio_registers: args.mmio_registers,
             test_devices: args.testdevs,
             test_iommu: args.testdev_iommu,
             nets: args.nets()?,

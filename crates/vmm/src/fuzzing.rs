@@ -251,7 +251,11 @@ pub fn virtio_pci(data: &[u8]) {
 pub fn virtio_mmio(data: &[u8]) {
     use crate::virtio::mmio::WINDOW;
     let Some(mem) = guest_memory(&data[..data.len().min(0x1000)]) else { return };
-    let (transport, _, _) = crate::testing::virtio_mmio_transport(mem);
+    let mode = match data.first() {
+        Some(b) if b & 1 == 1 => crate::virtio::mmio::RegisterMode::Mapped,
+        _ => crate::virtio::mmio::RegisterMode::Trapped,
+    };
+    let (transport, _, _) = crate::testing::virtio_mmio_transport(mem, mode);
     for op in data.get(0x1000..).unwrap_or_default().chunks_exact(12) {
         let size = [1usize, 2, 4, 8][usize::from(op[1] & 3)];
         let offset = (u64::from(u16::from_le_bytes([op[2], op[3]])) % WINDOW).min(WINDOW - size as u64);

@@ -101,3 +101,25 @@ pub mod ioctl_numbers {
     ioctl_io_nr!(KVM_GET_TSC_KHZ, KVMIO, 0xa3);
     ioctl_iow_nr!(KVM_GET_DIRTY_LOG, KVMIO, 0x42, kvm_dirty_log);
 }
+
+/// Something that can add and delete read-only KVM memory slots (the VM; a stand-in in
+/// unit tests): the pages the guest reads without an exit (ECAM, virtio-mmio registers).
+pub trait MemslotSink: Send + Sync {
+    /// Maps `size` bytes at host address `host` read-only at `gpa`; `size` 0 deletes the slot.
+    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, host: u64) -> std::io::Result<()>;
+}
+
+impl MemslotSink for kvm_ioctls::VmFd {
+    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, host: u64) -> std::io::Result<()> {
+        let region = kvm_bindings::kvm_userspace_memory_region {
+            slot,
+            flags: kvm_bindings::KVM_MEM_READONLY,
+            guest_phys_addr: gpa,
+            memory_size: size,
+            userspace_addr: host,
+        };
+        // SAFETY: `host` points into a mapping its owner (EcamShadow, RegisterPage) keeps
+        // until it has deleted the slot.
+        unsafe { self.set_user_memory_region(region) }.map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+    }
+}

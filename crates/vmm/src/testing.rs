@@ -3,9 +3,10 @@
 use crate::ioeventfd::{IoeventfdKey, IoeventfdSink};
 use crate::irq::GsiRouter;
 use crate::irq::{IrqError, IrqLevel, IrqSink, MsiMessage, Route};
-use crate::pci::ecam::{MemslotSink, ShadowError};
+use crate::kvm::MemslotSink;
 use crate::pci::msix::Msix;
-use crate::virtio::mmio::VirtioMmio;
+use crate::virtio::mmio::page::RegisterPage;
+use crate::virtio::mmio::{RegisterMode, VirtioMmio};
 use crate::virtio::pci::VirtioPci;
 use crate::virtio::{ActivateError, Activation, ActiveQueue, VirtioDevice, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -64,7 +65,7 @@ impl IoeventfdSink for FakeKvm {
 }
 
 impl MemslotSink for FakeKvm {
-    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, _host: u64) -> Result<(), ShadowError> {
+    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, _host: u64) -> std::io::Result<()> {
         let mut slots = self.slots.lock().unwrap();
         slots.retain(|s| s.0 != slot);
         if size > 0 {
@@ -120,13 +121,19 @@ pub fn virtio_transport(mem: GuestMemoryMmap) -> (Arc<VirtioPci>, Arc<AtomicU64>
     (Arc::new(transport), activations)
 }
 
-/// A virtio-mmio transport over `mem` around a [`RecordingDevice`], that device's
-/// activation count, and the eventfd its interrupt line writes.
-pub fn virtio_mmio_transport(mem: GuestMemoryMmap) -> (Arc<VirtioMmio>, Arc<AtomicU64>, Arc<EventFd>) {
+/// A virtio-mmio transport over `mem` around a [`RecordingDevice`], its registers served
+/// as `mode` says (a mapped page in a stand-in slot), that device's activation count, and
+/// the eventfd its interrupt line writes.
+pub fn virtio_mmio_transport(
+    mem: GuestMemoryMmap,
+    mode: RegisterMode,
+) -> (Arc<VirtioMmio>, Arc<AtomicU64>, Arc<EventFd>) {
     let device = RecordingDevice::default();
     let activations = device.activations.clone();
     let irqfd = Arc::new(EventFd::new(libc::EFD_NONBLOCK).expect("an eventfd for the line"));
-    let transport = VirtioMmio::new(Box::new(device), mem, irqfd.clone()).expect("eventfds for the kicks");
+    let page = (mode == RegisterMode::Mapped)
+        .then(|| RegisterPage::map(Arc::new(FakeKvm::default()), 0, 0xd000_0000).expect("a page"));
+    let transport = VirtioMmio::new(Box::new(device), mem, irqfd.clone(), page).expect("eventfds for the kicks");
     (Arc::new(transport), activations, irqfd)
 }
 

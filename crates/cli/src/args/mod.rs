@@ -319,6 +319,11 @@ pub struct RunArgs {
     /// come from read-only memory, writes exit).
     #[arg(long, default_value = "mapped", value_parser = parse_ecam)]
     pub ecam: exitless_vmm::pci::EcamMode,
+    /// How virtio-mmio register windows are served: `trap` (every access exits, as in
+    /// Firecracker) or `mapped` (reads come from read-only memory, writes exit unless an
+    /// ioeventfd takes them; where the host's KVM allows it, else trap).
+    #[arg(long, default_value = "mapped", value_parser = parse_mmio_registers)]
+    pub mmio_registers: exitless_vmm::virtio::mmio::RegisterMode,
     /// A virtio-net device on tap NAME (created if missing), e.g. `tap=tap0,mac=52:54:00:12:34:56`;
     /// repeatable, one device (and device thread) each. Without `mac`, the n-th NIC gets
     /// 52:54:00:e1:e5:0n.
@@ -471,6 +476,14 @@ pub(super) fn parse_on_off(s: &str) -> Result<bool, String> {
         "on" => Ok(true),
         "off" => Ok(false),
         _ => Err(format!("'{s}' is not on or off")),
+    }
+}
+
+fn parse_mmio_registers(s: &str) -> Result<exitless_vmm::virtio::mmio::RegisterMode, String> {
+    match s {
+        "trap" => Ok(exitless_vmm::virtio::mmio::RegisterMode::Trapped),
+        "mapped" => Ok(exitless_vmm::virtio::mmio::RegisterMode::Mapped),
+        _ => Err(format!("'{s}' is not trap or mapped")),
     }
 }
 

@@ -21,6 +21,7 @@ use crate::pci::cf8::{Cf8Device, CF8_LEN, CF8_PORT};
 use crate::pci::ecam::{EcamShadow, ECAM_SIZE, SHADOW_MAX_SLOTS};
 use crate::pci::ecam_device::EcamDevice;
 use crate::pci::{BarSpec, EcamMode, PciError, PciFunction, PciRoot};
+use crate::virtio::mmio::RegisterMode;
 use kvm_ioctls::VmFd;
 use std::sync::Arc;
 use vm_memory::GuestMemoryMmap;
@@ -146,6 +147,8 @@ pub struct BarRequest {
 pub struct DeviceManagerConfig {
     pub ioeventfd_limits: IoeventfdLimits,
     pub ecam: EcamMode,
+    /// How virtio-mmio register windows are served (mapped only where the host allows).
+    pub mmio_registers: RegisterMode,
     /// Whether 0xCF8/0xCFC config access exists (see `MachineConfig`).
     pub pci_config_io: bool,
     /// The transport virtio devices are attached over.
@@ -164,6 +167,7 @@ pub struct DeviceManager {
     bus_names: Vec<String>,
     devices: Vec<Device>,
     transport: TransportKind,
+    mmio_registers: RegisterMode,
 }
 
 impl DeviceManager {
@@ -194,6 +198,7 @@ impl DeviceManager {
             bus_names: Vec::new(),
             devices: Vec::new(),
             transport: config.transport,
+            mmio_registers: config.mmio_registers,
         };
         if config.pci_config_io {
             let cf8 = Arc::new(Cf8Device::new(&pci));

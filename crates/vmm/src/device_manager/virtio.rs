@@ -9,7 +9,8 @@ use crate::pci::msix::Msix;
 use crate::poll::PollMode;
 use crate::rate_limiter::{LimiterSlot, Limits};
 use crate::virtio::blk::{BlkStats, DiskSlot, DriveConfig, VirtioBlk};
-use crate::virtio::mmio::VirtioMmio;
+use crate::virtio::mmio::page::RegisterPage;
+use crate::virtio::mmio::{RegisterMode, VirtioMmio};
 use crate::virtio::net::{NetStats, TxMode, VirtioNet};
 use crate::virtio::pci::{TransportState, VirtioPci};
 use crate::virtio::rng::{RngStats, VirtioRng};
@@ -171,7 +172,8 @@ impl DeviceManager {
 
     /// Over MMIO, as Firecracker places them: the next 4 KiB window after the boot timer's
     /// page, the next free interrupt line (an irqfd on its GSI), and one ioeventfd per
-    /// queue on QueueNotify.
+    /// queue on QueueNotify; when mapped, the window's read-only page in a memory slot of
+    /// its own, and the ioeventfd on InterruptACK.
     fn attach_virtio_mmio(
         &mut self,
         name: &str,
@@ -188,7 +190,14 @@ impl DeviceManager {
             what: "KVM_IRQFD",
             source,
         })?;
-        let transport = Arc::new(VirtioMmio::new(device, self.memory.clone(), irqfd).map_err(setup)?);
+        let page = match self.mmio_registers {
+            RegisterMode::Mapped => {
+                let slot = self.allocators.memslots(1)?.start;
+                Some(RegisterPage::map(self.vm.clone(), slot, base).map_err(setup)?)
+            }
+            RegisterMode::Trapped => None,
+        };
+        let transport = Arc::new(VirtioMmio::new(device, self.memory.clone(), irqfd, page).map_err(setup)?);
         for (key, fd) in transport.notify_ioeventfds().map_err(setup)? {
             let at = crate::ioeventfd::IoeventfdKey { addr: base + key.addr, ..key };
             self.ioeventfds.register(at, &fd)?;

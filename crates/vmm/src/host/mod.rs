@@ -12,6 +12,7 @@
 pub mod cpuid;
 pub mod emulate;
 pub mod nested_exits;
+pub mod readonly_probe;
 
 pub use nested_exits::NestedExits;
 

@@ -41,6 +41,8 @@ pub struct DeviceConfig {
     pub ioeventfd_limits: IoeventfdLimits,
     /// How the ECAM window is served.
     pub ecam: EcamMode,
+    /// How virtio-mmio register windows are served.
+    pub mmio_registers: crate::virtio::mmio::RegisterMode,
     /// Whether 0xCF8/0xCFC config access exists. Without it Linux's type-1 probe fails and
     /// it reads all of config space through ECAM (MCFG), as crosvm's
     /// `--break-linux-pci-config-io` arranges.
@@ -115,6 +117,7 @@ impl Default for DeviceConfig {
             serial_in: None,
             ioeventfd_limits: IoeventfdLimits::default(),
             ecam: EcamMode::Mapped,
+            mmio_registers: Default::default(),
             pci_config_io: true,
             transport: Default::default(),
             nets: Vec::new(),

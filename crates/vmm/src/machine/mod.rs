@@ -199,6 +199,7 @@ impl Machine {
         let dm_config = DeviceManagerConfig {
             ioeventfd_limits: d.ioeventfd_limits,
             ecam: d.ecam,
+            mmio_registers: d.mmio_registers,
             pci_config_io: d.pci_config_io,
             transport: d.transport,
         };

@@ -8,8 +8,7 @@
 
 use super::config::CONFIG_SIZE;
 use super::FUNCTIONS;
-use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_READONLY};
-use kvm_ioctls::VmFd;
+use crate::kvm::MemslotSink;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
 use vm_memory::mmap::MmapRegion;
@@ -47,28 +46,6 @@ pub enum ShadowError {
     },
     #[error("the ECAM shadow needs more than its {0} memory slots")]
     OutOfSlots(usize),
-}
-
-/// Something that can add and delete KVM memory slots (the VM; a stand-in in unit tests).
-pub trait MemslotSink: Send + Sync {
-    /// `size` 0 deletes the slot.
-    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, host: u64) -> Result<(), ShadowError>;
-}
-
-impl MemslotSink for VmFd {
-    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, host: u64) -> Result<(), ShadowError> {
-        let region = kvm_userspace_memory_region {
-            slot,
-            flags: KVM_MEM_READONLY,
-            guest_phys_addr: gpa,
-            memory_size: size,
-            userspace_addr: host,
-        };
-        // SAFETY: `host` points into the EcamShadow's mapping, which deletes its slots
-        // before the mapping goes away.
-        unsafe { self.set_user_memory_region(region) }
-            .map_err(|e| ShadowError::Slot { slot, source: std::io::Error::from_raw_os_error(e.errno()) })
-    }
 }
 
 /// The pages behind the mapped ECAM window.
@@ -143,7 +120,9 @@ impl EcamShadow {
             }
             let offset = (start * CONFIG_SIZE) as u64;
             let size = ((page - start) * CONFIG_SIZE) as u64;
-            self.sink.set_readonly_slot(slot, self.gpa + offset, size, self.pages.as_ptr() as u64 + offset)?;
+            self.sink
+                .set_readonly_slot(slot, self.gpa + offset, size, self.pages.as_ptr() as u64 + offset)
+                .map_err(|source| ShadowError::Slot { slot, source })?;
             self.slots.push((slot, start, page - start));
         }
         Ok(())
@@ -153,7 +132,9 @@ impl EcamShadow {
     pub fn unmap(&mut self) -> Result<(), ShadowError> {
         while let Some((slot, start, _)) = self.slots.pop() {
             let offset = (start * CONFIG_SIZE) as u64;
-            self.sink.set_readonly_slot(slot, self.gpa + offset, 0, self.pages.as_ptr() as u64 + offset)?;
+            self.sink
+                .set_readonly_slot(slot, self.gpa + offset, 0, self.pages.as_ptr() as u64 + offset)
+                .map_err(|source| ShadowError::Slot { slot, source })?;
         }
         Ok(())
     }

@@ -32,6 +32,10 @@ pub const STATUS_FEATURES_OK: u8 = 8;
 pub const STATUS_NEEDS_RESET: u8 = 0x40;
 pub const STATUS_FAILED: u8 = 0x80;
 
+/// The ISR's bits: a used buffer, a configuration change (virtio 1.2 4.1.4.5, 4.2.2).
+pub const ISR_QUEUE: u8 = 1;
+pub const ISR_CONFIG: u8 = 2;
+
 /// "No MSI-X vector" in queue_msix_vector and msix_config.
 pub const NO_VECTOR: u16 = 0xffff;
 
@@ -172,23 +176,32 @@ pub struct Interrupt {
 pub enum Delivery {
     /// PCI: the queue's or the configuration's MSI-X vector.
     Msix { msix: Arc<Mutex<Msix>>, queue_vectors: Vec<u16>, config_vector: u16 },
-    /// MMIO: the device's one line, an irqfd on its GSI (edge: one interrupt per write).
-    Line(Arc<EventFd>),
+    /// MMIO: the device's one line, an irqfd on its GSI (edge: one interrupt per write),
+    /// and the register page that shows InterruptStatus without an exit, if mapped.
+    Line { irqfd: Arc<EventFd>, mirror: Option<(Arc<dyn InterruptMirror>, Arc<DeviceStatus>)> },
+}
+
+/// Where a transport shows InterruptStatus (and the device status) to the driver without
+/// an exit: virtio-mmio's read-only register page.
+pub trait InterruptMirror: Send + Sync {
+    /// `bits` were set in the ISR: shown before the interrupt goes out, so the driver's read
+    /// on it sees why, with the device status (a device thread may have just raised
+    /// NEEDS_RESET).
+    fn raise(&self, bits: u8, status: u8);
 }
 
 impl Interrupt {
     pub fn signal_queue(&self, queue: usize) {
-        self.isr.fetch_or(1, Ordering::AcqRel);
-        self.signal(Some(queue));
+        self.signal(Some(queue), ISR_QUEUE);
     }
 
     pub fn signal_config(&self) {
-        self.isr.fetch_or(2, Ordering::AcqRel);
-        self.signal(None);
+        self.signal(None, ISR_CONFIG);
     }
 
-    /// Queue `queue`'s interrupt, or the configuration's.
-    fn signal(&self, queue: Option<usize>) {
+    /// Queue `queue`'s interrupt, or the configuration's, for ISR bit `bit`.
+    fn signal(&self, queue: Option<usize>, bit: u8) {
+        self.isr.fetch_or(bit, Ordering::AcqRel);
         self.signalled.fetch_add(1, Ordering::Relaxed);
         match &self.delivery {
             Delivery::Msix { msix, queue_vectors, config_vector } => {
@@ -200,7 +213,10 @@ impl Interrupt {
                     crate::sync::lock(msix).trigger(vector);
                 }
             }
-            Delivery::Line(irqfd) => {
+            Delivery::Line { irqfd, mirror } => {
+                if let Some((mirror, status)) = mirror {
+                    mirror.raise(bit, status.get());
+                }
                 if let Err(e) = irqfd.write(1) {
                     tracing::warn!("virtio: cannot raise the device's interrupt line: {e}");
                 }

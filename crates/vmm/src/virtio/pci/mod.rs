@@ -88,7 +88,7 @@ pub struct VirtioPci {
 impl VirtioPci {
     pub fn new(device: Box<dyn VirtioDevice>, mem: GuestMemoryMmap, msix: Msix) -> std::io::Result<Self> {
         let msix = Arc::new(Mutex::new(msix));
-        let core = Core::new(device, mem, Lines::Msix(msix.clone()))?;
+        let core = Core::new(device, mem, Lines::Msix(msix.clone()), None)?;
         Ok(VirtioPci { core, msix, msix_cap: Mutex::new(0), pci_cfg_cap: Mutex::new(0) })
     }
 

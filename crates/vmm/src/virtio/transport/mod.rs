@@ -5,7 +5,8 @@
 //! and the [`Link`] beside it, the parts device threads and interrupt paths reach without
 //! the lock.
 
-use super::{ActivateError, Activation, ActiveQueue, DeviceStatus, Interrupt, QueuePosition, VirtioDevice, NO_VECTOR};
+use super::{ActivateError, Activation, ActiveQueue, DeviceStatus, Interrupt, InterruptMirror, QueuePosition};
+use super::{VirtioDevice, NO_VECTOR};
 use super::{STATUS_DRIVER_OK, STATUS_FEATURES_OK, STATUS_NEEDS_RESET, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use crate::pci::msix::Msix;
 use std::sync::atomic::{AtomicU64, AtomicU8};
@@ -42,9 +43,18 @@ pub enum Lines {
     Line(Arc<EventFd>),
 }
 
+/// Where the transport's registers are shown to the driver without an exit (virtio-mmio's
+/// read-only register page): refreshed, with the transport locked, after anything the
+/// driver, the API or a restore changed, before the vCPU resumes or an interrupt goes out.
+pub trait Mirror: InterruptMirror {
+    fn refresh(&self, t: &Transport, link: &Link);
+}
+
 /// The transport's parts that live outside its lock.
 pub struct Link {
     pub status: Arc<DeviceStatus>,
+    /// The registers' read-only mirror, if the transport has one.
+    pub mirror: Option<Arc<dyn Mirror>>,
     /// The interrupt of the running device (None before DRIVER_OK and after a reset).
     pub interrupt: Mutex<Option<Arc<Interrupt>>>,
     /// Each queue's notification eventfd (an ioeventfd where the guest kicks).
@@ -53,9 +63,16 @@ pub struct Link {
 }
 
 impl Link {
-    pub fn new(queues: usize, lines: Lines) -> std::io::Result<Self> {
+    pub fn new(queues: usize, lines: Lines, mirror: Option<Arc<dyn Mirror>>) -> std::io::Result<Self> {
         let kicks = (0..queues).map(|_| EventFd::new(libc::EFD_NONBLOCK).map(Arc::new)).collect::<Result<_, _>>()?;
-        Ok(Link { status: Arc::default(), interrupt: Mutex::new(None), kicks, lines })
+        Ok(Link { status: Arc::default(), mirror, interrupt: Mutex::new(None), kicks, lines })
+    }
+
+    /// Shows `t` on the mirror, if any (`t` is this link's transport, locked).
+    pub fn refresh(&self, t: &Transport) {
+        if let Some(mirror) = &self.mirror {
+            mirror.refresh(t, self);
+        }
     }
 
     /// Interrupts the device has asked for since activation.
@@ -74,9 +91,15 @@ pub struct Core {
 }
 
 impl Core {
-    pub fn new(device: Box<dyn VirtioDevice>, mem: GuestMemoryMmap, lines: Lines) -> std::io::Result<Core> {
+    pub fn new(
+        device: Box<dyn VirtioDevice>,
+        mem: GuestMemoryMmap,
+        lines: Lines,
+        mirror: Option<Arc<dyn Mirror>>,
+    ) -> std::io::Result<Core> {
         let state = Transport::new(device, mem);
-        let link = Link::new(state.queues.len(), lines)?;
+        let link = Link::new(state.queues.len(), lines, mirror)?;
+        link.refresh(&state);
         Ok(Core { state: Mutex::new(state), link })
     }
 
@@ -112,12 +135,17 @@ impl Core {
     /// Puts a snapshot's state on this transport (with `vectors` MSI-X vectors), built from
     /// the same configuration and never run; [`Core::start_restored`] starts the device.
     pub fn restore(&self, s: &TransportState, vectors: usize) -> Result<(), String> {
-        self.lock().restore(&self.link, s, vectors)
+        let mut t = self.lock();
+        let restored = t.restore(&self.link, s, vectors);
+        self.link.refresh(&t);
+        restored
     }
 
     /// Starts a restored device where its queues stood (nothing if it did not run).
     pub fn start_restored(&self) {
-        self.lock().start_restored(&self.link);
+        let mut t = self.lock();
+        t.start_restored(&self.link);
+        self.link.refresh(&t);
     }
 }
 
@@ -270,7 +298,10 @@ impl Transport {
                     queue_vectors: self.queues.iter().map(|q| q.vector).collect(),
                     config_vector: self.config_vector,
                 },
-                Lines::Line(irqfd) => super::Delivery::Line(irqfd.clone()),
+                Lines::Line(irqfd) => super::Delivery::Line {
+                    irqfd: irqfd.clone(),
+                    mirror: link.mirror.clone().map(|m| (m as Arc<dyn InterruptMirror>, link.status.clone())),
+                },
             },
         });
         *crate::sync::lock(&link.interrupt) = Some(interrupt.clone());
@@ -318,6 +349,7 @@ impl Transport {
     /// a new config_generation, and the configuration-change interrupt if the driver runs it.
     pub fn config_changed(&mut self, link: &Link) {
         self.config_generation = self.config_generation.wrapping_add(1);
+        link.refresh(self);
         if let Some(i) = crate::sync::lock(&link.interrupt).as_ref() {
             i.signal_config();
         }
@@ -331,6 +363,9 @@ impl Transport {
             Ok(()) => {
                 if let Some(i) = crate::sync::lock(&link.interrupt).as_ref() {
                     i.isr.store(isr, std::sync::atomic::Ordering::Release);
+                    if let Some(mirror) = &link.mirror {
+                        mirror.raise(isr, link.status.get());
+                    }
                 }
             }
             Err(e) => self.cannot_start(link, "go on from the snapshot", e),
