@@ -9,7 +9,7 @@
  * first time and ends the run with its CS as the status the second: 8 when the switch to CPL0 happened (by the CPU, or finished by the VMM), 14 when
  * the entry page faulted at CPL3 instead (this nested host, without the VMM's help),
  * 9 = vmcall at CPL0 (KVM answers an unknown hypercall with -1000; this nested host never
- * completes it, which --sample-guest finds). */
+ * completes it, and its host profile answers it the same way). */
 #include "runtime.h"
 
 extern u64 pml4_table __asm__("pml4");

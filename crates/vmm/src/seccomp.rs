@@ -120,6 +120,8 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         // getrandom: std seeds a thread's hash maps with it.
         ThreadKind::Vcpu => &[
             libc::SYS_tgkill,
+            // musl signals a thread with tkill(2), glibc with tgkill(2).
+            libc::SYS_tkill,
             libc::SYS_writev,
             libc::SYS_readv,
             libc::SYS_eventfd2,
@@ -156,6 +158,8 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         // check a descriptor with F_GETFD as they close it.
         ThreadKind::Helper => &[
             libc::SYS_tgkill,
+            // musl signals a thread with tkill(2), glibc with tgkill(2).
+            libc::SYS_tkill,
             libc::SYS_sendto,
             libc::SYS_recvfrom,
             libc::SYS_getsockopt,
@@ -168,7 +172,11 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         ThreadKind::Main => &[
             libc::SYS_unlink,
             libc::SYS_tgkill,
+            // musl signals a thread with tkill(2), glibc with tgkill(2).
+            libc::SYS_tkill,
             libc::SYS_openat,
+            // musl opens with open(2), glibc with openat(2).
+            libc::SYS_open,
             libc::SYS_newfstatat,
             libc::SYS_fstat,
             libc::SYS_statx,
@@ -195,7 +203,11 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_fallocate,
             libc::SYS_fstat,
             libc::SYS_tgkill,
+            // musl signals a thread with tkill(2), glibc with tgkill(2).
+            libc::SYS_tkill,
             libc::SYS_openat,
+            // musl opens with open(2), glibc with openat(2).
+            libc::SYS_open,
             libc::SYS_newfstatat,
             libc::SYS_statx,
             libc::SYS_lseek,
@@ -217,12 +229,16 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_unlink,
             libc::SYS_umount2,
             libc::SYS_openat,
+            // musl opens with open(2), glibc with openat(2).
+            libc::SYS_open,
             libc::SYS_fstat,
             libc::SYS_newfstatat,
             libc::SYS_statx,
             libc::SYS_lseek,
             libc::SYS_rt_sigaction,
             libc::SYS_tgkill,
+            // musl signals a thread with tkill(2), glibc with tgkill(2).
+            libc::SYS_tkill,
         ],
     };
     [COMMON, extra].concat()

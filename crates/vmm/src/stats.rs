@@ -35,10 +35,12 @@ pub enum Completed {
     Syscall,
     /// `sysretq`: back to CPL3 at RCX with R11's flags.
     Sysret,
+    /// `vmcall`/`vmmcall` at CPL0, answered as an unknown hypercall (see nested_exits.rs).
+    Hypercall,
 }
 
 impl Completed {
-    pub const ALL: [Completed; 11] = [
+    pub const ALL: [Completed; 12] = [
         Completed::Int3,
         Completed::IntN,
         Completed::ClacStac,
@@ -50,6 +52,7 @@ impl Completed {
         Completed::SseOnHost,
         Completed::Syscall,
         Completed::Sysret,
+        Completed::Hypercall,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +68,7 @@ impl Completed {
             Completed::SseOnHost => "sse-on-host",
             Completed::Syscall => "syscall-cpl-switch",
             Completed::Sysret => "sysret",
+            Completed::Hypercall => "vmcall",
         }
     }
 }

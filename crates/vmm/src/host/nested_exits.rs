@@ -7,6 +7,9 @@ use crate::stats::{Completed, ExitKind, ExitStats};
 use kvm_ioctls::VcpuFd;
 use vm_memory::GuestMemoryMmap;
 
+/// What KVM answers an unknown hypercall (include/uapi/linux/kvm_para.h).
+const KVM_ENOSYS: i64 = 1000;
+
 /// An exit the nested profile handles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HostExit {
@@ -87,16 +90,27 @@ impl NestedExits {
         }
     }
 
-    /// The instruction at `rip` if it is one this host's KVM re-enters forever at CPL0
-    /// (`vmcall`, `vmmcall`): a guest sampled on it again and again will never get past.
-    pub fn never_completed_at(&self, fd: &VcpuFd, rip: u64) -> Option<&'static str> {
-        let sregs = fd.get_sregs().ok()?;
-        let mut bytes = [0u8; 3];
-        emulate::guest_access(fd, &self.memory, sregs.cs.base.wrapping_add(rip), &mut bytes, false).ok()?;
-        match bytes {
-            [0x0f, 0x01, 0xc1] => Some("vmcall"),
-            [0x0f, 0x01, 0xd9] => Some("vmmcall"),
-            _ => None,
+    /// A kicked vCPU found on a `vmcall` or `vmmcall` at CPL0, which this host's KVM
+    /// re-enters forever, is answered as KVM answers a hypercall it does not know (RAX =
+    /// -KVM_ENOSYS) and moved past it: the guest goes on (a Linux driver probing a PV
+    /// feature, the KVM PTP clock, gives up instead of hanging its boot). True if it was.
+    pub fn answer_hypercall(&self, fd: &VcpuFd, regs: &kvm_bindings::kvm_regs, stats: &mut ExitStats) -> bool {
+        let Ok(sregs) = fd.get_sregs() else { return false };
+        if sregs.cs.dpl != 0 {
+            return false;
         }
+        let mut bytes = [0u8; 3];
+        if emulate::guest_access(fd, &self.memory, sregs.cs.base.wrapping_add(regs.rip), &mut bytes, false).is_err() {
+            return false;
+        }
+        if !matches!(bytes, [0x0f, 0x01, 0xc1] | [0x0f, 0x01, 0xd9]) {
+            return false;
+        }
+        let answered = kvm_bindings::kvm_regs { rax: (-KVM_ENOSYS) as u64, rip: regs.rip.wrapping_add(3), ..*regs };
+        if fd.set_regs(&answered).is_err() {
+            return false;
+        }
+        stats.completed[Completed::Hypercall as usize] += 1;
+        true
     }
 }

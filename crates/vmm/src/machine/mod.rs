@@ -12,6 +12,10 @@ use crate::vcpu::samples::GuestSamples;
 use crate::vcpu::{Vcpu, VcpuError};
 use crate::virtio::blk::BlkCounters;
 use crate::virtio::net::NetCounters;
+
+/// How often a nested host's vCPUs are kicked to look for a vmcall KVM left undone: the
+/// most a guest's hypercall waits for its answer.
+const HYPERCALL_WATCH: std::time::Duration = std::time::Duration::from_millis(200);
 use crate::{acpi, kvm};
 use kvm_bindings::{kvm_pit_config, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VmFd};
@@ -420,7 +424,13 @@ impl Machine {
             true => crate::seccomp::confine(crate::seccomp::ThreadKind::Main),
             false => Ok(()),
         };
-        let outcome = threads.wait(timeout, self.run.sample_every);
+        // A nested host's KVM never completes a CPL0 vmcall: its vCPUs are kicked now and
+        // then, so that one found on a vmcall is answered (NestedExits::answer_hypercall).
+        let kick_every = match self.run.sample_every {
+            None if self.host.nested() => Some(HYPERCALL_WATCH),
+            asked => asked,
+        };
+        let outcome = threads.wait(timeout, kick_every);
         self.drain_console();
         let mut stats = ExitStats::new(self.devices.bus_names().len());
         for s in &outcome.stats {
@@ -438,7 +448,9 @@ impl Machine {
             None
         };
         let mut report = self.report(stats, outcome.stats);
-        report.samples = outcome.samples;
+        if self.run.sample_every.is_some() {
+            report.samples = outcome.samples;
+        }
         Ok((report, error))
     }
 

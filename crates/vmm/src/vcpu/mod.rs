@@ -183,10 +183,6 @@ impl From<Result<VcpuExit<'_>, kvm_ioctls::Error>> for RareExit {
     }
 }
 
-/// Samples in a row on one `vmcall` after which a sampled vCPU is declared stuck (2 s at
-/// `--sample-guest 10`).
-const STUCK_SAMPLES: u32 = 20;
-
 /// One virtual CPU and its exit handler.
 pub struct Vcpu {
     id: u8,
@@ -475,15 +471,11 @@ impl Vcpu {
                 // A kick with neither stop nor pause raised is the sampler's.
                 if !self.control.needs_attention() {
                     if let Ok(regs) = self.fd.get_regs() {
-                        if self.samples.record(regs.rip) == STUCK_SAMPLES {
-                            let never = self.nested.as_ref().and_then(|n| n.never_completed_at(&self.fd, regs.rip));
-                            if let Some(what) = never {
-                                return Err(self.fault(&format!(
-                                    "stuck on `{what}` for {STUCK_SAMPLES} samples in a row: this host's KVM never \
-                                     completes it at CPL0 (the vCPU re-enters it forever)"
-                                )));
-                            }
+                        let stats = &mut self.exits.stats;
+                        if self.nested.as_ref().is_some_and(|n| n.answer_hypercall(&self.fd, &regs, stats)) {
+                            return Ok(ExitKind::Intr);
                         }
+                        self.samples.record(regs.rip);
                         if let Some(watch) = &mut self.stuck {
                             // Halted, or waiting for INIT/SIPI: idle, not spinning.
                             let running = self.fd.get_mp_state().map_or(true, |s| s.mp_state == KVM_MP_STATE_RUNNABLE);
