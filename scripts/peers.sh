@@ -5,8 +5,9 @@
 #   scripts/peers.sh [OUT_DIR]      (default ~/.cache/exitless/peers)
 #
 # Sources come from git URLs (FIRECRACKER_GIT, CLOUD_HYPERVISOR_GIT, MICRO_HTTP_GIT; local
-# mirrors work). Prints each binary's path and version; `exitless bench peers` takes them
-# with --firecracker and --cloud-hypervisor.
+# mirrors work). PEERS (default "firecracker cloud-hypervisor") names which to build.
+# Prints each binary's path and version; `exitless bench peers` takes them with
+# --firecracker and --cloud-hypervisor.
 set -euo pipefail
 
 FIRECRACKER_TAG=${FIRECRACKER_TAG:-v1.16.1}
@@ -15,6 +16,7 @@ FIRECRACKER_GIT=${FIRECRACKER_GIT:-https://github.com/firecracker-microvm/firecr
 CLOUD_HYPERVISOR_GIT=${CLOUD_HYPERVISOR_GIT:-https://github.com/cloud-hypervisor/cloud-hypervisor}
 MICRO_HTTP_GIT=${MICRO_HTTP_GIT:-https://github.com/firecracker-microvm/micro-http}
 RUST_VMM_CI_GIT=${RUST_VMM_CI_GIT:-https://github.com/rust-vmm/rust-vmm-ci}
+PEERS=${PEERS:-firecracker cloud-hypervisor}
 out=${1:-$HOME/.cache/exitless/peers}
 mkdir -p "$out"
 src=$out/src
@@ -56,17 +58,20 @@ checkout() { # URL TAG DIR
   git -C "$3" checkout -q -f "$2"
 }
 
-checkout "$FIRECRACKER_GIT" "$FIRECRACKER_TAG" "$src/firecracker"
-echo "peers: building Firecracker $FIRECRACKER_TAG (musl)" >&2
-# musl-gcc carries no kernel headers; Debian's (linux-libc-dev) serve for the few C files.
-export CFLAGS_x86_64_unknown_linux_musl="-idirafter /usr/include -idirafter /usr/include/x86_64-linux-gnu"
-(cd "$src/firecracker" && CARGO_TARGET_DIR=target cargo build -q --release --target x86_64-unknown-linux-musl -p firecracker)
-cp "$src/firecracker/target/x86_64-unknown-linux-musl/release/firecracker" "$out/firecracker"
+if [[ " $PEERS " == *" firecracker "* ]]; then
+  checkout "$FIRECRACKER_GIT" "$FIRECRACKER_TAG" "$src/firecracker"
+  echo "peers: building Firecracker $FIRECRACKER_TAG (musl)" >&2
+  # musl-gcc carries no kernel headers; Debian's (linux-libc-dev) serve for the few C files.
+  export CFLAGS_x86_64_unknown_linux_musl="-idirafter /usr/include -idirafter /usr/include/x86_64-linux-gnu"
+  (cd "$src/firecracker" && CARGO_TARGET_DIR=target cargo build -q --release --target x86_64-unknown-linux-musl -p firecracker)
+  cp "$src/firecracker/target/x86_64-unknown-linux-musl/release/firecracker" "$out/firecracker"
+  echo "$out/firecracker: $("$out/firecracker" --version | head -1)"
+fi
 
-checkout "$CLOUD_HYPERVISOR_GIT" "$CLOUD_HYPERVISOR_TAG" "$src/cloud-hypervisor"
-echo "peers: building Cloud Hypervisor $CLOUD_HYPERVISOR_TAG" >&2
-(cd "$src/cloud-hypervisor" && CARGO_TARGET_DIR=target cargo build -q --release --bin cloud-hypervisor)
-cp "$src/cloud-hypervisor/target/release/cloud-hypervisor" "$out/cloud-hypervisor"
-
-echo "$out/firecracker: $("$out/firecracker" --version | head -1)"
-echo "$out/cloud-hypervisor: $("$out/cloud-hypervisor" --version | head -1)"
+if [[ " $PEERS " == *" cloud-hypervisor "* ]]; then
+  checkout "$CLOUD_HYPERVISOR_GIT" "$CLOUD_HYPERVISOR_TAG" "$src/cloud-hypervisor"
+  echo "peers: building Cloud Hypervisor $CLOUD_HYPERVISOR_TAG" >&2
+  (cd "$src/cloud-hypervisor" && CARGO_TARGET_DIR=target cargo build -q --release --bin cloud-hypervisor)
+  cp "$src/cloud-hypervisor/target/release/cloud-hypervisor" "$out/cloud-hypervisor"
+  echo "$out/cloud-hypervisor: $("$out/cloud-hypervisor" --version | head -1)"
+fi

@@ -29,17 +29,32 @@ fn peers_measures_exitless_and_skips_missing_peers() {
     // Three at once take longer than one, and share their binary's pages.
     assert!(me["fleet_all_running_ms"].as_f64().unwrap() > ready, "{me}");
     assert!(me["fleet_pss_kib"].as_f64().unwrap() < me["fleet_rss_kib"].as_f64().unwrap(), "{me}");
-    // The payloads ran on exitless's own devices, every block verified.
-    assert!(me["blk_randread_4k_qd32_iops"].as_f64().unwrap() > 0.0, "{me}");
-    assert!(me["nettx_64k_gbps"].as_f64().unwrap() > 0.0, "{me}");
-    assert!(me["nettx_64k_gbps_per_cpu_s"].as_f64().unwrap() > 0.0, "{me}");
+    // The payloads ran on exitless's own devices over both transports, every block
+    // verified, and each request's userspace exits counted from Firecracker's metrics.
+    for t in ["mmio", "pci"] {
+        assert!(me[format!("blk_randread_4k_qd32_iops_{t}")].as_f64().unwrap() > 0.0, "{me}");
+        assert!(me[format!("nettx_64k_gbps_{t}")].as_f64().unwrap() > 0.0, "{me}");
+        assert!(me[format!("nettx_64k_gbps_per_cpu_s_{t}")].as_f64().unwrap() > 0.0, "{me}");
+    }
+    let rows = json["io_rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "blkbench and nettx on each transport: {json}");
+    for row in rows {
+        let exits = row["userspace_exits_per_request"].as_f64().unwrap();
+        // Kicks are ioeventfds on both transports: what exits is setup and the console.
+        assert!(exits < 0.5, "{row}");
+        assert!(row["transport"] == "mmio" || row["transport"] == "pci", "{row}");
+    }
     let chart = std::fs::read_to_string(&svg).unwrap();
     assert!(chart.starts_with("<svg") && chart.contains("\nexitless\n"), "{chart}");
     assert!(json["vmms"].get("firecracker").is_none(), "{json}");
     let targets = json["targets"].as_array().unwrap();
-    assert_eq!(targets.len(), 5, "{json}");
-    assert!(targets[0]["met"].is_null(), "no Firecracker: skipped, not met: {json}");
-    assert!(targets[4]["met"].is_null(), "no peer: skipped, not met: {json}");
+    let target = |name: &str| targets.iter().find(|t| t["target"].as_str().unwrap().starts_with(name)).unwrap();
+    assert!(target("spawn to first line")["met"].is_null(), "no Firecracker: skipped, not met: {json}");
+    for t in ["mmio", "pci"] {
+        let fewer = target(&format!("blkbench userspace exits per request over {t}"));
+        assert!(fewer["met"].is_null(), "no Firecracker: skipped, not met: {json}");
+    }
+    assert!(target("nettx 64K Gb/s per VMM CPU-second over pci")["met"].is_null(), "no peer: {json}");
     let out = exitless(&["bench", "peers", "--firecracker", "/nonexistent/firecracker"]);
     assert!(!out.status.success());
     assert_eq!(stderr(&out).trim().lines().count(), 1, "one line: {}", stderr(&out));

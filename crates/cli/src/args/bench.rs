@@ -181,6 +181,24 @@ pub struct PeersArgs {
     /// Seconds of each I/O run, blkbench and nettx (0: no I/O rows).
     #[arg(long, default_value_t = 2.0, value_parser = parse_seconds_or_zero)]
     pub io_seconds: f64,
+    /// The virtio transport of the I/O rows: `mmio` (Firecracker's default), `pci`
+    /// (Firecracker's `--enable-pci`, Cloud Hypervisor's only), or `both`.
+    #[arg(long, default_value = "both", value_parser = parse_peer_transports)]
+    pub transport: PeerTransports,
+}
+
+/// `bench peers --transport`: the transports of the I/O rows, in order.
+#[derive(Clone, Debug)]
+pub struct PeerTransports(pub Vec<exitless_lab::peers::Transport>);
+
+fn parse_peer_transports(s: &str) -> Result<PeerTransports, String> {
+    use exitless_lab::peers::Transport;
+    match s {
+        "mmio" => Ok(PeerTransports(vec![Transport::Mmio])),
+        "pci" => Ok(PeerTransports(vec![Transport::Pci])),
+        "both" => Ok(PeerTransports(vec![Transport::Mmio, Transport::Pci])),
+        _ => Err(format!("'{s}' is not mmio, pci or both")),
+    }
 }
 
 #[derive(Args)]

@@ -75,6 +75,7 @@ fn peers(a: &PeersArgs) -> Result<(), Box<dyn std::error::Error>> {
         timeout: std::time::Duration::from_secs_f64(a.timeout + a.io_seconds),
         fleet: a.fleet,
         io_seconds: a.io_seconds,
+        transports: a.transport.0.clone(),
     };
     let outputs = exitless_lab::report::Outputs { json: a.json.clone(), svg: a.svg.clone() };
     outputs.check()?;

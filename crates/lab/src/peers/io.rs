@@ -5,8 +5,8 @@
 //! throughout under every VMM (no VMM's idle device is used), so the guest's side is the
 //! same and the VMM's is what differs.
 
-use super::launch::{launch, Guest};
-use super::{Options, Vmm};
+use super::launch::{launch, Guest, Running};
+use super::{Options, Transport, Vmm};
 use crate::blk::pattern;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -22,6 +22,10 @@ pub struct IoSample {
     /// CPU seconds of the VMM's threads that do not run the guest.
     pub vmm_cpu_s: f64,
     pub seconds: f64,
+    pub transport: Transport,
+    /// The guest's userspace exits (port and MMIO) per request or frame, over the whole
+    /// run (its setup included), where the VMM writes Firecracker's metrics.
+    pub exits_per_request: Option<f64>,
 }
 
 impl IoSample {
@@ -56,18 +60,42 @@ fn params(values: &[u64]) -> String {
     format!("exitless.params={}", list.join(","))
 }
 
-/// blkbench randread 4 KiB at depth 32 for `opts.io_seconds`, on `disk`.
-pub fn blk(vmm: Vmm, exe: &Path, dir: &Path, disk: &Path, opts: &Options, tsc_khz: u64) -> Result<IoSample, String> {
+/// Where `vmm` writes its metrics for a `what` run over `transport` (None: Cloud Hypervisor,
+/// which has no such file).
+fn metrics_path(vmm: Vmm, dir: &Path, what: &str, transport: Transport) -> Option<PathBuf> {
+    (vmm != Vmm::CloudHypervisor).then(|| dir.join(format!("{}-{what}-{}.metrics", vmm.name(), transport.name())))
+}
+
+/// The run's userspace exits per request, from its metrics file if it has one.
+fn exits_per(vm: &mut Running, metrics: &Option<PathBuf>, requests: u64) -> Result<Option<f64>, String> {
+    let Some(path) = metrics else { return Ok(None) };
+    Ok(Some(vm.userspace_exits(path)? as f64 / requests.max(1) as f64))
+}
+
+/// blkbench randread 4 KiB at depth 32 for `opts.io_seconds`, on `disk`, over `transport`.
+pub fn blk(
+    vmm: Vmm,
+    exe: &Path,
+    dir: &Path,
+    disk: &Path,
+    opts: &Options,
+    tsc_khz: u64,
+    transport: Transport,
+) -> Result<IoSample, String> {
     let ms = (opts.io_seconds * 1e3) as u64;
     // workload 0 (randread), 4096 bytes, depth 32, no request limit, the time limit, TSC
-    // kHz, stamp 1, seed 42, no flush, and a poll time longer than the run: never sleep.
-    let cmdline = params(&[0, 4096, QD, u64::MAX >> 1, ms, tsc_khz, 1, 42, 0, 10_000_000]);
+    // kHz, stamp 1, seed 42, a FLUSH after the result line and then stay up (a VMM whose
+    // guest stops ends, and its metrics with it), and a poll time longer than the run:
+    // never sleep.
+    let cmdline = params(&[0, 4096, QD, u64::MAX >> 1, ms, tsc_khz, 1, 42, 2, 10_000_000]);
     let guest = Guest {
         kernel: payload(dir, "blkbench")?,
         cmdline: Some(cmdline),
         disk: Some(disk.to_path_buf()),
         tap: None,
         mem_mib: opts.mem_mib,
+        transport,
+        metrics: metrics_path(vmm, dir, "blk", transport),
     };
     let mut vm = launch(vmm, exe, &dir.join(format!("{}-blk.sock", vmm.name())), &guest, opts.timeout)?;
     let line = vm.wait_for("blkbench: randread")?;
@@ -76,11 +104,20 @@ pub fn blk(vmm: Vmm, exe: &Path, dir: &Path, disk: &Path, opts: &Options, tsc_kh
     if !line.contains(" 0 failed, 0 bad sectors") {
         return Err(format!("the guest saw errors: {}", line.trim()));
     }
-    Ok(sample(requests, 4096, cycles, tsc_khz, cpu))
+    let exits = exits_per(&mut vm, &guest.metrics, requests)?;
+    Ok(IoSample { transport, exits_per_request: exits, ..sample(requests, 4096, cycles, tsc_khz, cpu) })
 }
 
-/// nettx 64 KiB frames for `opts.io_seconds` through `tap`.
-pub fn net(vmm: Vmm, exe: &Path, dir: &Path, tap: &str, opts: &Options, tsc_khz: u64) -> Result<IoSample, String> {
+/// nettx 64 KiB frames for `opts.io_seconds` through `tap`, over `transport`.
+pub fn net(
+    vmm: Vmm,
+    exe: &Path,
+    dir: &Path,
+    tap: &str,
+    opts: &Options,
+    tsc_khz: u64,
+    transport: Transport,
+) -> Result<IoSample, String> {
     let ms = (opts.io_seconds * 1e3) as u64;
     // frame size, no frame limit, the time limit, TSC kHz, poll a full ring, and stay up
     // after the result line (a VMM whose guest stops ends, and its CPU time with it).
@@ -91,13 +128,16 @@ pub fn net(vmm: Vmm, exe: &Path, dir: &Path, tap: &str, opts: &Options, tsc_khz:
         disk: None,
         tap: Some(tap.to_string()),
         mem_mib: opts.mem_mib,
+        transport,
+        metrics: metrics_path(vmm, dir, "net", transport),
     };
     let mut vm = launch(vmm, exe, &dir.join(format!("{}-net.sock", vmm.name())), &guest, opts.timeout)?;
     let line = vm.wait_for("nettx: ")?;
     let cpu = vm.cpu_outside_vcpus();
     let (frames, cycles) =
         word_before(&line, "frames").zip(word_after(&line, "in")).ok_or_else(|| format!("unexpected line {line:?}"))?;
-    Ok(sample(frames, NET_FRAME, cycles, tsc_khz, cpu))
+    let exits = exits_per(&mut vm, &guest.metrics, frames)?;
+    Ok(IoSample { transport, exits_per_request: exits, ..sample(frames, NET_FRAME, cycles, tsc_khz, cpu) })
 }
 
 /// "nettx: N frames of S bytes in C cycles": the number just before or after `word`.
@@ -120,6 +160,8 @@ fn sample(n: u64, bytes: u64, cycles: u64, tsc_khz: u64, cpu: Duration) -> IoSam
         bytes_per_second: (n * bytes) as f64 / seconds,
         vmm_cpu_s: cpu.as_secs_f64(),
         seconds,
+        transport: Transport::Pci,
+        exits_per_request: None,
     }
 }
 

@@ -1,7 +1,7 @@
 //! One VMM process with one guest: spawned, configured and booted through its own API the
 //! way its users drive it, read from its console, measured, and killed when dropped.
 
-use super::Vmm;
+use super::{Transport, Vmm};
 use crate::api_client::{expect_ok, listening};
 use serde_json::json;
 use std::io::BufReader;
@@ -20,6 +20,10 @@ pub struct Guest {
     /// A virtio-net interface on this tap.
     pub tap: Option<String>,
     pub mem_mib: u32,
+    /// The devices' transport (Firecracker's and exitless's: PCI only with `--enable-pci`).
+    pub transport: Transport,
+    /// Where the VMM writes Firecracker's metrics (exitless and Firecracker), if anywhere.
+    pub metrics: Option<PathBuf>,
 }
 
 /// A VMM process running a guest; killed (and its socket removed) when dropped.
@@ -45,11 +49,14 @@ pub fn launch(vmm: Vmm, exe: &Path, sock: &Path, guest: &Guest, timeout: Duratio
     let mut cmd = Command::new(exe);
     match vmm {
         // Firecracker's virtio devices, and exitless's in Firecracker's mode, are MMIO unless
-        // asked for PCI; the payloads find theirs on PCI.
-        Vmm::Exitless | Vmm::Firecracker if guest.disk.is_some() || guest.tap.is_some() => {
+        // asked for PCI; the payloads find theirs on either.
+        Vmm::Exitless | Vmm::Firecracker if guest.transport == Transport::Pci => {
             cmd.arg("--api-sock").arg(sock).arg("--enable-pci")
         }
         Vmm::Exitless | Vmm::Firecracker => cmd.arg("--api-sock").arg(sock),
+        Vmm::CloudHypervisor if guest.transport == Transport::Mmio && (guest.disk.is_some() || guest.tap.is_some()) => {
+            return Err("Cloud Hypervisor has no virtio-mmio devices on x86_64".into());
+        }
         Vmm::CloudHypervisor => cmd.arg("--api-socket").arg(sock),
     };
     let spawned = Instant::now();
@@ -87,6 +94,11 @@ fn boot(vmm: Vmm, sock: &Path, guest: &Guest) -> Result<(), String> {
     match vmm {
         Vmm::Exitless | Vmm::Firecracker => {
             expect_ok(sock, "PUT", "/machine-config", Some(&json!({"vcpu_count": 1, "mem_size_mib": mem})))?;
+            if let Some(path) = &guest.metrics {
+                // Firecracker opens the file it is given; it does not create it.
+                std::fs::write(path, b"").map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+                expect_ok(sock, "PUT", "/metrics", Some(&json!({"metrics_path": path})))?;
+            }
             let mut boot = json!({"kernel_image_path": guest.kernel});
             if let Some(cmdline) = &guest.cmdline {
                 boot["boot_args"] = json!(cmdline);
@@ -135,6 +147,31 @@ impl Running {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The guest's userspace exits so far (port and MMIO, Firecracker's `vcpu` group), from
+    /// the metrics file `metrics` after a FlushMetrics: each line holds what the counters
+    /// gained since the one before. A VMM whose guest ended (exitless ends with it) wrote
+    /// its last line as it exited.
+    pub fn userspace_exits(&mut self, metrics: &Path) -> Result<u64, String> {
+        if expect_ok(&self.sock, "PUT", "/actions", Some(&json!({"action_type": "FlushMetrics"}))).is_err() {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !matches!(self.child.try_wait(), Ok(Some(_))) {
+                if Instant::now() > deadline {
+                    return Err("it neither flushed its metrics nor exited".into());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let text = std::fs::read_to_string(metrics).map_err(|e| format!("{}: {e}", metrics.display()))?;
+        let mut exits = 0;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let value: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("a metrics line: {e}"))?;
+            for field in ["exit_io_in", "exit_io_out", "exit_mmio_read", "exit_mmio_write"] {
+                exits += value["vcpu"][field].as_u64().ok_or_else(|| format!("no vcpu.{field} in its metrics"))?;
+            }
+        }
+        Ok(exits)
     }
 
     /// CPU time of the process's threads that do not run the guest: the VMM's own work

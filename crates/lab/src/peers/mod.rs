@@ -2,7 +2,8 @@
 //! each, each driven through its own API as its users drive it, interleaved run by run.
 //! Start (spawn to API ready, to the `wait` payload's first line) and memory beyond guest
 //! RAM for one VM; the same for a fleet of N started at once; and the I/O rows (blkbench
-//! and nettx on each VMM's own virtio-pci devices). A peer not given is skipped.
+//! and nettx on each VMM's own virtio devices, over virtio-mmio, Firecracker's default, and
+//! over PCI, with the userspace exits each request cost). A peer not given is skipped.
 
 mod io;
 mod launch;
@@ -35,6 +36,25 @@ impl Vmm {
     }
 }
 
+/// The virtio transport of an I/O row.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// Firecracker's default (and exitless's in Firecracker's mode).
+    #[default]
+    Mmio,
+    /// Firecracker's and exitless's `--enable-pci`; Cloud Hypervisor's only transport.
+    Pci,
+}
+
+impl Transport {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Mmio => "mmio",
+            Transport::Pci => "pci",
+        }
+    }
+}
+
 pub struct Options {
     pub exitless: PathBuf,
     pub firecracker: Option<PathBuf>,
@@ -46,6 +66,8 @@ pub struct Options {
     pub fleet: u32,
     /// Seconds per I/O run (0: no I/O rows).
     pub io_seconds: f64,
+    /// The transports of the I/O rows, in order.
+    pub transports: Vec<Transport>,
 }
 
 /// One start of one VMM.
@@ -74,16 +96,18 @@ pub struct Column {
     pub version: String,
     pub starts: Vec<Sample>,
     pub fleets: Vec<FleetSample>,
+    /// Every I/O run, each with its transport.
     pub blk: Vec<IoSample>,
     pub net: Vec<IoSample>,
-    /// Why an I/O row is empty, when it is.
-    pub io_skipped: Option<String>,
+    /// Why I/O rows are empty, when they are (one line each).
+    pub io_skipped: Vec<String>,
 }
 
 pub struct Report {
     pub mem_mib: u32,
     pub fleet: u32,
     pub io_seconds: f64,
+    pub transports: Vec<Transport>,
     pub columns: Vec<Column>,
 }
 
@@ -120,7 +144,7 @@ fn run_in(opts: &Options, dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<
             fleets: Vec::new(),
             blk: Vec::new(),
             net: Vec::new(),
-            io_skipped: None,
+            io_skipped: Vec::new(),
         })
         .collect();
     let fail = |vmm: Vmm| move |what: String| PeersError::Start { vmm: vmm.name(), what };
@@ -164,7 +188,8 @@ fn run_in(opts: &Options, dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<
             }
         }
     }
-    Ok(Report { mem_mib: opts.mem_mib, fleet: opts.fleet, io_seconds: opts.io_seconds, columns })
+    let transports = opts.transports.clone();
+    Ok(Report { mem_mib: opts.mem_mib, fleet: opts.fleet, io_seconds: opts.io_seconds, transports, columns })
 }
 
 /// What the I/O rows share: the pattern-filled disk, a tap (when this process may make
@@ -184,8 +209,9 @@ impl IoSetup {
     }
 }
 
-/// One blkbench and one nettx run of `vmm`. A VMM that cannot run one (a peer without
-/// the device) leaves its row empty with the reason, rather than ending the lab.
+/// One blkbench and one nettx run of `vmm` on each transport. A VMM that cannot run one (a
+/// peer without the device or the transport) leaves its row empty with the reason, rather
+/// than ending the lab.
 #[allow(clippy::too_many_arguments)]
 fn io_rows(
     column: &mut Column,
@@ -197,30 +223,46 @@ fn io_rows(
     run: u32,
     progress: &mut dyn FnMut(&str),
 ) {
-    match io::blk(vmm, exe, dir, &io.disk, opts, io.tsc_khz) {
-        Ok(s) => {
-            progress(&format!("run {}/{} {}: blkbench {:.0} IOPS", run + 1, opts.runs, vmm.name(), s.per_second));
-            column.blk.push(s);
+    let mut skipped = |why: String| {
+        if !column.io_skipped.contains(&why) {
+            column.io_skipped.push(why);
         }
-        Err(e) => column.io_skipped = Some(format!("blkbench: {e}")),
-    }
-    match &io.tap {
-        Ok(tap) => match io::net(vmm, exe, dir, &tap.0, opts, io.tsc_khz) {
+    };
+    for &transport in &opts.transports {
+        let (t, runs) = (transport.name(), opts.runs);
+        let exits = |s: &IoSample| s.exits_per_request.map_or(String::new(), |e| format!(", {e:.5} exits per request"));
+        match io::blk(vmm, exe, dir, &io.disk, opts, io.tsc_khz, transport) {
             Ok(s) => {
-                let gbps = s.bytes_per_second * 8.0 / 1e9;
-                progress(&format!("run {}/{} {}: nettx {gbps:.2} Gb/s", run + 1, opts.runs, vmm.name()));
-                column.net.push(s);
+                progress(&format!(
+                    "run {}/{runs} {} {t}: blkbench {:.0} IOPS{}",
+                    run + 1,
+                    vmm.name(),
+                    s.per_second,
+                    exits(&s)
+                ));
+                column.blk.push(s);
             }
-            Err(e) => column.io_skipped = Some(format!("nettx: {e}")),
-        },
-        Err(e) => column.io_skipped = Some(format!("nettx: no tap ({e})")),
+            Err(e) => skipped(format!("blkbench over {t}: {e}")),
+        }
+        match &io.tap {
+            Ok(tap) => match io::net(vmm, exe, dir, &tap.0, opts, io.tsc_khz, transport) {
+                Ok(s) => {
+                    let gbps = s.bytes_per_second * 8.0 / 1e9;
+                    progress(&format!("run {}/{runs} {} {t}: nettx {gbps:.2} Gb/s{}", run + 1, vmm.name(), exits(&s)));
+                    column.net.push(s);
+                }
+                Err(e) => skipped(format!("nettx over {t}: {e}")),
+            },
+            Err(e) => skipped(format!("nettx: no tap ({e})")),
+        }
     }
 }
 
-/// `PATH --version`'s first line.
+/// `PATH --version`'s last line (exitless's first is the Firecracker version it serves).
 fn version(exe: &Path) -> String {
     let out = std::process::Command::new(exe).arg("--version").stderr(std::process::Stdio::null()).output();
-    out.ok().and_then(|o| String::from_utf8_lossy(&o.stdout).lines().next().map(str::to_string)).unwrap_or_default()
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or_default().to_string()
 }
 
 /// One VM: spawned, booted, measured once its guest runs, then killed.

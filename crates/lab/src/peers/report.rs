@@ -1,6 +1,6 @@
 //! The peers table, its targets, its JSON and its chart.
 
-use super::{Column, FleetSample, IoSample, Report, Sample, Vmm};
+use super::{Column, FleetSample, IoSample, Report, Sample, Transport, Vmm};
 use crate::stats::median;
 use serde_json::{json, Value};
 use std::fmt::Write;
@@ -8,22 +8,29 @@ use std::fmt::Write;
 /// A row: its label, its JSON field, its decimals and how to read it from a column.
 struct Row {
     label: String,
-    field: &'static str,
+    field: String,
     digits: usize,
     value: Box<dyn Fn(&Column) -> f64>,
 }
 
 fn start_row(label: &str, field: &'static str, digits: usize, f: fn(&Sample) -> f64) -> Row {
-    Row { label: label.into(), field, digits, value: Box::new(move |c| med(c.starts.iter().map(f))) }
+    Row { label: label.into(), field: field.into(), digits, value: Box::new(move |c| med(c.starts.iter().map(f))) }
 }
 
 fn fleet_row(label: String, field: &'static str, f: fn(&FleetSample) -> f64) -> Row {
-    Row { label, field, digits: 0, value: Box::new(move |c| med(c.fleets.iter().map(f))) }
+    Row { label, field: field.into(), digits: 0, value: Box::new(move |c| med(c.fleets.iter().map(f))) }
 }
 
-fn io_row(label: &str, field: &'static str, digits: usize, blk: bool, f: fn(&IoSample) -> f64) -> Row {
-    let value = move |c: &Column| med(if blk { &c.blk } else { &c.net }.iter().map(f));
-    Row { label: label.into(), field, digits, value: Box::new(value) }
+/// The median of `f` over a column's blkbench (`blk`) or nettx runs over transport `t`.
+fn io_median(c: &Column, blk: bool, t: Transport, f: &dyn Fn(&IoSample) -> Option<f64>) -> f64 {
+    med(if blk { &c.blk } else { &c.net }.iter().filter(|s| s.transport == t).filter_map(f))
+}
+
+/// An I/O row over transport `t`: its label and field name carry the transport.
+fn io_row(t: Transport, label: &str, field: &str, digits: usize, blk: bool, f: fn(&IoSample) -> Option<f64>) -> Row {
+    let label = format!("{label} [{}]", t.name());
+    let value = move |c: &Column| io_median(c, blk, t, &f);
+    Row { label, field: format!("{field}_{}", t.name()), digits, value: Box::new(value) }
 }
 
 fn med(values: impl Iterator<Item = f64>) -> f64 {
@@ -49,16 +56,31 @@ impl Report {
             ]);
         }
         if self.io_seconds > 0.0 {
-            rows.extend([
-                io_row("blkbench randread 4K qd32 (IOPS)", "blk_randread_4k_qd32_iops", 0, true, |s| s.per_second),
-                io_row("nettx 64K (Gb/s)", "nettx_64k_gbps", 2, false, |s| s.bytes_per_second * 8.0 / 1e9),
-                io_row("nettx 64K Gb/s per VMM CPU-second", "nettx_64k_gbps_per_cpu_s", 1, false, |s| {
-                    s.gbps_per_cpu_second()
-                }),
-                io_row("nettx 64K VMM CPU (%)", "nettx_64k_vmm_cpu_pct", 0, false, |s| {
-                    s.vmm_cpu_s / s.seconds.max(1e-9) * 100.0
-                }),
-            ]);
+            for &t in &self.transports {
+                rows.extend([
+                    io_row(t, "blkbench randread 4K qd32 (IOPS)", "blk_randread_4k_qd32_iops", 0, true, |s| {
+                        Some(s.per_second)
+                    }),
+                    io_row(
+                        t,
+                        "blkbench userspace exits per request",
+                        "blk_userspace_exits_per_request",
+                        5,
+                        true,
+                        |s| s.exits_per_request,
+                    ),
+                    io_row(t, "nettx 64K (Gb/s)", "nettx_64k_gbps", 2, false, |s| Some(s.bytes_per_second * 8.0 / 1e9)),
+                    io_row(t, "nettx 64K Gb/s per VMM CPU-second", "nettx_64k_gbps_per_cpu_s", 1, false, |s| {
+                        Some(s.gbps_per_cpu_second())
+                    }),
+                    io_row(t, "nettx 64K VMM CPU (%)", "nettx_64k_vmm_cpu_pct", 0, false, |s| {
+                        Some(s.vmm_cpu_s / s.seconds.max(1e-9) * 100.0)
+                    }),
+                    io_row(t, "nettx userspace exits per frame", "nettx_userspace_exits_per_request", 5, false, |s| {
+                        s.exits_per_request
+                    }),
+                ]);
+            }
         }
         rows
     }
@@ -68,7 +90,9 @@ impl Report {
     }
 
     /// The targets: start and resident memory at most Firecracker's, anonymous
-    /// memory at most 300 KiB, and I/O at least the better peer's.
+    /// memory at most 300 KiB, I/O at least the better peer's over PCI, and on each
+    /// transport Firecracker ran, fewer userspace exits per request than Firecracker's and
+    /// throughput at least its.
     pub fn targets(&self) -> Vec<(String, String, Option<bool>)> {
         let me = self.column(Vmm::Exitless);
         let of = |c: Option<&Column>, f: &dyn Fn(&Column) -> f64| c.map(f).filter(|v| !v.is_nan());
@@ -93,6 +117,26 @@ impl Report {
             ),
         ];
         if self.io_seconds > 0.0 {
+            for &t in &self.transports {
+                let name = t.name();
+                for blk in [true, false] {
+                    let what = if blk { "blkbench" } else { "nettx" };
+                    let exits = move |c: &Column| io_median(c, blk, t, &|s| s.exits_per_request);
+                    let throughput = move |c: &Column| io_median(c, blk, t, &|s| Some(s.bytes_per_second * 8.0 / 1e9));
+                    let fewer = format!("{what} userspace exits per request over {name} < Firecracker's");
+                    targets.push(match (of(me, &exits), of(fc, &exits)) {
+                        (Some(mine), Some(theirs)) => (fewer, format!("{mine:.5} vs {theirs:.5}"), Some(mine < theirs)),
+                        _ => (fewer, "not run by both".into(), None),
+                    });
+                    let more = format!("{what} Gb/s over {name} >= Firecracker's");
+                    targets.push(match (of(me, &throughput), of(fc, &throughput)) {
+                        (Some(mine), Some(theirs)) => {
+                            (more, format!("{mine:.2} vs {theirs:.2} Gb/s"), Some(mine >= theirs))
+                        }
+                        _ => (more, "not run by both".into(), None),
+                    });
+                }
+            }
             let peers: Vec<&Column> = self.columns.iter().filter(|c| c.vmm != Vmm::Exitless).collect();
             let vs_best = |name: &str, f: &dyn Fn(&Column) -> f64, unit: &str| {
                 let what = format!("{name} >= the better peer's");
@@ -105,16 +149,19 @@ impl Report {
                     _ => (what, "no peer ran it".into(), None),
                 }
             };
-            targets.push(vs_best(
-                "blkbench randread 4K qd32 IOPS",
-                &|c| med(c.blk.iter().map(|s| s.per_second)),
-                "IOPS",
-            ));
-            targets.push(vs_best(
-                "nettx 64K Gb/s per VMM CPU-second",
-                &|c| med(c.net.iter().map(IoSample::gbps_per_cpu_second)),
-                "",
-            ));
+            let pci = Transport::Pci;
+            if self.transports.contains(&pci) {
+                targets.push(vs_best(
+                    "blkbench randread 4K qd32 IOPS over pci",
+                    &|c| io_median(c, true, pci, &|s| Some(s.per_second)),
+                    "IOPS",
+                ));
+                targets.push(vs_best(
+                    "nettx 64K Gb/s per VMM CPU-second over pci",
+                    &|c| io_median(c, false, pci, &|s| Some(s.gbps_per_cpu_second())),
+                    "",
+                ));
+            }
         }
         targets
     }
@@ -138,7 +185,7 @@ impl Report {
         }
         for c in &self.columns {
             let _ = writeln!(s, "  {}: {}", c.vmm.name(), c.version);
-            if let Some(why) = &c.io_skipped {
+            for why in &c.io_skipped {
                 let _ = writeln!(s, "    I/O row skipped: {why}");
             }
         }
@@ -203,10 +250,10 @@ impl Report {
                 fields.insert("version".into(), json!(c.version));
                 for row in &rows {
                     let v = (row.value)(c);
-                    fields.insert(row.field.into(), if v.is_nan() { Value::Null } else { json!(v) });
+                    fields.insert(row.field.clone(), if v.is_nan() { Value::Null } else { json!(v) });
                 }
-                if let Some(why) = &c.io_skipped {
-                    fields.insert("io_skipped".into(), json!(why));
+                if !c.io_skipped.is_empty() {
+                    fields.insert("io_skipped".into(), json!(c.io_skipped));
                 }
                 (c.vmm.name().to_string(), Value::Object(fields))
             })
@@ -216,6 +263,46 @@ impl Report {
             .into_iter()
             .map(|(target, measured, met)| json!({"target": target, "measured": measured, "met": met}))
             .collect();
-        json!({"mem_mib": self.mem_mib, "fleet": self.fleet, "io_seconds": self.io_seconds, "vmms": vmms, "targets": targets})
+        json!({
+            "mem_mib": self.mem_mib,
+            "fleet": self.fleet,
+            "io_seconds": self.io_seconds,
+            "vmms": vmms,
+            "io_rows": self.io_rows(),
+            "targets": targets,
+        })
+    }
+
+    /// One row per VMM, transport and workload that ran: medians of its runs.
+    fn io_rows(&self) -> Vec<Value> {
+        let mut rows = Vec::new();
+        for c in &self.columns {
+            for &t in &self.transports {
+                for (workload, blk) in [("blkbench", true), ("nettx", false)] {
+                    let runs = if blk { &c.blk } else { &c.net }.iter().filter(|s| s.transport == t).count();
+                    if runs == 0 {
+                        continue;
+                    }
+                    let value = |f: &dyn Fn(&IoSample) -> Option<f64>| {
+                        let v = io_median(c, blk, t, f);
+                        if v.is_nan() {
+                            Value::Null
+                        } else {
+                            json!(v)
+                        }
+                    };
+                    rows.push(json!({
+                        "vmm": c.vmm.name(),
+                        "transport": t.name(),
+                        "workload": workload,
+                        "runs": runs,
+                        "per_second": value(&|s| Some(s.per_second)),
+                        "gbps": value(&|s| Some(s.bytes_per_second * 8.0 / 1e9)),
+                        "userspace_exits_per_request": value(&|s| s.exits_per_request),
+                    }));
+                }
+            }
+        }
+        rows
     }
 }
