@@ -112,11 +112,14 @@ impl HostProfile {
     /// says and cannot emulate xrstor at CPL0), the `clearcpuid` list (SSSE3, SSE4.1/4.2,
     /// AES-NI, PCLMULQDQ: self-tests in them are instructions KVM cannot emulate, each
     /// completed by the VMM at an exit's cost) and `rodata=off` (the W+X walk and rodata
-    /// self-test take tens of minutes where CPL0 is emulated). None on a native host.
+    /// self-test take tens of minutes where CPL0 is emulated) and `cryptomgr.notests` (a
+    /// kernel built with the crypto self-tests, Firecracker's own config among them, runs
+    /// them for minutes at emulated CPL0; Kata passes it for the same reason). None on a
+    /// native host.
     pub fn linux_args(&self) -> &'static [&'static str] {
         match self.kind {
             HostKind::Native => &[],
-            HostKind::Nested => &["noxsave", "clearcpuid=137,147,148,153,129", "rodata=off"],
+            HostKind::Nested => &["noxsave", "clearcpuid=137,147,148,153,129", "rodata=off", "cryptomgr.notests"],
         }
     }
 
