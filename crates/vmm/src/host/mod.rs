@@ -112,14 +112,22 @@ impl HostProfile {
     /// says and cannot emulate xrstor at CPL0), the `clearcpuid` list (SSSE3, SSE4.1/4.2,
     /// AES-NI, PCLMULQDQ: self-tests in them are instructions KVM cannot emulate, each
     /// completed by the VMM at an exit's cost) and `rodata=off` (the W+X walk and rodata
-    /// self-test take tens of minutes where CPL0 is emulated) and `cryptomgr.notests` (a
+    /// self-test take tens of minutes where CPL0 is emulated), `cryptomgr.notests` (a
     /// kernel built with the crypto self-tests, Firecracker's own config among them, runs
-    /// them for minutes at emulated CPL0; Kata passes it for the same reason). None on a
-    /// native host.
+    /// them for minutes at emulated CPL0; Kata passes it for the same reason) and
+    /// `initcall_blacklist=jent_mod_init` (the jitter entropy source's start-up test hashes
+    /// with SHA-3 in a loop that soft-locks for minutes at emulated CPL0; the guest keeps
+    /// its other entropy, virtio-rng among it). None on a native host.
     pub fn linux_args(&self) -> &'static [&'static str] {
         match self.kind {
             HostKind::Native => &[],
-            HostKind::Nested => &["noxsave", "clearcpuid=137,147,148,153,129", "rodata=off", "cryptomgr.notests"],
+            HostKind::Nested => &[
+                "noxsave",
+                "clearcpuid=137,147,148,153,129",
+                "rodata=off",
+                "cryptomgr.notests",
+                "initcall_blacklist=jent_mod_init",
+            ],
         }
     }
 
