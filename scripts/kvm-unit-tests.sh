@@ -80,10 +80,9 @@ while IFS='|' read -r name file smp args extra arch timeout accel check; do
   t=$(( $(seconds "$timeout") * scale ))
   start=$(date +%s.%N)
   set +e
-  # --sample-guest 10: a vCPU sampled 20 times in a row on a `vmcall` (which this nested
-  # host's KVM never completes at CPL0) ends the test after 2 s, naming it, instead of at
-  # its timeout; --stuck-after 10: so does a guest whose every vCPU has spun in place (a
-  # deadlock) or halted for 10 s (STUCK).
+  # --sample-guest 10 --stuck-after 10: a guest whose every vCPU has spun in place (a
+  # deadlock) or halted for 10 s ends then (STUCK), not at its timeout. (A `vmcall`, which
+  # this nested host's KVM never completes at CPL0, is answered by the nested profile.)
   "$exitless" run --testdevs $devices --kernel "$kut/x86/$file" --vcpus "$smp" --mem "$mem" \
     --cmdline "$args $append" --timeout "$t" --sample-guest 10 --stuck-after 10 \
     </dev/null >"$work/$name.log" 2>"$work/$name.err"
