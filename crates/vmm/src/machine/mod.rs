@@ -370,6 +370,9 @@ impl Machine {
         let entries = self.devices.bus_names().len();
         let mut vcpu = Vcpu::new(id, fd, run_size, buses, entries, self.control.clone(), nested);
         vcpu.publish_to(self.live.clone());
+        if self.run.sample_every.is_some() {
+            vcpu.sample_guest();
+        }
         if let Some(sleep) = &self.sleep {
             vcpu.sleep_with(sleep.clone());
         }
@@ -448,9 +451,7 @@ impl Machine {
             None
         };
         let mut report = self.report(stats, outcome.stats);
-        if self.run.sample_every.is_some() {
-            report.samples = outcome.samples;
-        }
+        report.samples = outcome.samples;
         Ok((report, error))
     }
 

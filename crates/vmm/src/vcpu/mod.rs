@@ -197,6 +197,8 @@ pub struct Vcpu {
     live: Option<(Arc<LiveStats>, u64)>,
     /// Guest RIPs found when the VMM kicked this vCPU to sample it (`--sample-guest`).
     pub samples: GuestSamples,
+    /// Whether kicks are samples to record (else only the nested profile's hypercall watch).
+    sampling: bool,
     /// The nested host profile's exits (instruction completion, the LSTAR watch); None
     /// on a native host, where those exits are faults.
     nested: Option<NestedExits>,
@@ -227,6 +229,7 @@ impl Vcpu {
             exits: ExitHandler::new(buses, devices),
             live: None,
             samples: GuestSamples::default(),
+            sampling: false,
             stuck: None,
             sleep: None,
         }
@@ -235,6 +238,11 @@ impl Vcpu {
     /// Has each sample also check whether the guest is stuck (see [`crate::vcpu::stuck`]).
     pub fn watch_for_stuck(&mut self, watch: StuckWatch) {
         self.stuck = Some(watch);
+    }
+
+    /// Records where each kick finds the guest (`--sample-guest`).
+    pub fn sample_guest(&mut self) {
+        self.sampling = true;
     }
 
     /// Lets the guest sleep in S3 (see [`crate::vcpu::sleep`]).
@@ -475,7 +483,9 @@ impl Vcpu {
                         if self.nested.as_ref().is_some_and(|n| n.answer_hypercall(&self.fd, &regs, stats)) {
                             return Ok(ExitKind::Intr);
                         }
-                        self.samples.record(regs.rip);
+                        if self.sampling {
+                            self.samples.record(regs.rip);
+                        }
                         if let Some(watch) = &mut self.stuck {
                             // Halted, or waiting for INIT/SIPI: idle, not spinning.
                             let running = self.fd.get_mp_state().map_or(true, |s| s.mp_state == KVM_MP_STATE_RUNNABLE);

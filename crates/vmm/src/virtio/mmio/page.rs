@@ -78,7 +78,7 @@ impl Mirror for RegisterPage {
         // would return it (one aligned store per dword, so a reader never sees one torn);
         // then the registers, its generation among them, so a driver that reads the new
         // generation reads the new configuration (virtio 1.2 2.5.1).
-        let mut config = vec![0u8; (WINDOW - CONFIG) as usize];
+        let mut config = [0u8; (WINDOW - CONFIG) as usize];
         t.device.read_config(0, &mut config);
         for (at, dword) in config.chunks_exact(4).enumerate() {
             let v = u32::from_le_bytes([dword[0], dword[1], dword[2], dword[3]]);
