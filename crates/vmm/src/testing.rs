@@ -14,6 +14,26 @@ use std::sync::{Arc, Mutex};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
+/// True where /dev/kvm works; otherwise says loudly that the calling test is skipped, or
+/// fails it when `EXITLESS_REQUIRE_KVM=1` (CI, whose machines have KVM, sets it: a green
+/// run must not be one that skipped the VMM).
+pub fn kvm_or_skip(test: &str) -> bool {
+    if crate::kvm::available() {
+        return true;
+    }
+    skip_or_fail(test, "/dev/kvm is not available on this machine")
+}
+
+/// Says loudly that `test` did not run, or fails it where skipping is not allowed.
+pub fn skip_or_fail(test: &str, why: &str) -> bool {
+    assert!(
+        std::env::var("EXITLESS_REQUIRE_KVM").as_deref() != Ok("1"),
+        "{test}: {why}, and EXITLESS_REQUIRE_KVM=1 forbids skipping"
+    );
+    eprintln!("SKIPPED {test}: {why}; this test did not run");
+    false
+}
+
 impl FakeKvm {
     /// The MSI routes of the last routing table.
     pub fn msi_routes(&self) -> Vec<(u32, MsiMessage)> {

@@ -3,25 +3,9 @@
 
 use std::process::{Command, Output};
 
-/// True where /dev/kvm works; otherwise says loudly that the calling test is skipped, or
-/// fails it when `EXITLESS_REQUIRE_KVM=1` (CI, whose machines have KVM, sets it: a green
-/// run must not be one that skipped the VMM).
-pub fn kvm_or_skip(test: &str) -> bool {
-    if exitless_vmm::kvm::available() {
-        return true;
-    }
-    skip_or_fail(test, "/dev/kvm is not available on this machine")
-}
-
-/// Says loudly that `test` did not run, or fails it where skipping is not allowed.
-pub fn skip_or_fail(test: &str, why: &str) -> bool {
-    assert!(
-        std::env::var("EXITLESS_REQUIRE_KVM").as_deref() != Ok("1"),
-        "{test}: {why}, and EXITLESS_REQUIRE_KVM=1 forbids skipping"
-    );
-    eprintln!("SKIPPED {test}: {why}; this test did not run");
-    false
-}
+// Each test binary uses some of them (`dead_code` does not cover imports).
+#[allow(unused_imports)]
+pub use exitless_vmm::testing::{kvm_or_skip, skip_or_fail};
 
 pub fn exitless(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_exitless")).args(args).output().expect("run exitless")

@@ -156,12 +156,7 @@ impl Drop for Mapping {
 mod tests {
     #[test]
     fn a_write_to_a_read_only_slot_reaches_its_ioeventfd() {
-        if !std::path::Path::new("/dev/kvm").exists() {
-            assert!(
-                std::env::var("EXITLESS_REQUIRE_KVM").as_deref() != Ok("1"),
-                "no /dev/kvm under EXITLESS_REQUIRE_KVM=1"
-            );
-            eprintln!("SKIPPED: no /dev/kvm");
+        if !crate::testing::kvm_or_skip("a_write_to_a_read_only_slot_reaches_its_ioeventfd") {
             return;
         }
         for cpl in [0, 3] {

@@ -15,14 +15,11 @@ pub struct GuestSamples {
     pub total: u64,
     /// Samples at a new address after [`MAX_ADDRESSES`] were already kept.
     pub dropped: u64,
-    /// The last sample's address and how many samples in a row found the vCPU there.
-    run: (u64, u32),
 }
 
 impl GuestSamples {
-    /// Counts a sample; returns how many samples in a row (this one included) were at `rip`.
-    pub fn record(&mut self, rip: u64) -> u32 {
-        self.run = if self.run.0 == rip && self.total > 0 { (rip, self.run.1.saturating_add(1)) } else { (rip, 1) };
+    /// Counts a sample.
+    pub fn record(&mut self, rip: u64) {
         self.total += 1;
         if let Some(n) = self.by_rip.get_mut(&rip) {
             *n += 1;
@@ -31,7 +28,6 @@ impl GuestSamples {
         } else {
             self.dropped += 1;
         }
-        self.run.1
     }
 
     pub fn merge(&mut self, other: &GuestSamples) {

@@ -134,8 +134,8 @@ pub struct VirtioMmio {
     core: Core,
     /// The mapped register page, if mapped.
     page: Option<Arc<RegisterPage>>,
-    /// Takes the driver's acknowledgements of the used-buffer bit when mapped.
-    acks: EventFd,
+    /// Takes the driver's acknowledgements of the used-buffer bit (mapped only).
+    acks: Option<EventFd>,
 }
 
 impl VirtioMmio {
@@ -150,7 +150,8 @@ impl VirtioMmio {
         let page = page.map(Arc::new);
         let mirror = page.clone().map(|p| p as Arc<dyn Mirror>);
         let core = Core::new(device, mem, Lines::Line(irqfd), mirror)?;
-        Ok(VirtioMmio { core, page, acks: EventFd::new(libc::EFD_NONBLOCK)? })
+        let acks = page.as_ref().map(|_| EventFd::new(libc::EFD_NONBLOCK)).transpose()?;
+        Ok(VirtioMmio { core, page, acks })
     }
 
     /// The mapped register page, if mapped.
@@ -180,8 +181,8 @@ impl VirtioMmio {
             .enumerate()
             .map(|(q, fd)| Ok((key(q), fd.try_clone()?)))
             .collect::<std::io::Result<_>>()?;
-        if self.page.is_some() {
-            fds.push((IoeventfdKey::mmio(INTERRUPT_ACK, 4, Some(u64::from(ISR_QUEUE))), self.acks.try_clone()?));
+        if let Some(acks) = &self.acks {
+            fds.push((IoeventfdKey::mmio(INTERRUPT_ACK, 4, Some(u64::from(ISR_QUEUE))), acks.try_clone()?));
         }
         Ok(fds)
     }
