@@ -32,6 +32,7 @@ const PAYLOADS: &[(&str, &str)] = &[
         "checks the boot protocol's data, e820 map, command line, initrd and ACPI tables (also as a bzImage)",
     ),
     ("smp", "starts every other vCPU with INIT/SIPI; each checks in on the serial port"),
+    ("barmove", "one vCPU moves a BAR back and forth while another reads it: no read may miss the device"),
     ("wait", "says it is running, then halts until the VMM stops it (an idle microVM for the API and fleet)"),
     ("s3wake", "reads the CMOS RTC, sleeps in ACPI S3 and wakes by its alarm (with --testdevs); exits with PM1 status"),
 ];

@@ -330,13 +330,15 @@ impl Vcpu {
         if self.control.needs_attention() && self.stop_or_park()? {
             return Ok(Step::Stopped);
         }
-        self.exits.refresh();
         self.book_pending();
         let mut exit = self.fd.run();
         while matches!(&exit, Ok(e) if consume(e)) {
             exit = self.fd.run();
         }
         let returned = cycles();
+        // After the exit, not before the entry: another vCPU may have moved a BAR while
+        // this one was in the guest, and the access must meet the layout of its time.
+        self.exits.refresh();
         // Writes KVM queued in the coalesced ring happened before this exit: hand them to
         // the devices first (an MMIO arm only binds the exit's data when there are none).
         let coalesced = self.coalesced_ring;
