@@ -23,6 +23,17 @@ pub fn with_causes(e: &dyn std::error::Error) -> String {
     line
 }
 
+/// Logs a panic through the VMM's logger (the API's log file too) before the default hook
+/// prints it; the release build then aborts (docs/architecture.md, "Panics").
+pub fn log_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let thread = std::thread::current();
+        tracing::error!("panic in thread {}: {info}; exitless stops", thread.name().unwrap_or("unnamed"));
+        default(info);
+    }));
+}
+
 /// Warnings and errors to stderr, plainly (`run` and the labs; the API server logs the
 /// Firecracker way instead). `EXITLESS_LOG` takes `target=level` directives.
 pub fn init_stderr_logging() {

@@ -23,12 +23,14 @@ fn main() -> ExitCode {
             }
         };
         api::init_logging(level, &cli.api.id);
+        exitless::log_panics();
         return api::run(cli.api).unwrap_or_else(|e| {
             eprintln!("exitless: {}", with_causes(e.as_ref()));
             ExitCode::FAILURE
         });
     };
     exitless::init_stderr_logging();
+    exitless::log_panics();
     let result = match command {
         Command::Run(args) => run(*args),
         Command::Payloads(args) => payloads(args),

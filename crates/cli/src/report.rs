@@ -150,9 +150,9 @@ pub fn json(report: &RunReport) -> Value {
     json!({
         "exit_status": report.exit_status,
         "stop": report.stop.map(|s| match s {
-            exitless_vmm::vcpu::control::GuestStop::Exit(_) => "exit",
-            exitless_vmm::vcpu::control::GuestStop::PowerOff => "poweroff",
-            exitless_vmm::vcpu::control::GuestStop::Reset => "reset",
+            exitless_vmm::run_control::GuestStop::Exit(_) => "exit",
+            exitless_vmm::run_control::GuestStop::PowerOff => "poweroff",
+            exitless_vmm::run_control::GuestStop::Reset => "reset",
         }),
         "host_profile": report.host_profile,
         "exits": exits,

@@ -246,7 +246,7 @@ fn mcfg() -> Vec<u8> {
 #[derive(Clone, Copy, Debug)]
 pub struct Placed {
     pub rsdp: u64,
-    /// The FACS, whose waking vector an S3 resume jumps to (crate::vcpu::sleep).
+    /// The FACS, whose waking vector an S3 resume jumps to (crate::machine::sleep).
     pub facs: u64,
 }
 

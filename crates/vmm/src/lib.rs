@@ -20,6 +20,7 @@ pub mod net;
 pub mod pci;
 pub mod poll;
 pub mod rate_limiter;
+pub mod run_control;
 pub mod seccomp;
 pub mod snapshot;
 pub mod stats;

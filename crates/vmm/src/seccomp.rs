@@ -269,7 +269,7 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
                 KVM_SET_MSRS(),
                 KVM_SET_GUEST_DEBUG(),
                 // Telling a halted vCPU from a spinning one (crate::vcpu::stuck); an application
-                // processor waits for SIPI again after S3 (crate::vcpu::sleep).
+                // processor waits for SIPI again after S3 (crate::machine::sleep).
                 KVM_GET_MP_STATE(),
                 KVM_SET_MP_STATE(),
                 // A NIC's activation gives its tap the receive offloads the guest negotiated.

@@ -4,7 +4,7 @@
 
 use super::model::{MmdsConfig, MmdsVersion};
 use super::vm::{Fault, Vm};
-use exitless_vmm::net::mmds::{Mmds, Version, DEFAULT_ADDRESS};
+use exitless_vmm::net::mmds::{Version, DEFAULT_ADDRESS};
 use exitless_vmm::sync::lock;
 use serde_json::Value;
 use std::net::Ipv4Addr;
@@ -64,16 +64,4 @@ impl Vm {
         let c = self.config.mmds_config.as_ref()?;
         c.network_interfaces.iter().any(|id| id == iface_id).then(|| c.ipv4_address.unwrap_or(DEFAULT_ADDRESS))
     }
-}
-
-/// The store for a VMM started with `--mmds-size-limit` and `--metadata`.
-pub fn store(limit: usize, metadata: Option<&std::path::Path>) -> Result<Mmds, String> {
-    let mut mmds = Mmds::new(limit);
-    if let Some(path) = metadata {
-        let text = std::fs::read(path).map_err(|e| format!("--metadata: cannot read {}: {e}", path.display()))?;
-        let value: Value =
-            serde_json::from_slice(&text).map_err(|e| format!("--metadata: {} is not JSON: {e}", path.display()))?;
-        mmds.put(value).map_err(|e| format!("--metadata: {}: {e}", path.display()))?;
-    }
-    Ok(mmds)
 }

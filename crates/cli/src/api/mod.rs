@@ -26,7 +26,6 @@ use std::sync::{Arc, Mutex};
 use vm::{State, Vm};
 
 pub use logging::{filter_for as level_filter, init as init_logging};
-pub use mmds::store as mmds_store;
 
 /// Shared by the API thread and the thread that runs the machine.
 struct Shared {
@@ -85,7 +84,7 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     vm.enable_pci = args.enable_pci;
     vm.host_profile = args.host_profile;
     let mmds_limit = args.mmds_size_limit.unwrap_or(args.http_api_max_payload_size);
-    vm.mmds = Arc::new(Mutex::new(mmds::store(mmds_limit, args.metadata.as_deref())?));
+    vm.mmds = Arc::new(Mutex::new(exitless_vmm::net::mmds::Mmds::load(mmds_limit, args.metadata.as_deref())?));
     let shared = Arc::new(Shared { vm: Mutex::new(vm), metrics: Metrics::default(), socket });
     if let Some(path) = &args.metrics_path {
         shared.metrics.open(&path.to_string_lossy())?;

@@ -4,7 +4,7 @@
 
 use super::model::{MemBackend, MemBackendType, SnapshotCreate, SnapshotLoad, SnapshotType, VmConfig};
 use super::vm::{Fault, State, Vm};
-use exitless_vmm::snapshot::{self, MemoryBackend, Restore, SnapshotFile};
+use exitless_vmm::snapshot::{MemoryBackend, Restore, SnapshotFile};
 use exitless_vmm::Machine;
 
 impl Vm {
@@ -28,7 +28,7 @@ impl Vm {
             .open(&c.mem_file_path)
             .map_err(|e| Fault(format!("Cannot create the memory file {}: {e}.", c.mem_file_path)))?;
         let state =
-            snapshot::take(machine, &mut memory, diff).map_err(|e| Fault(format!("Cannot create a snapshot: {e}.")))?;
+            machine.snapshot(&mut memory, diff).map_err(|e| Fault(format!("Cannot create a snapshot: {e}.")))?;
         let config = serde_json::to_value(&self.config)?;
         SnapshotFile::new(state, config).write(c.snapshot_path.as_ref()).map_err(|e| Fault(format!("{e}.")))
     }

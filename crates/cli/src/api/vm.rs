@@ -277,7 +277,7 @@ impl Vm {
         match state {
             VmState::Paused => machine
                 .control()
-                .pause(exitless_vmm::vcpu::watchdog::kick_signal(), PAUSE_LIMIT)
+                .pause(exitless_vmm::run_control::kick::kick_signal(), PAUSE_LIMIT)
                 .map_err(|e| Fault(format!("Failed to pause the vCPUs: {e}."))),
             VmState::Resumed => {
                 machine.control().resume();

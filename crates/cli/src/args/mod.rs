@@ -506,7 +506,7 @@ impl RunArgs {
         use exitless_vmm::net::mmds::{DEFAULT_ADDRESS, DEFAULT_SIZE_LIMIT};
         let mmds = match &self.mmds {
             Some(file) => {
-                let mut store = crate::api::mmds_store(DEFAULT_SIZE_LIMIT, Some(file))?;
+                let mut store = exitless_vmm::net::mmds::Mmds::load(DEFAULT_SIZE_LIMIT, Some(file))?;
                 store.version = self.mmds_version;
                 Some((std::sync::Arc::new(std::sync::Mutex::new(store)), DEFAULT_ADDRESS))
             }

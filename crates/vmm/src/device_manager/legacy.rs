@@ -5,7 +5,7 @@ use crate::devices::legacy::cmos_rtc::{CmosRtc, RTC_LEN, RTC_PORT};
 use crate::devices::legacy::{boot_timer, debug_exit, i8042, serial, AcpiPm, DebugExit, Serial, I8042};
 use crate::layout;
 use crate::pci::{BarKind, BarSpec};
-use crate::vcpu::control::RunControl;
+use crate::run_control::PowerEvents;
 use exitless_payloads::abi;
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -39,23 +39,23 @@ impl DeviceManager {
     }
 
     /// The port a payload writes its exit status to.
-    pub fn attach_debug_exit(&mut self, control: Arc<RunControl>) -> Result<(), DeviceError> {
-        let device = Arc::new(DebugExit::new(control));
+    pub fn attach_debug_exit(&mut self, power: PowerEvents) -> Result<(), DeviceError> {
+        let device = Arc::new(DebugExit::new(power));
         let (port, len) = (abi::DEBUG_EXIT_PORT as u16, debug_exit::DEBUG_EXIT_LEN);
         self.attach_pio("debug-exit", DeviceKind::DebugExit, port, len, device, DeviceHandle::Bus).map(drop)
     }
 
     /// The PS/2 controller: its reset line, and Ctrl-Alt-Del from the API.
-    pub fn attach_keyboard(&mut self, control: Arc<RunControl>) -> Result<(), DeviceError> {
-        let keyboard = Arc::new(I8042::new(control, Some(self.isa_irqfd("i8042", layout::I8042_IRQ)?)));
+    pub fn attach_keyboard(&mut self, power: PowerEvents) -> Result<(), DeviceError> {
+        let keyboard = Arc::new(I8042::new(power, Some(self.isa_irqfd("i8042", layout::I8042_IRQ)?)));
         let handle = DeviceHandle::Keyboard(keyboard.clone());
         let (port, len) = (layout::I8042_DATA_PORT, i8042::I8042_LEN);
         self.attach_pio("i8042", DeviceKind::Keyboard, port, len, keyboard, handle).map(drop)
     }
 
     /// ACPI's PM registers (power off, reset; S3 when `s3`).
-    pub fn attach_power(&mut self, control: Arc<RunControl>, s3: bool) -> Result<Arc<AcpiPm>, DeviceError> {
-        let pm = Arc::new(AcpiPm::new(control, s3));
+    pub fn attach_power(&mut self, power: PowerEvents, s3: bool) -> Result<Arc<AcpiPm>, DeviceError> {
+        let pm = Arc::new(AcpiPm::new(power, s3));
         let (port, len) = (layout::ACPI_PM_PORT, layout::ACPI_PM_LEN);
         let handle = DeviceHandle::Power(pm.clone());
         self.attach_pio("acpi-pm", DeviceKind::PowerManagement, port, len, pm.clone(), handle)?;

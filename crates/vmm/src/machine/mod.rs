@@ -6,8 +6,8 @@ use crate::boot::{self, cpu, regs, EntryPoint};
 use crate::device_manager::{AllocError, Allocators, DeviceError, DeviceManager, DeviceManagerConfig};
 use crate::host::{HostProfile, NestedExits};
 use crate::layout::{self, LayoutError, MemoryMap};
+use crate::run_control::{GuestStop, PowerEvents, RunControl};
 use crate::stats::{cycles, ExitStats, LiveStats};
-use crate::vcpu::control::{GuestStop, RunControl};
 use crate::vcpu::samples::GuestSamples;
 use crate::vcpu::{Vcpu, VcpuError};
 use crate::virtio::blk::BlkCounters;
@@ -31,10 +31,11 @@ pub use ram::{read_result, shared_slot};
 mod config;
 mod load;
 mod ram;
+pub mod sleep;
+mod snapshot;
 use ram::map_guest_ram;
 
-/// At most this many vCPUs (APIC IDs and MADT processor IDs are bytes; 0xff is broadcast).
-pub const MAX_VCPUS: u8 = 254;
+pub use crate::vcpu::MAX_VCPUS;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MachineError {
@@ -139,12 +140,12 @@ pub struct Machine {
     control: Arc<RunControl>,
     run: RunOptions,
     /// ACPI S3 with its RTC wake, where offered (`--testdevs`).
-    sleep: Option<Arc<crate::vcpu::sleep::Sleep>>,
+    sleep: Option<Arc<sleep::Sleep>>,
     started: (Instant, u64),
     /// Each vCPU's counters while the VM runs (for the API's live exit profile).
     live: Arc<LiveStats>,
     /// The vCPUs' states when restored from a snapshot, by id.
-    restored: Option<Vec<crate::snapshot::VcpuState>>,
+    restored: Option<Vec<crate::vcpu::state::VcpuState>>,
     /// Each RAM region's memslot, and whether KVM logs its dirty pages.
     ram_slots: (Vec<u32>, bool),
     /// The MSR filter still being installed (a restore does not wait for it to start).
@@ -209,9 +210,10 @@ impl Machine {
         };
         let mut devices = DeviceManager::new(vm.clone(), memory.clone(), &map, allocators, dm_config)?;
         devices.attach_serial(d.serial_out, d.serial_in)?;
-        devices.attach_debug_exit(control.clone())?;
-        devices.attach_keyboard(control.clone())?;
-        let pm = devices.attach_power(control.clone(), d.test_devices)?;
+        let power = PowerEvents::new(control.clone());
+        devices.attach_debug_exit(power.clone())?;
+        devices.attach_keyboard(power.clone())?;
+        let pm = devices.attach_power(power, d.test_devices)?;
         for attach in d.fixed {
             attach(&mut devices)?;
         }
@@ -258,7 +260,7 @@ impl Machine {
                 (Some(entry), facs)
             }
         };
-        let sleep = rtc.map(|rtc| Arc::new(crate::vcpu::sleep::Sleep::new(pm, rtc, facs, memory.clone())));
+        let sleep = rtc.map(|rtc| Arc::new(sleep::Sleep::new(pm, rtc, facs, memory.clone())));
         // A booting guest may write LSTAR at once: the filter must be on before it runs. A
         // restored one wrote it in another VMM (its watch starts from the saved value), so
         // the filter's grace period (most of a restore's time here) overlaps its first run.

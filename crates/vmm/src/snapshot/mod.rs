@@ -12,11 +12,10 @@ mod devices;
 pub mod memory;
 pub mod uffd;
 pub mod uffd_handler;
-mod vcpu;
 mod vm;
 
+pub use crate::vcpu::state::{msr_list, VcpuState};
 pub use devices::{DeviceStates, VirtioDeviceState};
-pub use vcpu::{msr_list, VcpuState};
 pub use vm::VmState;
 
 use serde::{Deserialize, Serialize};
@@ -162,7 +161,7 @@ impl MachineState {
     /// The counts and sizes agree with each other and with what this VMM builds.
     pub fn check(&self) -> Result<(), String> {
         let n = usize::from(self.vcpu_count);
-        if n == 0 || n > usize::from(crate::machine::MAX_VCPUS) || self.vcpus.len() != n {
+        if n == 0 || n > usize::from(crate::vcpu::MAX_VCPUS) || self.vcpus.len() != n {
             return Err(format!("{} vCPU states for {} vCPUs", self.vcpus.len(), self.vcpu_count));
         }
         if self.vcpus.iter().enumerate().any(|(i, v)| usize::from(v.id) != i) {
@@ -233,66 +232,6 @@ pub fn check_restore(r: &Restore, vcpus: u8, mem_size: u64, test_devices: bool) 
         // The handler's memory is its own to check.
         MemoryBackend::Uffd(_) => Ok(()),
     }
-}
-
-/// A paused `machine`'s state, its RAM written to `memory`: all of it, or with `diff` only
-/// the pages the guest wrote since the last snapshot (KVM's dirty log; the file has RAM's
-/// length and holes elsewhere, to be laid over the previous one's). Refused with the test
-/// devices, whose state is not saved: better no snapshot than one that resumes a guest
-/// whose devices forgot what it told them.
-pub fn take(machine: &crate::Machine, memory: &mut std::fs::File, diff: bool) -> Result<MachineState, SnapshotError> {
-    use crate::device_manager::DeviceKind;
-    let unsaved = machine.devices().devices().iter().find(|d| d.kind == DeviceKind::QemuTest);
-    if let Some(d) = unsaved {
-        return Err(SnapshotError::Refused(format!(
-            "exitless cannot snapshot a microVM with {}: its state is not saved",
-            d.name
-        )));
-    }
-    // A Diff writes the pages each RAM memslot logged as dirty, or without dirty
-    // tracking every resident page (Firecracker's fallback).
-    let diff_pages = match (diff, machine.dirty_logged_slots()) {
-        (true, Some(slots)) => Some(memory::DiffPages::Logged(slots)),
-        (true, None) => Some(memory::DiffPages::Resident),
-        (false, _) => None,
-    };
-    // Devices first: what they finish (and the interrupts they send) is in what follows.
-    let devices = DeviceStates::save(machine.devices());
-    let taken = take_paused(machine, memory, diff_pages);
-    devices.resume(machine.devices());
-    let (vm, vcpus, mem_size) = taken?;
-    let count = machine.vcpu_count();
-    Ok(MachineState { vcpu_count: count, mem_size, cpu: CpuIdentity::host(), vm, vcpus, devices })
-}
-
-/// The vCPUs, the VM and the memory file (a Diff of `diff_pages`, or all of RAM), while
-/// the devices are paused.
-fn take_paused(
-    machine: &crate::Machine,
-    memory: &mut std::fs::File,
-    diff_pages: Option<memory::DiffPages>,
-) -> Result<(VmState, Vec<VcpuState>, u64), SnapshotError> {
-    let msrs = msr_list(machine.kvm())?;
-    let count = machine.vcpu_count();
-    let vcpus = machine
-        .control()
-        .save_vcpus(usize::from(count), msrs, std::time::Duration::from_secs(2))
-        .map_err(SnapshotError::Refused)?;
-    let vm = VmState::capture(machine.vm())?;
-    let mem_size = machine.map().ram_regions().iter().map(|&(_, size)| size).sum();
-    let io = |source| SnapshotError::Io { what: "write", path: "the memory file".into(), source };
-    match diff_pages {
-        Some(pages) => memory::write_dirty(machine.vm(), machine.memory(), pages, memory).map_err(io)?,
-        None => {
-            let written = memory::write_full(machine.memory(), memory).map_err(io)?;
-            // What the next Diff holds starts here.
-            if let Some(slots) = machine.dirty_logged_slots() {
-                memory::clear_dirty_log(machine.vm(), machine.memory(), slots).map_err(io)?;
-            }
-            written
-        }
-    };
-    Ok((vm, vcpus, mem_size))
 }
 
 #[cfg(test)]

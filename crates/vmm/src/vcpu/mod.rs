@@ -5,17 +5,17 @@
 //! device may lock itself). Each exit is counted and timed from `KVM_RUN` returning to
 //! the next `KVM_RUN`.
 
-pub mod control;
 pub mod samples;
-pub mod sleep;
+pub mod state;
 pub mod stuck;
 pub mod threads;
 pub mod watchdog;
 
 use crate::bus::{Bus, BusAddress, BusSet, MmioAddress, PioAddress, SharedBuses};
 use crate::host::nested_exits::{HostExit, NestedExits};
+use crate::run_control::kick;
+use crate::run_control::{GuestStop, RunControl};
 use crate::stats::{DeviceCounts, ExitKind, ExitStats, LiveStats};
-use crate::vcpu::control::{GuestStop, RunControl};
 use crate::vcpu::samples::GuestSamples;
 use crate::vcpu::stuck::StuckWatch;
 use kvm_bindings::{kvm_run, KVM_EXIT_IO_OUT, KVM_MP_STATE_RUNNABLE};
@@ -59,6 +59,15 @@ pub enum Access<'a> {
 }
 
 pub use crate::stats::cycles;
+
+/// At most this many vCPUs (APIC IDs and MADT processor IDs are bytes; 0xff is broadcast).
+pub const MAX_VCPUS: u8 = 254;
+
+/// What a vCPU does while the guest sleeps in ACPI S3 (the machine's, machine::sleep):
+/// parks until a wake event, then sets itself up where the guest resumes.
+pub trait Suspend: Send + Sync {
+    fn sleep(&self, id: u8, fd: &mut VcpuFd, control: &RunControl) -> Result<(), String>;
+}
 
 /// Everything an exit needs besides the vCPU fd, kept apart so that exit data (which
 /// borrows the fd's `kvm_run` page) can be handed to it.
@@ -205,7 +214,7 @@ pub struct Vcpu {
     /// Ends the run when no vCPU makes progress any more (`--stuck-after`), from the samples.
     stuck: Option<StuckWatch>,
     /// Where the vCPU goes while the guest is in ACPI S3, and how it comes back.
-    sleep: Option<Arc<crate::vcpu::sleep::Sleep>>,
+    sleep: Option<Arc<dyn Suspend>>,
 }
 
 impl Vcpu {
@@ -245,8 +254,8 @@ impl Vcpu {
         self.sampling = true;
     }
 
-    /// Lets the guest sleep in S3 (see [`crate::vcpu::sleep`]).
-    pub fn sleep_with(&mut self, sleep: Arc<crate::vcpu::sleep::Sleep>) {
+    /// Lets the guest sleep in S3 (see [`crate::machine::sleep`]).
+    pub fn sleep_with(&mut self, sleep: Arc<dyn Suspend>) {
         self.sleep = Some(sleep);
     }
 
@@ -295,11 +304,11 @@ impl Vcpu {
     /// Lets kicks of the calling thread reach this vCPU through `immediate_exit`
     /// ([`watchdog::bind_kicks`]); until [`Vcpu::unbind_kicks`] the vCPU must stay on it.
     pub fn bind_kicks(&mut self) {
-        watchdog::bind_kicks(self.fd.get_kvm_run());
+        kick::bind_kicks(self.fd.get_kvm_run());
     }
 
     pub fn unbind_kicks(&mut self) {
-        watchdog::bind_kicks(std::ptr::null_mut());
+        kick::bind_kicks(std::ptr::null_mut());
     }
 
     /// Runs until the guest exits or the VMM stops it.
@@ -394,7 +403,7 @@ impl Vcpu {
                 _ => {
                     let (id, fd) = (self.id, &self.fd);
                     let mut read = |msrs: &[u32]| {
-                        crate::snapshot::VcpuState::capture(id, fd, msrs).map_err(|(what, e)| format!("{what}: {e}"))
+                        state::VcpuState::capture(id, fd, msrs).map_err(|(what, e)| format!("{what}: {e}"))
                     };
                     self.control.park_serving(None, Some((id, &mut read)));
                 }

@@ -4,11 +4,11 @@
 //! sent at a steady rate without the stop flag, makes each vCPU note where the guest was.
 
 use crate::host::HostProfile;
+use crate::run_control::kick::{install_kick_handler, kick_signal};
+use crate::run_control::RunControl;
 use crate::seccomp::ThreadKind;
 use crate::stats::ExitStats;
-use crate::vcpu::control::RunControl;
 use crate::vcpu::samples::GuestSamples;
-use crate::vcpu::watchdog::{install_kick_handler, kick_signal};
 use crate::vcpu::{Vcpu, VcpuError};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::Arc;

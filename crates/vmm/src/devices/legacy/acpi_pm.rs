@@ -1,13 +1,12 @@
 //! The ACPI fixed-hardware registers the FADT points at (see [`crate::acpi`]): PM1a event
 //! (status, enable), PM1a control (SCI_EN, SLP_TYP, SLP_EN), the 3.579545 MHz PM timer, and
 //! the reset register. Sleeping in S5 powers the guest off; the reset value resets it.
-//! Sleeping in S3, where offered (crate::vcpu::sleep), parks the vCPUs until a wake event.
+//! Sleeping in S3, where offered (crate::machine::sleep), parks the vCPUs until a wake event.
 
 use crate::bus::BusDevice;
 use crate::layout;
-use crate::vcpu::control::{GuestStop, RunControl};
+use crate::run_control::PowerEvents;
 use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 /// The ACPI PM timer's frequency.
@@ -40,7 +39,7 @@ pub struct PmState {
 }
 
 pub struct AcpiPm {
-    control: Arc<RunControl>,
+    power: PowerEvents,
     started: Instant,
     status: AtomicU16,
     enable: AtomicU16,
@@ -53,9 +52,9 @@ pub struct AcpiPm {
 }
 
 impl AcpiPm {
-    pub fn new(control: Arc<RunControl>, s3: bool) -> Self {
+    pub fn new(power: PowerEvents, s3: bool) -> Self {
         AcpiPm {
-            control,
+            power,
             started: Instant::now(),
             status: AtomicU16::new(0),
             enable: AtomicU16::new(0),
@@ -140,18 +139,18 @@ impl BusDevice for AcpiPm {
                 match (value & SLP_EN != 0, (value >> 10) & 7) {
                     (true, SLP_TYP_S5) => {
                         tracing::info!("guest entered ACPI S5 (soft off)");
-                        self.control.guest_stop(GuestStop::PowerOff);
+                        self.power.power_off();
                     }
                     (true, SLP_TYP_S3) if self.s3 => {
                         tracing::info!("guest entered ACPI S3 (suspend to RAM)");
-                        self.control.suspend(crate::vcpu::watchdog::kick_signal());
+                        self.power.sleep();
                     }
                     _ => {}
                 }
             }
             (RESET, 1) if data[0] == layout::ACPI_RESET_VALUE => {
                 tracing::info!("guest wrote the ACPI reset register");
-                self.control.guest_stop(GuestStop::Reset);
+                self.power.reset();
             }
             (TMR, _) => {} // read-only
             _ => tracing::debug!("ignored {}-byte ACPI PM write at +{offset}", data.len()),
@@ -162,11 +161,13 @@ impl BusDevice for AcpiPm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run_control::{GuestStop, RunControl};
+    use std::sync::Arc;
 
     #[test]
     fn timer_runs_s5_powers_off_and_reset_resets() {
         let control = Arc::new(RunControl::default());
-        let pm = AcpiPm::new(control.clone(), false);
+        let pm = AcpiPm::new(PowerEvents::new(control.clone()), false);
         let mut t0 = [0u8; 4];
         pm.read(TMR, &mut t0);
         std::thread::sleep(std::time::Duration::from_millis(2));
@@ -184,11 +185,11 @@ mod tests {
         pm.write(CNT, &(SLP_TYP_S5 << 10 | SLP_EN).to_le_bytes());
         assert_eq!(control.guest_stopped(), Some(GuestStop::PowerOff));
         let other = Arc::new(RunControl::default());
-        AcpiPm::new(other.clone(), false).write(RESET, &[layout::ACPI_RESET_VALUE]);
+        AcpiPm::new(PowerEvents::new(other.clone()), false).write(RESET, &[layout::ACPI_RESET_VALUE]);
         assert_eq!(other.guest_stopped(), Some(GuestStop::Reset));
         // Where S3 is offered, SLP_TYP 1 suspends: the vCPUs park until a wake.
         let s3 = Arc::new(RunControl::default());
-        AcpiPm::new(s3.clone(), true).write(CNT, &(SLP_TYP_S3 << 10 | SLP_EN).to_le_bytes());
+        AcpiPm::new(PowerEvents::new(s3.clone()), true).write(CNT, &(SLP_TYP_S3 << 10 | SLP_EN).to_le_bytes());
         assert!(s3.is_suspended() && s3.guest_stopped().is_none());
     }
 }
@@ -196,16 +197,17 @@ mod tests {
 #[cfg(test)]
 mod snapshot_tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn a_restored_timer_goes_on_from_the_saved_value_and_registers_come_back() {
-        let old = AcpiPm::new(Arc::new(RunControl::default()), false);
+        let old = AcpiPm::new(PowerEvents::new(Arc::default()), false);
         old.write(EVT + 2, &RTC_EN.to_le_bytes());
         std::thread::sleep(std::time::Duration::from_millis(20));
         let saved = old.save();
         assert!(saved.timer > 0 && saved.enable == RTC_EN, "{saved:?}");
         // A new machine's timer starts near 0; the restored one goes on from the snapshot's.
-        let new = AcpiPm::new(Arc::new(RunControl::default()), false);
+        let new = AcpiPm::new(PowerEvents::new(Arc::default()), false);
         new.restore(&saved);
         let mut t = [0u8; 4];
         new.read(TMR, &mut t);

@@ -1,6 +1,6 @@
 //! The PC's CMOS real-time clock (an MC146818 at ports 0x70/0x71): the time of day from
 //! the host's clock, the update-in-progress bit, the alarm, and 128 bytes of CMOS RAM.
-//! The alarm can wake a guest sleeping in ACPI S3 (crate::vcpu::sleep), which is what
+//! The alarm can wake a guest sleeping in ACPI S3 (crate::machine::sleep), which is what
 //! kvm-unit-tests' `s3` does. Its flags are kept lazily: register C reports the updates
 //! and alarm matches since it was last read. It raises no interrupt (IRQ 8), so the
 //! FADT keeps saying "no CMOS RTC" to Linux and it comes with `--testdevs` only.

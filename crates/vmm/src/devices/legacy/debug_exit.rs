@@ -2,19 +2,18 @@
 //! written becomes the exit status.
 
 use crate::bus::BusDevice;
-use crate::vcpu::control::RunControl;
-use std::sync::Arc;
+use crate::run_control::PowerEvents;
 
 /// Ports the device occupies from its base.
 pub const DEBUG_EXIT_LEN: u64 = 4;
 
 pub struct DebugExit {
-    control: Arc<RunControl>,
+    power: PowerEvents,
 }
 
 impl DebugExit {
-    pub fn new(control: Arc<RunControl>) -> Self {
-        DebugExit { control }
+    pub fn new(power: PowerEvents) -> Self {
+        DebugExit { power }
     }
 }
 
@@ -28,18 +27,20 @@ impl BusDevice for DebugExit {
             return;
         }
         // The low 4 bytes of what was written.
-        self.control.guest_exit(crate::bus::written_value(data) as u32);
+        self.power.exit(crate::bus::written_value(data) as u32);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run_control::RunControl;
+    use std::sync::Arc;
 
     #[test]
     fn a_write_at_offset_zero_sets_the_status() {
         let control = Arc::new(RunControl::default());
-        let dev = DebugExit::new(control.clone());
+        let dev = DebugExit::new(PowerEvents::new(control.clone()));
         dev.write(1, &[9]);
         assert!(!control.should_stop());
         dev.write(0, &[7, 1]);

@@ -6,9 +6,9 @@
 //! which puts the three keys in the output buffer and raises IRQ 1, as Firecracker does.
 
 use crate::bus::BusDevice;
-use crate::vcpu::control::{GuestStop, RunControl};
+use crate::run_control::PowerEvents;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use vmm_sys_util::eventfd::EventFd;
 
 /// Covers ports 0x60 (data) to 0x64 (status/command).
@@ -62,14 +62,14 @@ pub struct State {
 }
 
 pub struct I8042 {
-    control: Arc<RunControl>,
+    power: PowerEvents,
     state: Mutex<State>,
     /// IRQ 1 (an irqfd), when the machine wired one.
     irq: Option<EventFd>,
 }
 
 impl I8042 {
-    pub fn new(control: Arc<RunControl>, irq: Option<EventFd>) -> Self {
+    pub fn new(power: PowerEvents, irq: Option<EventFd>) -> Self {
         let state = State {
             out: VecDeque::with_capacity(BUFFER),
             command_byte: CB_KBD_INT | CB_POST_OK,
@@ -77,7 +77,7 @@ impl I8042 {
             keyboard_param: false,
             last_was_command: false,
         };
-        I8042 { control, state: Mutex::new(state), irq }
+        I8042 { power, state: Mutex::new(state), irq }
     }
 
     /// The controller's registers and queued bytes, for a snapshot.
@@ -139,7 +139,7 @@ impl I8042 {
             CMD_READ_OUTP => self.push(s, &[0x01]), // the reset line not asserted
             CMD_RESET_CPU => {
                 tracing::info!("guest pulsed the i8042 reset line");
-                self.control.guest_stop(GuestStop::Reset);
+                self.power.reset();
             }
             // Mouse port commands and the rest: no mouse, nothing to answer.
             _ => {}
@@ -153,7 +153,7 @@ impl I8042 {
                 return;
             }
             // Output port bit 0 low is the reset line.
-            Some(CMD_WRITE_OUTP) if value & 1 == 0 => return self.control.guest_stop(GuestStop::Reset),
+            Some(CMD_WRITE_OUTP) if value & 1 == 0 => return self.power.reset(),
             Some(_) => return,
             None => {}
         }
@@ -221,6 +221,8 @@ impl BusDevice for I8042 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run_control::{GuestStop, RunControl};
+    use std::sync::Arc;
 
     fn read(dev: &I8042, offset: u64) -> u8 {
         let mut b = [0u8];
@@ -239,7 +241,7 @@ mod tests {
     #[test]
     fn only_the_reset_command_resets() {
         let control = Arc::new(RunControl::default());
-        let dev = I8042::new(control.clone(), None);
+        let dev = I8042::new(PowerEvents::new(control.clone()), None);
         dev.write(0, &[0xfe]);
         dev.write(4, &[0xaa]);
         assert_eq!(control.guest_stopped(), None);
@@ -251,7 +253,7 @@ mod tests {
 
     #[test]
     fn a_driver_probing_gets_a_keyboards_answers() {
-        let dev = I8042::new(Arc::new(RunControl::default()), None);
+        let dev = I8042::new(PowerEvents::new(Arc::default()), None);
         dev.write(CMD_OFFSET, &[CMD_SELF_TEST]);
         assert_eq!(drain(&dev), [0x55]);
         dev.write(CMD_OFFSET, &[CMD_KBD_TEST]);
@@ -273,7 +275,7 @@ mod tests {
     #[test]
     fn ctrl_alt_del_reaches_the_guest_with_an_interrupt_and_is_bounded() {
         let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let dev = I8042::new(Arc::new(RunControl::default()), Some(irq.try_clone().unwrap()));
+        let dev = I8042::new(PowerEvents::new(Arc::default()), Some(irq.try_clone().unwrap()));
         assert!(dev.ctrl_alt_del());
         assert!(irq.read().unwrap() >= 1, "IRQ 1 raised");
         assert_eq!(drain(&dev), CTRL_ALT_DEL);

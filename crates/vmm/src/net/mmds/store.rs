@@ -62,6 +62,19 @@ impl Mmds {
         Ok(())
     }
 
+    /// The store of a VMM started with `--mmds-size-limit` and `--metadata`: `limit`
+    /// bytes at most, holding the JSON document at `metadata` if one is given.
+    pub fn load(limit: usize, metadata: Option<&std::path::Path>) -> Result<Mmds, String> {
+        let mut mmds = Mmds::new(limit);
+        if let Some(path) = metadata {
+            let text = std::fs::read(path).map_err(|e| format!("--metadata: cannot read {}: {e}", path.display()))?;
+            let value: Value = serde_json::from_slice(&text)
+                .map_err(|e| format!("--metadata: {} is not JSON: {e}", path.display()))?;
+            mmds.put(value).map_err(|e| format!("--metadata: {}: {e}", path.display()))?;
+        }
+        Ok(mmds)
+    }
+
     /// Replaces the whole document.
     pub fn put(&mut self, value: Value) -> Result<(), MmdsError> {
         self.check_size(&value)?;

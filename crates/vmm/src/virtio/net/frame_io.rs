@@ -21,8 +21,6 @@ pub(super) struct FrameIo {
     pub segs: Vec<Segment>,
     /// Where the copy path gathers a TX chain.
     tx_buf: Vec<u8>,
-    /// The RX buffers a frame is read into (rx.rs).
-    pub rx: super::rx::RxBuffers,
     pub mmds: Option<MmdsStack>,
     /// The features the driver negotiated (which headers it may send).
     pub features: u64,
@@ -31,7 +29,7 @@ pub(super) struct FrameIo {
 impl FrameIo {
     pub fn new(tap: Arc<Tap>, tx_mode: TxMode, stats: Arc<NetStats>, mmds: Option<MmdsStack>, features: u64) -> Self {
         let segs = Vec::with_capacity(super::QUEUE_SIZE as usize);
-        FrameIo { tap, tx_mode, stats, segs, tx_buf: vec![0; MAX_FRAME], rx: Default::default(), mmds, features }
+        FrameIo { tap, tx_mode, stats, segs, tx_buf: vec![0; MAX_FRAME], mmds, features }
     }
 
     /// Whether MMDS has answers waiting for RX buffers.

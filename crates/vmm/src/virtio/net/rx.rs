@@ -5,12 +5,14 @@
 //! avail ring. MMDS's answers come before the tap's frames, copied in the same way.
 
 use super::features::VIRTIO_NET_F_MRG_RXBUF;
-use super::worker::Worker;
-use super::{MAX_FRAME, RX};
+use super::frame_io::FrameIo;
+use super::MAX_FRAME;
 use crate::net::tap::VNET_HDR_LEN;
+use crate::rate_limiter::Throttle;
 use crate::virtio::chain::{self, Segment};
 use std::sync::atomic::Ordering;
-use virtio_queue::{QueueOwnedT, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::GuestMemoryMmap;
 
 /// The most buffers (descriptors) one frame is read into.
 const MAX_SEGMENTS: usize = 128;
@@ -26,58 +28,69 @@ enum Received {
     NoBuffers,
 }
 
-/// The chains a frame may be read into.
+/// The receive side's own state: the chains a frame may be read into, and whether the
+/// queue ran dry.
 #[derive(Default)]
-pub(super) struct RxBuffers {
+pub(super) struct Rx {
     segs: Vec<Segment>,
     /// Each chain's head and length; their segments follow one another in `segs`.
     chains: Vec<(u16, usize)>,
+    /// The queue ran out of buffers with frames perhaps waiting: a look while polling (no
+    /// kicks) tries again.
+    pub starved: bool,
 }
 
-impl Worker {
-    pub fn process_rx(&mut self) {
-        if self.broken || !self.queues[RX].ready() {
-            return;
-        }
+impl Rx {
+    /// Moves frames from MMDS and the tap into `queue` while buffers, frames and the rate
+    /// limit last. True when buffers were used (the driver is owed an interrupt).
+    pub fn process(
+        &mut self,
+        queue: &mut Queue,
+        mem: &GuestMemoryMmap,
+        io: &mut FrameIo,
+        throttle: &mut Throttle,
+        kicks_wanted: bool,
+    ) -> Result<bool, String> {
         let mut used_any = false;
         loop {
-            if !self.throttles[RX].ready(&self.io.stats.rx_throttled) {
+            if !throttle.ready(&io.stats.rx_throttled) {
                 break; // its expiry calls us again
             }
-            match self.receive_frame() {
-                Ok(Received::Frame(bytes)) => {
-                    self.throttles[RX].charge(1, bytes as u64);
+            match self.receive_frame(queue, mem, io)? {
+                Received::Frame(bytes) => {
+                    throttle.charge(1, bytes as u64);
                     used_any = true;
                 }
-                Ok(Received::Dropped) => used_any = true,
-                Ok(Received::NoFrame) => {
-                    self.rx_starved = false;
+                Received::Dropped => used_any = true,
+                Received::NoFrame => {
+                    self.starved = false;
                     break;
                 }
-                Ok(Received::NoBuffers) => {
-                    self.rx_starved = true;
-                    match crate::virtio::rearm_notifications(&mut self.queues[RX], &self.mem, self.kicks_wanted) {
+                Received::NoBuffers => {
+                    self.starved = true;
+                    match crate::virtio::rearm_notifications(queue, mem, kicks_wanted) {
                         Ok(true) => continue,
                         Ok(false) => break, // wait for the driver's kick, or the next look
-                        Err(e) => return self.fail(&format!("RX queue: {e}")),
+                        Err(e) => return Err(format!("RX queue: {e}")),
                     }
                 }
-                Err(e) => return self.fail(e),
             }
         }
-        if used_any {
-            self.interrupt_if_needed(RX);
-        }
+        Ok(used_any)
     }
 
     /// Takes buffers, then one frame into them.
-    fn receive_frame(&mut self) -> Result<Received, &'static str> {
+    fn receive_frame(
+        &mut self,
+        queue: &mut Queue,
+        mem: &GuestMemoryMmap,
+        io: &mut FrameIo,
+    ) -> Result<Received, String> {
         // With MRG_RXBUF, room for the largest frame the tap may hold (its MTU may be
         // above 1500 even for a guest without GSO); without, the one chain must do.
-        let mergeable = self.io.features & VIRTIO_NET_F_MRG_RXBUF != 0;
+        let mergeable = io.features & VIRTIO_NET_F_MRG_RXBUF != 0;
         let want = if mergeable { MAX_FRAME } else { 1 };
-        let (queue, mem, io) = (&mut self.queues[RX], &self.mem, &mut self.io);
-        let bufs = &mut io.rx;
+        let bufs = self;
         bufs.segs.clear();
         bufs.chains.clear();
         let mut room = 0;
@@ -150,7 +163,7 @@ impl Worker {
         for &(head, len) in &bufs.chains[..used] {
             let take = left.min(len);
             left -= take;
-            queue.add_used(mem, head, take as u32).map_err(|_| "cannot write the RX used ring")?;
+            queue.add_used(mem, head, take as u32).map_err(|_| "cannot write the RX used ring".to_string())?;
         }
         rewind(queue, bufs.chains.len() - used);
         io.stats.rx_frames.fetch_add(1, Ordering::Relaxed);
@@ -159,16 +172,12 @@ impl Worker {
 }
 
 /// A chain no frame can go into goes back used and empty.
-fn used_empty(
-    queue: &mut virtio_queue::Queue,
-    mem: &vm_memory::GuestMemoryMmap,
-    head: u16,
-) -> Result<(), &'static str> {
-    queue.add_used(mem, head, 0).map_err(|_| "cannot write the RX used ring")
+fn used_empty(queue: &mut Queue, mem: &GuestMemoryMmap, head: u16) -> Result<(), String> {
+    queue.add_used(mem, head, 0).map_err(|_| "cannot write the RX used ring".to_string())
 }
 
 /// Puts the last `n` chains taken back on the avail ring.
-fn rewind(queue: &mut virtio_queue::Queue, n: usize) {
+fn rewind(queue: &mut Queue, n: usize) {
     let next = queue.next_avail();
     queue.set_next_avail(next.wrapping_sub(n as u16));
 }

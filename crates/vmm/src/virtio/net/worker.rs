@@ -2,6 +2,7 @@
 //! and, with MMDS, TCP's next timer; moves frames between the queues and `FrameIo`.
 
 use super::frame_io::{FrameIo, SendError};
+use super::rx::Rx;
 use super::{RX, TX};
 use crate::net::tap::VNET_HDR_LEN;
 use crate::poll::{PollMode, PollWindow};
@@ -29,9 +30,7 @@ pub(super) struct Worker {
     pub(super) interrupt: Arc<Interrupt>,
     pub(super) activation_status: Arc<crate::virtio::DeviceStatus>,
     pub(super) io: FrameIo,
-    /// The RX queue ran out of buffers with frames perhaps waiting: a look while polling
-    /// (no kicks) tries again.
-    pub(super) rx_starved: bool,
+    pub(super) rx: Rx,
     pub(super) broken: bool,
     pub(super) poll: PollMode,
     /// False while the thread polls: the queues' notifications stay off (crate::poll).
@@ -55,6 +54,18 @@ impl DeviceJob for Worker {
 }
 
 impl Worker {
+    pub fn process_rx(&mut self) {
+        if self.broken || !self.queues[RX].ready() {
+            return;
+        }
+        let (queue, throttle) = (&mut self.queues[RX], &mut self.throttles[RX]);
+        match self.rx.process(queue, &self.mem, &mut self.io, throttle, self.kicks_wanted) {
+            Ok(true) => self.interrupt_if_needed(RX),
+            Ok(false) => {}
+            Err(e) => self.fail(&e),
+        }
+    }
+
     pub fn new(io: FrameIo, queues: Vec<ActiveQueue>, a: Activation) -> Result<Self, ActivateError> {
         if queues.len() != 2 {
             return Err(ActivateError::QueueCount { want: 2, have: queues.len() });
@@ -67,7 +78,7 @@ impl Worker {
             interrupt: a.interrupt,
             activation_status: a.status,
             io,
-            rx_starved: false,
+            rx: Rx::default(),
             broken: false,
             poll: PollMode::Off,
             kicks_wanted: true,
@@ -163,7 +174,7 @@ impl Worker {
         let n = epoll.wait(0, events).unwrap_or(0);
         let stopped = !self.handle(&events[..n]);
         self.process_tx();
-        if self.rx_starved {
+        if self.rx.starved {
             self.process_rx();
         }
         let after = self.io.stats.snapshot();

@@ -10,7 +10,7 @@
 use crate::devices::legacy::acpi_pm::{RTC_EN, RTC_STS, WAK_STS};
 use crate::devices::legacy::cmos_rtc::CmosRtc;
 use crate::devices::legacy::AcpiPm;
-use crate::vcpu::control::{GuestStop, RunControl};
+use crate::run_control::{GuestStop, RunControl};
 use kvm_bindings::{kvm_dtable, kvm_mp_state, kvm_regs, kvm_segment, KVM_MP_STATE_INIT_RECEIVED};
 use kvm_ioctls::VcpuFd;
 use std::sync::Arc;
@@ -30,6 +30,12 @@ pub struct Sleep {
     memory: GuestMemoryMmap,
 }
 
+impl crate::vcpu::Suspend for Sleep {
+    fn sleep(&self, id: u8, fd: &mut VcpuFd, control: &RunControl) -> Result<(), String> {
+        self.sleep_vcpu(id, fd, control)
+    }
+}
+
 impl Sleep {
     pub fn new(pm: Arc<AcpiPm>, rtc: Arc<CmosRtc>, facs: u64, memory: GuestMemoryMmap) -> Self {
         Sleep { pm, rtc, facs, memory }
@@ -47,7 +53,7 @@ impl Sleep {
 
     /// vCPU `id` sleeps until the machine wakes (vCPU 0 waits for the wake event), then
     /// restarts as the firmware would have it. An error is for the guest's fault report.
-    pub fn sleep(&self, id: u8, fd: &mut VcpuFd, control: &RunControl) -> Result<(), String> {
+    fn sleep_vcpu(&self, id: u8, fd: &mut VcpuFd, control: &RunControl) -> Result<(), String> {
         if id == 0 {
             if control.park_until(self.next_wake()) {
                 tracing::info!("RTC alarm: the guest wakes from S3");

@@ -1,7 +1,13 @@
 //! How a device or the VMM tells the vCPUs to stop, and why; and how the API pauses them.
+//! A leaf: the vCPUs, the machine and the devices' power handle build on it.
 
-use crate::snapshot::VcpuState;
-use crate::vcpu::watchdog::Pthread;
+pub mod kick;
+mod power;
+
+pub use power::PowerEvents;
+
+use crate::vcpu::state::VcpuState;
+use kick::Pthread;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::sync::{Condvar, Mutex};
@@ -43,7 +49,7 @@ impl GuestStop {
 
 const STOP: u8 = 1;
 const PAUSE: u8 = 2;
-/// The guest sleeps in ACPI S3 (crate::vcpu::sleep): vCPUs park until it wakes.
+/// The guest sleeps in ACPI S3 (crate::machine::sleep): vCPUs park until it wakes.
 const SUSPEND: u8 = 4;
 
 /// The vCPU threads as the pause gate sees them.
@@ -356,7 +362,7 @@ mod tests {
 
     #[test]
     fn a_pause_holds_every_vcpu_until_resumed_and_a_stop_ends_it() {
-        crate::vcpu::watchdog::install_kick_handler();
+        kick::install_kick_handler();
         let control = Arc::new(RunControl::default());
         let work = Arc::new(AtomicU64::new(0));
         let threads: Vec<_> = (0..3).map(|id| spin(control.clone(), id, work.clone())).collect();
@@ -364,7 +370,7 @@ mod tests {
             std::thread::yield_now();
         }
         for _ in 0..20 {
-            control.pause(crate::vcpu::watchdog::kick_signal(), Duration::from_secs(10)).unwrap();
+            control.pause(kick::kick_signal(), Duration::from_secs(10)).unwrap();
             assert!(control.is_paused());
             let before = work.load(Ordering::Relaxed);
             std::thread::sleep(Duration::from_millis(5));
@@ -376,13 +382,13 @@ mod tests {
             }
         }
         // Stopping a paused machine wakes and ends every vCPU.
-        control.pause(crate::vcpu::watchdog::kick_signal(), Duration::from_secs(10)).unwrap();
+        control.pause(kick::kick_signal(), Duration::from_secs(10)).unwrap();
         control.request_stop();
         for t in threads {
             t.join().unwrap();
         }
         // With no vCPU running, a pause has nothing to wait for.
         let idle = RunControl::default();
-        assert!(idle.pause(crate::vcpu::watchdog::kick_signal(), Duration::ZERO).is_ok());
+        assert!(idle.pause(kick::kick_signal(), Duration::ZERO).is_ok());
     }
 }

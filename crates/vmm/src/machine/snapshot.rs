@@ -1,0 +1,68 @@
+//! Taking a snapshot of a running machine: the devices paused first (nothing in flight),
+//! then every vCPU's state, the VM's, and RAM into the memory file; the devices go on once
+//! it is written. The file format and its checks are crate::snapshot's.
+
+use super::Machine;
+use crate::snapshot::{memory, msr_list, CpuIdentity, DeviceStates, MachineState, SnapshotError, VcpuState, VmState};
+
+impl Machine {
+    /// This machine's state, its RAM written to `memory`: all of it, or with `diff` only
+    /// the pages the guest wrote since the last snapshot (KVM's dirty log; the file has RAM's
+    /// length and holes elsewhere, to be laid over the previous one's). Refused with the test
+    /// devices, whose state is not saved: better no snapshot than one that resumes a guest
+    /// whose devices forgot what it told them.
+    pub fn snapshot(&self, memory: &mut std::fs::File, diff: bool) -> Result<MachineState, SnapshotError> {
+        use crate::device_manager::DeviceKind;
+        let unsaved = self.devices().devices().iter().find(|d| d.kind == DeviceKind::QemuTest);
+        if let Some(d) = unsaved {
+            return Err(SnapshotError::Refused(format!(
+                "exitless cannot snapshot a microVM with {}: its state is not saved",
+                d.name
+            )));
+        }
+        // A Diff writes the pages each RAM memslot logged as dirty, or without dirty
+        // tracking every resident page (Firecracker's fallback).
+        let diff_pages = match (diff, self.dirty_logged_slots()) {
+            (true, Some(slots)) => Some(memory::DiffPages::Logged(slots)),
+            (true, None) => Some(memory::DiffPages::Resident),
+            (false, _) => None,
+        };
+        // Devices first: what they finish (and the interrupts they send) is in what follows.
+        let devices = DeviceStates::save(self.devices());
+        let taken = take_paused(self, memory, diff_pages);
+        devices.resume(self.devices());
+        let (vm, vcpus, mem_size) = taken?;
+        let count = self.vcpu_count();
+        Ok(MachineState { vcpu_count: count, mem_size, cpu: CpuIdentity::host(), vm, vcpus, devices })
+    }
+}
+
+/// The vCPUs, the VM and the memory file (a Diff of `diff_pages`, or all of RAM), while
+/// the devices are paused.
+fn take_paused(
+    machine: &Machine,
+    memory: &mut std::fs::File,
+    diff_pages: Option<memory::DiffPages>,
+) -> Result<(VmState, Vec<VcpuState>, u64), SnapshotError> {
+    let msrs = msr_list(machine.kvm())?;
+    let count = machine.vcpu_count();
+    let vcpus = machine
+        .control()
+        .save_vcpus(usize::from(count), msrs, std::time::Duration::from_secs(2))
+        .map_err(SnapshotError::Refused)?;
+    let vm = VmState::capture(machine.vm())?;
+    let mem_size = machine.map().ram_regions().iter().map(|&(_, size)| size).sum();
+    let io = |source| SnapshotError::Io { what: "write", path: "the memory file".into(), source };
+    match diff_pages {
+        Some(pages) => memory::write_dirty(machine.vm(), machine.memory(), pages, memory).map_err(io)?,
+        None => {
+            let written = memory::write_full(machine.memory(), memory).map_err(io)?;
+            // What the next Diff holds starts here.
+            if let Some(slots) = machine.dirty_logged_slots() {
+                memory::clear_dirty_log(machine.vm(), machine.memory(), slots).map_err(io)?;
+            }
+            written
+        }
+    };
+    Ok((vm, vcpus, mem_size))
+}
