@@ -9,6 +9,7 @@ pub mod bus;
 pub mod console;
 pub mod device_manager;
 pub mod devices;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod host;
 pub mod ioeventfd;
@@ -27,6 +28,7 @@ pub mod stats;
 pub mod sync;
 pub mod termination;
 /// Stand-ins for KVM: the unit tests' and the fuzz targets'.
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod testing;
 pub mod vcpu;
