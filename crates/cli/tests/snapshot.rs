@@ -236,7 +236,12 @@ fn bad_snapshots_and_bad_timing_are_refused_and_the_vmm_serves_on() {
     let payloads = dir.join("payloads");
     let boot = json!({"kernel_image_path": payloads.join("counter.elf"), "boot_args": "exitless.params=100000"});
     let described = exitless(&["--describe-snapshot", &state]);
-    assert_eq!(stdout(&described).trim(), "v1.0.0", "{}", stderr(&described));
+    assert_eq!(
+        stdout(&described).trim(),
+        format!("v{}.0.0", exitless_vmm::snapshot::FORMAT_VERSION),
+        "{}",
+        stderr(&described)
+    );
     let text = std::fs::read_to_string(&state).unwrap();
     let spoiled = |name: &str, content: String| {
         let path = dir.join(name);
@@ -244,10 +249,14 @@ fn bad_snapshots_and_bad_timing_are_refused_and_the_vmm_serves_on() {
         path.display().to_string()
     };
     let truncated = spoiled("truncated.json", text[..text.len() / 2].to_string());
-    let later = spoiled("later.json", text.replacen("\"format\":1", "\"format\":99", 1));
+    let format = format!("\"format\":{}", exitless_vmm::snapshot::FORMAT_VERSION);
+    let later = spoiled("later.json", text.replacen(&format, "\"format\":99", 1));
     let err = assert_one_line_error(&["--describe-snapshot", &later]);
     assert!(stderr(&err).contains("format 99"), "{}", stderr(&err));
-    let no_vcpus = spoiled("vcpus.json", text.replacen("\"vcpu_count\":2", "\"vcpu_count\":3", 1));
+    // Edited by hand: the checksum refuses it; sealed again, the count check does.
+    let edited = text.replacen("\"vcpu_count\":2", "\"vcpu_count\":3", 1);
+    let damaged = spoiled("damaged.json", edited.clone());
+    let no_vcpus = spoiled("vcpus.json", resealed(&edited));
     let short_mem = dir.join("short.bin");
     std::fs::write(&short_mem, vec![0u8; 4096]).unwrap();
     let short_mem = short_mem.display().to_string();
@@ -260,6 +269,7 @@ fn bad_snapshots_and_bad_timing_are_refused_and_the_vmm_serves_on() {
     };
     assert!(try_load(&truncated, &mem).contains("not an exitless snapshot"));
     assert!(try_load(&later, &mem).contains("format 99"));
+    assert!(try_load(&damaged, &mem).contains("it was damaged"));
     assert!(try_load(&no_vcpus, &mem).contains("vCPU states for 3 vCPUs"));
     assert!(try_load(&state, &short_mem).contains("holds 4096 bytes"));
     assert!(try_load("/nonexistent/s.json", &mem).contains("cannot read"));
@@ -292,12 +302,15 @@ fn bad_snapshots_and_bad_timing_are_refused_and_the_vmm_serves_on() {
     let text = std::fs::read_to_string(&c_state).unwrap();
     let mut edited: serde_json::Value = serde_json::from_str(&text).unwrap();
     edited["config"]["entropy"] = serde_json::Value::Null;
-    let no_rng = spoiled("no-rng.json", edited.to_string());
+    let no_rng = spoiled("no-rng.json", resealed(&edited.to_string()));
     let sock = dir.join("d.sock");
     let mut d = Vmm::start(&sock);
     let body = json!({"snapshot_path": no_rng, "mem_backend": {"backend_type": "File", "backend_path": c_mem}});
     let refused = fault(&sock, "PUT", "/snapshot/load", body);
-    assert!(refused.contains("the snapshot has virtio devices [virtio-rng], the configuration []"), "{refused}");
+    assert!(
+        refused.contains("the snapshot has devices [") && refused.contains("virtio-rng], this machine ["),
+        "{refused}"
+    );
     let _ = d.child.kill();
 }
 
@@ -556,4 +569,14 @@ fn restore_hops(first: &[&str]) {
     }
     let _ = vmm.child.kill();
     let _ = vmm.child.wait();
+}
+
+/// A state file with its checksum made to fit its (edited) contents, as the VMM computes it:
+/// FNV-1a 64 over the compact JSON of `[machine, config]`.
+fn resealed(text: &str) -> String {
+    let mut file: serde_json::Value = serde_json::from_str(text).unwrap();
+    let bytes = serde_json::to_vec(&(&file["machine"], &file["config"])).unwrap();
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    file["checksum"] = format!("fnv1a64:{hash:016x}").into();
+    serde_json::to_string(&file).unwrap()
 }

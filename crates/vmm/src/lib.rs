@@ -19,6 +19,7 @@ pub mod layout;
 pub mod machine;
 pub mod net;
 pub mod pci;
+pub mod persist;
 pub mod poll;
 pub mod rate_limiter;
 pub mod run_control;

@@ -6,8 +6,11 @@
 
 pub mod allocators;
 mod legacy;
+mod persist;
 mod qemu_test;
 mod virtio;
+
+pub use persist::{DeviceRecord, DeviceState, DeviceTree};
 
 pub use allocators::{AllocError, Allocators};
 pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle, TransportKind, VirtioTransport, VsockHandle};
@@ -68,7 +71,7 @@ pub enum DeviceError {
 }
 
 /// What a device is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DeviceKind {
     Serial,
     Keyboard,
@@ -89,7 +92,7 @@ pub enum DeviceKind {
 }
 
 /// Where a device answers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Resource {
     Ports {
         base: u16,

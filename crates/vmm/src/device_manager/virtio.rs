@@ -6,6 +6,7 @@ use super::{BarRequest, DeviceError, DeviceHandle, DeviceKind, DeviceManager};
 use crate::net::mmds::SharedMmds;
 use crate::net::Tap;
 use crate::pci::msix::Msix;
+use crate::persist::{Pausable, Persist, PersistError};
 use crate::poll::PollMode;
 use crate::rate_limiter::{LimiterSlot, Limits};
 use crate::virtio::blk::{BlkStats, DiskSlot, DriveConfig, VirtioBlk};
@@ -80,20 +81,40 @@ impl VirtioTransport {
             VirtioTransport::Mmio(t) => t.core(),
         }
     }
+}
 
-    /// Pauses the device (nothing in flight after this) and reads its transport.
-    pub fn save(&self) -> TransportState {
+/// The transport's registers, queues and (PCI) MSI-X table; the device behind it is
+/// paused first ([`Pausable`]) so the queue positions saved are where it stopped.
+impl Persist<'_> for VirtioTransport {
+    type State = TransportState;
+    type SaveArgs = ();
+    type RestoreArgs = ();
+
+    fn save(&self, (): ()) -> Result<TransportState, PersistError> {
         match self {
             VirtioTransport::Pci(t) => t.save(),
             VirtioTransport::Mmio(t) => t.core().save(),
         }
+        .map_err(PersistError)
     }
 
-    pub fn restore(&self, s: &TransportState) -> Result<(), String> {
+    fn restore(&self, (): (), s: &TransportState) -> Result<(), PersistError> {
         match self {
             VirtioTransport::Pci(t) => t.restore(s),
             VirtioTransport::Mmio(t) => t.restore(s),
         }
+        .map_err(PersistError)
+    }
+}
+
+impl Pausable for VirtioTransport {
+    fn pause(&self) -> Result<(), PersistError> {
+        self.core().pause();
+        Ok(())
+    }
+
+    fn resume(&self) -> Result<(), PersistError> {
+        self.core().resume().map_err(|e| PersistError(e.to_string()))
     }
 }
 

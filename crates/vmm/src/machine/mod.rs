@@ -6,6 +6,7 @@ use crate::boot::{self, cpu, regs, EntryPoint};
 use crate::device_manager::{AllocError, Allocators, DeviceError, DeviceManager, DeviceManagerConfig};
 use crate::host::{HostProfile, NestedExits};
 use crate::layout::{self, LayoutError, MemoryMap};
+use crate::persist::Persist;
 use crate::run_control::{GuestStop, PowerEvents, RunControl};
 use crate::stats::{cycles, ExitStats, LiveStats};
 use crate::vcpu::samples::GuestSamples;
@@ -275,8 +276,8 @@ impl Machine {
         let threads_per_core = if config.smt { 2 } else { 1 };
         let restored = match restore {
             Some(r) => {
-                r.state.vm.restore(&vm, r.clock_realtime).map_err(crate::snapshot::SnapshotError::from)?;
-                r.state.devices.restore(&devices).map_err(crate::snapshot::SnapshotError::Refused)?;
+                vm.restore(r.clock_realtime, &r.state.vm).map_err(crate::snapshot::SnapshotError::from)?;
+                devices.restore((), &r.state.devices).map_err(crate::snapshot::SnapshotError::from)?;
                 Some(r.state.vcpus)
             }
             None => None,
@@ -355,7 +356,7 @@ impl Machine {
         match (&self.restored, plan.entry) {
             (Some(states), _) => {
                 let state = states.get(usize::from(id)).ok_or(MachineError::Vcpus { asked: id, max: plan.count })?;
-                state.restore(&fd).map_err(crate::snapshot::SnapshotError::from)?;
+                fd.restore((), state).map_err(crate::snapshot::SnapshotError::from)?;
             }
             (None, Some(entry)) if id == 0 => regs::setup(&fd, &self.memory, entry)?,
             _ => {}

@@ -3,7 +3,9 @@
 //! it is written. The file format and its checks are crate::snapshot's.
 
 use super::Machine;
-use crate::snapshot::{memory, msr_list, CpuIdentity, DeviceStates, MachineState, SnapshotError, VcpuState, VmState};
+use crate::device_manager::DeviceTree;
+use crate::persist::{Pausable, Persist};
+use crate::snapshot::{memory, msr_list, CpuIdentity, MachineState, SnapshotError, VcpuState, VmState};
 
 impl Machine {
     /// This machine's state, its RAM written to `memory`: all of it, or with `diff` only
@@ -27,30 +29,32 @@ impl Machine {
             (true, None) => Some(memory::DiffPages::Resident),
             (false, _) => None,
         };
-        // Devices first: what they finish (and the interrupts they send) is in what follows.
-        let devices = DeviceStates::save(self.devices());
+        // Devices paused first: what they finish (and the interrupts they send) is in what
+        // follows. They go on whatever the rest does (a failure to is logged by each).
+        self.devices().pause()?;
         let taken = take_paused(self, memory, diff_pages);
-        devices.resume(self.devices());
-        let (vm, vcpus, mem_size) = taken?;
+        let _ = self.devices().resume();
+        let (vm, vcpus, devices, mem_size) = taken?;
         let count = self.vcpu_count();
         Ok(MachineState { vcpu_count: count, mem_size, cpu: CpuIdentity::host(), vm, vcpus, devices })
     }
 }
 
-/// The vCPUs, the VM and the memory file (a Diff of `diff_pages`, or all of RAM), while
-/// the devices are paused.
+/// The vCPUs, the VM, the devices and the memory file (a Diff of `diff_pages`, or all of
+/// RAM), while the devices are paused.
 fn take_paused(
     machine: &Machine,
     memory: &mut std::fs::File,
     diff_pages: Option<memory::DiffPages>,
-) -> Result<(VmState, Vec<VcpuState>, u64), SnapshotError> {
+) -> Result<(VmState, Vec<VcpuState>, DeviceTree, u64), SnapshotError> {
     let msrs = msr_list(machine.kvm())?;
     let count = machine.vcpu_count();
     let vcpus = machine
         .control()
         .save_vcpus(usize::from(count), msrs, std::time::Duration::from_secs(2))
         .map_err(SnapshotError::Refused)?;
-    let vm = VmState::capture(machine.vm())?;
+    let vm = machine.vm().save(())?;
+    let devices = machine.devices().save(())?;
     let mem_size = machine.map().ram_regions().iter().map(|&(_, size)| size).sum();
     let io = |source| SnapshotError::Io { what: "write", path: "the memory file".into(), source };
     match diff_pages {
@@ -64,5 +68,5 @@ fn take_paused(
             written
         }
     };
-    Ok((vm, vcpus, mem_size))
+    Ok((vm, vcpus, devices, mem_size))
 }

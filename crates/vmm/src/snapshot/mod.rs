@@ -8,21 +8,22 @@
 //! Virtio devices are paused first (nothing in flight, devices.rs), so the rings in the
 //! memory file agree with the queue positions saved, and go on once the file is written.
 
-mod devices;
 pub mod memory;
 pub mod uffd;
 pub mod uffd_handler;
 mod vm;
 
+pub use crate::device_manager::DeviceTree;
 pub use crate::vcpu::state::{msr_list, VcpuState};
-pub use devices::{DeviceStates, VirtioDeviceState};
 pub use vm::VmState;
 
 use serde::{Deserialize, Serialize};
 
 const MAGIC: &str = "exitless-snapshot";
-/// Bumped whenever what a state file holds changes meaning.
-pub const FORMAT_VERSION: u32 = 1;
+/// Bumped on every change of what a state file holds (a field added, removed or changing
+/// meaning): a file of another version is refused by name, never half-read.
+/// 2: devices as a tree keyed by name, with placements (crate::persist); a checksum.
+pub const FORMAT_VERSION: u32 = 2;
 /// A state file is a few hundred KiB (the XSAVE areas are the largest part).
 const MAX_STATE_FILE: u64 = 64 << 20;
 
@@ -40,6 +41,8 @@ pub enum SnapshotError {
     Kvm(&'static str, kvm_ioctls::Error),
     #[error("{0}")]
     Refused(String),
+    #[error("{0}")]
+    Persist(#[from] crate::persist::PersistError),
 }
 
 impl From<(&'static str, kvm_ioctls::Error)> for SnapshotError {
@@ -81,7 +84,7 @@ pub struct MachineState {
     pub vcpus: Vec<VcpuState>,
     /// The VMM's own devices (the in-kernel ones are in `vm`).
     #[serde(default)]
-    pub devices: DeviceStates,
+    pub devices: DeviceTree,
 }
 
 impl std::fmt::Debug for VmState {
@@ -101,6 +104,25 @@ pub struct SnapshotFile {
     pub config: serde_json::Value,
 }
 
+/// The file as written: the state and configuration as JSON values, and their checksum.
+#[derive(Serialize, Deserialize)]
+struct Written {
+    magic: String,
+    format: u32,
+    exitless: String,
+    machine: serde_json::Value,
+    config: serde_json::Value,
+    /// FNV-1a (64 bits) of the compact JSON of `[machine, config]`: a file damaged after
+    /// it was written is refused instead of restored.
+    checksum: String,
+}
+
+fn checksum(machine: &serde_json::Value, config: &serde_json::Value) -> Result<String, serde_json::Error> {
+    let bytes = serde_json::to_vec(&(machine, config))?;
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    Ok(format!("fnv1a64:{hash:016x}"))
+}
+
 impl SnapshotFile {
     pub fn new(machine: MachineState, config: serde_json::Value) -> Self {
         SnapshotFile {
@@ -114,7 +136,18 @@ impl SnapshotFile {
 
     pub fn write(&self, path: &std::path::Path) -> Result<(), SnapshotError> {
         let io = |what, source| SnapshotError::Io { what, path: path.display().to_string(), source };
-        let bytes = serde_json::to_vec(self).map_err(|e| io("write", std::io::Error::other(e)))?;
+        let json = |e: serde_json::Error| io("write", std::io::Error::other(e));
+        let machine = serde_json::to_value(&self.machine).map_err(json)?;
+        let checksum = checksum(&machine, &self.config).map_err(json)?;
+        let written = Written {
+            magic: self.magic.clone(),
+            format: self.format,
+            exitless: self.exitless.clone(),
+            machine,
+            config: self.config.clone(),
+            checksum,
+        };
+        let bytes = serde_json::to_vec(&written).map_err(json)?;
         std::fs::write(path, bytes).map_err(|e| io("write", e))
     }
 
@@ -151,9 +184,15 @@ impl SnapshotFile {
         if header.format != FORMAT_VERSION {
             return Err(SnapshotError::Version(name.into(), header.format, header.exitless));
         }
-        let file: SnapshotFile = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
-        file.machine.check().map_err(bad)?;
-        Ok(file)
+        let written: Written = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
+        let sum = checksum(&written.machine, &written.config).map_err(|e| bad(e.to_string()))?;
+        if sum != written.checksum {
+            return Err(bad(format!("its checksum is {}, its contents' {sum}: it was damaged", written.checksum)));
+        }
+        let machine: MachineState = serde_json::from_value(written.machine).map_err(|e| bad(e.to_string()))?;
+        machine.check().map_err(bad)?;
+        let Written { magic, format, exitless, config, .. } = written;
+        Ok(SnapshotFile { magic, format, exitless, machine, config })
     }
 }
 
@@ -237,6 +276,7 @@ pub fn check_restore(r: &Restore, vcpus: u8, mem_size: u64, test_devices: bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device_manager::DeviceState;
 
     fn corpus(name: &str) -> Vec<u8> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/snapshot_loader");
@@ -248,20 +288,33 @@ mod tests {
         let good = SnapshotFile::parse("s", &corpus("counter-1vcpu")).unwrap();
         assert_eq!((good.machine.vcpu_count, good.machine.mem_size), (1, 64 << 20));
         assert!(matches!(SnapshotFile::parse("s", &corpus("truncated")), Err(SnapshotError::Format(..))));
-        assert!(matches!(SnapshotFile::parse("s", &corpus("format-2")), Err(SnapshotError::Version(_, 2, _))));
+        assert!(matches!(SnapshotFile::parse("s", &corpus("format-3")), Err(SnapshotError::Version(_, 3, _))));
         let mut wrong = good;
         wrong.machine.vcpu_count = 2;
         assert!(wrong.machine.check().unwrap_err().contains("1 vCPU states for 2 vCPUs"));
         wrong.machine.vcpu_count = 1;
         wrong.machine.mem_size = 3;
         assert!(wrong.machine.check().is_err());
-        // Virtio devices: each with its config space (hex) and transport.
+        // Devices by name, each with its placement; virtio ones with config space and transport.
         let devices = SnapshotFile::parse("s", &corpus("vsock-rng-devices")).unwrap().machine.devices;
-        let names: Vec<_> = devices.virtio.iter().map(|v| (v.name.as_str(), v.config.len())).collect();
+        let virtio: Vec<_> = devices
+            .0
+            .iter()
+            .filter_map(|(name, r)| match &r.state {
+                Some(DeviceState::Virtio(t)) => Some((name.as_str(), r.config.len(), t)),
+                _ => None,
+            })
+            .collect();
+        let names: Vec<_> = virtio.iter().map(|v| (v.0, v.1)).collect();
         assert_eq!(names, [("virtio-rng", 4096), ("virtio-vsock", 4096)]);
-        assert!(devices.virtio[1].transport.active && devices.virtio[1].transport.queues.len() == 3);
+        assert!(virtio[1].2.active && virtio[1].2.queues.len() == 3);
+        assert!(devices.0.values().all(|r| !r.placement.is_empty()), "every device says where it is");
+        assert!(matches!(devices.0["serial"].state, Some(DeviceState::Serial(_))));
+        // A byte changed after writing: the checksum says so.
         let text = String::from_utf8(corpus("vsock-rng-devices")).unwrap();
-        let odd = text.replacen("\"config\":\"", "\"config\":\"0", 1);
-        assert!(matches!(SnapshotFile::parse("s", odd.as_bytes()), Err(SnapshotError::Format(..))));
+        let damaged = text.replacen("\"mem_size\":67108864", "\"mem_size\":67108865", 1);
+        assert_ne!(damaged, text);
+        let e = SnapshotFile::parse("s", damaged.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("checksum"), "{e}");
     }
 }

@@ -1,5 +1,6 @@
 //! The VM's in-kernel devices: the two PICs and the IOAPIC, the PIT, and the kvmclock.
 
+use crate::persist::{Persist, PersistError};
 use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, kvm_pit_state2, KVM_CLOCK_REALTIME, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
     KVM_IRQCHIP_PIC_SLAVE,
@@ -14,12 +15,17 @@ pub struct VmState {
     pub clock: kvm_clock_data,
 }
 
-type Fail = (&'static str, kvm_ioctls::Error);
-
 const CHIPS: [u32; 3] = [KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_IRQCHIP_IOAPIC];
 
-impl VmState {
-    pub fn capture(vm: &VmFd) -> Result<VmState, Fail> {
+/// The VM's in-kernel devices; restoring takes whether the clock goes on by the wall time
+/// passed (Firecracker's `clock_realtime`).
+impl Persist<'_> for VmFd {
+    type State = VmState;
+    type SaveArgs = ();
+    type RestoreArgs = bool;
+
+    fn save(&self, (): ()) -> Result<VmState, PersistError> {
+        let vm = self;
         let mut irqchips = Vec::new();
         for chip_id in CHIPS {
             let mut chip = kvm_irqchip { chip_id, ..Default::default() };
@@ -33,26 +39,29 @@ impl VmState {
         })
     }
 
-    pub fn restore(&self, vm: &VmFd, realtime: bool) -> Result<(), Fail> {
-        for chip in &self.irqchips {
+    fn restore(&self, realtime: bool, state: &VmState) -> Result<(), PersistError> {
+        let (vm, this) = (self, state);
+        for chip in &this.irqchips {
             vm.set_irqchip(chip).map_err(|e| ("KVM_SET_IRQCHIP", e))?;
         }
-        vm.set_pit2(&self.pit).map_err(|e| ("KVM_SET_PIT2", e))?;
+        vm.set_pit2(&this.pit).map_err(|e| ("KVM_SET_PIT2", e))?;
         // The clock goes on from the snapshot's reading; with `realtime` (checked by
         // [`VmState::has_realtime`]) KVM adds the wall time passed since it was read.
         let clock = match realtime {
             true => kvm_clock_data {
-                clock: self.clock.clock,
+                clock: this.clock.clock,
                 flags: KVM_CLOCK_REALTIME,
-                realtime: self.clock.realtime,
+                realtime: this.clock.realtime,
                 ..Default::default()
             },
-            false => kvm_clock_data { clock: self.clock.clock, ..Default::default() },
+            false => kvm_clock_data { clock: this.clock.clock, ..Default::default() },
         };
         vm.set_clock(&clock).map_err(|e| ("KVM_SET_CLOCK", e))?;
         Ok(())
     }
+}
 
+impl VmState {
     /// Whether the saved clock carries the wall time it was read at (what a
     /// `clock_realtime` restore needs).
     pub fn has_realtime(&self) -> bool {

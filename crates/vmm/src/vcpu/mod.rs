@@ -13,6 +13,7 @@ pub mod watchdog;
 
 use crate::bus::{Bus, BusAddress, BusSet, MmioAddress, PioAddress, SharedBuses};
 use crate::host::nested_exits::{HostExit, NestedExits};
+use crate::persist::Persist;
 use crate::run_control::kick;
 use crate::run_control::{GuestStop, RunControl};
 use crate::stats::{DeviceCounts, ExitKind, ExitStats, LiveStats};
@@ -402,9 +403,7 @@ impl Vcpu {
                 }
                 _ => {
                     let (id, fd) = (self.id, &self.fd);
-                    let mut read = |msrs: &[u32]| {
-                        state::VcpuState::capture(id, fd, msrs).map_err(|(what, e)| format!("{what}: {e}"))
-                    };
+                    let mut read = |msrs: &[u32]| fd.save((id, msrs)).map_err(|e| e.to_string());
                     self.control.park_serving(None, Some((id, &mut read)));
                 }
             }

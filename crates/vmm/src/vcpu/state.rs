@@ -2,6 +2,7 @@
 //! XCRs, debug registers, the LAPIC, pending events, MP state, the MSRs KVM lists, and the
 //! TSC rate. Taken while the vCPU is out of `KVM_RUN` (paused) on its own thread.
 
+use crate::persist::{Persist, PersistError};
 use kvm_bindings::{
     kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs,
     kvm_xsave, Msrs,
@@ -55,7 +56,21 @@ fn read_msrs(vcpu: &VcpuFd, indices: &[u32]) -> Result<Vec<kvm_msr_entry>, Fail>
 }
 
 impl VcpuState {
-    pub fn capture(id: u8, vcpu: &VcpuFd, msrs: &[u32]) -> Result<VcpuState, Fail> {
+    /// The saved value of MSR `index`, if it was saved.
+    pub fn msr(&self, index: u32) -> Option<u64> {
+        self.msrs.iter().find(|m| m.index == index).map(|m| m.data)
+    }
+}
+
+/// A vCPU's state, read on its own thread while it is out of `KVM_RUN`: its id and the
+/// MSRs to read ([`msr_list`]) are the arguments.
+impl<'a> Persist<'a> for VcpuFd {
+    type State = VcpuState;
+    type SaveArgs = (u8, &'a [u32]);
+    type RestoreArgs = ();
+
+    fn save(&self, (id, msrs): (u8, &'a [u32])) -> Result<VcpuState, PersistError> {
+        let vcpu = self;
         // MP state and events first: reading them settles what KVM still had in flight.
         let mp_state = vcpu.get_mp_state().map_err(|e| ("KVM_GET_MP_STATE", e))?;
         let events = vcpu.get_vcpu_events().map_err(|e| ("KVM_GET_VCPU_EVENTS", e))?;
@@ -74,13 +89,15 @@ impl VcpuState {
         })
     }
 
-    /// The saved value of MSR `index`, if it was saved.
-    pub fn msr(&self, index: u32) -> Option<u64> {
-        self.msrs.iter().find(|m| m.index == index).map(|m| m.data)
-    }
-
     /// Puts the state on a freshly created vCPU (its CPUID already set).
-    pub fn restore(&self, vcpu: &VcpuFd) -> Result<(), Fail> {
+    fn restore(&self, (): (), state: &VcpuState) -> Result<(), PersistError> {
+        let (vcpu, this) = (self, state);
+        this.restore_on(vcpu).map_err(PersistError::from)
+    }
+}
+
+impl VcpuState {
+    fn restore_on(&self, vcpu: &VcpuFd) -> Result<(), Fail> {
         if vcpu.get_tsc_khz().ok() != Some(self.tsc_khz) {
             vcpu.set_tsc_khz(self.tsc_khz).map_err(|e| ("KVM_SET_TSC_KHZ", e))?;
         }

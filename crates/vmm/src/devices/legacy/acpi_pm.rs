@@ -5,6 +5,7 @@
 
 use crate::bus::BusDevice;
 use crate::layout;
+use crate::persist::{Persist, PersistError};
 use crate::run_control::PowerEvents;
 use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 use std::time::Instant;
@@ -64,25 +65,6 @@ impl AcpiPm {
         }
     }
 
-    /// The registers a snapshot keeps, the timer's value among them.
-    pub fn save(&self) -> PmState {
-        PmState {
-            status: self.status.load(Ordering::Relaxed),
-            enable: self.enable.load(Ordering::Relaxed),
-            cnt: self.cnt.load(Ordering::Relaxed),
-            timer: self.timer(),
-        }
-    }
-
-    pub fn restore(&self, s: &PmState) {
-        self.status.store(s.status, Ordering::Relaxed);
-        self.enable.store(s.enable, Ordering::Relaxed);
-        // SCI_EN stays set, SLP_EN never sticks: as any write leaves them.
-        self.cnt.store((s.cnt | SCI_EN) & !SLP_EN, Ordering::Relaxed);
-        self.timer_offset.store(0, Ordering::Relaxed);
-        self.timer_offset.store(s.timer.wrapping_sub(self.timer()), Ordering::Relaxed);
-    }
-
     /// PM1 enable, as the guest last wrote it.
     pub fn enabled(&self) -> u16 {
         self.enable.load(Ordering::Relaxed)
@@ -108,6 +90,33 @@ impl AcpiPm {
         b[4..6].copy_from_slice(&self.cnt.load(Ordering::Relaxed).to_le_bytes());
         b[8..12].copy_from_slice(&self.timer().to_le_bytes());
         b
+    }
+}
+
+/// The registers, the timer's value among them (a restored guest's timer goes on).
+impl Persist<'_> for AcpiPm {
+    type State = PmState;
+    type SaveArgs = ();
+    type RestoreArgs = ();
+
+    /// The registers a snapshot keeps, the timer's value among them.
+    fn save(&self, (): ()) -> Result<PmState, PersistError> {
+        Ok(PmState {
+            status: self.status.load(Ordering::Relaxed),
+            enable: self.enable.load(Ordering::Relaxed),
+            cnt: self.cnt.load(Ordering::Relaxed),
+            timer: self.timer(),
+        })
+    }
+
+    fn restore(&self, (): (), s: &PmState) -> Result<(), PersistError> {
+        self.status.store(s.status, Ordering::Relaxed);
+        self.enable.store(s.enable, Ordering::Relaxed);
+        // SCI_EN stays set, SLP_EN never sticks: as any write leaves them.
+        self.cnt.store((s.cnt | SCI_EN) & !SLP_EN, Ordering::Relaxed);
+        self.timer_offset.store(0, Ordering::Relaxed);
+        self.timer_offset.store(s.timer.wrapping_sub(self.timer()), Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -204,16 +213,16 @@ mod snapshot_tests {
         let old = AcpiPm::new(PowerEvents::new(Arc::default()), false);
         old.write(EVT + 2, &RTC_EN.to_le_bytes());
         std::thread::sleep(std::time::Duration::from_millis(20));
-        let saved = old.save();
+        let saved = old.save(()).unwrap();
         assert!(saved.timer > 0 && saved.enable == RTC_EN, "{saved:?}");
         // A new machine's timer starts near 0; the restored one goes on from the snapshot's.
         let new = AcpiPm::new(PowerEvents::new(Arc::default()), false);
-        new.restore(&saved);
+        new.restore((), &saved).unwrap();
         let mut t = [0u8; 4];
         new.read(TMR, &mut t);
         let ahead = u32::from_le_bytes(t).wrapping_sub(saved.timer);
         assert!(ahead < PM_TIMER_HZ as u32 / 10, "{} then {}", saved.timer, u32::from_le_bytes(t));
-        assert_eq!(new.save().enable, RTC_EN);
-        assert_eq!(new.save().cnt & SCI_EN, SCI_EN);
+        assert_eq!(new.save(()).unwrap().enable, RTC_EN);
+        assert_eq!(new.save(()).unwrap().cnt & SCI_EN, SCI_EN);
     }
 }

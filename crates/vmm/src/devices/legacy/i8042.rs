@@ -6,6 +6,7 @@
 //! which puts the three keys in the output buffer and raises IRQ 1, as Firecracker does.
 
 use crate::bus::BusDevice;
+use crate::persist::{Persist, PersistError};
 use crate::run_control::PowerEvents;
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -78,17 +79,6 @@ impl I8042 {
             last_was_command: false,
         };
         I8042 { power, state: Mutex::new(state), irq }
-    }
-
-    /// The controller's registers and queued bytes, for a snapshot.
-    pub fn save(&self) -> State {
-        self.lock().clone()
-    }
-
-    /// Puts a snapshot's registers back; queued bytes beyond what it holds are dropped.
-    pub fn restore(&self, mut state: State) {
-        state.out.truncate(BUFFER);
-        *self.lock() = state;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -170,6 +160,25 @@ impl I8042 {
             }
             _ => self.push(s, &[KBD_ACK]),
         }
+    }
+}
+
+/// The controller's registers and queued bytes.
+impl Persist<'_> for I8042 {
+    type State = State;
+    type SaveArgs = ();
+    type RestoreArgs = ();
+
+    fn save(&self, (): ()) -> Result<State, PersistError> {
+        Ok(self.lock().clone())
+    }
+
+    /// Queued bytes beyond what the controller holds are dropped.
+    fn restore(&self, (): (), state: &State) -> Result<(), PersistError> {
+        let mut state = state.clone();
+        state.out.truncate(BUFFER);
+        *self.lock() = state;
+        Ok(())
     }
 }
 

@@ -5,6 +5,7 @@
 use crate::bus::BusDevice;
 use crate::console::ConsoleOut;
 use crate::irq::GsiRouter;
+use crate::persist::{Persist, PersistError};
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -62,41 +63,6 @@ impl Serial {
         Ok(Serial { uart: Mutex::new(vm_superio::Serial::new(irq, ConsoleOut::spawn(out)?)) })
     }
 
-    /// Waits up to `timeout` for the guest's output so far to be written out.
-    pub fn save(&self) -> SerialRegs {
-        let s = crate::sync::lock(&self.uart).state();
-        SerialRegs {
-            divisor: [s.baud_divisor_low, s.baud_divisor_high],
-            ier: s.interrupt_enable,
-            lcr: s.line_control,
-            mcr: s.modem_control,
-            scratch: s.scratch,
-            input: s.in_buffer,
-        }
-    }
-
-    /// Puts a snapshot's registers back the way a driver sets them (through the register
-    /// interface, so every derived bit follows), then its unread input.
-    pub fn restore(&self, r: &SerialRegs) {
-        const DLAB: u8 = 0x80;
-        let mut uart = crate::sync::lock(&self.uart);
-        let writes = [
-            (3, DLAB),
-            (0, r.divisor[0]),
-            (1, r.divisor[1]),
-            (3, r.lcr & !DLAB),
-            (1, r.ier),
-            (4, r.mcr),
-            (7, r.scratch),
-            (3, r.lcr),
-        ];
-        for (offset, value) in writes {
-            let _ = uart.write(offset, value);
-        }
-        let room = r.input.len().min(uart.fifo_capacity());
-        let _ = uart.enqueue_raw_bytes(&r.input[..room]);
-    }
-
     pub fn drain_output(&self, timeout: Duration) -> bool {
         crate::sync::lock(&self.uart).writer().drain(timeout)
     }
@@ -126,6 +92,48 @@ impl Serial {
                 }
             }
         })?;
+        Ok(())
+    }
+}
+
+/// COM1's registers and its unread input.
+impl Persist<'_> for Serial {
+    type State = SerialRegs;
+    type SaveArgs = ();
+    type RestoreArgs = ();
+
+    fn save(&self, (): ()) -> Result<SerialRegs, PersistError> {
+        let s = crate::sync::lock(&self.uart).state();
+        Ok(SerialRegs {
+            divisor: [s.baud_divisor_low, s.baud_divisor_high],
+            ier: s.interrupt_enable,
+            lcr: s.line_control,
+            mcr: s.modem_control,
+            scratch: s.scratch,
+            input: s.in_buffer,
+        })
+    }
+
+    /// Puts a snapshot's registers back the way a driver sets them (through the register
+    /// interface, so every derived bit follows), then its unread input.
+    fn restore(&self, (): (), r: &SerialRegs) -> Result<(), PersistError> {
+        const DLAB: u8 = 0x80;
+        let mut uart = crate::sync::lock(&self.uart);
+        let writes = [
+            (3, DLAB),
+            (0, r.divisor[0]),
+            (1, r.divisor[1]),
+            (3, r.lcr & !DLAB),
+            (1, r.ier),
+            (4, r.mcr),
+            (7, r.scratch),
+            (3, r.lcr),
+        ];
+        for (offset, value) in writes {
+            let _ = uart.write(offset, value);
+        }
+        let room = r.input.len().min(uart.fifo_capacity());
+        let _ = uart.enqueue_raw_bytes(&r.input[..room]);
         Ok(())
     }
 }

@@ -199,7 +199,9 @@ fn a_saved_transport_restores_onto_a_new_one_and_refuses_a_pci_state() {
     both(|mode| {
         let (t, activations, _) = transport(mode);
         bring_up(&t, VIRTIO_F_VERSION_1 | VIRTIO_F_EVENT_IDX);
-        let saved = t.core().save();
+        assert!(t.core().save().is_err(), "a running device is paused before it is saved");
+        t.core().pause();
+        let saved = t.core().save().unwrap();
         assert!(saved.active && saved.msix.is_none());
         let (u, restored, _) = transport(mode);
         u.restore(&saved).unwrap();

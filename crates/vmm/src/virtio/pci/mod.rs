@@ -329,12 +329,11 @@ impl ConfigHook for VirtioPci {
 }
 
 impl VirtioPci {
-    /// Pauses the device (nothing in flight once this returns) and reads the transport
-    /// with its MSI-X table.
-    pub fn save(&self) -> TransportState {
-        let mut state = self.core.save();
+    /// Reads the transport (of a paused device) with its MSI-X table.
+    pub fn save(&self) -> Result<TransportState, String> {
+        let mut state = self.core.save()?;
         state.msix = Some(crate::sync::lock(&self.msix).save());
-        state
+        Ok(state)
     }
 
     /// Puts a snapshot's state on this transport, built from the same configuration and

@@ -203,7 +203,8 @@ fn a_saved_transport_restores_onto_a_new_one_and_starts_where_its_queues_stood()
     // As if the device had taken 7 chains and used 5 of them.
     let worked = vec![QueuePosition { next_avail: 7, next_used: 5 }, QueuePosition::default()];
     *a_at.lock().unwrap() = worked.clone();
-    let saved = a.save();
+    a.core().pause();
+    let saved = a.save().unwrap();
     assert!(saved.active && saved.status == 0xf, "{saved:?}");
     a.core().resume().unwrap();
     let text = serde_json::to_string(&saved).unwrap();

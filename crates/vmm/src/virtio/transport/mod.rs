@@ -122,14 +122,26 @@ impl Core {
         self.link.interrupts_signalled()
     }
 
-    /// Pauses the device (nothing in flight once this returns) and reads the transport.
-    pub fn save(&self) -> TransportState {
+    /// Stops the device's work (nothing in flight once this returns), for a snapshot.
+    pub fn pause(&self) {
+        let mut t = self.lock();
+        if t.paused.is_none() {
+            t.paused = Some(if t.active { t.device.pause() } else { None });
+        }
+    }
+
+    /// Reads the transport: a device that runs must be paused first.
+    pub fn save(&self) -> Result<TransportState, String> {
         self.lock().save(&self.link)
     }
 
-    /// After [`Core::save`]: the device goes on where it paused.
+    /// After [`Core::pause`]: the device goes on where it stopped.
     pub fn resume(&self) -> Result<(), ActivateError> {
-        self.lock().device.resume()
+        let mut t = self.lock();
+        match t.paused.take() {
+            Some(_) => t.device.resume(),
+            None => Ok(()),
+        }
     }
 
     /// Puts a snapshot's state on this transport (with `vectors` MSI-X vectors), built from
@@ -165,6 +177,8 @@ pub struct Transport {
     pub config_generation: u8,
     /// A snapshot's queue positions and ISR, until the restored device starts.
     pub restored: Option<(Vec<QueuePosition>, u8)>,
+    /// Paused for a snapshot, and where its queues stopped (None if it ran nothing).
+    pub paused: Option<Option<Vec<QueuePosition>>>,
 }
 
 impl Transport {
@@ -183,6 +197,7 @@ impl Transport {
             warned: false,
             config_generation: 0,
             restored: None,
+            paused: None,
         }
     }
 

@@ -43,10 +43,14 @@ pub struct QueueState {
 }
 
 impl Transport {
-    /// Pauses the device (nothing in flight once this returns) and reads the transport.
-    /// The machine is paused: no vCPU changes the transport meanwhile.
-    pub fn save(&mut self, link: &Link) -> TransportState {
-        let positions = if self.active { self.device.pause() } else { None };
+    /// Reads the transport of a paused device (or one that never ran). The machine is
+    /// paused: no vCPU changes the transport meanwhile.
+    pub fn save(&self, link: &Link) -> Result<TransportState, String> {
+        let positions = match &self.paused {
+            Some(positions) => positions.clone(),
+            None if self.active => return Err("the device runs: it must be paused first".into()),
+            None => None,
+        };
         let isr = crate::sync::lock(&link.interrupt).as_ref().map_or(0, |i| i.isr.load(Ordering::Acquire));
         let queues = self
             .queues
@@ -62,7 +66,7 @@ impl Transport {
                 position: positions.as_ref().and_then(|p| p.get(i).copied()),
             })
             .collect();
-        TransportState {
+        Ok(TransportState {
             device_type: self.device.device_type(),
             status: link.status.get(),
             isr,
@@ -75,7 +79,7 @@ impl Transport {
             active: positions.is_some(),
             queues,
             msix: None,
-        }
+        })
     }
 
     /// Puts a snapshot's state on this transport (with `vectors` MSI-X vectors; 0 on
