@@ -178,6 +178,8 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             // musl opens with open(2), glibc with openat(2).
             libc::SYS_open,
             libc::SYS_newfstatat,
+            // musl stats a path with stat(2), glibc with newfstatat(2) or statx(2).
+            libc::SYS_stat,
             libc::SYS_fstat,
             libc::SYS_statx,
             libc::SYS_lseek,
@@ -209,6 +211,8 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             // musl opens with open(2), glibc with openat(2).
             libc::SYS_open,
             libc::SYS_newfstatat,
+            // musl stats a path with stat(2), glibc with newfstatat(2) or statx(2).
+            libc::SYS_stat,
             libc::SYS_statx,
             libc::SYS_lseek,
             libc::SYS_fcntl,
@@ -226,6 +230,8 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         // file); then the signal again, by default action.
         ThreadKind::Signals => &[
             libc::SYS_rt_sigtimedwait,
+            // musl's open marks O_CLOEXEC with fcntl(F_SETFD) after open(2).
+            libc::SYS_fcntl,
             libc::SYS_unlink,
             libc::SYS_umount2,
             libc::SYS_openat,
@@ -233,6 +239,8 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_open,
             libc::SYS_fstat,
             libc::SYS_newfstatat,
+            // musl stats a path with stat(2), glibc with newfstatat(2) or statx(2).
+            libc::SYS_stat,
             libc::SYS_statx,
             libc::SYS_lseek,
             libc::SYS_rt_sigaction,
@@ -456,9 +464,10 @@ mod tests {
             confine(kind).unwrap();
             if ioctl {
                 // Allowed: KVM_RUN's number (on no descriptor: EBADF). Forbidden: TIOCSTI.
+                // (glibc takes the request as c_ulong, musl as c_int.)
                 // SAFETY: ioctls on fd -1 touch no memory and fail.
                 unsafe {
-                    assert_eq!(libc::ioctl(-1, KVM_RUN(), 0), -1);
+                    assert_eq!(libc::ioctl(-1, KVM_RUN() as _, 0), -1);
                     libc::write(2, b"confined\n".as_ptr().cast(), 9);
                     libc::ioctl(-1, libc::TIOCSTI, 0);
                 }
