@@ -21,7 +21,7 @@ use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
 use crate::irq::{GsiRouter, IrqError};
 use crate::layout::{self, MemoryMap};
 use crate::pci::cf8::{Cf8Device, CF8_LEN, CF8_PORT};
-use crate::pci::ecam::{EcamShadow, ECAM_SIZE, SHADOW_MAX_SLOTS};
+use crate::pci::ecam::{EcamPages, EcamShadow, ECAM_SIZE, SHADOW_MAX_SLOTS};
 use crate::pci::ecam_device::EcamDevice;
 use crate::pci::{BarSpec, EcamMode, PciError, PciFunction, PciRoot};
 use crate::virtio::mmio::RegisterMode;
@@ -156,6 +156,8 @@ pub struct DeviceManagerConfig {
     pub pci_config_io: bool,
     /// The transport virtio devices are attached over.
     pub transport: TransportKind,
+    /// The ECAM window's pages, if made before the VM (else made here).
+    pub ecam_pages: Option<EcamPages>,
 }
 
 pub struct DeviceManager {
@@ -187,7 +189,11 @@ impl DeviceManager {
         let ioeventfds = Arc::new(IoeventfdRegistry::new(vm.clone(), config.ioeventfd_limits));
         let gsi_router = Arc::new(GsiRouter::new(vm.clone()));
         let slots = allocators.memslots(SHADOW_MAX_SLOTS)?;
-        let shadow = EcamShadow::new(vm.clone(), layout::ECAM_GPA, slots).map_err(PciError::Shadow)?;
+        let pages = match config.ecam_pages {
+            Some(pages) => pages,
+            None => EcamPages::new().map_err(PciError::Shadow)?,
+        };
+        let shadow = EcamShadow::on(pages, vm.clone(), layout::ECAM_GPA, slots);
         let pci = PciRoot::new(buses.clone(), ioeventfds.clone(), shadow, config.ecam, map.pci_windows())?;
         let pci = Arc::new(pci);
         let mut dm = DeviceManager {

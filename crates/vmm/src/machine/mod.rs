@@ -179,27 +179,27 @@ impl Machine {
         }
         let supported_cpuid =
             kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
-        let vm = kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?;
-        vm.set_tss_address(layout::TSS_GPA as usize).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
-        vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
-        let vm = Arc::new(vm);
-        // KVM_X86_SET_MSR_FILTER waits for an SRCU grace period (23 ms here, a third of the
-        // start): it runs beside the rest of the setup and is joined before any vCPU exists.
+        // Before the VM: see EcamPages.
+        let ecam_pages = crate::pci::ecam::EcamPages::new().map_err(|e| MachineError::Memory(e.into()))?;
+        let vm = Arc::new(kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?);
+        // KVM_X86_SET_MSR_FILTER waits for an SRCU grace period: it runs beside the rest
+        // of the setup and is joined before any vCPU exists.
         let lstar_watch = host.nested().then(|| {
             let vm = vm.clone();
             std::thread::spawn(move || crate::host::emulate::syscall::trap_lstar_writes(&vm))
         });
-        let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
-        vm.create_pit2(pit).map_err(ioctl("KVM_CREATE_PIT2"))?;
-
         let memslots = u32::try_from(kvm.get_nr_memslots()).unwrap_or(u32::MAX);
         let mut allocators = Allocators::new(&map.pci_windows(), memslots)?;
         let restore = config.restore;
         if let Some(r) = &restore {
             crate::snapshot::check_restore(r, config.vcpus, config.mem_size, config.devices.test_devices)?;
         }
-        let (memory, ram_slots, registering, uffd) =
+        // The memslots of RAM and of the ECAM window before the in-kernel irqchip: the first
+        // memslot change after KVM_CREATE_IRQCHIP waits for a grace period it started (7 ms
+        // of a 10 ms InstanceStart on this host; 0.1 ms before it, docs/benchmarks.md).
+        let (memory, ram_slots, uffd) =
             map_guest_ram(&vm, &map, &mut allocators, restore.as_ref().map(|r| &r.memory), config.track_dirty_pages)?;
+        vm.set_tss_address(layout::TSS_GPA as usize).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
         let control = Arc::new(RunControl::default());
         let d = config.devices;
         let dm_config = DeviceManagerConfig {
@@ -208,8 +208,13 @@ impl Machine {
             mmio_registers: d.mmio_registers,
             pci_config_io: d.pci_config_io,
             transport: d.transport,
+            ecam_pages: Some(ecam_pages),
         };
         let mut devices = DeviceManager::new(vm.clone(), memory.clone(), &map, allocators, dm_config)?;
+        // Every device from here on routes interrupts (irqfds, GSI routes): the irqchip first.
+        vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
+        let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+        vm.create_pit2(pit).map_err(ioctl("KVM_CREATE_PIT2"))?;
         devices.attach_serial(d.serial_out, d.serial_in)?;
         let power = PowerEvents::new(control.clone());
         devices.attach_debug_exit(power.clone())?;
@@ -272,7 +277,6 @@ impl Machine {
                 None
             }
         };
-        registering.join()?;
         let threads_per_core = if config.smt { 2 } else { 1 };
         let restored = match restore {
             Some(r) => {

@@ -15,17 +15,14 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestM
 
 /// Guest RAM, anonymous, or from a snapshot's memory (its file mapped privately, or a
 /// page-fault handler's, snapshot/uffd.rs; the userfaultfd is returned to keep); and the
-/// memslot of each region (in order), whose writes KVM logs if `log_dirty`. The memslots
-/// are registered on a thread of their own: KVM waits out an SRCU grace period for them
-/// (about 10 ms on this host), which the rest of the machine's setup overlaps. Join the
-/// handle before a vCPU runs.
+/// memslot of each region (in order), whose writes KVM logs if `log_dirty`.
 pub(super) fn map_guest_ram(
     vm: &Arc<VmFd>,
     map: &MemoryMap,
     allocators: &mut Allocators,
     from: Option<&MemoryBackend>,
     log_dirty: bool,
-) -> Result<(GuestMemoryMmap, Vec<u32>, RamSlots, Option<OwnedFd>), MachineError> {
+) -> Result<(GuestMemoryMmap, Vec<u32>, Option<OwnedFd>), MachineError> {
     let regions: Vec<_> = map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
     let (memory, uffd) = match from {
         Some(MemoryBackend::File(file)) => (crate::snapshot::memory::map_private(file, &regions)?, None),
@@ -36,21 +33,8 @@ pub(super) fn map_guest_ram(
         None => (GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?, None),
     };
     let slots: Vec<u32> = allocators.memslots(memory.num_regions() as u32)?.collect();
-    let (vm, mem, ram) = (vm.clone(), memory.clone(), slots.clone());
-    let registering = std::thread::Builder::new()
-        .name("memslots".into())
-        .spawn(move || register(&vm, &mem, &ram, log_dirty))
-        .map_err(|e| MachineError::Memory(e.into()))?;
-    Ok((memory, slots, RamSlots(registering), uffd))
-}
-
-/// The RAM memslots being registered (map_guest_ram).
-pub(super) struct RamSlots(std::thread::JoinHandle<Result<(), MachineError>>);
-
-impl RamSlots {
-    pub fn join(self) -> Result<(), MachineError> {
-        self.0.join().unwrap_or_else(|_| Err(MachineError::Memory("the memslot thread panicked".into())))
-    }
+    register(vm, &memory, &slots, log_dirty)?;
+    Ok((memory, slots, uffd))
 }
 
 fn register(vm: &VmFd, memory: &GuestMemoryMmap, slots: &[u32], log_dirty: bool) -> Result<(), MachineError> {

@@ -48,23 +48,15 @@ pub enum ShadowError {
     OutOfSlots(usize),
 }
 
-/// The pages behind the mapped ECAM window.
-pub struct EcamShadow {
-    pages: MmapRegion<()>,
-    sink: Arc<dyn MemslotSink>,
-    gpa: u64,
-    /// The KVM memory slots it may use.
-    slot_range: std::ops::Range<u32>,
-    /// Slots in use, with the first page and page count of each.
-    slots: Vec<(u32, usize, usize)>,
-}
+/// The ECAM window's pages, all-ones (no function): each page a private mapping of one
+/// shared all-ones page, so the 256 absent functions cost one page, not 1 MiB per VM; the
+/// first store to a page copies it (copy-on-write) and the copy is that function's own.
+/// Made before the VM exists when it can be: 256 mappings made while KVM watches the
+/// process's memory (its MMU notifier) hold up the memslot changes made meanwhile.
+pub struct EcamPages(MmapRegion<()>);
 
-impl EcamShadow {
-    /// Pages for every function, all-ones (no function) until filled in. Each page starts
-    /// as a private mapping of one shared all-ones page, so the 256 absent functions cost one
-    /// page, not 1 MiB per VM; the first store to a page copies it (copy-on-write) and the
-    /// copy is that function's own.
-    pub fn new(sink: Arc<dyn MemslotSink>, gpa: u64, slot_range: std::ops::Range<u32>) -> Result<Self, ShadowError> {
+impl EcamPages {
+    pub fn new() -> Result<Self, ShadowError> {
         let pages = MmapRegion::new(ECAM_SIZE as usize).map_err(|e| ShadowError::Map(std::io::Error::other(e)))?;
         let ones = all_ones_page().map_err(ShadowError::Map)?;
         for index in 0..FUNCTIONS {
@@ -86,7 +78,30 @@ impl EcamShadow {
                 return Err(ShadowError::Map(std::io::Error::last_os_error()));
             }
         }
-        Ok(EcamShadow { pages, sink, gpa, slot_range, slots: Vec::new() })
+        Ok(EcamPages(pages))
+    }
+}
+
+/// The pages behind the mapped ECAM window.
+pub struct EcamShadow {
+    pages: MmapRegion<()>,
+    sink: Arc<dyn MemslotSink>,
+    gpa: u64,
+    /// The KVM memory slots it may use.
+    slot_range: std::ops::Range<u32>,
+    /// Slots in use, with the first page and page count of each.
+    slots: Vec<(u32, usize, usize)>,
+}
+
+impl EcamShadow {
+    /// Pages for every function, all-ones (no function) until filled in ([`EcamPages`]).
+    pub fn new(sink: Arc<dyn MemslotSink>, gpa: u64, slot_range: std::ops::Range<u32>) -> Result<Self, ShadowError> {
+        Ok(Self::on(EcamPages::new()?, sink, gpa, slot_range))
+    }
+
+    /// The shadow on pages made earlier.
+    pub fn on(pages: EcamPages, sink: Arc<dyn MemslotSink>, gpa: u64, slot_range: std::ops::Range<u32>) -> Self {
+        EcamShadow { pages: pages.0, sink, gpa, slot_range, slots: Vec::new() }
     }
 
     /// Rewrites function `index`'s page from its config space (None: all-ones), one aligned
