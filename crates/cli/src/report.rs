@@ -56,7 +56,7 @@ pub fn profile(report: &RunReport) -> String {
         );
         poll_line(&mut s, "virtio-net", &n.poll);
     }
-    for (name, d) in &report.drives {
+    for (name, _, d) in &report.drives {
         let _ = writeln!(
             s,
             "  {name} ({}): {} reads ({} KiB), {} writes ({} KiB), {} flushes, {} discards, {} errors, {} malformed, {} kicks, {} irqs, {} throttled",
@@ -166,7 +166,7 @@ pub fn json(report: &RunReport) -> Value {
         // The first NIC (what the labs read), then every NIC by tap name.
         "net": report.nets.first().map(|(_, n)| net_json(n)),
         "nets": report.nets.iter().map(|(tap, n)| (tap.clone(), net_json(n))).collect::<Map<String, Value>>(),
-        "drives": report.drives.iter().map(|(name, d)| (name.clone(), json!({
+        "drives": report.drives.iter().map(|(name, _, d)| (name.clone(), json!({
             "reads": d.reads, "writes": d.writes, "read_bytes": d.read_bytes, "write_bytes": d.write_bytes,
             "flushes": d.flushes, "discards": d.discards, "errors": d.errors, "bad_requests": d.bad_requests,
             "kicks": d.kicks, "irqs": d.irqs, "throttled": d.throttled, "engine": d.engine,

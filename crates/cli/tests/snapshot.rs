@@ -21,6 +21,7 @@ const TICKS: u64 = 2500;
 struct Vmm {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Vmm {
@@ -34,12 +35,22 @@ impl Vmm {
         let out = child.stdout.take().unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
                 sink.lock().unwrap().push(line);
             }
         });
-        Vmm { child, lines }
+        Vmm { child, lines, reader: Some(reader) }
+    }
+
+    /// Ends the VMM and reads what it printed to the last line (on a loaded host the
+    /// reader may be behind when the process ends).
+    fn stop_and_drain(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
     }
 
     /// The ticks printed whole so far.
@@ -374,7 +385,7 @@ fn diff_snapshots_laid_over_their_base_equal_a_full_one() {
     }
     // At the same pause as the last Diff: the memory the Diffs must add up to.
     let (_, full) = take("Full", 3);
-    let _ = a.child.kill();
+    a.stop_and_drain();
     let merged = dir.join("merged.bin");
     std::fs::copy(&base, &merged).unwrap();
     for (_, diff) in &diffs {

@@ -49,8 +49,6 @@ pub struct Vm {
     pub enable_pci: bool,
     /// `--host-profile`.
     pub host_profile: exitless_vmm::host::ProfileChoice,
-    /// Drive ids in the order their devices were built (the machine's `drives`).
-    built_drives: Vec<String>,
     /// MMDS's document and settings, shared with the NICs that answer it (api::mmds).
     pub mmds: exitless_vmm::net::mmds::SharedMmds,
 }
@@ -64,7 +62,6 @@ impl Vm {
             boot_timer: false,
             enable_pci: false,
             host_profile: Default::default(),
-            built_drives: Vec::new(),
             mmds: Arc::new(std::sync::Mutex::new(exitless_vmm::net::mmds::Mmds::new(
                 exitless_vmm::net::mmds::DEFAULT_SIZE_LIMIT,
             ))),
@@ -189,20 +186,18 @@ impl Vm {
     /// guest told by a configuration-change interrupt) and/or new rate limits.
     pub fn update_drive(&mut self, id: &str, p: PartialDrive) -> Result<(), Fault> {
         same_id(id, &p.drive_id)?;
-        let index = self.built_drives.iter().position(|d| d == id);
         let machine = self.running("drives are updated on a running one")?.clone();
-        let index = index.ok_or_else(|| Fault(format!("No drive with id {id}.")))?;
         let drive = self.config.drives.iter_mut().find(|d| d.drive_id == id);
         let drive = drive.ok_or_else(|| Fault(format!("No drive with id {id}.")))?;
         if let Some(path) = p.path_on_host {
             machine
                 .devices()
-                .update_drive(index, std::path::Path::new(&path))
+                .update_drive(id, std::path::Path::new(&path))
                 .map_err(|e| Fault(format!("Unable to patch the block device: {}", crate::with_causes(&e))))?;
             drive.path_on_host = path;
         }
         if let Some(limiter) = p.rate_limiter {
-            machine.devices().set_drive_limits(index, limiter.limits()).map_err(|e| Fault(e.to_string()))?;
+            machine.devices().set_drive_limits(id, limiter.limits()).map_err(|e| Fault(e.to_string()))?;
             drive.rate_limiter = Some(limiter);
         }
         Ok(())
@@ -216,7 +211,7 @@ impl Vm {
         let index = self.config.network_interfaces.iter().position(|n| n.iface_id == id);
         let index = index.ok_or_else(|| Fault(format!("No network interface with id {id}.")))?;
         let (rx, tx) = (p.rx_rate_limiter.map(|l| l.limits()), p.tx_rate_limiter.map(|l| l.limits()));
-        machine.devices().set_net_limits(index, rx, tx).map_err(|e| Fault(e.to_string()))?;
+        machine.devices().set_net_limits(id, rx, tx).map_err(|e| Fault(e.to_string()))?;
         let nic = &mut self.config.network_interfaces[index];
         if p.rx_rate_limiter.is_some() {
             nic.rx_rate_limiter = p.rx_rate_limiter;
@@ -331,6 +326,7 @@ impl Vm {
                     tx_limits: super::model::limits(n.tx_rate_limiter.as_ref()),
                     mmds: self.mmds_on(&n.iface_id).map(|ip| (self.mmds.clone(), ip)),
                     offloads: n.offloads.unwrap_or(true),
+                    config_id: Some(n.iface_id.clone()),
                 })
             })
             .collect::<Result<Vec<_>, Fault>>()?;
@@ -352,12 +348,12 @@ impl Vm {
             Some(root) => format!("{cmdline} {}", root_args(root)),
             None => cmdline,
         };
-        self.built_drives = drives.iter().map(|d| d.drive_id.clone()).collect();
         let drives = drives
             .into_iter()
             .map(|d| DriveConfig {
                 readonly: d.is_read_only.unwrap_or(false),
                 id: Some(d.drive_id.chars().take(exitless_vmm::virtio::blk::request::ID_LEN).collect()),
+                config_id: Some(d.drive_id.clone()),
                 thread_pool: d.io_engine.as_deref() == Some("Sync"),
                 limits: super::model::limits(d.rate_limiter.as_ref()),
                 ..DriveConfig::new(&d.path_on_host)
@@ -430,7 +426,7 @@ impl Vm {
             sample.count(group, "read_count", counts.reads);
             sample.count(group, "write_count", counts.writes);
         }
-        for (id, (_, d)) in self.built_drives.iter().zip(&report.drives) {
+        for (_, id, d) in &report.drives {
             sample.block(
                 id,
                 &[

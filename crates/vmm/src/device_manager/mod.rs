@@ -65,9 +65,9 @@ pub enum DeviceError {
     #[error(transparent)]
     Drive(#[from] crate::virtio::blk::DiskError),
     #[error("the machine has no drive {0}")]
-    NoDrive(usize),
+    NoDrive(String),
     #[error("the machine has no network interface {0}")]
-    NoNic(usize),
+    NoNic(String),
 }
 
 /// What a device is.

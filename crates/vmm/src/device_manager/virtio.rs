@@ -36,6 +36,9 @@ pub struct NetConfig {
     pub mmds: Option<(SharedMmds, Ipv4Addr)>,
     /// Checksum and segmentation offloads offered (as far as the tap carries them).
     pub offloads: bool,
+    /// The id its configuration knows it by (Firecracker's `iface_id`), by which it is
+    /// found again (PATCH /network-interfaces/{id}); the device manager's name when not given.
+    pub config_id: Option<String>,
 }
 
 impl NetConfig {
@@ -51,6 +54,7 @@ impl NetConfig {
             tx_limits: Limits::default(),
             mmds: None,
             offloads: true,
+            config_id: None,
         }
     }
 }
@@ -121,6 +125,8 @@ impl Pausable for VirtioTransport {
 /// A virtio-blk device, for the API, the lab and the report.
 pub struct DriveHandle {
     pub name: String,
+    /// The id it is found by (DriveConfig::config_id, else `name`).
+    pub id: String,
     pub stats: Arc<BlkStats>,
     pub transport: VirtioTransport,
     /// The backing file, swapped by [`DeviceManager::update_drive`].
@@ -131,6 +137,8 @@ pub struct DriveHandle {
 
 /// A virtio-net device, for the API, the lab and the report.
 pub struct NetHandle {
+    /// The id it is found by (NetConfig::config_id, else its device name).
+    pub id: String,
     pub stats: Arc<NetStats>,
     pub transport: VirtioTransport,
     pub tap_name: String,
@@ -250,7 +258,8 @@ impl DeviceManager {
             0 => "virtio-net".to_string(),
             n => format!("virtio-net{n}"),
         };
-        let handle = |transport| DeviceHandle::Net(NetHandle { stats, transport, tap_name, limits });
+        let id = net.config_id.clone().unwrap_or_else(|| name.clone());
+        let handle = |transport| DeviceHandle::Net(NetHandle { id, stats, transport, tap_name, limits });
         self.attach_virtio(&name, DeviceKind::VirtioNet, Box::new(device), handle).map(drop)
     }
 
@@ -268,8 +277,9 @@ impl DeviceManager {
             device.engine_name()
         );
         let (stats, disk, limits) = (device.stats.clone(), device.disk_slot(), device.limiter_slot());
-        let drive_name = name.clone();
-        let handle = |transport| DeviceHandle::Block(DriveHandle { name: drive_name, stats, transport, disk, limits });
+        let (drive_name, id) = (name.clone(), drive.config_id.clone().unwrap_or_else(|| name.clone()));
+        let handle =
+            |transport| DeviceHandle::Block(DriveHandle { name: drive_name, id, stats, transport, disk, limits });
         self.attach_virtio(&name, DeviceKind::VirtioBlock, Box::new(device), handle).map(drop)
     }
 
@@ -290,25 +300,35 @@ impl DeviceManager {
         self.attach_virtio("virtio-vsock", DeviceKind::VirtioVsock, Box::new(device), handle).map(drop)
     }
 
-    /// Gives drive `index` a new backing file on a running guest: its capacity re-read,
-    /// the guest told by a configuration-change interrupt (Firecracker's PATCH /drives).
-    pub fn update_drive(&self, index: usize, path: &std::path::Path) -> Result<(), DeviceError> {
-        let drive = self.drives().nth(index).ok_or(DeviceError::NoDrive(index))?;
+    /// The drive its configuration calls `id`.
+    pub fn drive(&self, id: &str) -> Result<&DriveHandle, DeviceError> {
+        self.drives().find(|d| d.id == id).ok_or_else(|| DeviceError::NoDrive(id.into()))
+    }
+
+    /// The NIC its configuration calls `id`.
+    pub fn nic(&self, id: &str) -> Result<&NetHandle, DeviceError> {
+        self.nets().find(|n| n.id == id).ok_or_else(|| DeviceError::NoNic(id.into()))
+    }
+
+    /// Gives drive `id` a new backing file on a running guest: its capacity re-read, the
+    /// guest told by a configuration-change interrupt (Firecracker's PATCH /drives).
+    pub fn update_drive(&self, id: &str, path: &std::path::Path) -> Result<(), DeviceError> {
+        let drive = self.drive(id)?;
         let disk = drive.disk.swap(path)?;
         tracing::info!("{}: swapped to {} ({} bytes)", drive.name, path.display(), disk.capacity);
         drive.transport.core().config_changed();
         Ok(())
     }
 
-    /// New rate limits for drive `index` (Firecracker's PATCH /drives rate_limiter).
-    pub fn set_drive_limits(&self, index: usize, limits: Limits) -> Result<(), DeviceError> {
-        self.drives().nth(index).ok_or(DeviceError::NoDrive(index))?.limits.set(limits);
+    /// New rate limits for drive `id` (Firecracker's PATCH /drives rate_limiter).
+    pub fn set_drive_limits(&self, id: &str, limits: Limits) -> Result<(), DeviceError> {
+        self.drive(id)?.limits.set(limits);
         Ok(())
     }
 
-    /// New rate limits for NIC `index`, each way that is given (PATCH /network-interfaces).
-    pub fn set_net_limits(&self, index: usize, rx: Option<Limits>, tx: Option<Limits>) -> Result<(), DeviceError> {
-        let nic = self.nets().nth(index).ok_or(DeviceError::NoNic(index))?;
+    /// New rate limits for NIC `id`, each way that is given (PATCH /network-interfaces).
+    pub fn set_net_limits(&self, id: &str, rx: Option<Limits>, tx: Option<Limits>) -> Result<(), DeviceError> {
+        let nic = self.nic(id)?;
         for (slot, limits) in nic.limits.iter().zip([rx, tx]) {
             if let Some(limits) = limits {
                 slot.set(limits);

@@ -112,8 +112,8 @@ pub struct RunReport {
     pub vmm_memory: Option<VmmMemory>,
     /// Each virtio-net device's tap name and counters.
     pub nets: Vec<(String, NetCounters)>,
-    /// Each drive's name and virtio-blk counters.
-    pub drives: Vec<(String, BlkCounters)>,
+    /// Each drive's name, the id its configuration gave it, and its virtio-blk counters.
+    pub drives: Vec<(String, String, BlkCounters)>,
     /// Each vCPU's guest RIP samples, by vCPU id (empty unless sampling was asked for).
     pub samples: Vec<GuestSamples>,
     /// The host profile in force, and why (`nested (KVM is kvm_pvm: ...)`).
@@ -483,7 +483,7 @@ impl Machine {
             tsc_hz,
             vmm_memory: guest_start.and_then(vmm_memory_kib),
             nets: self.devices.nets().map(|n| (n.tap_name.clone(), n.stats.snapshot())).collect(),
-            drives: self.devices.drives().map(|d| (d.name.clone(), d.stats.snapshot())).collect(),
+            drives: self.devices.drives().map(|d| (d.name.clone(), d.id.clone(), d.stats.snapshot())).collect(),
             samples: Vec::new(),
             host_profile: self.host.describe(),
         }

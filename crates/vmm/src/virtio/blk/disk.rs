@@ -15,6 +15,9 @@ pub struct DriveConfig {
     pub readonly: bool,
     /// What GET_ID answers (at most 20 bytes); the file name when not given.
     pub id: Option<String>,
+    /// The id its configuration knows it by (Firecracker's `drive_id`), by which it is
+    /// found again (PATCH /drives/{id}); the device manager's name when not given.
+    pub config_id: Option<String>,
     /// Bypass the host page cache (O_DIRECT) where the filesystem allows it.
     pub direct: bool,
     /// Use the thread pool even where io_uring exists (Firecracker's io_engine "Sync"
@@ -30,6 +33,7 @@ impl DriveConfig {
             path: path.into(),
             readonly: false,
             id: None,
+            config_id: None,
             direct: false,
             thread_pool: false,
             limits: Default::default(),
