@@ -7,15 +7,9 @@
  * Param 0 = moves (1000), param 1 = TSC cycles the reader waits before each read (300000).
  * Exits 0 when no read saw all-ones and enough reads were checked. */
 #include "acpi.h"
+#include "apic.h"
 #include "pci.h"
 
-extern char ap_trampoline[], ap_trampoline_end[];
-
-#define APIC_SVR 0xf0
-#define APIC_ICR_LO 0x300
-#define APIC_ICR_HI 0x310
-#define ICR_INIT 0x000c4500u
-#define ICR_SIPI 0x000c4600u
 #define DOORBELL_IDS 0x0d00e1e5u
 #define BAR0 0x10
 
@@ -25,14 +19,6 @@ static volatile u32 started, finished;
 static u32 fn, moves;
 static u64 pause;
 static u64 home, away;
-
-static void apic_write(u32 reg, u32 v) { *(volatile u32 *)(LAPIC_GPA + reg) = v; }
-static u32 apic_read(u32 reg) { return *(volatile u32 *)(LAPIC_GPA + reg); }
-
-static void wait_cycles(u64 cycles) {
-	u64 start = rdtsc();
-	while (rdtsc() - start < cycles) __asm__ volatile("pause");
-}
 
 void ap_main(u32 apic_id) {
 	(void)apic_id;
@@ -80,16 +66,7 @@ int main(void) {
 	print("barmove: doorbell 00:%02x.%u BAR0 moves %u times between %lx and %lx\n", fn >> 3, fn & 7, moves,
 	      home, away);
 
-	u8 *dst = (u8 *)AP_TRAMPOLINE_GPA;
-	for (char *p = ap_trampoline; p < ap_trampoline_end; p++) *dst++ = (u8)*p;
-	apic_write(APIC_SVR, apic_read(APIC_SVR) | 0x1ff);
-	apic_write(APIC_ICR_HI, 0);
-	apic_write(APIC_ICR_LO, ICR_INIT);
-	wait_cycles(10000000);
-	for (int i = 0; i < 2; i++) {
-		apic_write(APIC_ICR_LO, ICR_SIPI | (AP_TRAMPOLINE_GPA >> 12));
-		wait_cycles(2000000);
-	}
+	start_other_cpus();
 	enter_user();
 	u64 start = rdtsc(), limit = 60 * 3000000000ULL;
 	while (!__atomic_load_n(&started, __ATOMIC_SEQ_CST) && rdtsc() - start < limit) __asm__ volatile("pause");
