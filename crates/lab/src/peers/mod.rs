@@ -139,7 +139,7 @@ fn run_in(opts: &Options, dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<
         .iter()
         .map(|(vmm, exe)| Column {
             vmm: *vmm,
-            version: version(exe),
+            version: version(*vmm, exe),
             starts: Vec::new(),
             fleets: Vec::new(),
             blk: Vec::new(),
@@ -258,11 +258,19 @@ fn io_rows(
     }
 }
 
-/// `PATH --version`'s last line (exitless's first is the Firecracker version it serves).
-fn version(exe: &Path) -> String {
+/// The line of `PATH --version` that names the VMM itself: exitless's first line is the
+/// Firecracker version it serves, Firecracker's last is now its exit log line, Cloud
+/// Hypervisor's last its migration protocol.
+fn version(vmm: Vmm, exe: &Path) -> String {
     let out = std::process::Command::new(exe).arg("--version").stderr(std::process::Stdio::null()).output();
     let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-    text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or_default().to_string()
+    let own = match vmm {
+        Vmm::Exitless => "exitless v",
+        Vmm::Firecracker => "firecracker v",
+        Vmm::CloudHypervisor => "cloud-hypervisor v",
+    };
+    let line = text.lines().find(|l| l.to_ascii_lowercase().starts_with(own));
+    line.or_else(|| text.lines().find(|l| !l.trim().is_empty())).unwrap_or_default().to_string()
 }
 
 /// One VM: spawned, booted, measured once its guest runs, then killed.
