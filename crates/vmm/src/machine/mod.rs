@@ -3,11 +3,11 @@
 //! [`MachineConfig`]; [`Machine::run`] runs the vCPUs on threads of their own.
 
 use crate::boot::{self, cpu, regs, EntryPoint};
-use crate::device_manager::{AllocError, Allocators, DeviceError, DeviceManager, DeviceManagerConfig};
+use crate::device_manager::{AllocError, DeviceError, DeviceManager};
 use crate::host::{HostProfile, NestedExits};
-use crate::layout::{self, LayoutError, MemoryMap};
+use crate::layout::{LayoutError, MemoryMap};
 use crate::persist::Persist;
-use crate::run_control::{GuestStop, PowerEvents, RunControl};
+use crate::run_control::{GuestStop, RunControl};
 use crate::stats::{cycles, ExitStats, LiveStats};
 use crate::vcpu::samples::GuestSamples;
 use crate::vcpu::{Vcpu, VcpuError};
@@ -18,7 +18,7 @@ use crate::virtio::net::NetCounters;
 /// most a guest's hypercall waits for its answer.
 const HYPERCALL_WATCH: std::time::Duration = std::time::Duration::from_millis(200);
 use crate::{acpi, kvm};
-use kvm_bindings::{kvm_pit_config, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_bindings::CpuId;
 use kvm_ioctls::{Kvm, VmFd};
 
 use std::sync::Arc;
@@ -29,6 +29,7 @@ pub use crate::device_manager::NetConfig;
 pub use config::{AttachFixed, DeviceConfig, MachineConfig, RunOptions};
 pub use ram::{read_result, shared_slot};
 
+mod build;
 mod config;
 mod load;
 mod ram;
@@ -166,146 +167,6 @@ fn join_lstar_watch(watch: Option<LstarWatch>) {
 }
 
 impl Machine {
-    /// Creates the VM with its memory, loads the image and attaches the configured devices.
-    pub fn new(config: MachineConfig) -> Result<Machine, MachineError> {
-        let started = (Instant::now(), cycles());
-        let host = HostProfile::choose(config.host);
-        tracing::info!("host profile: {}", host.describe());
-        let map = MemoryMap::new(config.mem_size)?;
-        let kvm = kvm::open()?;
-        let max_vcpus = kvm.get_max_vcpus().min(usize::from(MAX_VCPUS)) as u8;
-        if !(1..=max_vcpus).contains(&config.vcpus) {
-            return Err(MachineError::Vcpus { asked: config.vcpus, max: max_vcpus });
-        }
-        let supported_cpuid =
-            kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
-        // Before the VM: see EcamPages.
-        let ecam_pages = crate::pci::ecam::EcamPages::new().map_err(|e| MachineError::Memory(e.into()))?;
-        let vm = Arc::new(kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?);
-        // KVM_X86_SET_MSR_FILTER waits for an SRCU grace period: it runs beside the rest
-        // of the setup and is joined before any vCPU exists.
-        let lstar_watch = host.nested().then(|| {
-            let vm = vm.clone();
-            std::thread::spawn(move || crate::host::emulate::syscall::trap_lstar_writes(&vm))
-        });
-        let memslots = u32::try_from(kvm.get_nr_memslots()).unwrap_or(u32::MAX);
-        let mut allocators = Allocators::new(&map.pci_windows(), memslots)?;
-        let restore = config.restore;
-        if let Some(r) = &restore {
-            crate::snapshot::check_restore(r, config.vcpus, config.mem_size, config.devices.test_devices)?;
-        }
-        // The memslots of RAM and of the ECAM window before the in-kernel irqchip: the first
-        // memslot change after KVM_CREATE_IRQCHIP waits for a grace period it started (7 ms
-        // of a 10 ms InstanceStart on this host; 0.1 ms before it, docs/benchmarks.md).
-        let (memory, ram_slots, uffd) =
-            map_guest_ram(&vm, &map, &mut allocators, restore.as_ref().map(|r| &r.memory), config.track_dirty_pages)?;
-        vm.set_tss_address(layout::TSS_GPA as usize).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
-        let control = Arc::new(RunControl::default());
-        let d = config.devices;
-        let dm_config = DeviceManagerConfig {
-            ioeventfd_limits: d.ioeventfd_limits,
-            ecam: d.ecam,
-            mmio_registers: d.mmio_registers,
-            pci_config_io: d.pci_config_io,
-            transport: d.transport,
-            ecam_pages: Some(ecam_pages),
-        };
-        let mut devices = DeviceManager::new(vm.clone(), memory.clone(), &map, allocators, dm_config)?;
-        // Every device from here on routes interrupts (irqfds, GSI routes): the irqchip first.
-        vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
-        let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
-        vm.create_pit2(pit).map_err(ioctl("KVM_CREATE_PIT2"))?;
-        devices.attach_serial(d.serial_out, d.serial_in)?;
-        let power = PowerEvents::new(control.clone());
-        devices.attach_debug_exit(power.clone())?;
-        devices.attach_keyboard(power.clone())?;
-        let pm = devices.attach_power(power, d.test_devices)?;
-        for attach in d.fixed {
-            attach(&mut devices)?;
-        }
-        let mut rtc = None;
-        if d.test_devices {
-            rtc = Some(devices.attach_rtc()?);
-            devices.attach_qemu_test_devices(config.mem_size, config.vcpus)?;
-            if d.test_iommu {
-                devices.attach_edu_behind_iommu()?;
-            }
-        }
-        // A restored guest booted long ago, and its devices' places are the snapshot's,
-        // one of which may be the timer's page: Firecracker attaches none on restore either.
-        if d.boot_timer && restore.is_none() {
-            devices.attach_boot_timer(started.0)?;
-        }
-        for net in &d.nets {
-            devices.attach_net(net, d.poll)?;
-        }
-        for drive in &d.drives {
-            devices.attach_blk(drive, d.poll)?;
-        }
-        if let Some(limits) = d.entropy {
-            devices.attach_rng(limits)?;
-        }
-        if let Some(vsock) = &d.vsock {
-            devices.attach_vsock(vsock, d.poll)?;
-        }
-        // The devices are placed: the guest's tables and command line can name them.
-        let (entry, facs) = match &restore {
-            // Memory holds what the guest had: tables, image and all.
-            Some(_) => (None, 0),
-            None => {
-                let boot = load::GuestBoot {
-                    image: &config.image,
-                    cmdline: &config.cmdline,
-                    initrd: config.initrd.as_deref(),
-                    params: &config.params,
-                    vcpus: config.vcpus,
-                    mmio_windows: &devices.mmio_windows(),
-                    host_linux_args: host.linux_args(),
-                };
-                let (entry, facs) = boot.load(&vm, &memory, &map)?;
-                (Some(entry), facs)
-            }
-        };
-        let sleep = rtc.map(|rtc| Arc::new(sleep::Sleep::new(pm, rtc, facs, memory.clone())));
-        // A booting guest may write LSTAR at once: the filter must be on before it runs. A
-        // restored one wrote it in another VMM (its watch starts from the saved value), so
-        // the filter's grace period (most of a restore's time here) overlaps its first run.
-        let lstar_watch = match (lstar_watch, restore.is_some()) {
-            (Some(watch), true) => Some(watch),
-            (watch, _) => {
-                join_lstar_watch(watch);
-                None
-            }
-        };
-        let threads_per_core = if config.smt { 2 } else { 1 };
-        let restored = match restore {
-            Some(r) => {
-                vm.restore(r.clock_realtime, &r.state.vm).map_err(crate::snapshot::SnapshotError::from)?;
-                devices.restore((), &r.state.devices).map_err(crate::snapshot::SnapshotError::from)?;
-                Some(r.state.vcpus)
-            }
-            None => None,
-        };
-        Ok(Machine {
-            kvm,
-            vm,
-            map,
-            memory,
-            devices,
-            vcpus: VcpuPlan { count: config.vcpus, threads_per_core, supported_cpuid, entry },
-            host,
-            control,
-            run: config.run,
-            sleep,
-            started,
-            live: Arc::new(LiveStats::new(usize::from(config.vcpus), 0)),
-            restored,
-            ram_slots: (ram_slots, config.track_dirty_pages),
-            lstar_watch: std::sync::Mutex::new(lstar_watch),
-            _uffd: uffd,
-        })
-    }
-
     /// Each RAM region's memslot (in the memory's order), if KVM logs their dirty pages.
     pub fn dirty_logged_slots(&self) -> Option<&[u32]> {
         self.ram_slots.1.then_some(self.ram_slots.0.as_slice())
