@@ -156,8 +156,8 @@ pub struct DeviceManagerConfig {
     pub pci_config_io: bool,
     /// The transport virtio devices are attached over.
     pub transport: TransportKind,
-    /// The ECAM window's pages, if made before the VM (else made here).
-    pub ecam_pages: Option<EcamPages>,
+    /// The ECAM window's pages, made before the VM (see EcamPages).
+    pub ecam_pages: EcamPages,
 }
 
 pub struct DeviceManager {
@@ -189,11 +189,7 @@ impl DeviceManager {
         let ioeventfds = Arc::new(IoeventfdRegistry::new(vm.clone(), config.ioeventfd_limits));
         let gsi_router = Arc::new(GsiRouter::new(vm.clone()));
         let slots = allocators.memslots(SHADOW_MAX_SLOTS)?;
-        let pages = match config.ecam_pages {
-            Some(pages) => pages,
-            None => EcamPages::new().map_err(PciError::Shadow)?,
-        };
-        let shadow = EcamShadow::on(pages, vm.clone(), layout::ECAM_GPA, slots);
+        let shadow = EcamShadow::on(config.ecam_pages, vm.clone(), layout::ECAM_GPA, slots);
         let pci = PciRoot::new(buses.clone(), ioeventfds.clone(), shadow, config.ecam, map.pci_windows())?;
         let pci = Arc::new(pci);
         let mut dm = DeviceManager {

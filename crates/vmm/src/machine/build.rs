@@ -119,7 +119,7 @@ impl Platform {
             mmio_registers: d.mmio_registers,
             pci_config_io: d.pci_config_io,
             transport: d.transport,
-            ecam_pages: Some(ecam_pages),
+            ecam_pages,
         };
         let mut devices = DeviceManager::new(vm.clone(), memory.clone(), &map, allocators, dm_config)?;
         // Every device from here on routes interrupts (irqfds, GSI routes): the irqchip first.
