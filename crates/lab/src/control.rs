@@ -116,6 +116,16 @@ impl<S, E: From<MachineError>> LabSteps for Window<S, E> {
     }
 }
 
+/// How the payload ended, unless it exited with status 0 or the host stopped it: a reset (a
+/// triple fault comes back as one) or a power-off is a failure the caller names, not a
+/// quiet zero.
+pub fn payload_failure(machine: &Machine) -> Option<String> {
+    match machine.control().guest_stopped() {
+        None | Some(exitless_vmm::run_control::GuestStop::Exit(0)) => None,
+        Some(stop) => Some(stop.describe()),
+    }
+}
+
 /// A guest console kept in memory (the labs read what a payload printed).
 #[derive(Clone, Default)]
 pub struct Console(Arc<std::sync::Mutex<Vec<u8>>>);

@@ -3,7 +3,7 @@
 //! where a sink checks every frame. Also the echo round trip used by the tests.
 
 use crate::chart;
-use crate::control::{drive, guest_tsc_khz, lab_machine, LabMachine, Window};
+use crate::control::{drive, guest_tsc_khz, lab_machine, payload_failure, LabMachine, Window};
 use crate::netns::{Netns, NetnsError};
 use crate::report::{no_row_slower_than_off, targets_json, targets_text, Outputs, Target, WriteError};
 use crate::sink::{frame, FrameKind, Sink, SinkError, SinkReport};
@@ -46,8 +46,8 @@ pub enum NetBenchError {
     Setup(String),
     #[error("{0} frames of the round trips never came back")]
     Lost(u64),
-    #[error("the guest exited with status {0}")]
-    Guest(u32),
+    #[error("{0}")]
+    Guest(String),
     #[error("the guest sent no frame in its window: nothing was measured")]
     NothingSent,
     #[error(transparent)]
@@ -170,8 +170,8 @@ fn run_one(
     let (machine, control, sink) = boot_with(netns, "nettx", params, (path, poll), (size, kind), None)?;
     let mut lab = TxSteps::new(snapshot);
     drive(&machine, &control, opts.timeout, &mut lab)?;
-    if let Some(status) = machine.control().exit_status().filter(|&s| s != 0) {
-        return Err(NetBenchError::Guest(status));
+    if let Some(why) = payload_failure(&machine) {
+        return Err(NetBenchError::Guest(why));
     }
     let sent = read_result(machine.memory(), 0);
     if sent == 0 {
@@ -313,8 +313,8 @@ pub fn echo(frames: u64, size: usize, mergeable: bool, timeout: Duration) -> Res
         }
     });
     drive(&machine, &control, timeout, &mut lab)?;
-    if let Some(status) = machine.control().exit_status().filter(|&s| s != 0) {
-        return Err(NetBenchError::Guest(status));
+    if let Some(why) = payload_failure(&machine) {
+        return Err(NetBenchError::Guest(why));
     }
     let interrupts = machine.devices().nets().next().map_or(0, |n| n.transport.core().interrupts_signalled());
     Ok(EchoReport { sink: sink.finish(frames, Duration::from_secs(2)), interrupts, console: console.text() })

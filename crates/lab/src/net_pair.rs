@@ -3,7 +3,7 @@
 //! only its own NIC's frames (the NIC's number is in the sequence numbers' top byte),
 //! every one once.
 
-use crate::control::{drive, lab_machine, LabMachine, Window};
+use crate::control::{drive, lab_machine, payload_failure, LabMachine, Window};
 use crate::net::{NetBenchError, LAB_MAC};
 use crate::netns::Netns;
 use crate::sink::{FrameKind, Sink, SinkReport};
@@ -32,8 +32,8 @@ pub fn two_nics(frames: u64, size: usize, timeout: Duration) -> Result<[SinkRepo
     }
     let mut lab = Window::<(), NetBenchError>::new(|_| ());
     drive(&machine, &control, timeout, &mut lab)?;
-    if let Some(status) = machine.control().exit_status().filter(|&s| s != 0) {
-        return Err(NetBenchError::Guest(status));
+    if let Some(why) = payload_failure(&machine) {
+        return Err(NetBenchError::Guest(why));
     }
     let mut reports = sinks.into_iter().map(|s| s.finish(frames, Duration::from_secs(2)));
     match (reports.next(), reports.next()) {

@@ -2,7 +2,7 @@
 //! virtio-net header (a packet socket with PACKET_VNET_HDR on the tap); a guest that took
 //! GUEST_TSO4 must get each whole, its header saying TCPV4 and the MSS, every byte intact.
 
-use crate::control::{drive, Console, Window};
+use crate::control::{drive, payload_failure, Console, Window};
 use crate::net::{boot_with, start_at_begin, NetBenchError, HOST_MAC, LAB_MAC};
 use crate::netns::Netns;
 use crate::sink::{pattern, FrameKind};
@@ -71,8 +71,8 @@ pub fn gso_into_guest(frames: u64, timeout: Duration) -> Result<(u64, String), N
         }
     });
     drive(&machine, &control, timeout, &mut lab)?;
-    if let Some(status) = machine.control().exit_status().filter(|&s| s != 0) {
-        return Err(NetBenchError::Guest(status));
+    if let Some(why) = payload_failure(&machine) {
+        return Err(NetBenchError::Guest(why));
     }
     Ok((read_result(machine.memory(), 0), console.text()))
 }

@@ -5,7 +5,7 @@
 //! correct IPv4 and TCP checksum and its bytes in place; a frame that only left its
 //! checksum partial comes out with the checksum filled in.
 
-use crate::control::{drive, lab_machine, LabMachine, Window};
+use crate::control::{drive, lab_machine, payload_failure, LabMachine, Window};
 use crate::net::{NetBenchError, HOST_MAC, LAB_MAC};
 use crate::netns::{enter_current_thread, Netns, NetnsError};
 use crate::sink::pattern;
@@ -71,8 +71,8 @@ pub fn offloads_on_the_wire(size: usize, frames: u64, timeout: Duration) -> Resu
     }
     let mut lab = Window::<(), NetBenchError>::new(|_| ());
     drive(&machine, &control, timeout, &mut lab)?;
-    if let Some(status) = machine.control().exit_status().filter(|&s| s != 0) {
-        return Err(NetBenchError::Guest(status));
+    if let Some(why) = payload_failure(&machine) {
+        return Err(NetBenchError::Guest(why));
     }
     Ok(read_segments(&tap, size, frames))
 }
