@@ -4,6 +4,7 @@
 pub mod api;
 pub mod args;
 pub mod report;
+pub mod run;
 pub mod terminal;
 pub mod top;
 

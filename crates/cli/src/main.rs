@@ -1,9 +1,8 @@
 //! `exitless`: run a guest, list the built-in payloads, run the labs.
 
-use exitless::{api, args, report, terminal, top, with_causes, LiveStdout};
+use exitless::{api, args, top, with_causes};
 
-use args::{Cli, Command, PayloadsArgs, RunArgs};
-use exitless_vmm::{DeviceConfig, Machine, MachineConfig, RunOptions};
+use args::{Cli, Command, PayloadsArgs};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -32,9 +31,11 @@ fn main() -> ExitCode {
     exitless::init_stderr_logging();
     exitless::log_panics();
     let result = match command {
-        Command::Run(args) => run(*args),
+        // The lab's devices are the labs' binary's: the VMM carries none of their code.
+        Command::Run(args) if args.lab => labs(&run_argv()),
+        Command::Run(args) => exitless::run::run(*args, Vec::new()),
         Command::Payloads(args) => payloads(args),
-        Command::Bench { args } => bench(&args),
+        Command::Bench { args } => labs(&args),
         Command::RebaseSnap(args) => rebase(&args),
         Command::UffdHandler(args) => uffd_handler(&args),
         Command::Top(args) => {
@@ -46,80 +47,6 @@ fn main() -> ExitCode {
         eprintln!("exitless: {}", with_causes(e.as_ref()));
         ExitCode::FAILURE
     })
-}
-
-fn run(args: RunArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    if let Some(path) = &args.json {
-        // A path that cannot be written is found now, not after the run.
-        std::fs::File::create(path).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-    if args.no_seccomp {
-        exitless_vmm::seccomp::disable();
-    }
-    let image = args.image()?;
-    let initrd = args.initrd()?;
-    let symbols = args.guest_symbols()?;
-    // A terminal on stdin becomes the guest's console keyboard: raw, so keys reach the guest
-    // as typed (Ctrl-C too); restored when this guard goes.
-    let _raw = terminal::RawMode::enable_if_terminal();
-    let fixed = match args.lab {
-        true => vec![exitless_lab::devices::plug().0],
-        false => Vec::new(),
-    };
-    // QEMU's `-kernel F -append A` hands a multiboot image `F A`: its argv[0] is its name.
-    let cmdline = match &args.kernel {
-        Some(path) if exitless_vmm::boot::image::is_multiboot(&image) => format!("{} {}", path.display(), args.cmdline),
-        _ => args.cmdline.clone(),
-    };
-    let machine = Machine::new(MachineConfig {
-        mem_size: args.mem,
-        vcpus: args.vcpus,
-        cmdline,
-        initrd,
-        params: args.params.clone(),
-        devices: DeviceConfig {
-            serial_in: terminal::console_input(),
-            serial_out: Box::new(LiveStdout),
-            pci_config_io: args.pci_config_io,
-            transport: args.transport.for_cmdline(&args.cmdline),
-            ecam: args.ecam,
-            mmio_registers: args.mmio_registers,
-            test_devices: args.testdevs,
-            test_iommu: args.testdev_iommu,
-            nets: args.nets()?,
-            poll: args.poll_us,
-            drives: args.drive.clone(),
-            entropy: args.entropy.then(Default::default),
-            vsock: args.vsock.clone(),
-            fixed,
-            ..Default::default()
-        },
-        run: RunOptions {
-            confine_caller: true,
-            sample_every: args.sample_guest.map(|hz| std::time::Duration::from_secs_f64(1.0 / f64::from(hz))),
-            stuck_after: args.stuck_after.map(std::time::Duration::from_secs_f64),
-        },
-        host: args.host_profile,
-        ..MachineConfig::new(image)
-    })?;
-    let (report, error) = machine.run_to_end(args.timeout.map(std::time::Duration::from_secs_f64))?;
-    eprint!("{}", report::profile(&report));
-    if args.sample_guest.is_some() {
-        eprint!("{}", report::samples(&report, &symbols));
-    }
-    if let Some(path) = &args.json {
-        // Written for crashed and timed-out guests too, with the error in it.
-        let mut json = report::json(&report);
-        if args.sample_guest.is_some() {
-            json["guest_samples"] = report::samples_json(&report, &symbols);
-        }
-        json["error"] = error.as_ref().map(|e| with_causes(e)).into();
-        std::fs::write(path, json.to_string() + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-    if let Some(e) = error {
-        return Err(e.into());
-    }
-    Ok(ExitCode::from(u8::try_from(report.exit_status).unwrap_or(u8::MAX)))
 }
 
 fn rebase(args: &exitless::args::RebaseArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -163,9 +90,16 @@ fn payloads(args: PayloadsArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
     Ok(ExitCode::SUCCESS)
 }
 
-/// `exitless bench ...`: the labs live in `exitless-bench`, beside this binary, so that
-/// the VMM every orchestrator starts carries (and maps) none of their code.
-fn bench(args: &[std::ffi::OsString]) -> Result<ExitCode, Box<dyn std::error::Error>> {
+/// `exitless run ...` as typed, from `run` on: `exitless-bench` takes it as its own `run`.
+fn run_argv() -> Vec<std::ffi::OsString> {
+    let argv: Vec<_> = std::env::args_os().skip(1).collect();
+    let from = argv.iter().position(|a| a == "run").unwrap_or(0);
+    argv[from..].to_vec()
+}
+
+/// `exitless bench ...` and `run --lab`: the labs live in `exitless-bench`, beside this
+/// binary, so that the VMM every orchestrator starts carries (and maps) none of their code.
+fn labs(args: &[std::ffi::OsString]) -> Result<ExitCode, Box<dyn std::error::Error>> {
     use std::os::unix::process::CommandExt;
     let me = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
     let labs = me.with_file_name("exitless-bench");

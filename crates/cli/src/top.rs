@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 /// One `GET /exits`.
 pub fn fetch(sock: &Path) -> Result<Value, String> {
-    exitless_lab::api_client::expect_ok(sock, "GET", "/exits", None)?
-        .ok_or_else(|| "the API's /exits is not JSON".into())
+    exitless_api_client::expect_ok(sock, "GET", "/exits", None)?.ok_or_else(|| "the API's /exits is not JSON".into())
 }
 
 /// Counters by name: `exit <reason>` and `<device> reads|writes`.

@@ -4,6 +4,10 @@ use super::*;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// `exitless run --lab ...`: a guest with the lab's devices (the doorbell, the idle
+    /// port) plugged in, which only this binary carries.
+    #[command(hide = true)]
+    Run(Box<super::RunArgs>),
     /// Process start to the guest's first serial byte, and VMM memory beyond guest RAM.
     Boot(BootArgs),
     /// A doorbell rung through userspace exits, ioeventfds, KVM's coalesced ring, polling.

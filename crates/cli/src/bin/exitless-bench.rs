@@ -28,6 +28,10 @@ fn main() -> ExitCode {
 
 fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>> {
     match bench {
+        BenchCommand::Run(args) => {
+            let lab = if args.lab { vec![exitless_lab::devices::plug().0] } else { Vec::new() };
+            return exitless::run::run(*args, lab);
+        }
         BenchCommand::Boot(a) => exitless_lab::boot::run(&a.to_options())?,
         BenchCommand::Net(a) if a.rtt => {
             exitless_lab::net_rtt::run(&a.to_rtt_options())?;
