@@ -36,8 +36,15 @@ impl Vmm {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
         let reader = std::thread::spawn(move || {
-            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
+            let mut out = std::io::BufReader::new(out);
+            let mut line = String::new();
+            // Whole lines only: a guest stopped mid-line ("counter: tick 4" of 45) would
+            // otherwise leave a tick it never printed.
+            while matches!(out.read_line(&mut line), Ok(n) if n > 0) {
+                if let Some(whole) = line.strip_suffix('\n') {
+                    sink.lock().unwrap().push(whole.trim_end_matches('\r').to_string());
+                }
+                line.clear();
             }
         });
         Vmm { child, lines, reader: Some(reader) }

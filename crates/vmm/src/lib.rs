@@ -17,6 +17,7 @@ pub mod irq;
 pub mod kvm;
 pub mod layout;
 pub mod machine;
+pub mod memslots;
 pub mod net;
 pub mod pci;
 pub mod persist;

@@ -1,8 +1,9 @@
 //! Where devices get their resources: PCI slots on bus 0, BAR space in the host bridge's
-//! I/O, 32-bit and 64-bit MMIO windows (rust-vmm's vm-allocator), IOAPIC pins for INTx,
-//! and KVM memory slots. GSIs come from the GSI router, which owns the routing table they
-//! index. Built from the memory map, so two devices never collide and no device carries
-//! an address of its own.
+//! I/O, 32-bit and 64-bit MMIO windows (rust-vmm's vm-allocator), IOAPIC pins for INTx and
+//! ISA lines for virtio-mmio. GSIs come from the GSI router, which owns the routing table
+//! they index; KVM memory slots from guest memory's numbering (`crate::memslots`). Built
+//! from the memory map, so two devices never collide and no device carries an address of
+//! its own.
 
 use crate::layout::PciWindows;
 use crate::pci::{BarKind, BarSpec};
@@ -27,8 +28,6 @@ pub enum AllocError {
     },
     #[error("no IOAPIC pin left for PCI INTx")]
     NoIntxPin,
-    #[error("no KVM memory slots left for {0} more (KVM offers {1})")]
-    NoMemslots(u32, u32),
     #[error("the PCI window {0:#x?} is not valid")]
     Window(std::ops::Range<u64>, #[source] vm_allocator::Error),
 }
@@ -46,14 +45,11 @@ pub struct Allocators {
     intx_pins: std::ops::RangeInclusive<u32>,
     /// ISA lines for virtio-mmio devices still free.
     mmio_irqs: std::array::IntoIter<u32, 9>,
-    /// The next free KVM memory slot, and how many KVM offers.
-    next_memslot: u32,
-    memslots: u32,
 }
 
 impl Allocators {
-    /// Allocators over `windows`, with `memslots` KVM memory slots (KVM_CAP_NR_MEMSLOTS).
-    pub fn new(windows: &PciWindows, memslots: u32) -> Result<Self, AllocError> {
+    /// Allocators over `windows`.
+    pub fn new(windows: &PciWindows) -> Result<Self, AllocError> {
         let range = |r: std::ops::Range<u64>| {
             AddressAllocator::new(r.start, r.end - r.start).map_err(|e| AllocError::Window(r.clone(), e))
         };
@@ -65,18 +61,7 @@ impl Allocators {
             taken: Default::default(),
             intx_pins: crate::layout::PCI_INTX_PINS,
             mmio_irqs: crate::layout::MMIO_IRQS.into_iter(),
-            next_memslot: 0,
-            memslots,
         })
-    }
-
-    /// `count` consecutive KVM memory slots.
-    pub fn memslots(&mut self, count: u32) -> Result<std::ops::Range<u32>, AllocError> {
-        let start = self.next_memslot;
-        let end = start.checked_add(count).filter(|&end| end <= self.memslots);
-        let end = end.ok_or(AllocError::NoMemslots(count, self.memslots))?;
-        self.next_memslot = end;
-        Ok(start..end)
     }
 
     /// An IOAPIC pin of its own for a PCI function's INTx.
@@ -174,7 +159,7 @@ mod tests {
 
     fn allocators() -> (Allocators, PciWindows) {
         let windows = MemoryMap::new(8 << 30).unwrap().pci_windows();
-        (Allocators::new(&windows, 32).unwrap(), windows)
+        (Allocators::new(&windows).unwrap(), windows)
     }
 
     #[test]
@@ -191,9 +176,6 @@ mod tests {
         assert!(matches!(a.slot(), Err(AllocError::NoSlot)));
         let pins: Vec<u32> = std::iter::from_fn(|| a.intx_pin().ok()).collect();
         assert_eq!(pins, (16..=23).collect::<Vec<_>>(), "INTx pins past the ISA IRQs, once each");
-        assert_eq!(a.memslots(2).unwrap(), 0..2);
-        assert_eq!(a.memslots(30).unwrap(), 2..32);
-        assert!(matches!(a.memslots(1), Err(AllocError::NoMemslots(1, 32))));
     }
 
     #[test]

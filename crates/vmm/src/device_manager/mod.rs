@@ -12,6 +12,7 @@ mod virtio;
 
 pub use persist::{DeviceRecord, DeviceState, DeviceTree};
 
+use crate::memslots::{Memslots, NoMemslots};
 pub use allocators::{AllocError, Allocators};
 pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle, TransportKind, VirtioTransport, VsockHandle};
 
@@ -54,6 +55,8 @@ pub enum DeviceError {
     },
     #[error(transparent)]
     Alloc(#[from] AllocError),
+    #[error(transparent)]
+    Memslots(#[from] NoMemslots),
     #[error(transparent)]
     Irq(#[from] IrqError),
     #[error(transparent)]
@@ -158,6 +161,8 @@ pub struct DeviceManagerConfig {
     pub transport: TransportKind,
     /// The ECAM window's pages, made before the VM (see EcamPages).
     pub ecam_pages: EcamPages,
+    /// Guest memory's KVM memory slot numbering, for the memory devices map in.
+    pub memslots: Arc<Memslots>,
 }
 
 pub struct DeviceManager {
@@ -173,6 +178,7 @@ pub struct DeviceManager {
     devices: Vec<Device>,
     transport: TransportKind,
     mmio_registers: RegisterMode,
+    memslots: Arc<Memslots>,
 }
 
 impl DeviceManager {
@@ -182,13 +188,13 @@ impl DeviceManager {
         vm: Arc<VmFd>,
         memory: GuestMemoryMmap,
         map: &MemoryMap,
-        mut allocators: Allocators,
+        allocators: Allocators,
         config: DeviceManagerConfig,
     ) -> Result<Self, DeviceError> {
         let buses = Arc::new(SharedBuses::new(BusSet::default()));
         let ioeventfds = Arc::new(IoeventfdRegistry::new(vm.clone(), config.ioeventfd_limits));
         let gsi_router = Arc::new(GsiRouter::new(vm.clone()));
-        let slots = allocators.memslots(SHADOW_MAX_SLOTS)?;
+        let slots = config.memslots.take(SHADOW_MAX_SLOTS)?;
         let shadow = EcamShadow::on(config.ecam_pages, vm.clone(), layout::ECAM_GPA, slots);
         let pci = PciRoot::new(buses.clone(), ioeventfds.clone(), shadow, config.ecam, map.pci_windows())?;
         let pci = Arc::new(pci);
@@ -204,6 +210,7 @@ impl DeviceManager {
             devices: Vec::new(),
             transport: config.transport,
             mmio_registers: config.mmio_registers,
+            memslots: config.memslots,
         };
         if config.pci_config_io {
             let cf8 = Arc::new(Cf8Device::new(&pci));

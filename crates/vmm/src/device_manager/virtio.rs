@@ -221,7 +221,7 @@ impl DeviceManager {
         })?;
         let page = match self.mmio_registers {
             RegisterMode::Mapped => {
-                let slot = self.allocators.memslots(1)?.start;
+                let slot = self.memslots.take(1)?.start;
                 Some(RegisterPage::map(self.vm.clone(), slot, base).map_err(setup)?)
             }
             RegisterMode::Trapped => None,

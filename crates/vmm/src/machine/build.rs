@@ -10,6 +10,7 @@ use crate::devices::legacy::{cmos_rtc::CmosRtc, AcpiPm};
 use crate::host::HostProfile;
 use crate::kvm;
 use crate::layout::{self, MemoryMap};
+use crate::memslots::Memslots;
 use crate::persist::Persist;
 use crate::run_control::{PowerEvents, RunControl};
 use crate::snapshot::{MemoryBackend, Restore, SnapshotError};
@@ -103,13 +104,12 @@ impl Platform {
             let vm = vm.clone();
             std::thread::spawn(move || crate::host::emulate::syscall::trap_lstar_writes(&vm))
         });
-        let memslots = u32::try_from(kvm.get_nr_memslots()).unwrap_or(u32::MAX);
-        let mut allocators = Allocators::new(&map.pci_windows(), memslots)?;
+        let memslots = Arc::new(Memslots::new(u32::try_from(kvm.get_nr_memslots()).unwrap_or(u32::MAX)));
+        let allocators = Allocators::new(&map.pci_windows())?;
         // The memslots of RAM and of the ECAM window before the in-kernel irqchip: the first
         // memslot change after KVM_CREATE_IRQCHIP waits for a grace period it started (7 ms
         // of a 10 ms InstanceStart on this host; 0.1 ms before it, docs/benchmarks.md).
-        let (memory, ram_slots, uffd) =
-            map_guest_ram(&vm, &map, &mut allocators, memory_from, config.track_dirty_pages)?;
+        let (memory, ram_slots, uffd) = map_guest_ram(&vm, &map, &memslots, memory_from, config.track_dirty_pages)?;
         vm.set_tss_address(layout::TSS_GPA as usize).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
         let control = Arc::new(RunControl::default());
         let d = std::mem::take(&mut config.devices);
@@ -120,6 +120,7 @@ impl Platform {
             pci_config_io: d.pci_config_io,
             transport: d.transport,
             ecam_pages,
+            memslots,
         };
         let mut devices = DeviceManager::new(vm.clone(), memory.clone(), &map, allocators, dm_config)?;
         // Every device from here on routes interrupts (irqfds, GSI routes): the irqchip first.

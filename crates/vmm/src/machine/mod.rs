@@ -68,6 +68,8 @@ pub enum MachineError {
     #[error(transparent)]
     Alloc(#[from] AllocError),
     #[error(transparent)]
+    Memslots(#[from] crate::memslots::NoMemslots),
+    #[error(transparent)]
     Vcpu(#[from] VcpuError),
     #[error("the guest did not finish within {0:?}")]
     Timeout(Duration),

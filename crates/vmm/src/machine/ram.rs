@@ -1,10 +1,10 @@
-//! Guest RAM and the shared page: one mapping per region, each a KVM memory slot from
-//! the allocator; the page where the VMM leaves the payload's parameters and reads its
-//! results.
+//! Guest RAM and the shared page: one mapping per region, each a KVM memory slot of
+//! guest memory's own numbering (which the device manager is then handed); the page where
+//! the VMM leaves the payload's parameters and reads its results.
 
 use super::{ioctl, MachineError};
-use crate::device_manager::Allocators;
 use crate::layout::MemoryMap;
+use crate::memslots::Memslots;
 use crate::snapshot::MemoryBackend;
 use exitless_payloads::abi;
 use kvm_bindings::kvm_userspace_memory_region;
@@ -15,11 +15,11 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestM
 
 /// Guest RAM, anonymous, or from a snapshot's memory (its file mapped privately, or a
 /// page-fault handler's, snapshot/uffd.rs; the userfaultfd is returned to keep); and the
-/// memslot of each region (in order), whose writes KVM logs if `log_dirty`.
+/// memslot of each region (in order, from `memslots`), whose writes KVM logs if `log_dirty`.
 pub(super) fn map_guest_ram(
     vm: &Arc<VmFd>,
     map: &MemoryMap,
-    allocators: &mut Allocators,
+    memslots: &Memslots,
     from: Option<&MemoryBackend>,
     log_dirty: bool,
 ) -> Result<(GuestMemoryMmap, Vec<u32>, Option<OwnedFd>), MachineError> {
@@ -32,7 +32,7 @@ pub(super) fn map_guest_ram(
         }
         None => (GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?, None),
     };
-    let slots: Vec<u32> = allocators.memslots(memory.num_regions() as u32)?.collect();
+    let slots: Vec<u32> = memslots.take(memory.num_regions() as u32)?.collect();
     register(vm, &memory, &slots, log_dirty)?;
     Ok((memory, slots, uffd))
 }
