@@ -4,6 +4,7 @@
 
 pub mod blk;
 pub mod chain;
+pub mod event_loop;
 pub mod mmio;
 pub mod net;
 pub mod pci;

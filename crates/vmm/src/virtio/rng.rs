@@ -4,6 +4,7 @@
 //! requests (one operation and its length in bytes each) until their tokens are back.
 
 use super::chain::{self, Segment};
+use super::event_loop::{self, EventSource};
 use super::thread::{DeviceJob, DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
@@ -111,7 +112,6 @@ impl VirtioDevice for VirtioRng {
 }
 
 const TOKEN_KICK: u64 = 0;
-const TOKEN_STOP: u64 = 1;
 
 struct Worker {
     queue: Queue,
@@ -127,7 +127,10 @@ struct Worker {
 
 impl DeviceJob for Worker {
     fn run(&mut self, stop: &EventFd) {
-        self.serve(stop)
+        match event_loop::epoll_for(self, stop) {
+            Ok(epoll) => event_loop::serve(self, &epoll, stop),
+            Err(e) => tracing::error!("virtio-rng: cannot start its thread: {e}"),
+        }
     }
 
     fn positions(&self) -> Vec<QueuePosition> {
@@ -135,39 +138,38 @@ impl DeviceJob for Worker {
     }
 }
 
-impl Worker {
-    fn serve(&mut self, stop: &EventFd) {
-        let epoll = match self.epoll(stop) {
-            Ok(e) => e,
-            Err(e) => return tracing::error!("virtio-rng: cannot start its thread: {e}"),
-        };
-        let mut events = [EpollEvent::default(); 2];
+/// The kick and the rate limiter's wait; it never polls (requests are rare).
+impl EventSource for Worker {
+    const NAME: &'static str = "virtio-rng";
+
+    fn watch(&self, epoll: &Epoll) -> std::io::Result<()> {
+        epoll.ctl(ControlOperation::Add, self.kick.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_KICK))
+    }
+
+    fn start(&mut self, _: &Epoll) {
         // Buffers may have been posted before the kick was watched.
         self.process();
-        loop {
-            let n = match epoll.wait(self.throttle.timeout_ms(), &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return tracing::error!("virtio-rng: epoll failed: {e}"),
-            };
-            if events[..n].iter().any(|e| e.data() == TOKEN_STOP) {
-                return;
-            }
-            if let Ok(kicks) = self.kick.read() {
-                self.stats.kicks.fetch_add(kicks, Ordering::Relaxed);
-            }
-            self.throttle.expired();
+    }
+
+    fn event(&mut self, _: &Epoll, _: &EpollEvent) {
+        if let Ok(kicks) = self.kick.read() {
+            self.stats.kicks.fetch_add(kicks, Ordering::Relaxed);
+        }
+        self.process();
+    }
+
+    fn timeout_ms(&mut self) -> i32 {
+        self.throttle.timeout_ms()
+    }
+
+    fn timers(&mut self, _: &Epoll) {
+        if self.throttle.expired() {
             self.process();
         }
     }
+}
 
-    fn epoll(&self, stop: &EventFd) -> std::io::Result<Epoll> {
-        let epoll = Epoll::new()?;
-        epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_STOP))?;
-        epoll.ctl(ControlOperation::Add, self.kick.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_KICK))?;
-        Ok(epoll)
-    }
-
+impl Worker {
     /// A queue the driver broke (its rings left guest memory): stop and ask for a reset.
     fn fail(&mut self, what: &str) {
         if !self.broken {

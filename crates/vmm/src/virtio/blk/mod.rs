@@ -62,6 +62,12 @@ pub struct BlkStats {
     pub poll: PollStats,
 }
 
+impl AsRef<PollStats> for BlkStats {
+    fn as_ref(&self) -> &PollStats {
+        &self.poll
+    }
+}
+
 /// The counters of [`BlkStats`] at one instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BlkCounters {

@@ -8,8 +8,9 @@ use super::engine::{Completion, Engine, Op};
 use super::request::{self, Kind, Parser, Range, Request, RequestError, SECTOR_SIZE};
 use super::slot::DiskSlot;
 use super::{BlkStats, QUEUE_SIZE, SEG_MAX};
-use crate::poll::{PollMode, PollWindow};
+use crate::poll::{PollMode, PollStats};
 use crate::rate_limiter::{LimiterSlot, Throttle};
+use crate::virtio::event_loop::{self, EventSource};
 use crate::virtio::thread::{DeviceJob, QueuePosition};
 use crate::virtio::{chain, Activation, ActiveQueue, DeviceStatus, Interrupt};
 use std::os::fd::AsRawFd;
@@ -43,7 +44,6 @@ pub(super) struct Kept {
 
 const TOKEN_KICK: u64 = 0;
 const TOKEN_DONE: u64 = 1;
-const TOKEN_STOP: u64 = 2;
 
 /// The request slots, made once with the device: made and freed in the device thread,
 /// their 1 MiB of iovecs would make glibc shrink that thread's heap, which reads a /proc
@@ -107,8 +107,8 @@ impl DeviceJob for Worker {
     fn run(&mut self, stop: &EventFd) {
         // SAFETY: pthread_self has no preconditions.
         self.stats.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
-        match self.epoll(stop) {
-            Ok(epoll) => self.serve(&epoll, stop),
+        match event_loop::epoll_for(self, stop) {
+            Ok(epoll) => event_loop::serve(self, &epoll, stop),
             Err(e) => tracing::error!("virtio-blk: cannot start its thread: {e}"),
         }
         // A snapshot wants every request it took answered in guest memory; a reset wants
@@ -121,6 +121,76 @@ impl DeviceJob for Worker {
 
     fn positions(&self) -> Vec<QueuePosition> {
         vec![QueuePosition::of(&self.queue)]
+    }
+}
+
+/// The kick, the I/O engine's completions and the rate limiter's wait.
+impl EventSource for Worker {
+    const NAME: &'static str = "virtio-blk";
+
+    fn watch(&self, epoll: &Epoll) -> std::io::Result<()> {
+        epoll.ctl(ControlOperation::Add, self.kick.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_KICK))?;
+        let done = self.engine.eventfd();
+        epoll.ctl(ControlOperation::Add, done.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_DONE))
+    }
+
+    fn start(&mut self, _: &Epoll) {
+        // Requests may have been queued before the kick was watched (or a pause).
+        self.process_queue();
+    }
+
+    fn event(&mut self, _: &Epoll, event: &EpollEvent) {
+        match event.data() {
+            TOKEN_KICK => {
+                if let Ok(k) = self.kick.read() {
+                    self.stats.kicks.fetch_add(k, Ordering::Relaxed);
+                }
+                self.process_queue();
+            }
+            _ => self.complete_finished(),
+        }
+    }
+
+    fn timeout_ms(&mut self) -> i32 {
+        self.throttle.timeout_ms()
+    }
+
+    fn timers(&mut self, _: &Epoll) {
+        if self.throttle.expired() {
+            // The tokens the waiting request needs are back.
+            self.process_queue();
+        }
+    }
+
+    fn before_sleep(&mut self, _: &Epoll, polled: bool) {
+        if polled {
+            self.process_queue();
+        }
+    }
+
+    fn notifications(&mut self, wanted: bool) {
+        self.kicks_wanted = wanted;
+    }
+
+    /// The kick, the queue and the finished I/O.
+    fn look(&mut self, _: &Epoll) -> bool {
+        let progress = |w: &Self| {
+            let c = w.stats.snapshot();
+            (w.free.len(), c.reads + c.writes + c.flushes + c.discards + c.errors + c.bad_requests)
+        };
+        let before = progress(self);
+        let kicked = self.kick.read().map(|k| self.stats.kicks.fetch_add(k, Ordering::Relaxed)).is_ok();
+        self.process_queue();
+        self.complete_finished();
+        kicked || progress(self) != before
+    }
+
+    fn poll_mode(&self) -> PollMode {
+        self.poll
+    }
+
+    fn poll_stats(&self) -> Option<Arc<dyn AsRef<PollStats> + Send + Sync>> {
+        Some(self.stats.clone())
     }
 }
 
@@ -154,72 +224,6 @@ impl Worker {
     pub(super) fn into_kept(mut self) -> Kept {
         self.drain();
         Kept { engine: self.engine, slots: self.slots }
-    }
-
-    fn epoll(&self, stop: &EventFd) -> std::io::Result<Epoll> {
-        let epoll = Epoll::new()?;
-        epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_STOP))?;
-        epoll.ctl(ControlOperation::Add, self.kick.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_KICK))?;
-        let done = self.engine.eventfd();
-        epoll.ctl(ControlOperation::Add, done.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_DONE))?;
-        Ok(epoll)
-    }
-
-    fn serve(&mut self, epoll: &Epoll, stop: &EventFd) {
-        let mut events = [EpollEvent::default(); 4];
-        let (stats, mut window) = (self.stats.clone(), PollWindow::default());
-        // Requests may have been queued before the kick was watched (or a pause).
-        self.process_queue();
-        loop {
-            if !self.kicks_wanted {
-                // Done polling: the driver must kick again, and a last look finds what it
-                // queued while told not to.
-                self.kicks_wanted = true;
-                self.process_queue();
-            }
-            window.sleeping(&stats.poll);
-            let n = match epoll.wait(self.throttle.timeout_ms(), &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return tracing::error!("virtio-blk: epoll failed: {e}"),
-            };
-            if self.throttle.expired() {
-                // The tokens the waiting request needs are back.
-                self.process_queue();
-            }
-            window.woke(self.poll, &stats.poll);
-            self.kicks_wanted = !window.will_poll(self.poll);
-            for event in &events[..n] {
-                match event.data() {
-                    TOKEN_STOP => return,
-                    TOKEN_KICK => {
-                        if let Ok(k) = self.kick.read() {
-                            self.stats.kicks.fetch_add(k, Ordering::Relaxed);
-                        }
-                        self.process_queue();
-                    }
-                    _ => self.complete_finished(),
-                }
-            }
-            // Keep looking for a while before sleeping (crate::poll); the kick and the
-            // completion eventfd stay in epoll, so what comes after the last look wakes it.
-            if !window.poll_while_working(self.poll, &stats.poll, stop, || self.poll_once()) {
-                return;
-            }
-        }
-    }
-
-    /// One look at the kick, the queue and the finished I/O; true if any had work.
-    fn poll_once(&mut self) -> bool {
-        let progress = |w: &Self| {
-            let c = w.stats.snapshot();
-            (w.free.len(), c.reads + c.writes + c.flushes + c.discards + c.errors + c.bad_requests)
-        };
-        let before = progress(self);
-        let kicked = self.kick.read().map(|k| self.stats.kicks.fetch_add(k, Ordering::Relaxed)).is_ok();
-        self.process_queue();
-        self.complete_finished();
-        kicked || progress(self) != before
     }
 
     /// Waits out the requests in flight without touching the rings (the driver is

@@ -33,6 +33,12 @@ pub struct NetStats {
     pub mmds: MmdsStats,
 }
 
+impl AsRef<PollStats> for NetStats {
+    fn as_ref(&self) -> &PollStats {
+        &self.poll
+    }
+}
+
 /// [`MmdsCounters`] as atomics: the device thread stores them after each MMDS frame.
 #[derive(Default)]
 pub struct MmdsStats([AtomicU64; 4]);

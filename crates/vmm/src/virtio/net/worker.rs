@@ -1,12 +1,14 @@
-//! The NIC's device thread: waits (epoll) on both queues' kicks, the tap, a stop eventfd
-//! and, with MMDS, TCP's next timer; moves frames between the queues and `FrameIo`.
+//! The NIC's device thread, on the shared event loop (virtio::event_loop): both queues'
+//! kicks, the tap and, with MMDS, TCP's next timer; moves frames between the queues and
+//! `FrameIo`.
 
 use super::frame_io::{FrameIo, SendError};
 use super::rx::Rx;
 use super::{RX, TX};
 use crate::net::tap::VNET_HDR_LEN;
-use crate::poll::{PollMode, PollWindow};
+use crate::poll::{PollMode, PollStats};
 use crate::rate_limiter::Throttle;
+use crate::virtio::event_loop::{self, EventSource};
 use crate::virtio::thread::{DeviceJob, QueuePosition};
 use crate::virtio::{ActivateError, Activation, ActiveQueue, Interrupt};
 use std::os::fd::AsRawFd;
@@ -21,7 +23,6 @@ use vmm_sys_util::eventfd::EventFd;
 const TOKEN_RX_KICK: u64 = 0;
 const TOKEN_TX_KICK: u64 = 1;
 const TOKEN_TAP: u64 = 2;
-const TOKEN_STOP: u64 = 3;
 
 pub(super) struct Worker {
     pub(super) queues: Vec<Queue>,
@@ -45,11 +46,103 @@ pub(super) struct Worker {
 
 impl DeviceJob for Worker {
     fn run(&mut self, stop: &EventFd) {
-        self.serve(stop)
+        // SAFETY: pthread_self has no preconditions.
+        self.io.stats.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
+        match event_loop::epoll_for(self, stop) {
+            Ok(epoll) => event_loop::serve(self, &epoll, stop),
+            Err(e) => tracing::error!("virtio-net: cannot start its thread: {e}"),
+        }
     }
 
     fn positions(&self) -> Vec<QueuePosition> {
         self.queues.iter().map(QueuePosition::of).collect()
+    }
+}
+
+/// Both queues' kicks and the tap, MMDS's TCP timers and the rate limiters' waits.
+impl EventSource for Worker {
+    const NAME: &'static str = "virtio-net";
+
+    fn watch(&self, epoll: &Epoll) -> std::io::Result<()> {
+        epoll.ctl(ControlOperation::Add, self.kicks[RX].as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_RX_KICK))?;
+        epoll.ctl(ControlOperation::Add, self.kicks[TX].as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_TX_KICK))?;
+        let tap_events = EventSet::IN | EventSet::OUT | EventSet::EDGE_TRIGGERED;
+        epoll.ctl(ControlOperation::Add, self.io.tap.as_raw_fd(), EpollEvent::new(tap_events, TOKEN_TAP))
+    }
+
+    fn start(&mut self, _: &Epoll) {
+        // Buffers may have been posted before the kicks were watched.
+        self.process_tx();
+        self.process_rx();
+    }
+
+    fn event(&mut self, _: &Epoll, event: &EpollEvent) {
+        match event.data() {
+            TOKEN_TX_KICK => {
+                self.count_kicks(TX);
+                self.process_tx();
+            }
+            TOKEN_RX_KICK => {
+                self.count_kicks(RX);
+                self.process_rx();
+            }
+            _ => {
+                if event.event_set().contains(EventSet::OUT) {
+                    self.tx_blocked = false;
+                    self.process_tx();
+                }
+                if event.event_set().contains(EventSet::IN) {
+                    self.process_rx();
+                }
+            }
+        }
+    }
+
+    fn timeout_ms(&mut self) -> i32 {
+        let timeout = Throttle::sooner(self.throttles[RX].timeout_ms(), self.throttles[TX].timeout_ms());
+        Throttle::sooner(timeout, self.mmds_timeout_ms())
+    }
+
+    fn timers(&mut self, _: &Epoll) {
+        // A queue that waited for its rate limiter's tokens goes on.
+        if self.throttles[TX].expired() {
+            self.process_tx();
+        }
+        if self.throttles[RX].expired() {
+            self.process_rx();
+        }
+        self.mmds_timers();
+    }
+
+    fn before_sleep(&mut self, _: &Epoll, polled: bool) {
+        if polled {
+            self.process_tx();
+            self.process_rx();
+        }
+    }
+
+    fn notifications(&mut self, wanted: bool) {
+        self.kicks_wanted = wanted;
+    }
+
+    /// The TX ring (its kicks are off while the thread polls), and RX if it ran dry.
+    fn look(&mut self, _: &Epoll) -> bool {
+        let before = self.io.stats.snapshot();
+        self.process_tx();
+        if self.rx.starved {
+            self.process_rx();
+        }
+        let after = self.io.stats.snapshot();
+        (after.tx_frames, after.tx_dropped, after.rx_frames, after.rx_dropped, after.bad_chains)
+            != (before.tx_frames, before.tx_dropped, before.rx_frames, before.rx_dropped, before.bad_chains)
+    }
+
+    fn poll_mode(&self) -> PollMode {
+        self.poll
+    }
+
+    fn poll_stats(&self) -> Option<Arc<dyn AsRef<PollStats> + Send + Sync>> {
+        Some(self.io.stats.clone())
     }
 }
 
@@ -86,112 +179,6 @@ impl Worker {
             throttles: Default::default(),
             mmds_due: None,
         })
-    }
-
-    fn serve(&mut self, stop: &EventFd) {
-        // SAFETY: pthread_self has no preconditions.
-        self.io.stats.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
-        let epoll = match self.epoll(stop) {
-            Ok(e) => e,
-            Err(e) => return tracing::error!("virtio-net: cannot start its thread: {e}"),
-        };
-        let mut events = [EpollEvent::default(); 8];
-        // Buffers may have been posted before the kicks were watched.
-        self.process_tx();
-        self.process_rx();
-        let (stats, mut window) = (self.io.stats.clone(), PollWindow::default());
-        loop {
-            if !self.kicks_wanted {
-                // Done polling: the driver must kick again, and a last look finds what it
-                // queued while told not to.
-                self.kicks_wanted = true;
-                self.process_tx();
-                self.process_rx();
-            }
-            window.sleeping(&stats.poll);
-            let timeout = Throttle::sooner(self.throttles[RX].timeout_ms(), self.throttles[TX].timeout_ms());
-            let timeout = Throttle::sooner(timeout, self.mmds_timeout_ms());
-            let n = match epoll.wait(timeout, &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return tracing::error!("virtio-net: epoll failed: {e}"),
-            };
-            // A queue that waited for its rate limiter's tokens goes on.
-            if self.throttles[TX].expired() {
-                self.process_tx();
-            }
-            if self.throttles[RX].expired() {
-                self.process_rx();
-            }
-            self.mmds_timers();
-            window.woke(self.poll, &stats.poll);
-            self.kicks_wanted = !window.will_poll(self.poll);
-            if !self.handle(&events[..n]) {
-                return;
-            }
-            // Keep looking for a while before sleeping: kicks land on eventfds no one
-            // waits on (cheap for KVM), frames are read as they come. The kick eventfds
-            // and the tap stay in epoll, so what arrives after the last look wakes it.
-            let (mode, look) = (self.poll, || self.poll_once(&epoll, &mut events));
-            if !window.poll_while_working(mode, &stats.poll, stop, look) {
-                return;
-            }
-        }
-    }
-
-    /// Does what epoll reported; false once the device is stopped.
-    fn handle(&mut self, events: &[EpollEvent]) -> bool {
-        for event in events {
-            match event.data() {
-                TOKEN_STOP => return false,
-                TOKEN_TX_KICK => {
-                    self.count_kicks(TX);
-                    self.process_tx();
-                }
-                TOKEN_RX_KICK => {
-                    self.count_kicks(RX);
-                    self.process_rx();
-                }
-                _ => {
-                    if event.event_set().contains(EventSet::OUT) {
-                        self.tx_blocked = false;
-                        self.process_tx();
-                    }
-                    if event.event_set().contains(EventSet::IN) {
-                        self.process_rx();
-                    }
-                }
-            }
-        }
-        true
-    }
-
-    /// One look at every source, in one system call: epoll without waiting (kicks, the
-    /// tap's edges), then the rings the driver does not kick for while we poll. True if
-    /// any had work (done here), or the device was stopped.
-    fn poll_once(&mut self, epoll: &Epoll, events: &mut [EpollEvent]) -> bool {
-        let before = self.io.stats.snapshot();
-        let n = epoll.wait(0, events).unwrap_or(0);
-        let stopped = !self.handle(&events[..n]);
-        self.process_tx();
-        if self.rx.starved {
-            self.process_rx();
-        }
-        let after = self.io.stats.snapshot();
-        stopped
-            || n > 0
-            || (after.tx_frames, after.tx_dropped, after.rx_frames, after.rx_dropped, after.bad_chains)
-                != (before.tx_frames, before.tx_dropped, before.rx_frames, before.rx_dropped, before.bad_chains)
-    }
-
-    fn epoll(&self, stop: &EventFd) -> std::io::Result<Epoll> {
-        let epoll = Epoll::new()?;
-        epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_STOP))?;
-        epoll.ctl(ControlOperation::Add, self.kicks[RX].as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_RX_KICK))?;
-        epoll.ctl(ControlOperation::Add, self.kicks[TX].as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_TX_KICK))?;
-        let tap_events = EventSet::IN | EventSet::OUT | EventSet::EDGE_TRIGGERED;
-        epoll.ctl(ControlOperation::Add, self.io.tap.as_raw_fd(), EpollEvent::new(tap_events, TOKEN_TAP))?;
-        Ok(epoll)
     }
 
     fn count_kicks(&self, queue: usize) {

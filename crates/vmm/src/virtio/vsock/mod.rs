@@ -43,6 +43,12 @@ pub struct VsockStats {
     pub poll: crate::poll::PollStats,
 }
 
+impl AsRef<crate::poll::PollStats> for VsockStats {
+    fn as_ref(&self) -> &crate::poll::PollStats {
+        &self.poll
+    }
+}
+
 pub struct VirtioVsock {
     config: VsockConfig,
     poll: crate::poll::PollMode,

@@ -13,6 +13,7 @@ use super::conn::{Conn, Read, State};
 use super::packet::{self, Header, HEADER_LEN};
 use super::{VsockConfig, VsockStats};
 use crate::virtio::chain::Segment;
+use crate::virtio::event_loop::{self, EventSource};
 use crate::virtio::thread::{DeviceJob, QueuePosition};
 use crate::virtio::{Activation, ActiveQueue, DeviceStatus, Interrupt};
 use std::collections::{HashMap, VecDeque};
@@ -30,7 +31,6 @@ use vmm_sys_util::eventfd::EventFd;
 const RX: usize = 0;
 const TX: usize = 1;
 const EVT: usize = 2;
-const TOKEN_STOP: u64 = 3;
 const TOKEN_LISTENER: u64 = 4;
 const FIRST_TOKEN: u64 = 8;
 /// Connections at once; more are refused (the host's closed, the guest's reset).
@@ -92,16 +92,84 @@ pub struct Muxer {
 
 impl DeviceJob for Muxer {
     fn run(&mut self, stop: &EventFd) {
-        let epoll = match self.epoll.take().map_or_else(|| self.epoll(stop), Ok) {
+        // Kept across pauses: the host connections' sockets stay registered in it.
+        let epoll = match self.epoll.take().map_or_else(|| event_loop::epoll_for(self, stop), Ok) {
             Ok(e) => e,
             Err(e) => return tracing::error!("virtio-vsock: cannot start its thread: {e}"),
         };
-        self.serve(&epoll, stop);
+        event_loop::serve(self, &epoll, stop);
         self.epoll = Some(epoll);
     }
 
     fn positions(&self) -> Vec<QueuePosition> {
         self.queues.iter().map(QueuePosition::of).collect()
+    }
+}
+
+/// The three queues' kicks, the listener and every host connection's socket; the
+/// connections' wait for the guest's RESPONSE.
+impl EventSource for Muxer {
+    const NAME: &'static str = "virtio-vsock";
+
+    fn watch(&self, epoll: &Epoll) -> std::io::Result<()> {
+        for (i, kick) in self.kicks.iter().enumerate() {
+            epoll.ctl(ControlOperation::Add, kick.as_raw_fd(), EpollEvent::new(EventSet::IN, i as u64))?;
+        }
+        epoll.ctl(ControlOperation::Add, self.listener.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_LISTENER))
+    }
+
+    fn start(&mut self, epoll: &Epoll) {
+        self.process_tx(epoll);
+    }
+
+    fn event(&mut self, epoll: &Epoll, event: &EpollEvent) {
+        match event.data() {
+            t if t < 3 => {
+                if let Ok(k) = self.kicks[t as usize].read() {
+                    self.stats.kicks.fetch_add(k, Ordering::Relaxed);
+                }
+                match t as usize {
+                    TX => self.process_tx(epoll),
+                    EVT => self.send_transport_reset(),
+                    _ => {}
+                }
+            }
+            TOKEN_LISTENER => self.accept(epoll),
+            token => self.socket_event(epoll, token, event.event_set()),
+        }
+    }
+
+    fn timeout_ms(&mut self) -> i32 {
+        self.connect_timeout_ms()
+    }
+
+    fn timers(&mut self, epoll: &Epoll) {
+        self.expire_connecting(epoll);
+    }
+
+    /// What the guest and the sockets left ready goes out before the thread sleeps.
+    fn before_sleep(&mut self, _: &Epoll, _: bool) {
+        self.send_transport_reset();
+        self.process_rx();
+        self.interrupts();
+    }
+
+    /// The tx ring, and the guest's receive buffers for what is ready.
+    fn look(&mut self, epoll: &Epoll) -> bool {
+        let before = (self.stats.tx_packets.load(Ordering::Relaxed), self.stats.rx_packets.load(Ordering::Relaxed));
+        self.process_tx(epoll);
+        self.process_rx();
+        self.interrupts();
+        let after = (self.stats.tx_packets.load(Ordering::Relaxed), self.stats.rx_packets.load(Ordering::Relaxed));
+        after != before
+    }
+
+    fn poll_mode(&self) -> crate::poll::PollMode {
+        self.poll
+    }
+
+    fn poll_stats(&self) -> Option<Arc<dyn AsRef<crate::poll::PollStats> + Send + Sync>> {
+        Some(self.stats.clone())
     }
 }
 
@@ -141,35 +209,6 @@ impl Muxer {
         }
     }
 
-    fn serve(&mut self, epoll: &Epoll, stop: &EventFd) {
-        let mut events = [EpollEvent::default(); 32];
-        let (stats, mut window) = (self.stats.clone(), crate::poll::PollWindow::default());
-        self.process_tx(epoll);
-        loop {
-            self.send_transport_reset();
-            self.process_rx();
-            self.interrupts();
-            window.sleeping(&stats.poll);
-            let n = match epoll.wait(self.connect_timeout_ms(), &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return tracing::error!("virtio-vsock: epoll failed: {e}"),
-            };
-            self.expire_connecting(epoll);
-            window.woke(self.poll, &stats.poll);
-            if !self.handle(epoll, &events[..n]) {
-                return;
-            }
-            // Keep looking for a while before sleeping: the guest's next packets and the
-            // sockets' next bytes are taken without a wake-up.
-            let mode = self.poll;
-            let look = || self.poll_once(epoll, &mut events);
-            if !window.poll_while_working(mode, &stats.poll, stop, look) {
-                return;
-            }
-        }
-    }
-
     /// Until the oldest host connection's wait for a RESPONSE ends (epoll's -1: none).
     fn connect_timeout_ms(&self) -> i32 {
         self.connecting.front().map_or(-1, |(since, _)| {
@@ -191,43 +230,6 @@ impl Muxer {
         }
     }
 
-    /// One look at every source without waiting: epoll's ready list, the tx ring, and the
-    /// guest's receive buffers for what is ready. True if any had work (or the device stopped).
-    fn poll_once(&mut self, epoll: &Epoll, events: &mut [EpollEvent]) -> bool {
-        let before = (self.stats.tx_packets.load(Ordering::Relaxed), self.stats.rx_packets.load(Ordering::Relaxed));
-        let n = epoll.wait(0, events).unwrap_or(0);
-        let stopped = !self.handle(epoll, &events[..n]);
-        self.process_tx(epoll);
-        self.process_rx();
-        self.interrupts();
-        let after = (self.stats.tx_packets.load(Ordering::Relaxed), self.stats.rx_packets.load(Ordering::Relaxed));
-        stopped || n > 0 || after != before
-    }
-
-    /// Does what epoll reported; false once the device is stopped.
-    fn handle(&mut self, epoll: &Epoll, events: &[EpollEvent]) -> bool {
-        {
-            for event in events {
-                match event.data() {
-                    TOKEN_STOP => return false,
-                    t if t < 3 => {
-                        if let Ok(k) = self.kicks[t as usize].read() {
-                            self.stats.kicks.fetch_add(k, Ordering::Relaxed);
-                        }
-                        match t as usize {
-                            TX => self.process_tx(epoll),
-                            EVT => self.send_transport_reset(),
-                            _ => {}
-                        }
-                    }
-                    TOKEN_LISTENER => self.accept(epoll),
-                    token => self.socket_event(epoll, token, event.event_set()),
-                }
-            }
-        }
-        true
-    }
-
     /// The guest's packets and the replies to them, once (super::process_once).
     pub fn process_once(&mut self) {
         if let Ok(epoll) = Epoll::new() {
@@ -235,16 +237,6 @@ impl Muxer {
             self.process_rx();
             self.interrupts();
         }
-    }
-
-    fn epoll(&self, stop: &EventFd) -> std::io::Result<Epoll> {
-        let epoll = Epoll::new()?;
-        epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_STOP))?;
-        for (i, kick) in self.kicks.iter().enumerate() {
-            epoll.ctl(ControlOperation::Add, kick.as_raw_fd(), EpollEvent::new(EventSet::IN, i as u64))?;
-        }
-        epoll.ctl(ControlOperation::Add, self.listener.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_LISTENER))?;
-        Ok(epoll)
     }
 
     fn watch(&mut self, epoll: &Epoll, fd: i32, entry: Entry) -> Option<u64> {
