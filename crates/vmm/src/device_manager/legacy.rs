@@ -16,7 +16,7 @@ impl DeviceManager {
     /// An irqfd on ISA line `irq` for device `name`.
     fn isa_irqfd(&self, name: &'static str, irq: u32) -> Result<EventFd, DeviceError> {
         let fd = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| DeviceError::Setup { name: name.into(), source })?;
-        self.vm.register_irqfd(&fd, irq).map_err(|source| DeviceError::Ioctl { name, what: "KVM_IRQFD", source })?;
+        self.vm.register_irqfd(&fd, irq)?;
         Ok(fd)
     }
 

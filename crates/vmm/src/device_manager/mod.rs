@@ -8,6 +8,8 @@ pub mod allocators;
 mod legacy;
 mod persist;
 mod qemu_test;
+#[cfg(test)]
+mod tests;
 mod virtio;
 
 pub use persist::{DeviceRecord, DeviceState, DeviceTree};
@@ -18,15 +20,15 @@ pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle, TransportKind
 
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
 use crate::devices::legacy::{AcpiPm, Serial, I8042};
-use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
-use crate::irq::{GsiRouter, IrqError};
+use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry, IoeventfdSink};
+use crate::irq::{GsiRouter, IrqError, IrqLevel, IrqSink};
+use crate::kvm::MemslotSink;
 use crate::layout::{self, MemoryMap};
 use crate::pci::cf8::{Cf8Device, CF8_LEN, CF8_PORT};
 use crate::pci::ecam::{EcamPages, EcamShadow, ECAM_SIZE, SHADOW_MAX_SLOTS};
 use crate::pci::ecam_device::EcamDevice;
 use crate::pci::{BarSpec, EcamMode, PciError, PciFunction, PciRoot};
 use crate::virtio::mmio::RegisterMode;
-use kvm_ioctls::VmFd;
 use std::sync::Arc;
 use vm_memory::GuestMemoryMmap;
 
@@ -149,6 +151,12 @@ pub struct BarRequest {
     pub at: Option<u64>,
 }
 
+/// What the device manager asks of the VM: GSI routes and irqfds, line levels, ioeventfds
+/// and read-only memory slots. KVM's `VmFd` in a machine; the fake KVM in unit tests.
+pub trait VmDevices: IrqSink + IrqLevel + IoeventfdSink + MemslotSink {}
+
+impl<T: IrqSink + IrqLevel + IoeventfdSink + MemslotSink> VmDevices for T {}
+
 /// Where the device manager starts from.
 pub struct DeviceManagerConfig {
     pub ioeventfd_limits: IoeventfdLimits,
@@ -166,7 +174,7 @@ pub struct DeviceManagerConfig {
 }
 
 pub struct DeviceManager {
-    vm: Arc<VmFd>,
+    vm: Arc<dyn VmDevices>,
     memory: GuestMemoryMmap,
     buses: Arc<SharedBuses>,
     pci: Arc<PciRoot>,
@@ -185,7 +193,7 @@ impl DeviceManager {
     /// The buses, the PCI root with its host bridge and config access, and the allocators
     /// (`allocators` already gave guest RAM its memory slots).
     pub fn new(
-        vm: Arc<VmFd>,
+        vm: Arc<dyn VmDevices>,
         memory: GuestMemoryMmap,
         map: &MemoryMap,
         allocators: Allocators,

@@ -214,11 +214,7 @@ impl DeviceManager {
         let base = self.allocators.mmio_device_window(virtio::mmio::WINDOW)?;
         let gsi = self.allocators.mmio_irq()?;
         let irqfd = Arc::new(vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).map_err(setup)?);
-        self.vm.register_irqfd(&irqfd, gsi).map_err(|source| DeviceError::Ioctl {
-            name: "virtio-mmio",
-            what: "KVM_IRQFD",
-            source,
-        })?;
+        self.vm.register_irqfd(&irqfd, gsi)?;
         let page = match self.mmio_registers {
             RegisterMode::Mapped => {
                 let slot = self.memslots.take(1)?.start;
