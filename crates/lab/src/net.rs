@@ -316,7 +316,8 @@ pub fn echo(frames: u64, size: usize, mergeable: bool, timeout: Duration) -> Res
     if let Some(why) = payload_failure(&machine) {
         return Err(NetBenchError::Guest(why));
     }
-    let interrupts = machine.devices().nets().next().map_or(0, |n| n.transport.core().interrupts_signalled());
+    let nic = machine.devices().virtio_of::<exitless_vmm::device_manager::NetHandle>().next();
+    let interrupts = nic.map_or(0, |(_, transport)| transport.core().interrupts_signalled());
     Ok(EchoReport { sink: sink.finish(frames, Duration::from_secs(2)), interrupts, console: console.text() })
 }
 

@@ -123,10 +123,16 @@ pub enum DeviceHandle {
     Serial(Arc<Serial>),
     Keyboard(Arc<I8042>),
     Power(Arc<AcpiPm>),
-    Net(NetHandle),
-    Block(DriveHandle),
-    Entropy(EntropyHandle),
-    Vsock(VsockHandle),
+    /// Every virtio device, whatever its type: the manager needs only its transport.
+    Virtio(VirtioHandle),
+}
+
+/// A virtio device: its transport, and what its users reach it by (a [`NetHandle`], a
+/// [`DriveHandle`], ...), found by type with [`DeviceManager::virtio_of`]. A new virtio
+/// device type needs no new variant anywhere.
+pub struct VirtioHandle {
+    pub transport: VirtioTransport,
+    device: Box<dyn std::any::Any + Send + Sync>,
 }
 
 /// One attached device.
@@ -378,8 +384,14 @@ impl DeviceManager {
 
     /// The virtio-net devices, in the order attached.
     pub fn nets(&self) -> impl Iterator<Item = &NetHandle> {
+        self.virtio_of::<NetHandle>().map(|(n, _)| n)
+    }
+
+    /// The virtio devices whose handle is a `T`, in the order attached, with their
+    /// transports.
+    pub fn virtio_of<T: 'static>(&self) -> impl Iterator<Item = (&T, &VirtioTransport)> {
         self.devices.iter().filter_map(|d| match &d.handle {
-            DeviceHandle::Net(n) => Some(n),
+            DeviceHandle::Virtio(v) => v.device.downcast_ref::<T>().map(|t| (t, &v.transport)),
             _ => None,
         })
     }
@@ -387,15 +399,9 @@ impl DeviceManager {
     /// Every virtio device, in the order attached: its name, where it is (a PCI slot, or
     /// an MMIO window and line) and its transport.
     pub fn virtio_devices(&self) -> impl Iterator<Item = (&str, &[Resource], &VirtioTransport)> {
-        self.devices.iter().filter_map(|d| {
-            let transport = match &d.handle {
-                DeviceHandle::Net(n) => &n.transport,
-                DeviceHandle::Block(b) => &b.transport,
-                DeviceHandle::Entropy(e) => &e.transport,
-                DeviceHandle::Vsock(v) => &v.transport,
-                _ => return None,
-            };
-            Some((d.name.as_str(), d.resources.as_slice(), transport))
+        self.devices.iter().filter_map(|d| match &d.handle {
+            DeviceHandle::Virtio(v) => Some((d.name.as_str(), d.resources.as_slice(), &v.transport)),
+            _ => None,
         })
     }
 
@@ -427,25 +433,16 @@ impl DeviceManager {
 
     /// The vsock device, if there is one.
     pub fn vsock(&self) -> Option<&VsockHandle> {
-        self.devices.iter().find_map(|d| match &d.handle {
-            DeviceHandle::Vsock(v) => Some(v),
-            _ => None,
-        })
+        self.virtio_of::<VsockHandle>().next().map(|(v, _)| v)
     }
 
     /// The entropy device, if there is one.
     pub fn entropy(&self) -> Option<&EntropyHandle> {
-        self.devices.iter().find_map(|d| match &d.handle {
-            DeviceHandle::Entropy(e) => Some(e),
-            _ => None,
-        })
+        self.virtio_of::<EntropyHandle>().next().map(|(e, _)| e)
     }
 
     /// The virtio-blk devices, in the order attached.
     pub fn drives(&self) -> impl Iterator<Item = &DriveHandle> {
-        self.devices.iter().filter_map(|d| match &d.handle {
-            DeviceHandle::Block(b) => Some(b),
-            _ => None,
-        })
+        self.virtio_of::<DriveHandle>().map(|(d, _)| d)
     }
 }

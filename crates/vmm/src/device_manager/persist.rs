@@ -79,10 +79,9 @@ impl Persist<'_> for DeviceManager {
             let named = |e: PersistError| PersistError(format!("{}: {e}", device.name));
             let state = state_of(device).map_err(named)?;
             let config = match (&device.handle, pci_slot(&device.resources)) {
-                (
-                    DeviceHandle::Net(_) | DeviceHandle::Block(_) | DeviceHandle::Entropy(_) | DeviceHandle::Vsock(_),
-                    Some(slot),
-                ) => self.pci().config_snapshot(usize::from(slot) << 3).map_or_else(Vec::new, |c| c.to_vec()),
+                (DeviceHandle::Virtio(_), Some(slot)) => {
+                    self.pci().config_snapshot(usize::from(slot) << 3).map_or_else(Vec::new, |c| c.to_vec())
+                }
                 _ => Vec::new(),
             };
             let record = DeviceRecord { kind: device.kind, placement: device.resources.clone(), state, config };
@@ -146,10 +145,7 @@ fn state_of(device: &Device) -> Result<Option<DeviceState>, PersistError> {
         DeviceHandle::Serial(s) => DeviceState::Serial(s.save(())?),
         DeviceHandle::Keyboard(k) => DeviceState::Keyboard(k.save(())?),
         DeviceHandle::Power(p) => DeviceState::Power(p.save(())?),
-        DeviceHandle::Net(n) => DeviceState::Virtio(n.transport.save(())?),
-        DeviceHandle::Block(b) => DeviceState::Virtio(b.transport.save(())?),
-        DeviceHandle::Entropy(e) => DeviceState::Virtio(e.transport.save(())?),
-        DeviceHandle::Vsock(v) => DeviceState::Virtio(v.transport.save(())?),
+        DeviceHandle::Virtio(v) => DeviceState::Virtio(v.transport.save(())?),
     }))
 }
 
@@ -159,10 +155,7 @@ fn restore_state(device: &Device, state: Option<&DeviceState>) -> Result<(), Per
         (DeviceHandle::Serial(s), Some(DeviceState::Serial(r))) => s.restore((), r),
         (DeviceHandle::Keyboard(k), Some(DeviceState::Keyboard(r))) => k.restore((), r),
         (DeviceHandle::Power(p), Some(DeviceState::Power(r))) => p.restore((), r),
-        (DeviceHandle::Net(n), Some(DeviceState::Virtio(t))) => n.transport.restore((), t),
-        (DeviceHandle::Block(b), Some(DeviceState::Virtio(t))) => b.transport.restore((), t),
-        (DeviceHandle::Entropy(e), Some(DeviceState::Virtio(t))) => e.transport.restore((), t),
-        (DeviceHandle::Vsock(v), Some(DeviceState::Virtio(t))) => v.transport.restore((), t),
+        (DeviceHandle::Virtio(v), Some(DeviceState::Virtio(t))) => v.transport.restore((), t),
         (_, state) => Err(PersistError(format!("its saved state ({state:?}) is not this device's"))),
     }
 }

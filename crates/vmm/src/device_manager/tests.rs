@@ -39,7 +39,7 @@ fn manager(transport: TransportKind, mmio_registers: RegisterMode) -> Built {
 }
 
 fn attach(dm: &mut DeviceManager, name: &str) -> Result<VirtioTransport, DeviceError> {
-    dm.attach_virtio(name, DeviceKind::VirtioRng, Box::<RecordingDevice>::default(), |_| DeviceHandle::Bus)
+    dm.attach_virtio(name, DeviceKind::VirtioRng, Box::<RecordingDevice>::default(), ())
 }
 
 fn resources<'a>(dm: &'a DeviceManager, name: &str) -> &'a [Resource] {

@@ -2,7 +2,7 @@
 //! ioeventfds) or over MMIO (a 4 KiB window, an interrupt line, the notify ioeventfds),
 //! and the handles the API, snapshots and the labs use.
 
-use super::{BarRequest, DeviceError, DeviceHandle, DeviceKind, DeviceManager};
+use super::{BarRequest, DeviceError, DeviceHandle, DeviceKind, DeviceManager, VirtioHandle};
 use crate::net::mmds::SharedMmds;
 use crate::net::Tap;
 use crate::pci::msix::Msix;
@@ -128,7 +128,6 @@ pub struct DriveHandle {
     /// The id it is found by (DriveConfig::config_id, else `name`).
     pub id: String,
     pub stats: Arc<BlkStats>,
-    pub transport: VirtioTransport,
     /// The backing file, swapped by [`DeviceManager::update_drive`].
     pub disk: Arc<DiskSlot>,
     /// The rate limits, changed by [`DeviceManager::set_drive_limits`].
@@ -140,7 +139,6 @@ pub struct NetHandle {
     /// The id it is found by (NetConfig::config_id, else its device name).
     pub id: String,
     pub stats: Arc<NetStats>,
-    pub transport: VirtioTransport,
     pub tap_name: String,
     /// The RX and TX rate limits, changed by [`DeviceManager::set_net_limits`].
     pub limits: [Arc<LimiterSlot>; 2],
@@ -149,27 +147,26 @@ pub struct NetHandle {
 /// The virtio-rng device, for the API and the report.
 pub struct EntropyHandle {
     pub stats: Arc<RngStats>,
-    pub transport: VirtioTransport,
     pub limits: Arc<LimiterSlot>,
 }
 
 /// The virtio-vsock device, for the API, the lab and the report.
 pub struct VsockHandle {
     pub stats: Arc<VsockStats>,
-    pub transport: VirtioTransport,
     pub uds_path: std::path::PathBuf,
 }
 
 impl DeviceManager {
-    /// Plugs a virtio device in over the machine's transport. `handle` makes the device's
-    /// handle from its transport.
+    /// Plugs a virtio device in over the machine's transport; `users` is what the API and
+    /// the labs reach it by ([`DeviceManager::virtio_of`]).
     pub fn attach_virtio(
         &mut self,
         name: &str,
         kind: DeviceKind,
         device: Box<dyn VirtioDevice>,
-        handle: impl FnOnce(VirtioTransport) -> DeviceHandle,
+        users: impl std::any::Any + Send + Sync,
     ) -> Result<VirtioTransport, DeviceError> {
+        let handle = |transport| DeviceHandle::Virtio(VirtioHandle { transport, device: Box::new(users) });
         match self.transport {
             TransportKind::Pci => self.attach_virtio_pci(name, kind, device, handle),
             TransportKind::Mmio => self.attach_virtio_mmio(name, kind, device, handle),
@@ -255,7 +252,7 @@ impl DeviceManager {
             n => format!("virtio-net{n}"),
         };
         let id = net.config_id.clone().unwrap_or_else(|| name.clone());
-        let handle = |transport| DeviceHandle::Net(NetHandle { id, stats, transport, tap_name, limits });
+        let handle = NetHandle { id, stats, tap_name, limits };
         self.attach_virtio(&name, DeviceKind::VirtioNet, Box::new(device), handle).map(drop)
     }
 
@@ -274,8 +271,7 @@ impl DeviceManager {
         );
         let (stats, disk, limits) = (device.stats.clone(), device.disk_slot(), device.limiter_slot());
         let (drive_name, id) = (name.clone(), drive.config_id.clone().unwrap_or_else(|| name.clone()));
-        let handle =
-            |transport| DeviceHandle::Block(DriveHandle { name: drive_name, id, stats, transport, disk, limits });
+        let handle = DriveHandle { name: drive_name, id, stats, disk, limits };
         self.attach_virtio(&name, DeviceKind::VirtioBlock, Box::new(device), handle).map(drop)
     }
 
@@ -284,7 +280,7 @@ impl DeviceManager {
         let setup = |source| DeviceError::Setup { name: "virtio-rng".into(), source };
         let device = VirtioRng::new(limits).map_err(setup)?;
         let (stats, limits) = (device.stats.clone(), device.limiter_slot());
-        let handle = |transport| DeviceHandle::Entropy(EntropyHandle { stats, transport, limits });
+        let handle = EntropyHandle { stats, limits };
         self.attach_virtio("virtio-rng", DeviceKind::VirtioRng, Box::new(device), handle).map(drop)
     }
 
@@ -292,7 +288,7 @@ impl DeviceManager {
     pub fn attach_vsock(&mut self, config: &VsockConfig, poll: PollMode) -> Result<(), DeviceError> {
         let device = VirtioVsock::new(config.clone(), poll)?;
         let (stats, uds_path) = (device.stats.clone(), device.uds_path().to_path_buf());
-        let handle = |transport| DeviceHandle::Vsock(VsockHandle { stats, transport, uds_path });
+        let handle = VsockHandle { stats, uds_path };
         self.attach_virtio("virtio-vsock", DeviceKind::VirtioVsock, Box::new(device), handle).map(drop)
     }
 
@@ -309,10 +305,11 @@ impl DeviceManager {
     /// Gives drive `id` a new backing file on a running guest: its capacity re-read, the
     /// guest told by a configuration-change interrupt (Firecracker's PATCH /drives).
     pub fn update_drive(&self, id: &str, path: &std::path::Path) -> Result<(), DeviceError> {
-        let drive = self.drive(id)?;
+        let found = self.virtio_of::<DriveHandle>().find(|(d, _)| d.id == id);
+        let (drive, transport) = found.ok_or_else(|| DeviceError::NoDrive(id.into()))?;
         let disk = drive.disk.swap(path)?;
         tracing::info!("{}: swapped to {} ({} bytes)", drive.name, path.display(), disk.capacity);
-        drive.transport.core().config_changed();
+        transport.core().config_changed();
         Ok(())
     }
 
