@@ -7,6 +7,9 @@
 
 use crate::layout::PciWindows;
 use crate::pci::{BarKind, BarSpec};
+use crate::persist::{Persist, PersistError};
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
 use vm_allocator::{AddressAllocator, AllocPolicy};
 
 /// PCI device numbers on bus 0 (device 0 is the host bridge).
@@ -47,13 +50,69 @@ pub struct Allocators {
     mmio_irqs: std::array::IntoIter<u32, 9>,
 }
 
+/// What the allocators have handed out: a snapshot's record of it, and what a machine
+/// restored from it must have handed out too.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocatorState {
+    /// PCI device numbers taken on bus 0 (bit n: device n).
+    pub pci_slots: u32,
+    /// The ranges taken in the I/O, 32-bit and 64-bit windows, in the order taken.
+    pub io: Vec<Range<u64>>,
+    pub mmio32: Vec<Range<u64>>,
+    pub mmio64: Vec<Range<u64>>,
+    /// The IOAPIC pins for INTx and the ISA lines for virtio-mmio still free.
+    pub free_intx_pins: Vec<u32>,
+    pub free_mmio_lines: Vec<u32>,
+}
+
+/// A restore builds the same devices in the same order, so its allocators must stand
+/// where the snapshot's stood: checked, not applied. A difference means some placement
+/// was not reproduced, and the restore fails whole with the first difference.
+impl Persist<'_> for Allocators {
+    type State = AllocatorState;
+    type SaveArgs = ();
+    type RestoreArgs = ();
+
+    fn save(&self, (): ()) -> Result<AllocatorState, PersistError> {
+        let [io, mmio32, mmio64] = self.taken.clone();
+        Ok(AllocatorState {
+            pci_slots: self.slots,
+            io,
+            mmio32,
+            mmio64,
+            free_intx_pins: self.intx_pins.clone().collect(),
+            free_mmio_lines: self.mmio_irqs.as_slice().to_vec(),
+        })
+    }
+
+    fn restore(&self, (): (), saved: &AllocatorState) -> Result<(), PersistError> {
+        let here = self.save(())?;
+        let differs = |what: &str, there: &dyn std::fmt::Debug, here: &dyn std::fmt::Debug| {
+            Err(PersistError(format!("the snapshot's machine had {what} {there:x?}, this one {here:x?}")))
+        };
+        match () {
+            _ if saved.pci_slots != here.pci_slots => differs("PCI slots", &saved.pci_slots, &here.pci_slots),
+            _ if saved.io != here.io => differs("I/O ranges", &saved.io, &here.io),
+            _ if saved.mmio32 != here.mmio32 => differs("32-bit MMIO ranges", &saved.mmio32, &here.mmio32),
+            _ if saved.mmio64 != here.mmio64 => differs("64-bit MMIO ranges", &saved.mmio64, &here.mmio64),
+            _ if saved.free_intx_pins != here.free_intx_pins => {
+                differs("free INTx pins", &saved.free_intx_pins, &here.free_intx_pins)
+            }
+            _ if saved.free_mmio_lines != here.free_mmio_lines => {
+                differs("free MMIO lines", &saved.free_mmio_lines, &here.free_mmio_lines)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 impl Allocators {
     /// Allocators over `windows`.
     pub fn new(windows: &PciWindows) -> Result<Self, AllocError> {
         let range = |r: std::ops::Range<u64>| {
             AddressAllocator::new(r.start, r.end - r.start).map_err(|e| AllocError::Window(r.clone(), e))
         };
-        Ok(Allocators {
+        let mut allocators = Allocators {
             slots: 1, // the host bridge
             io: range(windows.io.clone())?,
             mmio32: range(windows.mmio32.clone())?,
@@ -61,7 +120,13 @@ impl Allocators {
             taken: Default::default(),
             intx_pins: crate::layout::PCI_INTX_PINS,
             mmio_irqs: crate::layout::MMIO_IRQS.into_iter(),
-        })
+        };
+        // The 32-bit window's first page is Firecracker's boot timer's, whether or not it
+        // is attached (`--boot-timer`): the rest lands alike either way, so a snapshot taken
+        // with it restores without it.
+        let page = BarSpec { kind: BarKind::Memory32, size: crate::layout::PAGE_SIZE };
+        allocators.reserve_bar(page, windows.mmio32.start)?;
+        Ok(allocators)
     }
 
     /// An IOAPIC pin of its own for a PCI function's INTx.
@@ -184,7 +249,8 @@ mod tests {
         let mem32 = BarSpec { kind: BarKind::Memory32, size: 0x8000 };
         let mem64 = BarSpec { kind: BarKind::Memory64, size: 1 << 30 };
         let io = BarSpec { kind: BarKind::Io, size: 0x20 };
-        a.reserve_bar(BarSpec { kind: BarKind::Memory32, size: 0x1000 }, w.mmio32.start).unwrap();
+        let first_page = BarSpec { kind: BarKind::Memory32, size: 0x1000 };
+        assert!(a.reserve_bar(first_page, w.mmio32.start).is_err(), "the boot timer's page is taken from the start");
         let (x, y) = (a.bar(mem32).unwrap(), a.bar(mem32).unwrap());
         assert!(x % 0x8000 == 0 && y % 0x8000 == 0 && x != y, "{x:#x} {y:#x}");
         assert!(w.mmio32.contains(&x) && x > w.mmio32.start, "after the reserved page: {x:#x}");

@@ -4,13 +4,15 @@ use super::{DeviceError, DeviceHandle, DeviceKind, DeviceManager};
 use crate::devices::legacy::cmos_rtc::{CmosRtc, RTC_LEN, RTC_PORT};
 use crate::devices::legacy::{boot_timer, debug_exit, i8042, serial, AcpiPm, DebugExit, Serial, I8042};
 use crate::layout;
-use crate::pci::{BarKind, BarSpec};
 use crate::run_control::PowerEvents;
 use exitless_payloads::abi;
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Instant;
 use vmm_sys_util::eventfd::EventFd;
+
+// The page the allocators keep for the boot timer is the one Firecracker puts it at.
+const _: () = assert!(boot_timer::BOOT_TIMER_GPA == crate::layout::PCI_MMIO32_START);
 
 impl DeviceManager {
     /// An irqfd on ISA line `irq` for device `name`.
@@ -70,11 +72,9 @@ impl DeviceManager {
     }
 
     /// Firecracker's boot-timer device, at the address Firecracker gives it (the first
-    /// page of the 32-bit PCI window, taken from the BAR allocator).
+    /// page of the 32-bit PCI window, which the allocators keep for it).
     pub fn attach_boot_timer(&mut self, started: Instant) -> Result<(), DeviceError> {
         use boot_timer::{BootTimer, BOOT_TIMER_GPA, BOOT_TIMER_LEN};
-        let page = BarSpec { kind: BarKind::Memory32, size: BOOT_TIMER_LEN };
-        self.allocators.reserve_bar(page, BOOT_TIMER_GPA)?;
         let timer = Arc::new(BootTimer::new(started));
         let kind = DeviceKind::BootTimer;
         self.attach_mmio("boot-timer", kind, BOOT_TIMER_GPA, BOOT_TIMER_LEN, timer, DeviceHandle::Bus).map(drop)

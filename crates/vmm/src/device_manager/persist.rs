@@ -4,6 +4,7 @@
 //! snapshot had it; then PCI config spaces (BARs where the guest moved them) and each
 //! device's state, through its own [`Persist`].
 
+use super::allocators::AllocatorState;
 use super::{Device, DeviceHandle, DeviceKind, DeviceManager, Resource, TransportKind};
 use crate::devices::legacy::{acpi_pm::PmState, i8042, serial::SerialRegs};
 use crate::persist::{Pausable, Persist, PersistError};
@@ -11,10 +12,12 @@ use crate::virtio::transport::TransportState;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// The devices, by name.
+/// The devices by name, and what the allocators had handed out for them.
 #[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct DeviceTree(pub BTreeMap<String, DeviceRecord>);
+pub struct DeviceTree {
+    pub devices: BTreeMap<String, DeviceRecord>,
+    pub allocators: AllocatorState,
+}
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct DeviceRecord {
@@ -40,7 +43,7 @@ pub enum DeviceState {
 impl DeviceTree {
     /// The transport the snapshotted machine's virtio devices were on (None: it had none).
     pub fn transport(&self) -> Option<TransportKind> {
-        let virtio = self.0.values().filter(|r| matches!(r.state, Some(DeviceState::Virtio(_))));
+        let virtio = self.devices.values().filter(|r| matches!(r.state, Some(DeviceState::Virtio(_))));
         let mut kinds = virtio.map(|r| match pci_slot(&r.placement) {
             Some(_) => TransportKind::Pci,
             None => TransportKind::Mmio,
@@ -89,7 +92,7 @@ impl Persist<'_> for DeviceManager {
                 return Err(PersistError(format!("two devices are called {}", device.name)));
             }
         }
-        Ok(DeviceTree(tree))
+        Ok(DeviceTree { devices: tree, allocators: self.allocators.save(())? })
     }
 
     /// Onto the devices this machine was built with, which must be the snapshot's, each
@@ -99,12 +102,12 @@ impl Persist<'_> for DeviceManager {
         let names = |n: &mut dyn Iterator<Item = &String>| n.map(String::as_str).collect::<Vec<_>>().join(", ");
         let mut here: Vec<&Device> = self.devices().iter().filter(|d| in_snapshot(d)).collect();
         here.sort_by(|a, b| a.name.cmp(&b.name));
-        let (there_names, here_names) = (names(&mut tree.0.keys()), names(&mut here.iter().map(|d| &d.name)));
+        let (there_names, here_names) = (names(&mut tree.devices.keys()), names(&mut here.iter().map(|d| &d.name)));
         if there_names != here_names {
             return Err(PersistError(format!("the snapshot has devices [{there_names}], this machine [{here_names}]")));
         }
         for device in &here {
-            let saved = &tree.0[&device.name];
+            let saved = &tree.devices[&device.name];
             if saved.kind != device.kind || placed(&saved.placement) != placed(&device.resources) {
                 return Err(PersistError(format!(
                     "{} is a {:?} at {:?} in the snapshot, a {:?} at {:?} here",
@@ -112,17 +115,20 @@ impl Persist<'_> for DeviceManager {
                 )));
             }
         }
+        // Whatever else the allocators handed out must match too (a device's placement
+        // above names it; this catches what no device of the tree holds).
+        self.allocators.restore((), &tree.allocators)?;
         // PCI functions: their BARs leave the bus, then their config spaces (with BARs
         // where the guest moved them) go back and place them again.
         let functions: Vec<usize> = here
             .iter()
-            .filter(|d| !tree.0[&d.name].config.is_empty())
+            .filter(|d| !tree.devices[&d.name].config.is_empty())
             .filter_map(|d| pci_slot(&d.resources))
             .map(|slot| usize::from(slot) << 3)
             .collect();
         self.pci().unplace_bars(&functions);
         for device in here {
-            let saved = &tree.0[&device.name];
+            let saved = &tree.devices[&device.name];
             let named = |e: PersistError| PersistError(format!("{}: {e}", device.name));
             if let (false, Some(slot)) = (saved.config.is_empty(), pci_slot(&device.resources)) {
                 self.pci().restore_config(usize::from(slot) << 3, &saved.config).map_err(|e| named(e.into()))?;

@@ -152,7 +152,7 @@ fn a_restore_takes_the_same_build_and_refuses_another_naming_the_device() {
         b
     };
     let saved = build(&["a", "b"]).dm.save(()).unwrap();
-    assert_eq!(saved.0.keys().filter(|k| ["a", "b"].contains(&k.as_str())).count(), 2);
+    assert_eq!(saved.devices.keys().filter(|k| ["a", "b"].contains(&k.as_str())).count(), 2);
     build(&["a", "b"]).dm.restore((), &saved).unwrap();
     let missing = build(&["a"]).dm.restore((), &saved).unwrap_err().to_string();
     assert!(missing.contains("[a, b") || missing.contains("a, b,"), "{missing}");
@@ -163,4 +163,18 @@ fn a_restore_takes_the_same_build_and_refuses_another_naming_the_device() {
     let text = serde_json::to_string(&saved).unwrap();
     let back: persist::DeviceTree = serde_json::from_str(&text).unwrap();
     build(&["a", "b"]).dm.restore((), &back).unwrap();
+}
+
+#[test]
+fn the_allocators_save_what_they_handed_out_and_refuse_a_machine_that_differs() {
+    let Built { mut dm, .. } = manager(TransportKind::Mmio, RegisterMode::Trapped);
+    attach(&mut dm, "a").unwrap();
+    let saved = dm.allocators().save(()).unwrap();
+    assert_eq!(saved.free_mmio_lines, layout::MMIO_IRQS[1..], "one line taken");
+    assert_eq!(saved.mmio32.len(), 2, "the boot timer's page and a's window: {saved:?}");
+    dm.allocators().restore((), &saved).unwrap();
+    // One more BAR taken here than in the snapshot: refused, saying what differs.
+    dm.allocators().bar(BarSpec { kind: crate::pci::BarKind::Memory64, size: 1 << 20 }).unwrap();
+    let e = dm.allocators().restore((), &saved).unwrap_err().to_string();
+    assert!(e.contains("64-bit MMIO ranges"), "{e}");
 }

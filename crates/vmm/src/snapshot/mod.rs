@@ -23,7 +23,8 @@ const MAGIC: &str = "exitless-snapshot";
 /// Bumped on every change of what a state file holds (a field added, removed or changing
 /// meaning): a file of another version is refused by name, never half-read.
 /// 2: devices as a tree keyed by name, with placements (crate::persist); a checksum.
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: what the device allocators handed out, beside the devices.
+pub const FORMAT_VERSION: u32 = 3;
 /// A state file is a few hundred KiB (the XSAVE areas are the largest part).
 const MAX_STATE_FILE: u64 = 64 << 20;
 
@@ -288,7 +289,7 @@ mod tests {
         let good = SnapshotFile::parse("s", &corpus("counter-1vcpu")).unwrap();
         assert_eq!((good.machine.vcpu_count, good.machine.mem_size), (1, 64 << 20));
         assert!(matches!(SnapshotFile::parse("s", &corpus("truncated")), Err(SnapshotError::Format(..))));
-        assert!(matches!(SnapshotFile::parse("s", &corpus("format-3")), Err(SnapshotError::Version(_, 3, _))));
+        assert!(matches!(SnapshotFile::parse("s", &corpus("format-4")), Err(SnapshotError::Version(_, 4, _))));
         let mut wrong = good;
         wrong.machine.vcpu_count = 2;
         assert!(wrong.machine.check().unwrap_err().contains("1 vCPU states for 2 vCPUs"));
@@ -298,7 +299,7 @@ mod tests {
         // Devices by name, each with its placement; virtio ones with config space and transport.
         let devices = SnapshotFile::parse("s", &corpus("vsock-rng-devices")).unwrap().machine.devices;
         let virtio: Vec<_> = devices
-            .0
+            .devices
             .iter()
             .filter_map(|(name, r)| match &r.state {
                 Some(DeviceState::Virtio(t)) => Some((name.as_str(), r.config.len(), t)),
@@ -308,8 +309,8 @@ mod tests {
         let names: Vec<_> = virtio.iter().map(|v| (v.0, v.1)).collect();
         assert_eq!(names, [("virtio-rng", 4096), ("virtio-vsock", 4096)]);
         assert!(virtio[1].2.active && virtio[1].2.queues.len() == 3);
-        assert!(devices.0.values().all(|r| !r.placement.is_empty()), "every device says where it is");
-        assert!(matches!(devices.0["serial"].state, Some(DeviceState::Serial(_))));
+        assert!(devices.devices.values().all(|r| !r.placement.is_empty()), "every device says where it is");
+        assert!(matches!(devices.devices["serial"].state, Some(DeviceState::Serial(_))));
         // A byte changed after writing: the checksum says so.
         let text = String::from_utf8(corpus("vsock-rng-devices")).unwrap();
         let damaged = text.replacen("\"mem_size\":67108864", "\"mem_size\":67108865", 1);
