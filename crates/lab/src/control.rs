@@ -227,6 +227,9 @@ where
         let thread = thread.map_err(|e| L::Error::from(MachineError::VcpuThreads(e)))?;
         let (vcpu, result) = thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         drop(vcpu);
+        // COM1 writes from a thread of its own: what the guest printed last is in the
+        // console only once it drained (a lab reading it at once missed the last line).
+        machine.drain_console();
         result
     })
 }
