@@ -126,6 +126,8 @@ fn running_out_of_lines_is_an_error_for_that_device_only() {
     assert_eq!(attached, 17, "{error}");
     assert!(matches!(error, DeviceError::Alloc(_)), "{error}");
     assert!(dm.devices().iter().all(|d| d.name != "d17"), "a refused device is not half-attached");
+    let windows = dm.allocators().save(()).unwrap().mmio32.len();
+    assert_eq!(windows, 1 + 17, "the boot timer's page and one window per device, none for the refused one");
 }
 
 #[test]

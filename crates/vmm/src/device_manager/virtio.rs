@@ -208,8 +208,10 @@ impl DeviceManager {
         handle: impl FnOnce(VirtioTransport) -> DeviceHandle,
     ) -> Result<VirtioTransport, DeviceError> {
         let setup = |source| DeviceError::Setup { name: name.into(), source };
-        let base = self.allocators.mmio_device_window(virtio::mmio::WINDOW)?;
+        // The line first: lines run out (17 of them) long before the window does, and a
+        // device refused for want of one must leave no window taken behind it.
         let gsi = self.allocators.mmio_irq()?;
+        let base = self.allocators.mmio_device_window(virtio::mmio::WINDOW)?;
         let irqfd = Arc::new(vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).map_err(setup)?);
         self.vm.register_irqfd(&irqfd, gsi)?;
         let page = match self.mmio_registers {
