@@ -6,7 +6,7 @@
 //! session's time, and exits and VMM device-thread CPU per request.
 
 use crate::chart;
-use crate::control::{drive, guest_tsc_khz, lab_machine, LabMachine, Window};
+use crate::control::{drive, guest_tsc_khz, lab_machine, payload_failure, LabMachine, Window};
 use crate::net::LAB_MAC;
 use crate::netns::{Netns, NetnsError};
 use crate::report::{print_table, targets_json, targets_text, Outputs, Target, WriteError};
@@ -44,8 +44,8 @@ pub enum MmdsBenchError {
     Machine(#[from] MachineError),
     #[error(transparent)]
     Netns(#[from] NetnsError),
-    #[error("the guest exited with status {0}: {1} answers were wrong")]
-    Guest(u32, u64),
+    #[error("{0}: {1} answers were wrong")]
+    Guest(String, u64),
     #[error("the guest never announced its {0}")]
     Missing(&'static str),
     #[error(transparent)]
@@ -112,8 +112,8 @@ fn run_one(
     drive(&machine, &control, opts.timeout, &mut lab)?;
     let result = |i| read_result(machine.memory(), i);
     let (checked, failed) = (result(0), result(1));
-    if let Some(status) = machine.control().exit_status().filter(|&s| s != 0) {
-        return Err(MmdsBenchError::Guest(status, failed));
+    if let Some(why) = payload_failure(&machine) {
+        return Err(MmdsBenchError::Guest(why, failed));
     }
     let (begin, (end, exits)) =
         (lab.begin.ok_or(MmdsBenchError::Missing("start"))?, lab.end.ok_or(MmdsBenchError::Missing("end"))?);

@@ -296,7 +296,11 @@ impl DeviceManager {
 
     /// The drive its configuration calls `id`.
     pub fn drive(&self, id: &str) -> Result<&DriveHandle, DeviceError> {
-        self.drives().find(|d| d.id == id).ok_or_else(|| DeviceError::NoDrive(id.into()))
+        self.drive_and_transport(id).map(|(d, _)| d)
+    }
+
+    fn drive_and_transport(&self, id: &str) -> Result<(&DriveHandle, &VirtioTransport), DeviceError> {
+        self.virtio_of::<DriveHandle>().find(|(d, _)| d.id == id).ok_or_else(|| DeviceError::NoDrive(id.into()))
     }
 
     /// The NIC its configuration calls `id`.
@@ -307,8 +311,7 @@ impl DeviceManager {
     /// Gives drive `id` a new backing file on a running guest: its capacity re-read, the
     /// guest told by a configuration-change interrupt (Firecracker's PATCH /drives).
     pub fn update_drive(&self, id: &str, path: &std::path::Path) -> Result<(), DeviceError> {
-        let found = self.virtio_of::<DriveHandle>().find(|(d, _)| d.id == id);
-        let (drive, transport) = found.ok_or_else(|| DeviceError::NoDrive(id.into()))?;
+        let (drive, transport) = self.drive_and_transport(id)?;
         let disk = drive.disk.swap(path)?;
         tracing::info!("{}: swapped to {} ({} bytes)", drive.name, path.display(), disk.capacity);
         transport.core().config_changed();
