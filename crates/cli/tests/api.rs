@@ -147,7 +147,7 @@ fn every_thread_of_an_api_started_vm_is_under_seccomp() {
         for (method, path, body) in &calls {
             expect_ok(&sock, method, path, body.as_ref()).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
         }
-        let named = ["exitless", "vmm", "vcpu0", "vcpu1", "api-metrics", "signals", "console-out"];
+        let named = ["exitless", "vmm", "vcpu0", "vcpu1", "api-metrics", "signals", "api-socket", "console-out"];
         assert_every_thread_confined(child.id(), 2, &named, want);
         // SIGTERM: the confined signal thread removes the socket, then the process dies
         // by the signal, as Firecracker (no handler for it) does.
@@ -160,6 +160,50 @@ fn every_thread_of_an_api_started_vm_is_under_seccomp() {
         assert!(!sock.exists(), "{extra:?}: the socket is left behind");
         assert!(std::fs::read_to_string(&metrics).unwrap().contains("\"exits\""));
     }
+}
+
+/// An orchestrator that lost its VMM (its shim killed) tears the VM down by removing the
+/// directory holding the API socket: the VMM, guest running, ends as on SIGTERM.
+#[test]
+fn a_vmm_whose_api_socket_is_removed_ends() {
+    if !kvm_or_skip("a_vmm_whose_api_socket_is_removed_ends") {
+        return;
+    }
+    use exitless_lab::api_client::{expect_ok, listening};
+    use serde_json::json;
+    let dir = tempdir();
+    let payloads = payloads_in(&dir);
+    let shim_dir = dir.join("default#vm1");
+    std::fs::create_dir(&shim_dir).unwrap();
+    let sock = shim_dir.join("firecracker.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(["--api-sock", sock.to_str().unwrap()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let reaper = KillOnDrop(child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !listening(&sock) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let kernel = payloads.join("wait.elf");
+    expect_ok(&sock, "PUT", "/boot-source", Some(&json!({"kernel_image_path": kernel, "boot_args": "spin"}))).unwrap();
+    expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
+    // Another file in the directory going first changes nothing.
+    std::fs::write(shim_dir.join("fc-logs.fifo"), b"").unwrap();
+    std::fs::remove_file(shim_dir.join("fc-logs.fifo")).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    expect_ok(&sock, "GET", "/", None).unwrap();
+    let started = std::time::Instant::now();
+    std::fs::remove_dir_all(&shim_dir).unwrap();
+    let out = child.wait_with_output().unwrap();
+    std::mem::forget(reaper);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{:?} {}", out.status, stderr(&out));
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(stderr(&out).contains("was removed: ending the microVM"), "{}", stderr(&out));
 }
 
 /// Kills process `pid` when dropped (a test that panics before waiting for its child).

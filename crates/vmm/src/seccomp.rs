@@ -46,6 +46,9 @@ pub enum ThreadKind {
     /// Takes SIGINT/SIGTERM/SIGHUP, runs the registered cleanups (removing a socket,
     /// unmounting a network namespace) and ends the process.
     Signals,
+    /// Watches the API socket's directory (inotify, made before the filter) and, when the
+    /// socket is gone, signals the process SIGTERM.
+    SocketWatch,
     /// Helpers beside a VM: the run watchdog (kicks the vCPUs with a signal) and the labs'
     /// traffic threads (send and receive on a packet socket that already exists) and
     /// memory pollers.
@@ -248,6 +251,10 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             // musl signals a thread with tkill(2), glibc with tgkill(2).
             libc::SYS_tkill,
         ],
+        // fcntl: the log file's writer (musl's open marks O_CLOEXEC with it).
+        ThreadKind::SocketWatch => {
+            &[libc::SYS_fcntl, libc::SYS_newfstatat, libc::SYS_stat, libc::SYS_statx, libc::SYS_getpid, libc::SYS_kill]
+        }
     };
     [COMMON, extra].concat()
 }
@@ -540,6 +547,7 @@ mod tests {
             ThreadKind::Helper,
             ThreadKind::Api,
             ThreadKind::Signals,
+            ThreadKind::SocketWatch,
         ] {
             program(kind, true).unwrap();
             program(kind, false).unwrap();

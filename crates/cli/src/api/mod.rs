@@ -6,6 +6,8 @@
 //! that runs it; when the guest stops, that thread writes the last metrics, removes the
 //! socket and ends the process with the guest's status, as Firecracker does. SIGINT,
 //! SIGTERM and SIGHUP remove the socket too, then end the process as Firecracker's do.
+//! Unlike Firecracker, exitless also ends when its socket is removed under it
+//! (`socket_watch`): an orchestrator tearing a VM down whose VMM it lost track of.
 
 pub mod fuzzing;
 pub mod logging;
@@ -16,6 +18,7 @@ mod routes;
 mod server;
 mod sink;
 mod snapshot;
+mod socket_watch;
 mod vm;
 
 use crate::args::ApiArgs;
@@ -110,6 +113,11 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             }
         })
     };
+    if let Some(path) = &shared.socket {
+        if let Err(e) = socket_watch::start(path) {
+            tracing::warn!("the API socket is not watched: {e}");
+        }
+    }
     if let Some(file) = &args.config_file {
         let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
         let config: model::VmConfig = model::from_json(text.as_bytes())
