@@ -137,6 +137,24 @@ fn api_sock_with_config_file_boots_and_serves_as_kata_launches_it() {
     assert!(!sock.exists());
 }
 
+/// A config file that cannot run (here a drive file that does not exist) ends the VMM with
+/// one line and takes its socket with it: Kata retries on the same path, which `bind`
+/// refuses while a stale socket is there.
+#[test]
+fn a_config_file_that_cannot_run_leaves_no_socket() {
+    let dir = tempdir();
+    let sock = dir.join("firecracker.socket");
+    let missing = dir.join("drive_7");
+    let drives =
+        json!([{"drive_id": "drive_7", "path_on_host": missing, "is_root_device": false, "is_read_only": false}]);
+    let config = config_file(&dir, &dir.join("no-kernel"), "console=ttyS0", json!({"drives": drives}));
+    let out = exitless(&["--api-sock", sock.to_str().unwrap(), "--config-file", config.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(config.to_str().unwrap()), "{err}");
+    assert!(!sock.exists(), "the socket is left behind: {err}");
+}
+
 /// #37.2: Firecracker adds `root=/dev/vda ro|rw` (or `root=PARTUUID=<uuid> ro|rw`) for the
 /// drive marked `is_root_device` (builder.rs, `attach_block_devices`), and puts that
 /// drive first (vmm_config/drive.rs: `push_front`).

@@ -119,11 +119,14 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
     }
     if let Some(file) = &args.config_file {
-        let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-        let config: model::VmConfig = model::from_json(text.as_bytes())
-            .map_err(|e| format!("{} is not a Firecracker config file: {e}", file.display()))?;
-        let machine = configure(&shared, config).map_err(|vm::Fault(m)| format!("{}: {m}", file.display()))?;
-        start(&shared, machine)?;
+        // A config file that cannot be run ends the process: with the socket it bound
+        // removed, so that the caller can start another VMM on the same path.
+        if let Err(e) = run_config_file(&shared, file) {
+            if let Some(path) = &shared.socket {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e.into());
+        }
     }
     shared.metrics.api_ready();
     match server {
@@ -136,6 +139,15 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             std::thread::park();
         },
     }
+}
+
+/// `--config-file`: its resources, then the machine started.
+fn run_config_file(shared: &Arc<Shared>, file: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let config: model::VmConfig = model::from_json(text.as_bytes())
+        .map_err(|e| format!("{} is not a Firecracker config file: {e}", file.display()))?;
+    let machine = configure(shared, config).map_err(|vm::Fault(m)| format!("{}: {m}", file.display()))?;
+    start(shared, machine)
 }
 
 /// The socket, refusing to take over a path that exists (another VMM may be serving it).
