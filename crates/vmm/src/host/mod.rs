@@ -108,10 +108,12 @@ impl HostProfile {
     }
 
     /// What a Linux guest's command line needs on this host, added when it lacks them
-    /// (docs/linux.md): on a nested host, `noxsave` (its KVM shows XSAVE whatever CPUID
-    /// says and cannot emulate xrstor at CPL0), the `clearcpuid` list (SSSE3, SSE4.1/4.2,
-    /// AES-NI, PCLMULQDQ: self-tests in them are instructions KVM cannot emulate, each
-    /// completed by the VMM at an exit's cost) and `rodata=off` (the W+X walk and rodata
+    /// (docs/linux.md): on a nested host, the `clearcpuid` list: XSAVE (154; its KVM shows
+    /// XSAVE whatever CPUID says and cannot emulate xrstor at CPL0; cleared as `noxsave`
+    /// would, but a word with `=`, which Linux never hands to init: Kata's agent, as
+    /// init, refuses an argument it does not know), and SSSE3, SSE4.1/4.2, AES-NI,
+    /// PCLMULQDQ (self-tests in them are instructions KVM cannot emulate, each completed
+    /// by the VMM at an exit's cost), and `rodata=off` (the W+X walk and rodata
     /// self-test take tens of minutes where CPL0 is emulated), `cryptomgr.notests` (a
     /// kernel built with the crypto self-tests, Firecracker's own config among them, runs
     /// them for minutes at emulated CPL0; Kata passes it for the same reason) and
@@ -122,8 +124,7 @@ impl HostProfile {
         match self.kind {
             HostKind::Native => &[],
             HostKind::Nested => &[
-                "noxsave",
-                "clearcpuid=137,147,148,153,129",
+                "clearcpuid=154,137,147,148,153,129",
                 "rodata=off",
                 "cryptomgr.notests",
                 "initcall_blacklist=jent_mod_init",
