@@ -103,7 +103,7 @@ fn every_thread_of_an_api_started_vm_is_under_seccomp() {
     if !kvm_or_skip("every_thread_of_an_api_started_vm_is_under_seccomp") {
         return;
     }
-    use exitless_lab::api_client::{expect_ok, listening};
+    use exitless_lab::api_client::expect_ok;
     use serde_json::json;
     let dir = tempdir();
     let payloads = payloads_in(&dir);
@@ -113,19 +113,7 @@ fn every_thread_of_an_api_started_vm_is_under_seccomp() {
         let metrics = dir.join("metrics");
         args.push(metrics.to_str().unwrap());
         args.extend(extra);
-        let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
-            .args(&args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        // A failed check must not leave the VMM (its guest spins) running.
-        let reaper = KillOnDrop(child.id());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !listening(&sock) && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+        let (child, reaper) = spawn_serving(&args, &sock);
         let kernel = payloads.join("wait.elf");
         let (disk, swapped) = (dir.join("disk.img"), dir.join("swapped.img"));
         std::fs::write(&disk, vec![0u8; 4096]).unwrap();
@@ -169,25 +157,14 @@ fn a_vmm_whose_api_socket_is_removed_ends() {
     if !kvm_or_skip("a_vmm_whose_api_socket_is_removed_ends") {
         return;
     }
-    use exitless_lab::api_client::{expect_ok, listening};
+    use exitless_lab::api_client::expect_ok;
     use serde_json::json;
     let dir = tempdir();
     let payloads = payloads_in(&dir);
     let shim_dir = dir.join("default#vm1");
     std::fs::create_dir(&shim_dir).unwrap();
     let sock = shim_dir.join("firecracker.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
-        .args(["--api-sock", sock.to_str().unwrap()])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let reaper = KillOnDrop(child.id());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !listening(&sock) && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let (child, reaper) = spawn_serving(&["--api-sock", sock.to_str().unwrap()], &sock);
     let kernel = payloads.join("wait.elf");
     expect_ok(&sock, "PUT", "/boot-source", Some(&json!({"kernel_image_path": kernel, "boot_args": "spin"}))).unwrap();
     expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
@@ -204,6 +181,24 @@ fn a_vmm_whose_api_socket_is_removed_ends() {
     assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{:?} {}", out.status, stderr(&out));
     assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
     assert!(stderr(&out).contains("was removed: ending the microVM"), "{}", stderr(&out));
+}
+
+/// exitless started with `args`, once it serves `sock`; the guard kills it if the test
+/// fails first (its guest spins).
+fn spawn_serving(args: &[&str], sock: &std::path::Path) -> (std::process::Child, KillOnDrop) {
+    let child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let reaper = KillOnDrop(child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !exitless_lab::api_client::listening(sock) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    (child, reaper)
 }
 
 /// Kills process `pid` when dropped (a test that panics before waiting for its child).
