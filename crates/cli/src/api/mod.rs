@@ -109,7 +109,7 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 let _ = shared.metrics.write(sample);
             }
             if let Some(path) = &shared.socket {
-                let _ = std::fs::remove_file(path);
+                socket_watch::remove_own(path);
             }
         })
     };
@@ -123,7 +123,7 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         // removed, so that the caller can start another VMM on the same path.
         if let Err(e) = run_config_file(&shared, file) {
             if let Some(path) = &shared.socket {
-                let _ = std::fs::remove_file(path);
+                socket_watch::remove_own(path);
             }
             return Err(e.into());
         }
@@ -178,7 +178,7 @@ fn handler(shared: Arc<Shared>) -> server::Handler {
                 if let Err(e) = start(&shared, *machine) {
                     eprintln!("exitless: {e}");
                     if let Some(path) = &shared.socket {
-                        let _ = std::fs::remove_file(path);
+                        socket_watch::remove_own(path);
                     }
                     std::process::exit(1);
                 }
@@ -281,7 +281,7 @@ fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), Str
         }
         exitless_vmm::sync::lock(&shared.vm).state = State::Exited;
         if let Some(path) = &shared.socket {
-            let _ = std::fs::remove_file(path);
+            socket_watch::remove_own(path);
         }
         std::process::exit(status);
     });

@@ -11,6 +11,17 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set once the process removes its own socket (it is ending): the watch then stays quiet
+/// rather than race the ending with a SIGTERM of its own.
+static REMOVED_BY_US: AtomicBool = AtomicBool::new(false);
+
+/// Removes the process's own API socket, as it ends.
+pub fn remove_own(path: &Path) {
+    REMOVED_BY_US.store(true, Ordering::SeqCst);
+    let _ = std::fs::remove_file(path);
+}
 
 /// Starts the watch for `socket` (already bound). An error leaves the VMM running as it
 /// would without the watch; the caller logs it.
@@ -55,6 +66,9 @@ pub fn start(socket: &Path) -> Result<(), String> {
                     continue;
                 }
                 let ours = std::fs::metadata(&socket).map(|m| m.ino() == ino).unwrap_or(false);
+                if REMOVED_BY_US.load(Ordering::SeqCst) {
+                    return;
+                }
                 if !ours {
                     tracing::warn!("the API socket {} was removed: ending the microVM", socket.display());
                     eprintln!("exitless: the API socket {} was removed: ending the microVM", socket.display());
