@@ -11,6 +11,9 @@ FIRECRACKER_CONTAINERD_REF=${FIRECRACKER_CONTAINERD_REF:-be68640a5d2237f5b427c37
 # A VM's boot to its agent's first answer; the shim's own default is 60 s.
 FCC_BOOT_TIMEOUT=${FCC_BOOT_TIMEOUT:-300}
 FCC_FLEET=${FCC_FLEET:-5}
+# Which groups of steps run: containers (one VM), fleet (FCC_FLEET VMs), bad (killed shim
+# and daemon).
+FCC_STEPS=${FCC_STEPS:-containers fleet bad}
 
 fcc_build() {
   local src=$cache/firecracker-containerd/src bin=$cache/firecracker-containerd/bin-$FIRECRACKER_CONTAINERD_REF
@@ -153,6 +156,15 @@ fcc_check() {
     && ctr images ls -q | grep -qx "$image" && pass "firecracker-containerd: image imported and unpacked into ext4 image files" \
     || { fail "firecracker-containerd: image import"; return; }
 
+  case " $FCC_STEPS " in *" containers "*) fcc_containers ;; esac
+  case " $FCC_STEPS " in *" fleet "*) fcc_fleet ;; esac
+  case " $FCC_STEPS " in *" bad "*) fcc_killed_shim; fcc_killed_daemon ;; esac
+}
+
+# The documented use: firecracker-ctr run, then a VM with two containers, exec, pause and
+# resume, stop and delete, StopVM.
+fcc_containers() {
+  local t0 out
   # 1. As its getting-started guide: firecracker-ctr run, the shim making the VM. The shim
   # gives a VM 60 s from the VMM's start to its agent's answer.
   t0=$(now)
@@ -219,8 +231,6 @@ fcc_check() {
   [ -z "$(vmm_of "$vm")" ] && pass "firecracker-containerd: StopVM $vm: the VMM is gone ($(since "$t0") s)" \
     || fail "firecracker-containerd: StopVM $vm left VMM $(vmm_of "$vm")"
 
-  fcc_fleet
-  fcc_killed_shim
 }
 
 # FCC_FLEET VMs at once, a container each: the time from the first CreateVM to each
@@ -277,6 +287,32 @@ fcc_killed_shim() {
     fail "firecracker-containerd: shim killed: VMM $vmm still runs 20 s later"
   else
     pass "firecracker-containerd: shim killed mid-run: its VMM ended with the VM's teardown"
+  fi
+}
+
+# Bad input: the daemon killed while its VM runs, then started again, as a supervisor
+# would; StopVM through the new daemon must end the VMM.
+fcc_killed_daemon() {
+  local vm=daemon-$$ vmm i
+  if ! fccvm create "$vm" 1 "$FCC_BOOT_TIMEOUT" > /dev/null 2>&1; then
+    fail "firecracker-containerd: CreateVM $vm for the killed-daemon check"
+    return
+  fi
+  vmm=$(vmm_of "$vm")
+  kill -9 "$daemon_pid"
+  wait "$daemon_pid" 2>/dev/null
+  rm -f "$state/run/containerd.sock" "$state/run/containerd.sock.ttrpc"
+  PATH=$fcc_bin:$PATH FIRECRACKER_CONTAINERD_RUNTIME_CONFIG_PATH=$state/etc/runtime.json \
+    setsid "$fcc_bin/firecracker-containerd" --config "$state/etc/config.toml" >> "$state/daemon.log" 2>&1 &
+  daemon_pid=$!
+  for i in $(seq 100); do [ -S "$state/run/containerd.sock.ttrpc" ] && break; sleep 0.1; done
+  alive "$vmm" || { fail "firecracker-containerd: daemon killed: VMM $vmm died with it"; return; }
+  fccvm stop "$vm" > "$state/daemon-stop.out" 2>&1
+  for i in $(seq 200); do alive "$vmm" || break; sleep 0.1; done
+  if alive "$vmm"; then
+    fail "firecracker-containerd: daemon killed and restarted: VMM $vmm still runs after StopVM ($(tail -1 "$state/daemon-stop.out"))"
+  else
+    pass "firecracker-containerd: daemon killed mid-run and restarted: its VM ran on, and StopVM through the new daemon ended its VMM"
   fi
 }
 
