@@ -54,22 +54,7 @@ fcc_rootfs() {
 }
 
 fcc_start_daemon() {
-  mkdir -p "$state"/{etc,lib,run,shim-base,blockfile}
-  truncate -s 256M "$state/scratch.ext4" && mkfs.ext4 -q -F "$state/scratch.ext4"
-  cat > "$state/etc/config.toml" <<EOF
-version = 2
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-root = "$state/lib/containerd"
-state = "$state/run/containerd"
-[grpc]
-  address = "$state/run/containerd.sock"
-[proxy_plugins]
-  [proxy_plugins.blockfile]
-    type = "snapshot"
-    address = "$state/run/blockfile.sock"
-[debug]
-  level = "debug"
-EOF
+  mkdir -p "$state"/{etc,shim-base}
   # Its default kernel_args with init= for the root drive's init, as its image's README
   # gives them; firecracker-containerd sends no root=, exitless adds root=/dev/vda ro as
   # Firecracker does for the root device.
@@ -84,18 +69,15 @@ EOF
   "shim_base_dir": "$state/shim-base"
 }
 EOF
-  setsid "$fcc_bin/blockfile-snapshotter" -socket "$state/run/blockfile.sock" -root "$state/blockfile" \
-    -scratch "$state/scratch.ext4" > "$state/snapshotter.log" 2>&1 &
-  snapshotter_pid=$!
+  # The daemon is containerd with firecracker-containerd's plugins; it finds the shim on
+  # PATH and, like the shim, the runtime config by this variable.
   PATH=$fcc_bin:$PATH FIRECRACKER_CONTAINERD_RUNTIME_CONFIG_PATH=$state/etc/runtime.json \
-    setsid "$fcc_bin/firecracker-containerd" --config "$state/etc/config.toml" > "$state/daemon.log" 2>&1 &
-  daemon_pid=$!
-  local i
-  for i in $(seq 100); do
-    [ -S "$state/run/containerd.sock" ] && [ -S "$state/run/blockfile.sock" ] && return 0
-    sleep 0.1
-  done
-  return 1
+    containerd_with_blockfile "$state" "$fcc_bin/blockfile-snapshotter" "$fcc_bin/firecracker-containerd" blockfile \
+    "$(printf '[debug]\n  level = "debug"')"
+  local started=$?
+  fcc_snapshotter_pid=$snapshotter_pid
+  daemon_pid=$containerd_pid
+  return $started
 }
 
 ctr() { "$fcc_bin/firecracker-ctr" -a "$state/run/containerd.sock" "$@"; }
@@ -151,7 +133,7 @@ fcc_check() {
     || { fail "firecracker-containerd: guest root drive"; return; }
   oci_image "$state" "$image_line" && pass "firecracker-containerd: OCI image built locally" || { fail "firecracker-containerd: OCI image"; return; }
   fcc_start_daemon && pass "firecracker-containerd: daemon and blockfile proxy snapshotter serving" \
-    || { fail "firecracker-containerd: daemon start (see $state/daemon.log)"; return; }
+    || { fail "firecracker-containerd: daemon start (see $state/containerd.log)"; return; }
   ctr images import --base-name localhost/exitless-check --snapshotter blockfile "$state/image.tar" > /dev/null 2>&1 \
     && ctr images ls -q | grep -qx "$image" && pass "firecracker-containerd: image imported and unpacked into ext4 image files" \
     || { fail "firecracker-containerd: image import"; return; }
@@ -303,7 +285,7 @@ fcc_killed_daemon() {
   wait "$daemon_pid" 2>/dev/null
   rm -f "$state/run/containerd.sock" "$state/run/containerd.sock.ttrpc"
   PATH=$fcc_bin:$PATH FIRECRACKER_CONTAINERD_RUNTIME_CONFIG_PATH=$state/etc/runtime.json \
-    setsid "$fcc_bin/firecracker-containerd" --config "$state/etc/config.toml" >> "$state/daemon.log" 2>&1 &
+    setsid "$fcc_bin/firecracker-containerd" --config "$state/containerd.toml" >> "$state/containerd.log" 2>&1 &
   daemon_pid=$!
   for i in $(seq 100); do [ -S "$state/run/containerd.sock.ttrpc" ] && break; sleep 0.1; done
   alive "$vmm" || { fail "firecracker-containerd: daemon killed: VMM $vmm died with it"; return; }
@@ -319,7 +301,7 @@ fcc_killed_daemon() {
 fcc_stop() {
   local state=$work/firecracker-containerd
   [ -n "${daemon_pid:-}" ] && kill "$daemon_pid" 2>/dev/null
-  [ -n "${snapshotter_pid:-}" ] && kill "$snapshotter_pid" 2>/dev/null
+  [ -n "${fcc_snapshotter_pid:-}" ] && kill "$fcc_snapshotter_pid" 2>/dev/null
   pkill -f "containerd-shim-aws-firecracker -namespace default -address $state/" 2>/dev/null
   sleep 1
   teardown "$state"
