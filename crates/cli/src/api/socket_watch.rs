@@ -65,10 +65,10 @@ pub fn start(socket: &Path) -> Result<(), String> {
                 if !touches(&buf[..n as usize], name.as_encoded_bytes()) {
                     continue;
                 }
-                let ours = std::fs::metadata(&socket).map(|m| m.ino() == ino).unwrap_or(false);
                 if REMOVED_BY_US.load(Ordering::SeqCst) {
                     return;
                 }
+                let ours = std::fs::metadata(&socket).map(|m| m.ino() == ino).unwrap_or(false);
                 if !ours {
                     tracing::warn!("the API socket {} was removed: ending the microVM", socket.display());
                     eprintln!("exitless: the API socket {} was removed: ending the microVM", socket.display());
