@@ -47,6 +47,11 @@ pub trait VirtioDevice: Send {
     fn features(&self) -> u64;
     fn queue_max_sizes(&self) -> Vec<u16>;
     fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// The driver writes its configuration at `offset`; false if that is not the driver's
+    /// to write (most devices: none of it is).
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) -> bool {
+        false
+    }
     /// Starts the device on the driver's queues (DRIVER_OK).
     fn activate(&mut self, queues: Vec<ActiveQueue>, activation: Activation) -> Result<(), ActivateError>;
     /// Stops the device and forgets its queues (the driver wrote status 0).
@@ -57,6 +62,27 @@ pub trait VirtioDevice: Send {
     fn pause(&mut self) -> Option<Vec<QueuePosition>>;
     /// Goes on after [`VirtioDevice::pause`] where it stopped.
     fn resume(&mut self) -> Result<(), ActivateError>;
+    /// What the device holds beyond its queues' positions, for a snapshot taken paused
+    /// (None: nothing).
+    fn save_state(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Puts a snapshot's [`VirtioDevice::save_state`] back before the restored activation;
+    /// refused, saying why, if it does not fit this device.
+    fn restore_state(&mut self, _state: &serde_json::Value) -> Result<(), String> {
+        Err("this device keeps no state of its own".into())
+    }
+}
+
+/// Copies `config[offset..]` into `data` (zeros past its end), as every device's
+/// `read_config` does.
+pub fn copy_config(config: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let Ok(start) = usize::try_from(offset) else { return };
+    if let Some(rest) = config.get(start..) {
+        let n = rest.len().min(data.len());
+        data[..n].copy_from_slice(&rest[..n]);
+    }
 }
 
 /// Why a device could not start on what the driver set up.
@@ -189,6 +215,8 @@ pub trait InterruptMirror: Send + Sync {
     /// on it sees why, with the device status (a device thread may have just raised
     /// NEEDS_RESET).
     fn raise(&self, bits: u8, status: u8);
+    /// The device's configuration is now `config` (from offset 0).
+    fn show_config(&self, config: &[u8]);
 }
 
 impl Interrupt {
@@ -198,6 +226,17 @@ impl Interrupt {
 
     pub fn signal_config(&self) {
         self.signal(None, ISR_CONFIG);
+    }
+
+    /// A device thread changed its configuration to `config`: shown where the driver
+    /// reads it without an exit, then the configuration interrupt. (Changes the VMM makes
+    /// go through the transport, `Core::config_changed`, which also bumps the generation;
+    /// a device thread must not take the transport's lock, held while it is stopped.)
+    pub fn config_changed(&self, config: &[u8]) {
+        if let Delivery::Line { mirror: Some((mirror, _)), .. } = &self.delivery {
+            mirror.show_config(config);
+        }
+        self.signal_config();
     }
 
     /// Queue `queue`'s interrupt, or the configuration's, for ISR bit `bit`.

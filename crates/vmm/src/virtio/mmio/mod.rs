@@ -261,8 +261,13 @@ impl BusDevice for VirtioMmio {
 
     fn write(&self, offset: u64, data: &[u8]) {
         if offset >= CONFIG {
-            // Every device's configuration is read-only to the driver here.
-            return self.lock().warn_once(format_args!("write to the device configuration at {offset:#x}"));
+            let mut t = self.lock();
+            if !t.device.write_config(offset - CONFIG, data) {
+                return t.warn_once(format_args!("write to the device configuration at {offset:#x}"));
+            }
+            // The mapped page shows what the driver wrote (its write exited: the page is
+            // read-only to it).
+            return self.core.link.refresh(&t);
         }
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
             return self.lock().warn_once(format_args!("{}-byte write at register {offset:#x}", data.len()));

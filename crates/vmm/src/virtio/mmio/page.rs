@@ -57,6 +57,15 @@ impl RegisterPage {
         }
     }
 
+    /// The device's configuration from offset 0, one aligned store per dword (so a
+    /// reader never sees one torn).
+    fn store_config(&self, config: &[u8]) {
+        for (at, dword) in config.chunks_exact(4).enumerate().take(((WINDOW - CONFIG) / 4) as usize) {
+            let v = u32::from_le_bytes([dword[0], dword[1], dword[2], dword[3]]);
+            self.store(CONFIG + 4 * at as u64, v);
+        }
+    }
+
     /// The driver acknowledged `bits` of InterruptStatus (a trapped write).
     pub fn acknowledge(&self, bits: u8) {
         if let Some(w) = self.word(INTERRUPT_STATUS) {
@@ -70,20 +79,20 @@ impl InterruptMirror for RegisterPage {
         self.or(STATUS, u32::from(status));
         self.or(INTERRUPT_STATUS, u32::from(bits));
     }
+
+    fn show_config(&self, config: &[u8]) {
+        self.store_config(config);
+    }
 }
 
 impl Mirror for RegisterPage {
     fn refresh(&self, t: &Transport, link: &Link) {
         // The device's configuration first, to the end of the window, as a trapped read
-        // would return it (one aligned store per dword, so a reader never sees one torn);
-        // then the registers, its generation among them, so a driver that reads the new
+        // would return it; then the registers, its generation among them, so a driver that reads the new
         // generation reads the new configuration (virtio 1.2 2.5.1).
         let mut config = [0u8; (WINDOW - CONFIG) as usize];
         t.device.read_config(0, &mut config);
-        for (at, dword) in config.chunks_exact(4).enumerate() {
-            let v = u32::from_le_bytes([dword[0], dword[1], dword[2], dword[3]]);
-            self.store(CONFIG + 4 * at as u64, v);
-        }
+        self.store_config(&config);
         for &offset in READABLE {
             self.store(offset, register(t, link, offset));
         }

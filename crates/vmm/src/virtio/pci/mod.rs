@@ -288,6 +288,12 @@ impl BusDevice for VirtioPci {
             o if (MSIX_TABLE..MSIX_TABLE + 0x1000).contains(&o) => {
                 crate::sync::lock(&self.msix).table_write(o - MSIX_TABLE, data)
             }
+            o if (DEVICE_CFG..DEVICE_CFG + DEVICE_CFG_LEN).contains(&o) => {
+                let mut t = self.lock();
+                if !t.device.write_config(o - DEVICE_CFG, data) {
+                    t.warn_once(format_args!("write to the device configuration at {o:#x}"));
+                }
+            }
             _ => {}
         }
     }

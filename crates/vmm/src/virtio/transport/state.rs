@@ -28,6 +28,9 @@ pub struct TransportState {
     /// PCI's MSI-X table and pending bits (none on MMIO).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub msix: Option<MsixState>,
+    /// What the device holds beyond its queues (`VirtioDevice::save_state`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<serde_json::Value>,
 }
 
 /// One queue: the driver's registers and, if the device ran, where it stood.
@@ -79,6 +82,7 @@ impl Transport {
             active: positions.is_some(),
             queues,
             msix: None,
+            device: self.device.save_state(),
         })
     }
 
@@ -87,6 +91,9 @@ impl Transport {
     /// starts the device. Refused, naming what, where the state contradicts this device.
     pub fn restore(&mut self, link: &Link, s: &TransportState, vectors: usize) -> Result<(), String> {
         check(self, s, vectors)?;
+        if let Some(state) = &s.device {
+            self.device.restore_state(state)?;
+        }
         self.device_feature_select = s.device_feature_select;
         self.driver_feature_select = s.driver_feature_select;
         self.driver_features = s.driver_features;
