@@ -34,6 +34,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("virtio_mmio", virtio_mmio),
     ("bus_dispatch", bus_dispatch),
     ("vsock_packet", vsock_packet),
+    ("virtio_balloon", virtio_balloon),
     ("mmds_frames", mmds_frames),
     ("snapshot_loader", snapshot_loader),
 ];
@@ -163,6 +164,27 @@ pub fn vsock_packet(data: &[u8]) {
     let mut active = |queue| kicks.next().map(|kick| ActiveQueue { queue, kick });
     let (Some(rx), Some(tx), Some(evt)) = (active(rx), active(tx), active(evt)) else { return };
     process_once(&VsockConfig { guest_cid: 3, uds_path }, listener, [rx, tx, evt], activation);
+}
+
+/// virtio-balloon's queues: the input is guest memory holding the inflate (0x0), deflate
+/// (0x2000), statistics (0x4000), hinting (0x6000) and reporting (0x8000) queues and
+/// whatever their descriptors point at (page numbers, statistics, command ids, ranges);
+/// its last four bytes are the hinting run the device asked for.
+pub fn virtio_balloon(data: &[u8]) {
+    use crate::virtio::balloon::{process_once, BalloonConfig};
+    let Some(mem) = guest_memory(data) else { return };
+    let queues: Option<Vec<Queue>> = (0..5).map(|i| queue_at(0x2000 * i)).collect();
+    let (Some(queues), Some((activation, kicks))) = (queues, activation(mem, 5)) else { return };
+    let queues = queues.into_iter().zip(kicks).map(|(queue, kick)| ActiveQueue { queue, kick }).collect();
+    let hint = data.len().checked_sub(4).map_or(0, |at| u32::from_le_bytes(data[at..].try_into().unwrap_or([0; 4])));
+    let config = BalloonConfig {
+        amount_mib: 0,
+        deflate_on_oom: true,
+        stats_polling_interval_s: 1,
+        free_page_hinting: true,
+        free_page_reporting: true,
+    };
+    process_once(config, hint, queues, activation);
 }
 
 /// Frames a guest sends to MMDS: the input's first byte picks V1 or V2, then frames

@@ -31,6 +31,9 @@ pub enum ThreadKind {
     Block,
     /// virtio-rng's thread: the Device calls plus getrandom.
     Entropy,
+    /// virtio-balloon's thread: waiting for its queues and madvise (in every thread's set)
+    /// to discard the pages the guest gives up; no I/O at all.
+    Balloon,
     /// virtio-vsock's thread: the Device calls plus accepting host connections on its
     /// listening socket and connecting to the host's `<uds_path>_<port>` sockets.
     Vsock,
@@ -143,6 +146,7 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             return [COMMON, DEVICE_WAIT, &sockets, &io].concat();
         }
         ThreadKind::Entropy => return [COMMON, DEVICE_WAIT, &[libc::SYS_getrandom]].concat(),
+        ThreadKind::Balloon => return [COMMON, DEVICE_WAIT].concat(),
         // The ring is made before any filter; the thread only enters it (or, without
         // io_uring, makes the calls itself); fallocate serves discard and write-zeroes.
         ThreadKind::Block => {
@@ -524,12 +528,18 @@ mod tests {
 
     #[test]
     fn every_kind_allows_what_every_thread_needs() {
-        for kind in [ThreadKind::Device, ThreadKind::Block, ThreadKind::Entropy, ThreadKind::Vsock, ThreadKind::Vcpu] {
+        let devices =
+            [ThreadKind::Device, ThreadKind::Block, ThreadKind::Entropy, ThreadKind::Vsock, ThreadKind::Balloon];
+        for kind in devices.into_iter().chain([ThreadKind::Vcpu]) {
             let calls = allowed(kind);
             assert!(COMMON.iter().all(|c| calls.contains(c)), "{kind:?}");
         }
         assert!(allowed(ThreadKind::Vsock).contains(&libc::SYS_connect));
         assert!(!allowed(ThreadKind::Entropy).contains(&libc::SYS_connect));
+        // The balloon discards pages (madvise) and does no I/O.
+        let balloon = allowed(ThreadKind::Balloon);
+        assert!(balloon.contains(&libc::SYS_madvise));
+        assert!(![libc::SYS_readv, libc::SYS_writev, libc::SYS_getrandom].iter().any(|c| balloon.contains(c)));
     }
 
     #[test]
@@ -541,6 +551,7 @@ mod tests {
             ThreadKind::Device,
             ThreadKind::Block,
             ThreadKind::Entropy,
+            ThreadKind::Balloon,
             ThreadKind::Vsock,
             ThreadKind::ConsoleOut,
             ThreadKind::SerialIn,

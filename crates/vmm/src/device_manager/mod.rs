@@ -5,6 +5,7 @@
 //! snapshots, hot-swap and the API reach devices through [`DeviceManager::devices`].
 
 pub mod allocators;
+mod balloon;
 mod legacy;
 mod persist;
 mod qemu_test;
@@ -16,6 +17,7 @@ pub use persist::{DeviceRecord, DeviceState, DeviceTree};
 
 use crate::memslots::{Memslots, NoMemslots};
 pub use allocators::{AllocError, Allocators};
+pub use balloon::{BalloonError, BalloonHandle};
 pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle, TransportKind, VirtioTransport, VsockHandle};
 
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
@@ -90,6 +92,7 @@ pub enum DeviceKind {
     VirtioBlock,
     VirtioRng,
     VirtioVsock,
+    VirtioBalloon,
     /// QEMU's devices for kvm-unit-tests (`--testdevs`).
     QemuTest,
     /// The lab's own devices (doorbell, idle port, lab control).

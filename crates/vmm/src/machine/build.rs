@@ -160,6 +160,9 @@ impl Platform {
         if let Some(vsock) = &d.vsock {
             devices.attach_vsock(vsock, d.poll)?;
         }
+        if let Some(balloon) = d.balloon {
+            devices.attach_balloon(balloon)?;
+        }
         Ok(Platform {
             kvm,
             vm,

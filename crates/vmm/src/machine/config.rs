@@ -57,6 +57,8 @@ pub struct DeviceConfig {
     pub vsock: Option<crate::virtio::vsock::VsockConfig>,
     /// A virtio-rng device and its rate limits (Firecracker's `PUT /entropy`).
     pub entropy: Option<crate::rate_limiter::Limits>,
+    /// A virtio-balloon device (Firecracker's `PUT /balloon`).
+    pub balloon: Option<crate::virtio::balloon::BalloonConfig>,
     /// Firecracker's boot-timer device (`--boot-timer`): logs the time until the guest
     /// writes 123 to it.
     pub boot_timer: bool,
@@ -123,6 +125,7 @@ impl Default for DeviceConfig {
             nets: Vec::new(),
             drives: Vec::new(),
             entropy: None,
+            balloon: None,
             vsock: None,
             boot_timer: false,
             test_devices: false,

@@ -2,6 +2,7 @@
 //! exitless's own guests find devices; MMIO, as Firecracker's do), which share
 //! `transport`'s status machine and activation.
 
+pub mod balloon;
 pub mod blk;
 pub mod chain;
 pub mod event_loop;

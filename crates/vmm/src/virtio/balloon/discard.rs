@@ -1,0 +1,149 @@
+//! Giving guest pages back to the host, and the record of what the balloon holds. A
+//! discarded page leaves the VMM's resident memory at once (MADV_DONTNEED); the guest's
+//! next touch faults in a zeroed page (anonymous memory) or the snapshot's page (a
+//! snapshot's private file mapping), either of which a driver that gave the page up must
+//! accept.
+
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+/// Why a range was not discarded.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DiscardError {
+    #[error("{0:#x}+{1:#x} is not inside guest RAM")]
+    OutsideRam(u64, u64),
+    #[error("madvise(MADV_DONTNEED) on {0:#x}+{1:#x} failed: errno {2}")]
+    Madvise(u64, u64, i32),
+}
+
+/// Discards `[addr, addr + len)` of guest RAM, which must lie wholly inside it (across
+/// regions if need be); nothing is discarded if any of it does not.
+pub fn discard(mem: &GuestMemoryMmap, addr: u64, len: u64) -> Result<(), DiscardError> {
+    let outside = || DiscardError::OutsideRam(addr, len);
+    let end = addr.checked_add(len).ok_or_else(outside)?;
+    if len == 0 || !covered(mem, addr, end) {
+        return Err(outside());
+    }
+    for region in mem.iter() {
+        let (start, stop) = (region.start_addr().0, region.start_addr().0 + region.len());
+        let (from, to) = (addr.max(start), end.min(stop));
+        if from >= to {
+            continue;
+        }
+        let slice = mem.get_slice(GuestAddress(from), (to - from) as usize).map_err(|_| outside())?;
+        let host = slice.ptr_guard_mut().as_ptr();
+        // SAFETY: `host` is this region's mapping for exactly `to - from` bytes, owned by
+        // `mem`; MADV_DONTNEED only drops the pages' contents (the guest gave them up), the
+        // mapping stays.
+        if unsafe { libc::madvise(host.cast(), (to - from) as usize, libc::MADV_DONTNEED) } != 0 {
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            return Err(DiscardError::Madvise(from, to - from, errno));
+        }
+    }
+    Ok(())
+}
+
+/// Whether guest RAM holds every byte of `[addr, end)`.
+fn covered(mem: &GuestMemoryMmap, mut addr: u64, end: u64) -> bool {
+    while addr < end {
+        let Some(region) = mem.find_region(GuestAddress(addr)) else { return false };
+        addr = region.start_addr().0 + region.len();
+    }
+    true
+}
+
+/// The pages the balloon holds, one bit per 4 KiB page of guest physical addresses up to
+/// the end of RAM: a page given twice, or taken back though never given, is the
+/// driver's error and is refused.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ballooned {
+    bits: Vec<u64>,
+    held: u64,
+}
+
+impl Ballooned {
+    /// Room for every page below the end of `mem`.
+    pub fn for_memory(mem: &GuestMemoryMmap) -> Ballooned {
+        let pages = mem.last_addr().0.saturating_add(1) >> super::PAGE_SHIFT;
+        Ballooned { bits: vec![0; pages.div_ceil(64) as usize], held: 0 }
+    }
+
+    /// Marks `pfn` held; false if it already was or is beyond the end of RAM.
+    pub fn take(&mut self, pfn: u64) -> bool {
+        self.flip(pfn, true)
+    }
+
+    /// Marks `pfn` given back; false if it was not held.
+    pub fn give(&mut self, pfn: u64) -> bool {
+        self.flip(pfn, false)
+    }
+
+    fn flip(&mut self, pfn: u64, hold: bool) -> bool {
+        let Some(word) = self.bits.get_mut((pfn / 64) as usize) else { return false };
+        let bit = 1u64 << (pfn % 64);
+        if (*word & bit != 0) == hold {
+            return false;
+        }
+        *word ^= bit;
+        match hold {
+            true => self.held += 1,
+            false => self.held -= 1,
+        }
+        true
+    }
+
+    /// Holds nothing.
+    pub fn clear(&mut self) {
+        self.bits.fill(0);
+        self.held = 0;
+    }
+
+    /// How many pages it holds.
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// The held pages as runs `(first pfn, count)`, for a snapshot.
+    pub fn runs(&self) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (w, &word) in self.bits.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let pfn = w as u64 * 64 + u64::from(bits.trailing_zeros());
+                bits &= bits - 1;
+                match runs.last_mut() {
+                    Some((first, count)) if *first + *count == pfn => *count += 1,
+                    _ => runs.push((pfn, 1)),
+                }
+            }
+        }
+        runs
+    }
+
+    /// Holds the pages of `runs` (a snapshot's); false if any lies beyond the end of RAM.
+    pub fn hold_runs(&mut self, runs: &[(u64, u64)]) -> bool {
+        let limit = self.bits.len() as u64 * 64;
+        if runs.iter().any(|&(first, count)| first.checked_add(count).is_none_or(|end| end > limit)) {
+            return false;
+        }
+        for &(first, count) in runs {
+            for pfn in first..first + count {
+                self.take(pfn);
+            }
+        }
+        true
+    }
+}
+
+/// Consecutive page numbers folded into ranges, so one madvise covers each run.
+pub fn page_runs(pfns: &mut [u64]) -> Vec<(u64, u64)> {
+    pfns.sort_unstable();
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &pfn in pfns.iter() {
+        match runs.last_mut() {
+            Some((first, count)) if *first + *count == pfn => *count += 1,
+            Some((first, count)) if *first + *count > pfn => {} // a duplicate
+            _ => runs.push((pfn, 1)),
+        }
+    }
+    runs
+}
