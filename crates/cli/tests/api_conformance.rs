@@ -72,7 +72,7 @@ fn firecrackers_config_keys_parse_and_missing_features_are_named() {
     for (key, value, named) in [
         ("pmem", json!([{"id": "p0", "path_on_host": "/dev/null"}]), "pmem"),
         ("mmds-config", json!({"network_interfaces": ["eth0"]}), "does not correspond to any existing network"),
-        ("balloon", json!({"amount_mib": 1, "deflate_on_oom": false}), "balloon"),
+        ("balloon", json!({"amount_mib": 65, "deflate_on_oom": false}), "Amount of pages requested is too large"),
     ] {
         let mut c = full_config(&payloads.join("demo.elf"), &drive);
         c[key] = value;

@@ -45,6 +45,7 @@ fn the_go_sdk_starts_pauses_updates_flushes_and_stops_a_microvm() {
         "TestTheGoSDKDrivesAMicroVMThroughItsLife",
         "TestStopVMMEndsTheVMMAndItsSocket",
         "TestSnapshotsThroughTheSDK",
+        "TestTheSDKsBalloonCalls",
         "TestTheVersionLineParsesAsTheGoSDKParsesIt",
         "TestTheVersionLineParsesAsKataParsesIt",
     ] {

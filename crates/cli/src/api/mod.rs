@@ -9,6 +9,7 @@
 //! Unlike Firecracker, exitless also ends when its socket is removed under it
 //! (`socket_watch`): an orchestrator tearing a VM down whose VMM it lost track of.
 
+mod balloon;
 pub mod fuzzing;
 pub mod logging;
 mod metrics;
@@ -217,6 +218,9 @@ fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machin
     }
     if let Some(v) = c.vsock {
         vm.set_vsock(v)?;
+    }
+    if let Some(b) = c.balloon {
+        vm.set_balloon(b)?;
     }
     if let Some(m) = c.mmds_config {
         vm.set_mmds_config(m)?;

@@ -240,6 +240,45 @@ pub struct Entropy {
     pub rate_limiter: Option<RateLimiter>,
 }
 
+/// `PUT /balloon` (Firecracker's `BalloonDeviceConfig`; `GET /balloon` answers with it).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Balloon {
+    pub amount_mib: u32,
+    pub deflate_on_oom: bool,
+    #[serde(default)]
+    pub stats_polling_interval_s: u16,
+    #[serde(default)]
+    pub free_page_hinting: bool,
+    #[serde(default)]
+    pub free_page_reporting: bool,
+}
+
+/// `PATCH /balloon`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonUpdate {
+    pub amount_mib: u32,
+}
+
+/// `PATCH /balloon/statistics`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonStatsUpdate {
+    pub stats_polling_interval_s: u16,
+}
+
+/// `PATCH /balloon/hinting/start` (an empty body: acknowledge on stop).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+pub struct StartHinting {
+    #[serde(default = "yes")]
+    pub acknowledge_on_stop: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkInterface {
@@ -337,7 +376,7 @@ pub struct VmConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_config: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub balloon: Option<serde_json::Value>,
+    pub balloon: Option<Balloon>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vsock: Option<Vsock>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -357,7 +396,6 @@ impl VmConfig {
     pub fn unsupported(&self) -> Option<&'static str> {
         [
             (self.cpu_config.is_some(), "cpu-config: custom CPU templates"),
-            (self.balloon.is_some(), "balloon: balloon devices"),
             (!self.pmem.is_empty(), "pmem: virtio-pmem devices"),
             (self.memory_hotplug.is_some(), "memory-hotplug: memory hotplug"),
             (self.serial.is_some(), "serial: serial output redirection"),

@@ -38,7 +38,6 @@ pub enum Then {
 }
 
 const NOT_SUPPORTED: &[(&str, &str)] = &[
-    ("balloon", "balloon devices"),
     ("cpu-config", "custom CPU templates"),
     ("serial", "serial output redirection"),
     ("pmem", "virtio-pmem devices"),
@@ -107,6 +106,20 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PUT", ["metrics"]) => done(vm.set_metrics(parse(body)?, metrics)),
         ("PUT", ["entropy"]) => done(vm.set_entropy(parse(body)?)),
         ("PUT", ["vsock"]) => done(vm.set_vsock(parse(body)?)),
+        ("PUT", ["balloon"]) => done(vm.set_balloon(parse(body)?)),
+        ("GET", ["balloon"]) => Ok((Reply::ok(serde_json::to_value(vm.balloon_config()?)?), Then::Nothing)),
+        ("PATCH", ["balloon"]) => done(vm.update_balloon(parse(body)?)),
+        ("GET", ["balloon", "statistics"]) => Ok((Reply::ok(vm.balloon_statistics()?), Then::Nothing)),
+        ("PATCH", ["balloon", "statistics"]) => done(vm.update_balloon_statistics(parse(body)?)),
+        ("PATCH", ["balloon", "hinting", "start"]) => {
+            let start = match body.iter().all(u8::is_ascii_whitespace) {
+                true => model::StartHinting { acknowledge_on_stop: true },
+                false => parse(body)?,
+            };
+            done(vm.start_balloon_hinting(start))
+        }
+        ("GET", ["balloon", "hinting", "status"]) => Ok((Reply::ok(vm.balloon_hinting_status()?), Then::Nothing)),
+        ("PATCH", ["balloon", "hinting", "stop"]) => done(vm.stop_balloon_hinting()),
         ("PUT", ["snapshot", "create"]) => done(vm.create_snapshot(parse(body)?)),
         ("PUT", ["snapshot", "load"]) => {
             let (machine, paused) = vm.load_snapshot(parse(body)?)?;

@@ -102,6 +102,12 @@ impl Vm {
         if c.mem_size_mib == 0 || c.mem_size_mib > 1 << 20 {
             return Err(Fault("Invalid memory size: mem_size_mib must be between 1 and 1048576.".into()));
         }
+        if self.config.balloon.is_some_and(|b| u64::from(b.amount_mib) > c.mem_size_mib) {
+            return Err(Fault(
+                "Machine config error: The memory size (MiB) is smaller than the previously set balloon device target size."
+                    .into(),
+            ));
+        }
         self.config.machine_config = c;
         Ok(())
     }
@@ -373,6 +379,7 @@ impl Vm {
                 nets,
                 drives,
                 entropy: self.config.entropy.map(|e| super::model::limits(e.rate_limiter.as_ref())),
+                balloon: self.balloon_device(),
                 vsock: self.config.vsock.as_ref().map(|v| exitless_vmm::virtio::vsock::VsockConfig {
                     guest_cid: u64::from(v.guest_cid),
                     uds_path: v.uds_path.clone().into(),
@@ -441,6 +448,22 @@ impl Vm {
                     ("rate_limiter_throttled_events", d.throttled),
                 ],
             );
+        }
+        if let Ok((balloon, _)) = machine.devices().balloon() {
+            use std::sync::atomic::Ordering::Relaxed;
+            let c = &balloon.shared.counters;
+            for (field, n) in [
+                ("inflate_count", &c.inflates),
+                ("deflate_count", &c.deflates),
+                ("stats_updates_count", &c.stats_updates),
+                ("stats_update_fails", &c.stats_update_fails),
+                ("free_page_report_count", &c.reported_ranges),
+                ("free_page_report_freed", &c.reported_bytes),
+                ("free_page_hint_count", &c.hinted_ranges),
+                ("free_page_hint_freed", &c.hinted_bytes),
+            ] {
+                sample.count("balloon", field, n.load(Relaxed));
+            }
         }
         for (nic, (_, n)) in self.config.network_interfaces.iter().zip(&report.nets) {
             sample.net(

@@ -83,6 +83,39 @@ type vm struct {
 
 // start boots the `wait` payload (waiting for Ctrl-Alt-Del) through the SDK.
 func start(t *testing.T, ctx context.Context, withDevices bool) *vm {
+	if !withDevices {
+		return startWith(t, ctx, nil)
+	}
+	return startWith(t, ctx, withEveryDevice)
+}
+
+// withEveryDevice gives the VM a drive, vsock, a NIC with MMDS and the metadata.
+func withEveryDevice(t *testing.T, cfg *firecracker.Config, m *firecracker.Machine) {
+	if m == nil {
+		root := filepath.Join(filepath.Dir(cfg.SocketPath), "root.img")
+		sparseFile(t, root, 1<<20)
+		cfg.Drives = firecracker.NewDrivesBuilder(root).Build()
+		// A vsock device, as firecracker-containerd and Kata give every VM for their agent.
+		cfg.VsockDevices = []firecracker.VsockDevice{{ID: "vsock0", Path: filepath.Join(filepath.Dir(cfg.SocketPath), "v.sock"), CID: 3}}
+		cfg.NetworkInterfaces = firecracker.NetworkInterfaces{{
+			StaticConfiguration: &firecracker.StaticNetworkConfiguration{
+				HostDevName: env(t, "EXITLESS_TAP"),
+				MacAddress:  "06:00:ac:10:00:02",
+			},
+			// MMDS on this NIC, as flintlock and cloud-init images want it.
+			AllowMMDS: true,
+		}}
+		cfg.MmdsVersion = firecracker.MMDSv2
+		return
+	}
+	// Metadata put before boot by the SDK's own handler, as firecracker-containerd does.
+	m.Handlers.FcInit = m.Handlers.FcInit.Append(firecracker.NewSetMetadataHandler(
+		map[string]interface{}{"latest": map[string]interface{}{"meta-data": map[string]interface{}{"instance-id": "i-exitless"}}}))
+}
+
+// startWith starts the wait payload; `setup` (if any) is called with the configuration
+// before the machine is made (m nil), then with the machine before it starts.
+func startWith(t *testing.T, ctx context.Context, setup func(*testing.T, *firecracker.Config, *firecracker.Machine)) *vm {
 	bin, payloads := env(t, "EXITLESS_BIN"), env(t, "EXITLESS_PAYLOADS")
 	dir := t.TempDir()
 	v := &vm{serial: &syncBuffer{}, stderr: &syncBuffer{}, logs: &syncBuffer{},
@@ -105,21 +138,8 @@ func start(t *testing.T, ctx context.Context, withDevices bool) *vm {
 			Smt:        firecracker.Bool(true),
 		},
 	}
-	if withDevices {
-		root := filepath.Join(dir, "root.img")
-		sparseFile(t, root, 1<<20)
-		cfg.Drives = firecracker.NewDrivesBuilder(root).Build()
-		// A vsock device, as firecracker-containerd and Kata give every VM for their agent.
-		cfg.VsockDevices = []firecracker.VsockDevice{{ID: "vsock0", Path: filepath.Join(dir, "v.sock"), CID: 3}}
-		cfg.NetworkInterfaces = firecracker.NetworkInterfaces{{
-			StaticConfiguration: &firecracker.StaticNetworkConfiguration{
-				HostDevName: env(t, "EXITLESS_TAP"),
-				MacAddress:  "06:00:ac:10:00:02",
-			},
-			// MMDS on this NIC, as flintlock and cloud-init images want it.
-			AllowMMDS: true,
-		}}
-		cfg.MmdsVersion = firecracker.MMDSv2
+	if setup != nil {
+		setup(t, &cfg, nil)
 	}
 	logger := logrus.New()
 	logger.SetLevel(logrus.WarnLevel)
@@ -129,10 +149,8 @@ func start(t *testing.T, ctx context.Context, withDevices bool) *vm {
 		t.Fatalf("NewMachine: %v", err)
 	}
 	v.machine = m
-	if withDevices {
-		// Metadata put before boot by the SDK's own handler, as firecracker-containerd does.
-		m.Handlers.FcInit = m.Handlers.FcInit.Append(firecracker.NewSetMetadataHandler(
-			map[string]interface{}{"latest": map[string]interface{}{"meta-data": map[string]interface{}{"instance-id": "i-exitless"}}}))
+	if setup != nil {
+		setup(t, &cfg, m)
 	}
 	if err := m.Start(ctx); err != nil {
 		t.Fatalf("Start: %v\nstderr: %s", err, v.stderr.String())
@@ -345,5 +363,70 @@ func TestSnapshotsThroughTheSDK(t *testing.T) {
 	}
 	if !strings.Contains(serial.String(), "wait: ctrl-alt-del; resetting") {
 		t.Fatalf("the restored guest did not take Ctrl-Alt-Del: %q", serial.String())
+	}
+}
+
+// The SDK's balloon calls (its CreateBalloon handler, then every Machine balloon method
+// and the client's directly), each result asserted: the target, the statistics interval,
+// Firecracker's refusals. The payload guest has no balloon driver: nothing inflates, so
+// actual_pages stays 0 and no guest statistics are present (scripts/linux-memory.sh
+// checks those with Linux's driver).
+func TestTheSDKsBalloonCalls(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	v := startWith(t, ctx, func(_ *testing.T, _ *firecracker.Config, m *firecracker.Machine) {
+		if m != nil {
+			m.Handlers.FcInit = m.Handlers.FcInit.Append(firecracker.NewCreateBalloonHandler(16, true, 2))
+		}
+	})
+	m := v.machine
+	defer func() { _ = m.StopVMM() }()
+
+	cfg, err := m.GetBalloonConfig(ctx)
+	if err != nil || *cfg.AmountMib != 16 || !*cfg.DeflateOnOom || cfg.StatsPollingIntervals != 2 {
+		t.Fatalf("GetBalloonConfig after the handler's PUT: %v, %+v", err, cfg)
+	}
+	if err := m.UpdateBalloon(ctx, 32); err != nil {
+		t.Fatalf("UpdateBalloon 32: %v", err)
+	}
+	if cfg, err = m.GetBalloonConfig(ctx); err != nil || *cfg.AmountMib != 32 {
+		t.Fatalf("GetBalloonConfig after UpdateBalloon: %v, %+v", err, cfg)
+	}
+	stats, err := m.GetBalloonStats(ctx)
+	if err != nil || *stats.TargetMib != 32 || *stats.TargetPages != 32*256 || *stats.ActualPages != 0 || *stats.ActualMib != 0 {
+		t.Fatalf("GetBalloonStats: %v, %+v", err, stats)
+	}
+	if err := m.UpdateBalloonStats(ctx, 5); err != nil {
+		t.Fatalf("UpdateBalloonStats 5: %v", err)
+	}
+	if cfg, err = m.GetBalloonConfig(ctx); err != nil || cfg.StatsPollingIntervals != 5 {
+		t.Fatalf("GetBalloonConfig after UpdateBalloonStats: %v, %+v", err, cfg)
+	}
+	// Firecracker's refusals: statistics cannot be turned off after the start, nor the
+	// target exceed the guest's memory.
+	if err := m.UpdateBalloonStats(ctx, 0); err == nil || !strings.Contains(err.Error(), "Statistics cannot be enabled/disabled") {
+		t.Fatalf("UpdateBalloonStats 0 was not refused as Firecracker refuses it: %v", err)
+	}
+	if err := m.UpdateBalloon(ctx, 65); err == nil || !strings.Contains(err.Error(), "Requested memory should be less than") {
+		t.Fatalf("UpdateBalloon beyond the guest's 64 MiB was not refused: %v", err)
+	}
+	// The client's own calls, under the Machine's.
+	client := firecracker.NewClient(v.sock, logrus.NewEntry(logrus.New()), false)
+	amount, deflate, interval := int64(8), false, int64(3)
+	if _, err := client.PutBalloon(ctx, &models.Balloon{AmountMib: &amount, DeflateOnOom: &deflate}); err == nil ||
+		!strings.Contains(err.Error(), "not supported after starting") {
+		t.Fatalf("PutBalloon after the start was not refused: %v", err)
+	}
+	if _, err := client.PatchBalloon(ctx, &models.BalloonUpdate{AmountMib: &amount}); err != nil {
+		t.Fatalf("PatchBalloon: %v", err)
+	}
+	if got, err := client.DescribeBalloonConfig(ctx); err != nil || *got.Payload.AmountMib != amount {
+		t.Fatalf("DescribeBalloonConfig: %v, %+v", err, got)
+	}
+	if _, err := client.PatchBalloonStatsInterval(ctx, &models.BalloonStatsUpdate{StatsPollingIntervals: &interval}); err != nil {
+		t.Fatalf("PatchBalloonStatsInterval: %v", err)
+	}
+	if got, err := client.DescribeBalloonStats(ctx); err != nil || *got.Payload.TargetMib != amount {
+		t.Fatalf("DescribeBalloonStats: %v, %+v", err, got)
 	}
 }
