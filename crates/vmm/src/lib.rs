@@ -36,4 +36,4 @@ pub mod testing;
 pub mod vcpu;
 pub mod virtio;
 
-pub use machine::{DeviceConfig, Machine, MachineConfig, MachineError, NetConfig, RunOptions, RunReport};
+pub use machine::{DeviceConfig, HugePages, Machine, MachineConfig, MachineError, NetConfig, RunOptions, RunReport};

@@ -9,7 +9,7 @@ use super::model::{
 use crate::report;
 use exitless_vmm::device_manager::TransportKind;
 use exitless_vmm::virtio::blk::DriveConfig;
-use exitless_vmm::{Machine, NetConfig};
+use exitless_vmm::{HugePages, Machine, NetConfig};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -96,11 +96,14 @@ impl Vm {
         if c.cpu_template.as_deref().is_some_and(|t| t != "None") {
             return Err(Fault("cpu_template: exitless offers no CPU templates.".into()));
         }
-        if c.huge_pages.as_deref().is_some_and(|h| h != "None") {
-            return Err(Fault("huge_pages: exitless backs guest memory with normal pages only.".into()));
-        }
+        let huge = huge_pages(c.huge_pages.as_deref())?;
         if c.mem_size_mib == 0 || c.mem_size_mib > 1 << 20 {
             return Err(Fault("Invalid memory size: mem_size_mib must be between 1 and 1048576.".into()));
+        }
+        if huge == HugePages::Hugetlbfs2M && !c.mem_size_mib.is_multiple_of(2) {
+            return Err(Fault(
+                "The memory size (MiB) is either 0, or not a multiple of the configured page size.".into(),
+            ));
         }
         if self.config.balloon.is_some_and(|b| u64::from(b.amount_mib) > c.mem_size_mib) {
             return Err(Fault(
@@ -391,6 +394,7 @@ impl Vm {
             run: exitless_vmm::RunOptions { confine_caller: true, ..Default::default() },
             host: self.host_profile,
             track_dirty_pages: self.config.machine_config.track_dirty_pages,
+            huge_pages: huge_pages(self.config.machine_config.huge_pages.as_deref())?,
             restore,
             ..exitless_vmm::MachineConfig::new(image)
         };
@@ -484,6 +488,15 @@ impl Vm {
             );
         }
         sample
+    }
+}
+
+/// Firecracker's `huge_pages`: "None" (or absent) or "2M".
+fn huge_pages(value: Option<&str>) -> Result<HugePages, Fault> {
+    match value {
+        None | Some("None") => Ok(HugePages::None),
+        Some("2M") => Ok(HugePages::Hugetlbfs2M),
+        Some(other) => Err(Fault(format!("huge_pages: unknown variant `{other}`, expected `None` or `2M`."))),
     }
 }
 

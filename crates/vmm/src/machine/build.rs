@@ -109,7 +109,8 @@ impl Platform {
         // The memslots of RAM and of the ECAM window before the in-kernel irqchip: the first
         // memslot change after KVM_CREATE_IRQCHIP waits for a grace period it started (7 ms
         // of a 10 ms InstanceStart on this host; 0.1 ms before it, docs/benchmarks.md).
-        let (memory, ram_slots, uffd) = map_guest_ram(&vm, &map, &memslots, memory_from, config.track_dirty_pages)?;
+        let backing = super::ram::Backing { from: memory_from, huge_pages: config.huge_pages };
+        let (memory, ram_slots, uffd) = map_guest_ram(&vm, &map, &memslots, backing, config.track_dirty_pages)?;
         vm.set_tss_address(layout::TSS_GPA as usize).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
         let control = Arc::new(RunControl::default());
         let d = std::mem::take(&mut config.devices);

@@ -29,6 +29,19 @@ pub struct MachineConfig {
     pub restore: Option<crate::snapshot::Restore>,
     /// KVM logs the pages the guest writes, for Diff snapshots.
     pub track_dirty_pages: bool,
+    /// How guest RAM is backed (Firecracker's `machine-config.huge_pages`).
+    pub huge_pages: HugePages,
+}
+
+/// Guest RAM's pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HugePages {
+    /// Anonymous memory, transparent huge pages where the host gives them.
+    #[default]
+    None,
+    /// 2 MiB hugetlbfs pages (Firecracker's "2M"), from the pool the host reserved
+    /// (/proc/sys/vm/nr_hugepages), all of them taken at the start.
+    Hugetlbfs2M,
 }
 
 /// The devices a machine starts with (the lab and tests attach more through
@@ -108,6 +121,7 @@ impl MachineConfig {
             host: ProfileChoice::Auto,
             restore: None,
             track_dirty_pages: false,
+            huge_pages: HugePages::None,
         }
     }
 }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 pub use crate::device_manager::NetConfig;
-pub use config::{AttachFixed, DeviceConfig, MachineConfig, RunOptions};
+pub use config::{AttachFixed, DeviceConfig, HugePages, MachineConfig, RunOptions};
 pub use ram::{read_result, shared_slot};
 
 mod build;
@@ -55,6 +55,8 @@ pub enum MachineError {
     Vcpus { asked: u8, max: u8 },
     #[error("cannot set up guest memory")]
     Memory(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("{0}")]
+    HugePages(String),
     #[error(transparent)]
     Load(#[from] boot::LoadError),
     #[error(transparent)]

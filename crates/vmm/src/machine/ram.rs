@@ -2,6 +2,7 @@
 //! guest memory's own numbering (which the device manager is then handed); the page where
 //! the VMM leaves the payload's parameters and reads its results.
 
+use super::HugePages;
 use super::{ioctl, MachineError};
 use crate::layout::MemoryMap;
 use crate::memslots::Memslots;
@@ -11,30 +12,83 @@ use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap};
 
-/// Guest RAM, anonymous, or from a snapshot's memory (its file mapped privately, or a
-/// page-fault handler's, snapshot/uffd.rs; the userfaultfd is returned to keep); and the
-/// memslot of each region (in order, from `memslots`), whose writes KVM logs if `log_dirty`.
+/// What guest RAM is made from: a snapshot's memory or nothing, in 4 KiB or 2 MiB pages.
+pub(super) struct Backing<'a> {
+    pub from: Option<&'a MemoryBackend>,
+    pub huge_pages: HugePages,
+}
+
+/// Guest RAM, anonymous (in hugetlbfs pages if asked), or from a snapshot's memory (its
+/// file mapped privately, or a page-fault handler's, snapshot/uffd.rs; the userfaultfd is
+/// returned to keep); and the memslot of each region (in order, from `memslots`), whose
+/// writes KVM logs if `log_dirty`.
 pub(super) fn map_guest_ram(
     vm: &Arc<VmFd>,
     map: &MemoryMap,
     memslots: &Memslots,
-    from: Option<&MemoryBackend>,
+    backing: Backing,
     log_dirty: bool,
 ) -> Result<(GuestMemoryMmap, Vec<u32>, Option<OwnedFd>), MachineError> {
     let regions: Vec<_> = map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
-    let (memory, uffd) = match from {
-        Some(MemoryBackend::File(file)) => (crate::snapshot::memory::map_private(file, &regions)?, None),
-        Some(MemoryBackend::Uffd(socket)) => {
+    let (memory, uffd) = match (backing.from, backing.huge_pages) {
+        (Some(_), HugePages::Hugetlbfs2M) => return Err(MachineError::HugePages(
+            "a snapshot of a guest on huge pages cannot be loaded here: exitless maps snapshot memory in 4 KiB pages only".into(),
+        )),
+        (Some(MemoryBackend::File(file)), HugePages::None) => (crate::snapshot::memory::map_private(file, &regions)?, None),
+        (Some(MemoryBackend::Uffd(socket)), HugePages::None) => {
             let (memory, uffd) = crate::snapshot::uffd::map_anonymous(socket, &regions)?;
             (memory, Some(uffd))
         }
-        None => (GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?, None),
+        (None, HugePages::Hugetlbfs2M) => (map_hugetlbfs(&regions)?, None),
+        (None, HugePages::None) => {
+            (GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?, None)
+        }
     };
     let slots: Vec<u32> = memslots.take(memory.num_regions() as u32)?.collect();
     register(vm, &memory, &slots, log_dirty)?;
     Ok((memory, slots, uffd))
+}
+
+/// 2 MiB hugetlbfs pages, all reserved by the mapping (no MAP_NORESERVE: a pool too
+/// small refuses the start instead of a SIGBUS in the guest's first touch beyond it).
+fn map_hugetlbfs(regions: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, MachineError> {
+    const HUGE: usize = 2 << 20;
+    let pages: usize = regions.iter().map(|&(_, size)| size.div_ceil(HUGE)).sum();
+    // Free pages another mapping reserved are not this guest's to take.
+    let pool = "/sys/kernel/mm/hugepages/hugepages-2048kB";
+    let count = |name| {
+        let text = std::fs::read_to_string(format!("{pool}/{name}")).unwrap_or_default();
+        text.trim().parse::<usize>().unwrap_or(0)
+    };
+    let free = count("free_hugepages").saturating_sub(count("resv_hugepages"));
+    if free < pages {
+        return Err(MachineError::HugePages(format!(
+            "huge_pages 2M: the guest needs {pages} free 2 MiB huge pages, the host has {free} \
+             (reserve them with /proc/sys/vm/nr_hugepages)"
+        )));
+    }
+    let mut mapped = Vec::with_capacity(regions.len());
+    for &(start, size) in regions {
+        if size % HUGE != 0 || start.0 % HUGE as u64 != 0 {
+            return Err(MachineError::HugePages(format!(
+                "huge_pages 2M: a RAM region at {:#x}+{size:#x} is not in whole 2 MiB pages",
+                start.0
+            )));
+        }
+        let region = vm_memory::mmap::MmapRegionBuilder::new(size)
+            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+            .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_HUGE_2MB)
+            .build()
+            .map_err(|e| {
+                MachineError::HugePages(format!("huge_pages 2M: cannot map {size} bytes of huge pages: {e}"))
+            })?;
+        mapped.push(
+            GuestRegionMmap::new(region, start).ok_or_else(|| MachineError::Memory("a region overflows".into()))?,
+        );
+    }
+    GuestMemoryMmap::from_regions(mapped).map_err(|e| MachineError::Memory(e.into()))
 }
 
 fn register(vm: &VmFd, memory: &GuestMemoryMmap, slots: &[u32], log_dirty: bool) -> Result<(), MachineError> {
