@@ -23,6 +23,8 @@
 # VCPUS (2), WORK (default /tmp/exitless-linux-check), EXTRA (more kernel arguments),
 # EXITLESS_FLAGS (more `exitless run` flags, e.g. --sample-guest 20 --guest-symbols MAP),
 # NET_MIB (the TCP transfer's size, 16).
+# Its memory checks (balloon, free page reporting and hinting) are scripts/linux-memory.sh's,
+# about ten minutes more: the guest touches its memory at emulated CPL0.
 # Not in CI: it needs minutes and a kernel build.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -423,6 +425,14 @@ snap=$(EXITLESS="$exitless" TIMEOUT="$timeout" WORK="$work/snapshot" bash "$here
   && snap_status=0 || snap_status=$?
 check "snapshot/restore" "$([ "$snap_status" = 0 ]; echo $?)" \
   "$(echo "$snap" | grep -E 'snapshot/load|restored devices|FAILED' | tr -s ' ' | paste -sd ';' -)"
+# The balloon, free page reporting and hinting: scripts/linux-memory.sh (VMMs of its own
+# through the API, two boots; each of its checks is one here).
+memory=$(EXITLESS="$exitless" TIMEOUT="$timeout" WORK="$work/memory" bash "$here/scripts/linux-memory.sh" "$kernel" 2>&1) || true
+while read -r verdict rest; do
+  name=${rest%%: *}
+  check "$name" "$([ "$verdict" = PASS ]; echo $?)" "${rest#*: }"
+done < <(echo "$memory" | grep -E '^(PASS|FAIL) ')
+echo "$memory" | grep -q '^PASS \|^FAIL ' || check "memory (scripts/linux-memory.sh)" 1 "$(echo "$memory" | grep FAILED | tail -n 1)"
 [ -f full.json ] && python3 - full.json <<'PY' || true
 import json, sys
 r = json.load(open(sys.argv[1]))

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Boots a Linux guest under exitless with Firecracker's balloon (through the API, as
+# Firecracker's clients configure it) and checks each density feature from inside the
+# guest and on the host, typing commands at a busybox shell on the serial console:
+#   1. statistics: GET /balloon/statistics matches the guest's /proc/meminfo;
+#   2. free page reporting: 256 MiB the guest fills and frees leaves the VMM's resident
+#      memory (at least 90% of it within 10 s), with no API call;
+#   3. inflate: PATCH /balloon to 128 MiB drops resident memory by at least 120 MiB and
+#      the guest's MemTotal by 128 MiB; deflate gives MemTotal back;
+#   4. free page hinting: a run started by PATCH /balloon/hinting/start ends (the guest's
+#      STOP, acknowledged with DONE) and its hinted pages leave resident memory.
+# Two boots: one with free page reporting (checks 1 and 2), one without (3 and 4: the
+# freed memory must stay resident for the balloon to be seen taking it).
+#   scripts/linux-memory.sh [KERNEL]
+# Prints one PASS/FAIL line per check and a summary; exits non-zero if any failed.
+# Env: EXITLESS, TIMEOUT (s per boot, 600), FILL_TIMEOUT (s for the guest to touch its
+# memory, 900), WORK (default /tmp/exitless-linux-memory).
+# Not in CI: each boot takes a minute or more here.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-musl/release/exitless}
+timeout=${TIMEOUT:-600}
+fill_timeout=${FILL_TIMEOUT:-900}
+work=${WORK:-/tmp/exitless-linux-memory}
+say() { echo "linux-memory: $*" >&2; }
+fail() { say "FAILED at step $1"; exit 1; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+[ -x "$exitless" ] || fail "setup: no exitless binary at $exitless (cargo build --release)"
+mkdir -p "$work" && cd "$work"
+rm -f ./*.sock ./*.fifo ./*.out ./*.err
+
+kernel=${1:-}
+[ -n "$kernel" ] || kernel=$("$here/scripts/guest-kernel.sh") || fail "kernel (scripts/guest-kernel.sh)"
+if [ ! -x pkg/bin/busybox ]; then
+  rm -rf pkg && mkdir pkg
+  apt-get download busybox-static >/dev/null 2>&1 || fail "initramfs: apt-get download busybox-static"
+  dpkg-deb -x busybox-static_*.deb pkg || fail "initramfs: unpacking busybox-static"
+fi
+# /init: each line typed on the console is run; /bin/fill touches memory from user space.
+cat > init <<'EOF'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t devtmpfs dev /dev
+echo "LINUX-MEMORY: ready"
+while read -r line; do eval "$line"; done
+EOF
+cc -static -O2 -o fill "$here/scripts/memory-fill.c" || fail "initramfs: building memory-fill"
+python3 "$here/scripts/make-initramfs.py" initrd.cpio pkg/bin/busybox init bin/fill=fill || fail "initramfs"
+
+passed=0; failed=0
+check() { # name, condition (0/1), detail
+  if [ "$2" = 0 ]; then echo "PASS $1: $3"; passed=$((passed + 1)); else echo "FAIL $1: $3"; failed=$((failed + 1)); fi
+}
+api() { # socket, method, path[, body]: the status code; the body answered is in $work/answer
+  curl -s -o "$work/answer" -w "%{http_code}" --unix-socket "$1" -X "$2" "http://localhost$3" \
+    ${4:+-H 'Content-Type: application/json' -d "$4"}
+}
+field() { python3 -c 'import json,sys; v=json.load(open(sys.argv[1])).get(sys.argv[2]); print("" if v is None else v)' "$work/answer" "$1"; }
+wait_for() { # file, text, seconds
+  local i=0
+  until grep -aq "$2" "$1" 2>/dev/null; do
+    i=$((i + 1)); [ "$i" -gt $(($3 * 10)) ] && return 1; sleep 0.1
+  done
+}
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+# A value the guest echoes as "<tag>-<number>", the last one.
+said() { grep -ao "$2-[0-9]*" "$1.out" | tail -n 1 | cut -d- -f2; }
+type_line() { # name, command line
+  local fd_var="console_$1"
+  echo "$2" >&"${!fd_var}"
+}
+meminfo_line() { # tag, meminfo field: a command that echoes "<tag>-<kB>"
+  echo "echo $1-\$(sed -n 's/^$2: *\\([0-9]*\\).*/\\1/p' /proc/meminfo)"
+}
+boot() { # name, balloon body: a VMM with its console on a FIFO, booted to the shell; sets pid
+  local name=$1 sock=$1.sock
+  mkfifo "$name.fifo"
+  "$exitless" --api-sock "$sock" --id "linux-memory-$name" <"$name.fifo" >"$name.out" 2>"$name.err" &
+  pid=$!
+  pids+=("$pid")
+  exec {fd}>"$name.fifo"
+  eval "console_$name=$fd"
+  local i=0
+  until [ -S "$sock" ]; do i=$((i + 1)); [ "$i" -gt 100 ] && fail "$name: no API socket"; sleep 0.05; done
+  [ "$(api "$sock" PUT /machine-config '{"vcpu_count": 1, "mem_size_mib": 512}')" = 204 ] || fail "$name: machine-config"
+  [ "$(api "$sock" PUT /boot-source "{\"kernel_image_path\": \"$kernel\", \"initrd_path\": \"$work/initrd.cpio\", \"boot_args\": \"console=ttyS0 reboot=k panic=-1 nokaslr\"}")" = 204 ] \
+    || fail "$name: boot-source"
+  [ "$(api "$sock" PUT /balloon "$2")" = 204 ] || fail "$name: PUT /balloon ($(cat answer))"
+  [ "$(api "$sock" PUT /actions '{"action_type": "InstanceStart"}')" = 204 ] || fail "$name: InstanceStart ($(cat answer))"
+  wait_for "$name.out" "LINUX-MEMORY: ready" "$timeout" || fail "$name: not ready within $timeout s ($(tail -c 300 "$name.out"))"
+}
+# Runs `command` in the guest, then waits for its "<tag>-42".
+run() { # name, tag, command, seconds
+  type_line "$1" "$3; echo $2-\$((6 * 7))"
+  wait_for "$1.out" "$2-42" "$4" || fail "$1: '$3' did not finish within $4 s ($(tail -c 200 "$1.out"))"
+}
+stats_until() { # socket, field, value, seconds: GET /balloon/statistics until field = value
+  local i=0
+  while :; do
+    [ "$(api "$1" GET /balloon/statistics)" = 200 ] && [ "$(field "$2")" = "$3" ] && return 0
+    i=$((i + 1)); [ "$i" -gt $(($4 * 5)) ] && return 1; sleep 0.2
+  done
+}
+
+# Boot 1: free page reporting (and statistics every second).
+say "boot 1 of 2: free page reporting"
+boot reporting '{"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1, "free_page_reporting": true}'
+run reporting meminfo "$(meminfo_line memtotal MemTotal); $(meminfo_line memfree MemFree)" 60
+stats_until reporting.sock total_memory $(($(said reporting memtotal) * 1024)) 20 && stats=0 || stats=1
+check "balloon statistics" "$stats" "GET /balloon/statistics total_memory $(field total_memory) bytes, free_memory $(field free_memory); the guest's MemTotal $(said reporting memtotal) kB, MemFree $(said reporting memfree) kB"
+rss0=$(rss_kib "$pid")
+# The program holds the memory until it reads a line, then exits: the whole 256 MiB is
+# freed at once.
+type_line reporting "fill 256 hold; echo freed-\$((6 * 7))"
+# Slow here: every page the guest touches costs its kernel a fault and a zeroing at
+# emulated CPL0 (about 1 MiB/s on the nested host; docs/linux.md).
+wait_for reporting.out "touched-256" "$fill_timeout" || fail "reporting: the guest did not fill 256 MiB ($(tail -c 200 reporting.out))"
+rss1=$(rss_kib "$pid")
+type_line reporting ""
+wait_for reporting.out "freed-42" 60 || fail "reporting: the guest did not free the memory"
+t0=$(date +%s.%N); rss2=$rss1
+while :; do
+  rss2=$(rss_kib "$pid")
+  [ $((rss1 - rss2)) -ge $((256 * 1024 * 9 / 10)) ] && break
+  [ "$(echo "$(date +%s.%N) - $t0 > 10" | bc)" = 1 ] && break
+  sleep 0.2
+done
+took=$(printf %.1f "$(echo "$(date +%s.%N) - $t0" | bc)")
+check "free page reporting" "$([ $((rss1 - rss2)) -ge $((256 * 1024 * 9 / 10)) ]; echo $?)" \
+  "the guest filled 256 MiB ($(grep -ao 'touched-256-in-[0-9]*' reporting.out | cut -d- -f4) ms; resident $((rss0 >> 10)) -> $((rss1 >> 10)) MiB) and freed it: resident $((rss2 >> 10)) MiB after $took s (given back: $(((rss1 - rss2) >> 10)) MiB, at least 230 wanted)"
+type_line reporting "poweroff -f"
+wait "$pid" || true
+
+# Boot 2: no reporting (freed memory stays resident); the balloon and hinting.
+say "boot 2 of 2: inflate, deflate, free page hinting"
+boot balloon '{"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1, "free_page_hinting": true}'
+# 224 MiB touched and freed: resident but free, for the balloon to take 128 MiB of and
+# for the hinting run to find the rest of.
+run balloon fill "fill 224; $(meminfo_line memtotal0 MemTotal)" "$fill_timeout"
+memtotal0=$(said balloon memtotal0)
+rss0=$(rss_kib "$pid")
+[ "$(api balloon.sock PATCH /balloon '{"amount_mib": 128}')" = 204 ] || fail "balloon: PATCH /balloon ($(cat answer))"
+t0=$(date +%s.%N)
+stats_until balloon.sock actual_mib 128 120 && inflated=0 || inflated=1
+took=$(printf %.1f "$(echo "$(date +%s.%N) - $t0" | bc)")
+rss1=$(rss_kib "$pid")
+run balloon inflated "$(meminfo_line memtotal1 MemTotal)" 60
+memtotal1=$(said balloon memtotal1)
+check "balloon inflate" "$([ "$inflated" = 0 ] && [ $((rss0 - rss1)) -ge $((120 * 1024)) ] && [ $((memtotal0 - memtotal1)) = $((128 * 1024)) ]; echo $?)" \
+  "PATCH /balloon 128 MiB: actual_mib $(field actual_mib) after $took s; resident $((rss0 >> 10)) -> $((rss1 >> 10)) MiB (at least 120 wanted); guest MemTotal $memtotal0 -> $memtotal1 kB"
+[ "$(api balloon.sock GET /balloon)" = 200 ] && [ "$(field amount_mib)" = 128 ] && cfg=0 || cfg=1
+check "GET /balloon" "$cfg" "amount_mib $(field amount_mib) after the PATCH"
+[ "$(api balloon.sock PATCH /balloon '{"amount_mib": 0}')" = 204 ] || fail "balloon: PATCH /balloon 0 ($(cat answer))"
+stats_until balloon.sock actual_mib 0 120 && deflated=0 || deflated=1
+run balloon deflated "$(meminfo_line memtotal2 MemTotal)" 60
+memtotal2=$(said balloon memtotal2)
+check "balloon deflate" "$([ "$deflated" = 0 ] && [ "$memtotal2" = "$memtotal0" ]; echo $?)" \
+  "PATCH /balloon 0: actual_mib $(field actual_mib); guest MemTotal $memtotal2 kB (at the start $memtotal0)"
+rss0=$(rss_kib "$pid")
+[ "$(api balloon.sock PATCH /balloon/hinting/start '')" = 204 ] || fail "balloon: hinting/start ($(cat answer))"
+t0=$(date +%s.%N); i=0; status=
+while :; do
+  [ "$(api balloon.sock GET /balloon/hinting/status)" = 200 ] && status="host_cmd $(field host_cmd) guest_cmd $(field guest_cmd)"
+  [ "$status" = "host_cmd 1 guest_cmd 0" ] && break
+  i=$((i + 1)); [ "$i" -gt 300 ] && break; sleep 0.2
+done
+took=$(printf %.1f "$(echo "$(date +%s.%N) - $t0" | bc)")
+rss1=$(rss_kib "$pid")
+check "free page hinting" "$([ "$status" = "host_cmd 1 guest_cmd 0" ] && [ $((rss0 - rss1)) -ge $((64 * 1024)) ]; echo $?)" \
+  "a run started: after $took s $status (the guest's STOP acknowledged with DONE); resident $((rss0 >> 10)) -> $((rss1 >> 10)) MiB (at least 64 given back wanted)"
+type_line balloon "poweroff -f"
+wait "$pid" || true
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
