@@ -61,7 +61,7 @@ impl Completed {
             Completed::IntN => "int n",
             Completed::ClacStac => "clac/stac",
             Completed::Popcnt => "popcnt",
-            Completed::Fence => "fwait/fence",
+            Completed::Fence => "fwait/fence/clwb",
             Completed::Rdrand => "rdrand/rdseed",
             Completed::Mxcsr => "ldmxcsr/stmxcsr",
             Completed::SseMove => "sse-move",
