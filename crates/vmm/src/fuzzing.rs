@@ -35,6 +35,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("bus_dispatch", bus_dispatch),
     ("vsock_packet", vsock_packet),
     ("virtio_balloon", virtio_balloon),
+    ("virtio_pmem", virtio_pmem),
     ("mmds_frames", mmds_frames),
     ("snapshot_loader", snapshot_loader),
 ];
@@ -185,6 +186,26 @@ pub fn virtio_balloon(data: &[u8]) {
         free_page_reporting: true,
     };
     process_once(config, hint, queues, activation);
+}
+
+/// virtio-pmem's requests: the input is guest memory holding its queue (0x0) and whatever
+/// the descriptors point at; every flush of a small file is answered, every other shape
+/// refused.
+pub fn virtio_pmem(data: &[u8]) {
+    use crate::virtio::pmem::{process_once, PmemMapping};
+    // One small file, mapped once and unlinked at once: nothing is left behind.
+    static MAPPING: std::sync::OnceLock<Option<Arc<PmemMapping>>> = std::sync::OnceLock::new();
+    let mapping = MAPPING.get_or_init(|| {
+        let path = std::env::temp_dir().join(format!("exitless-fuzz-pmem-{}", std::process::id()));
+        std::fs::write(&path, [0u8; 4096]).ok()?;
+        let mapping = PmemMapping::open(&path, false).ok();
+        let _ = std::fs::remove_file(&path);
+        mapping.map(Arc::new)
+    });
+    let (Some(mapping), Some(mem), Some(queue)) = (mapping, guest_memory(data), queue_at(0)) else { return };
+    let Some((activation, kicks)) = activation(mem, 1) else { return };
+    let Some(kick) = kicks.into_iter().next() else { return };
+    process_once(mapping.clone(), ActiveQueue { queue, kick }, activation);
 }
 
 /// Frames a guest sends to MMDS: the input's first byte picks V1 or V2, then frames

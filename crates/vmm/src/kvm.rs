@@ -102,24 +102,31 @@ pub mod ioctl_numbers {
     ioctl_iow_nr!(KVM_GET_DIRTY_LOG, KVMIO, 0x42, kvm_dirty_log);
 }
 
-/// Something that can add and delete read-only KVM memory slots (the VM; a stand-in in
-/// unit tests): the pages the guest reads without an exit (ECAM, virtio-mmio registers).
+/// Something that can add and delete KVM memory slots beside guest RAM (the VM; a
+/// stand-in in unit tests): the pages the guest reads without an exit (ECAM, virtio-mmio
+/// registers), read-only, and device memory (a virtio-pmem file).
 pub trait MemslotSink: Send + Sync {
-    /// Maps `size` bytes at host address `host` read-only at `gpa`; `size` 0 deletes the slot.
-    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, host: u64) -> std::io::Result<()>;
+    /// Maps `size` bytes at host address `host` at `gpa`, read-only if asked; `size` 0
+    /// deletes the slot.
+    fn set_slot(&self, slot: u32, gpa: u64, size: u64, host: u64, read_only: bool) -> std::io::Result<()>;
+
+    /// [`MemslotSink::set_slot`], read-only.
+    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, host: u64) -> std::io::Result<()> {
+        self.set_slot(slot, gpa, size, host, true)
+    }
 }
 
 impl MemslotSink for kvm_ioctls::VmFd {
-    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, host: u64) -> std::io::Result<()> {
+    fn set_slot(&self, slot: u32, gpa: u64, size: u64, host: u64, read_only: bool) -> std::io::Result<()> {
         let region = kvm_bindings::kvm_userspace_memory_region {
             slot,
-            flags: kvm_bindings::KVM_MEM_READONLY,
+            flags: if read_only { kvm_bindings::KVM_MEM_READONLY } else { 0 },
             guest_phys_addr: gpa,
             memory_size: size,
             userspace_addr: host,
         };
-        // SAFETY: `host` points into a mapping its owner (EcamShadow, RegisterPage) keeps
-        // until it has deleted the slot.
+        // SAFETY: `host` points into a mapping its owner (EcamShadow, RegisterPage, a pmem
+        // device) keeps until it has deleted the slot, or until the VM is gone.
         unsafe { self.set_user_memory_region(region) }.map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
     }
 }

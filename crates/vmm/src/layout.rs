@@ -80,6 +80,8 @@ pub const TSS_GPA: u64 = 0xfffb_d000;
 /// The 64-bit PCI window starts on this alignment after the last RAM.
 const PCI_MMIO64_ALIGN: u64 = 1 << 30;
 pub const PCI_MMIO64_SIZE: u64 = 64 << 30;
+/// Room for virtio-pmem files, after the 64-bit PCI window.
+pub const DEVICE_MEMORY_SIZE: u64 = 256 << 30;
 
 // Port I/O.
 /// The ACPI fixed-hardware block: PM1a event (4), PM1a control (2), PM timer (4), reset (1).
@@ -139,12 +141,13 @@ pub enum LayoutError {
 }
 
 /// The host bridge's windows for BARs (legacy devices in the I/O window take their
-/// ports from the allocator first).
+/// ports from the allocator first), and past them the device memory no BAR goes in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PciWindows {
     pub io: std::ops::Range<u64>,
     pub mmio32: std::ops::Range<u64>,
     pub mmio64: std::ops::Range<u64>,
+    pub device_memory: std::ops::Range<u64>,
 }
 
 /// The map for a guest with `ram` bytes of RAM.
@@ -193,6 +196,13 @@ impl MemoryMap {
         (start, PCI_MMIO64_SIZE)
     }
 
+    /// Device memory past the 64-bit PCI window, where no BAR goes (as Firecracker's
+    /// "past MMIO64" space): virtio-pmem files, 2 MiB aligned.
+    pub fn device_memory(&self) -> std::ops::Range<u64> {
+        let (mmio64, size) = self.pci_mmio64();
+        mmio64 + size..mmio64 + size + DEVICE_MEMORY_SIZE
+    }
+
     /// Where the guest may place BARs, and the VMM allocates them.
     pub fn pci_windows(&self) -> PciWindows {
         let (mmio64, size) = self.pci_mmio64();
@@ -200,6 +210,7 @@ impl MemoryMap {
             io: abi::PCI_IO_WINDOW_START..0x1_0000,
             mmio32: PCI_MMIO32_START..PCI_MMIO32_END,
             mmio64: mmio64..mmio64 + size,
+            device_memory: self.device_memory(),
         }
     }
 

@@ -34,6 +34,8 @@ pub enum ThreadKind {
     /// virtio-balloon's thread: waiting for its queues and madvise (in every thread's set)
     /// to discard the pages the guest gives up; no I/O at all.
     Balloon,
+    /// virtio-pmem's thread: waiting for its queue and msync for the guest's flushes.
+    Pmem,
     /// virtio-vsock's thread: the Device calls plus accepting host connections on its
     /// listening socket and connecting to the host's `<uds_path>_<port>` sockets.
     Vsock,
@@ -147,6 +149,7 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         }
         ThreadKind::Entropy => return [COMMON, DEVICE_WAIT, &[libc::SYS_getrandom]].concat(),
         ThreadKind::Balloon => return [COMMON, DEVICE_WAIT].concat(),
+        ThreadKind::Pmem => return [COMMON, DEVICE_WAIT, &[libc::SYS_msync]].concat(),
         // The ring is made before any filter; the thread only enters it (or, without
         // io_uring, makes the calls itself); fallocate serves discard and write-zeroes.
         ThreadKind::Block => {
@@ -552,6 +555,7 @@ mod tests {
             ThreadKind::Block,
             ThreadKind::Entropy,
             ThreadKind::Balloon,
+            ThreadKind::Pmem,
             ThreadKind::Vsock,
             ThreadKind::ConsoleOut,
             ThreadKind::SerialIn,

@@ -85,7 +85,7 @@ impl IoeventfdSink for FakeKvm {
 }
 
 impl MemslotSink for FakeKvm {
-    fn set_readonly_slot(&self, slot: u32, gpa: u64, size: u64, _host: u64) -> std::io::Result<()> {
+    fn set_slot(&self, slot: u32, gpa: u64, size: u64, _host: u64, _read_only: bool) -> std::io::Result<()> {
         let mut slots = self.slots.lock().unwrap();
         slots.retain(|s| s.0 != slot);
         if size > 0 {

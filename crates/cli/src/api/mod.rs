@@ -15,6 +15,7 @@ pub mod logging;
 mod metrics;
 mod mmds;
 pub mod model;
+mod pmem;
 mod routes;
 mod server;
 mod sink;
@@ -221,6 +222,10 @@ fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machin
     }
     if let Some(b) = c.balloon {
         vm.set_balloon(b)?;
+    }
+    for p in c.pmem {
+        let id = p.id.clone();
+        vm.set_pmem(&id, p)?;
     }
     if let Some(m) = c.mmds_config {
         vm.set_mmds_config(m)?;

@@ -254,6 +254,28 @@ pub struct Balloon {
     pub free_page_reporting: bool,
 }
 
+/// `PUT /pmem/{id}` (Firecracker's `PmemConfig`).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Pmem {
+    pub id: String,
+    pub path_on_host: String,
+    #[serde(default)]
+    pub root_device: bool,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default)]
+    pub rate_limiter: Option<RateLimiter>,
+}
+
+/// `PATCH /pmem/{id}`: only the rate limiter changes.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PmemUpdate {
+    pub id: String,
+    pub rate_limiter: Option<RateLimiter>,
+}
+
 /// `PATCH /balloon`.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -384,7 +406,7 @@ pub struct VmConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entropy: Option<Entropy>,
     #[serde(default, deserialize_with = "null_is_default", skip_serializing_if = "Vec::is_empty")]
-    pub pmem: Vec<serde_json::Value>,
+    pub pmem: Vec<Pmem>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_hotplug: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -396,7 +418,6 @@ impl VmConfig {
     pub fn unsupported(&self) -> Option<&'static str> {
         [
             (self.cpu_config.is_some(), "cpu-config: custom CPU templates"),
-            (!self.pmem.is_empty(), "pmem: virtio-pmem devices"),
             (self.memory_hotplug.is_some(), "memory-hotplug: memory hotplug"),
             (self.serial.is_some(), "serial: serial output redirection"),
         ]

@@ -37,12 +37,8 @@ pub enum Then {
     FlushMetrics,
 }
 
-const NOT_SUPPORTED: &[(&str, &str)] = &[
-    ("cpu-config", "custom CPU templates"),
-    ("serial", "serial output redirection"),
-    ("pmem", "virtio-pmem devices"),
-    ("hotplug", "hotplug"),
-];
+const NOT_SUPPORTED: &[(&str, &str)] =
+    &[("cpu-config", "custom CPU templates"), ("serial", "serial output redirection"), ("hotplug", "hotplug")];
 
 /// Resource ids as Firecracker allows them: letters, digits and '_', at most 64.
 fn check_id(id: &str) -> Result<&str, Fault> {
@@ -106,6 +102,8 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PUT", ["metrics"]) => done(vm.set_metrics(parse(body)?, metrics)),
         ("PUT", ["entropy"]) => done(vm.set_entropy(parse(body)?)),
         ("PUT", ["vsock"]) => done(vm.set_vsock(parse(body)?)),
+        ("PUT", ["pmem", id]) => done(vm.set_pmem(check_id(id)?, parse(body)?)),
+        ("PATCH", ["pmem", id]) => done(vm.update_pmem(check_id(id)?, parse(body)?)),
         ("PUT", ["balloon"]) => done(vm.set_balloon(parse(body)?)),
         ("GET", ["balloon"]) => Ok((Reply::ok(serde_json::to_value(vm.balloon_config()?)?), Then::Nothing)),
         ("PATCH", ["balloon"]) => done(vm.update_balloon(parse(body)?)),

@@ -357,6 +357,11 @@ impl Vm {
             Some(root) => format!("{cmdline} {}", root_args(root)),
             None => cmdline,
         };
+        let (pmems, pmem_root) = self.pmem_devices();
+        let cmdline = match pmem_root.filter(|_| restore.is_none()) {
+            Some(root) => format!("{cmdline} {root}"),
+            None => cmdline,
+        };
         let drives = drives
             .into_iter()
             .map(|d| DriveConfig {
@@ -383,6 +388,7 @@ impl Vm {
                 drives,
                 entropy: self.config.entropy.map(|e| super::model::limits(e.rate_limiter.as_ref())),
                 balloon: self.balloon_device(),
+                pmems,
                 vsock: self.config.vsock.as_ref().map(|v| exitless_vmm::virtio::vsock::VsockConfig {
                     guest_cid: u64::from(v.guest_cid),
                     uds_path: v.uds_path.clone().into(),

@@ -33,6 +33,8 @@ pub enum AllocError {
     NoIntxPin,
     #[error("the PCI window {0:#x?} is not valid")]
     Window(std::ops::Range<u64>, #[source] vm_allocator::Error),
+    #[error("no room for {0:#x} bytes of device memory")]
+    DeviceMemory(u64, #[source] vm_allocator::Error),
 }
 
 pub struct Allocators {
@@ -41,6 +43,9 @@ pub struct Allocators {
     io: AddressAllocator,
     mmio32: AddressAllocator,
     mmio64: AddressAllocator,
+    /// Device memory (virtio-pmem), past the 64-bit window.
+    device_memory: AddressAllocator,
+    device_memory_taken: Vec<std::ops::Range<u64>>,
     /// Every range handed out, per window (I/O, 32-bit, 64-bit): vm-allocator 0.1.4's
     /// exact-address allocation does not check that the range is still free.
     taken: [Vec<std::ops::Range<u64>>; 3],
@@ -60,6 +65,9 @@ pub struct AllocatorState {
     pub io: Vec<Range<u64>>,
     pub mmio32: Vec<Range<u64>>,
     pub mmio64: Vec<Range<u64>>,
+    /// The device memory ranges taken (virtio-pmem), in the order taken.
+    #[serde(default)]
+    pub device_memory: Vec<Range<u64>>,
     /// The IOAPIC pins for INTx and the ISA lines for virtio-mmio still free.
     pub free_intx_pins: Vec<u32>,
     pub free_mmio_lines: Vec<u32>,
@@ -80,6 +88,7 @@ impl Persist<'_> for Allocators {
             io,
             mmio32,
             mmio64,
+            device_memory: self.device_memory_taken.clone(),
             free_intx_pins: self.intx_pins.clone().collect(),
             free_mmio_lines: self.mmio_irqs.as_slice().to_vec(),
         })
@@ -95,6 +104,9 @@ impl Persist<'_> for Allocators {
             _ if saved.io != here.io => differs("I/O ranges", &saved.io, &here.io),
             _ if saved.mmio32 != here.mmio32 => differs("32-bit MMIO ranges", &saved.mmio32, &here.mmio32),
             _ if saved.mmio64 != here.mmio64 => differs("64-bit MMIO ranges", &saved.mmio64, &here.mmio64),
+            _ if saved.device_memory != here.device_memory => {
+                differs("device memory ranges", &saved.device_memory, &here.device_memory)
+            }
             _ if saved.free_intx_pins != here.free_intx_pins => {
                 differs("free INTx pins", &saved.free_intx_pins, &here.free_intx_pins)
             }
@@ -117,6 +129,8 @@ impl Allocators {
             io: range(windows.io.clone())?,
             mmio32: range(windows.mmio32.clone())?,
             mmio64: range(windows.mmio64.clone())?,
+            device_memory: range(windows.device_memory.clone())?,
+            device_memory_taken: Vec::new(),
             taken: Default::default(),
             intx_pins: crate::layout::PCI_INTX_PINS,
             mmio_irqs: crate::layout::MMIO_IRQS.into_iter(),
@@ -179,6 +193,14 @@ impl Allocators {
     /// A naturally aligned place for `bar` in its window.
     pub fn bar(&mut self, bar: BarSpec) -> Result<u64, AllocError> {
         self.take(bar.kind, bar.size, bar.size, AllocPolicy::FirstMatch)
+    }
+
+    /// `size` bytes of device memory, `align`ed (a virtio-pmem file's region).
+    pub fn device_memory(&mut self, size: u64, align: u64) -> Result<u64, AllocError> {
+        let range = self.device_memory.allocate(size, align, AllocPolicy::FirstMatch);
+        let start = range.map_err(|e| AllocError::DeviceMemory(size, e))?.start();
+        self.device_memory_taken.push(start..start + size);
+        Ok(start)
     }
 
     /// Takes the ports of a legacy device, where they fall in the I/O window.

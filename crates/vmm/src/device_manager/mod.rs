@@ -8,6 +8,7 @@ pub mod allocators;
 mod balloon;
 mod legacy;
 mod persist;
+mod pmem;
 mod qemu_test;
 #[cfg(test)]
 mod tests;
@@ -18,6 +19,7 @@ pub use persist::{DeviceRecord, DeviceState, DeviceTree};
 use crate::memslots::{Memslots, NoMemslots};
 pub use allocators::{AllocError, Allocators};
 pub use balloon::{BalloonError, BalloonHandle};
+pub use pmem::{PmemConfig, PmemHandle};
 pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle, TransportKind, VirtioTransport, VsockHandle};
 
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
@@ -75,6 +77,10 @@ pub enum DeviceError {
     NoDrive(String),
     #[error("the machine has no network interface {0}")]
     NoNic(String),
+    #[error("the machine has no pmem device {0}")]
+    NoPmem(String),
+    #[error(transparent)]
+    Pmem(#[from] crate::virtio::pmem::PmemError),
 }
 
 /// What a device is.
@@ -93,6 +99,7 @@ pub enum DeviceKind {
     VirtioRng,
     VirtioVsock,
     VirtioBalloon,
+    VirtioPmem,
     /// QEMU's devices for kvm-unit-tests (`--testdevs`).
     QemuTest,
     /// The lab's own devices (doorbell, idle port, lab control).

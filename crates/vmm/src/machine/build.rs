@@ -161,6 +161,9 @@ impl Platform {
         if let Some(vsock) = &d.vsock {
             devices.attach_vsock(vsock, d.poll)?;
         }
+        for pmem in &d.pmems {
+            devices.attach_pmem(pmem)?;
+        }
         if let Some(balloon) = d.balloon {
             devices.attach_balloon(balloon)?;
         }

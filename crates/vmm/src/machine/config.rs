@@ -70,6 +70,8 @@ pub struct DeviceConfig {
     pub vsock: Option<crate::virtio::vsock::VsockConfig>,
     /// A virtio-rng device and its rate limits (Firecracker's `PUT /entropy`).
     pub entropy: Option<crate::rate_limiter::Limits>,
+    /// virtio-pmem devices, in order (Firecracker's `PUT /pmem/{id}`).
+    pub pmems: Vec<crate::device_manager::PmemConfig>,
     /// A virtio-balloon device (Firecracker's `PUT /balloon`).
     pub balloon: Option<crate::virtio::balloon::BalloonConfig>,
     /// Firecracker's boot-timer device (`--boot-timer`): logs the time until the guest
@@ -140,6 +142,7 @@ impl Default for DeviceConfig {
             drives: Vec::new(),
             entropy: None,
             balloon: None,
+            pmems: Vec::new(),
             vsock: None,
             boot_timer: false,
             test_devices: false,

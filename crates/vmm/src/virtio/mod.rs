@@ -9,6 +9,7 @@ pub mod event_loop;
 pub mod mmio;
 pub mod net;
 pub mod pci;
+pub mod pmem;
 pub mod rng;
 pub mod thread;
 pub mod transport;

@@ -1,0 +1,72 @@
+//! Firecracker's `/pmem/{id}` (v1.16.1's `vmm_config/pmem.rs` and its builder): virtio-pmem
+//! devices before the start, their rate limiters after it; a root device puts
+//! `root=/dev/pmemN ro|rw` on the command line as Firecracker's builder does.
+
+use super::model::{Pmem, PmemUpdate};
+use super::vm::{Fault, Vm};
+use exitless_vmm::device_manager::PmemConfig;
+
+impl Vm {
+    /// `PUT /pmem/{id}`: a device (again: its new settings), before boot. As in
+    /// Firecracker, the file is opened at the start (a missing or empty one fails it).
+    pub fn set_pmem(&mut self, id: &str, p: Pmem) -> Result<(), Fault> {
+        self.pre_boot()?;
+        if p.id != id {
+            return Err(Fault("The id from the path does not match the id from the body!".into()));
+        }
+        if p.root_device && self.config.drives.iter().any(|d| d.is_root_device) {
+            return Err(Fault(
+                "Pmem config error: Attempt to add pmem as a root device while the root device defined as a block device"
+                    .into(),
+            ));
+        }
+        let other_root = self.config.pmem.iter().any(|o| o.root_device && o.id != id);
+        if p.root_device && other_root {
+            return Err(Fault("Pmem config error: A root pmem device already exist".into()));
+        }
+        match self.config.pmem.iter_mut().find(|o| o.id == id) {
+            Some(old) => *old = p,
+            None => self.config.pmem.push(p),
+        }
+        Ok(())
+    }
+
+    /// `PATCH /pmem/{id}`: new rate limits for a running guest's flushes.
+    pub fn update_pmem(&mut self, id: &str, u: PmemUpdate) -> Result<(), Fault> {
+        if u.id != id {
+            return Err(Fault("The id from the path does not match the id from the body!".into()));
+        }
+        let machine = self.running("pmem devices are updated on a running one")?.clone();
+        let devices = machine.devices();
+        let pmem = devices.pmem(id).map_err(|e| {
+            Fault(format!(
+                "Pmem config error: Unable to patch the pmem device: {e} Please verify the request arguments."
+            ))
+        })?;
+        pmem.limits.set(super::model::limits(u.rate_limiter.as_ref()));
+        if let Some(p) = self.config.pmem.iter_mut().find(|p| p.id == id) {
+            p.rate_limiter = u.rate_limiter;
+        }
+        Ok(())
+    }
+
+    /// The pmem devices the machine is built with, and the command line's root words.
+    pub(super) fn pmem_devices(&self) -> (Vec<PmemConfig>, Option<String>) {
+        let root = self.config.pmem.iter().position(|p| p.root_device).map(|i| {
+            let mode = if self.config.pmem[i].read_only { "ro" } else { "rw" };
+            format!("root=/dev/pmem{i} {mode}")
+        });
+        let devices = self
+            .config
+            .pmem
+            .iter()
+            .map(|p| PmemConfig {
+                id: p.id.clone(),
+                path: p.path_on_host.clone().into(),
+                read_only: p.read_only,
+                limits: super::model::limits(p.rate_limiter.as_ref()),
+            })
+            .collect();
+        (devices, root)
+    }
+}

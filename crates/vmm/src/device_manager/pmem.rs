@@ -1,0 +1,66 @@
+//! virtio-pmem devices: each file mapped into device memory past the 64-bit PCI window
+//! (a region from the allocators, a memory slot of its own), then attached like every
+//! virtio device.
+
+use super::{DeviceError, DeviceKind, DeviceManager};
+use crate::rate_limiter::{LimiterSlot, Limits};
+use crate::virtio::pmem::{PmemMapping, PmemStats, VirtioPmem, ALIGNMENT};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// `PUT /pmem/{id}`.
+#[derive(Clone, Debug)]
+pub struct PmemConfig {
+    pub id: String,
+    pub path: PathBuf,
+    pub read_only: bool,
+    pub limits: Limits,
+}
+
+/// A virtio-pmem device, for the API and the report.
+pub struct PmemHandle {
+    pub id: String,
+    /// Where the guest finds it, and how long it is there.
+    pub start: u64,
+    pub len: u64,
+    pub stats: Arc<PmemStats>,
+    pub limits: Arc<LimiterSlot>,
+}
+
+impl DeviceManager {
+    /// A virtio-pmem device on `config.path`: mapped shared (read-only if asked, and then
+    /// read-only to the guest too: a KVM_MEM_READONLY slot) where the guest finds it.
+    pub fn attach_pmem(&mut self, config: &PmemConfig) -> Result<(), DeviceError> {
+        let name = format!("virtio-pmem{}", self.virtio_of::<PmemHandle>().count());
+        let mapping = PmemMapping::open(&config.path, config.read_only)?;
+        let start = self.allocators.device_memory(mapping.len(), ALIGNMENT)?;
+        let slot = self.memslots.take(1)?.start;
+        self.vm
+            .set_slot(slot, start, mapping.len(), mapping.host_address(), config.read_only)
+            .map_err(|source| DeviceError::Setup { name: name.clone(), source })?;
+        let len = mapping.len();
+        let device = VirtioPmem::new(Arc::new(mapping), start, config.limits)
+            .map_err(|source| DeviceError::Setup { name: name.clone(), source })?;
+        let handle = PmemHandle {
+            id: config.id.clone(),
+            start,
+            len,
+            stats: device.stats.clone(),
+            limits: device.limiter_slot(),
+        };
+        tracing::info!(
+            "{name}: {} at {start:#x} ({len} bytes{})",
+            config.path.display(),
+            if config.read_only { ", read-only" } else { "" }
+        );
+        self.attach_virtio(&name, DeviceKind::VirtioPmem, Box::new(device), handle).map(drop)
+    }
+
+    /// The pmem device its configuration calls `id`.
+    pub fn pmem(&self, id: &str) -> Result<&PmemHandle, DeviceError> {
+        self.virtio_of::<PmemHandle>()
+            .map(|(p, _)| p)
+            .find(|p| p.id == id)
+            .ok_or_else(|| DeviceError::NoPmem(id.into()))
+    }
+}
