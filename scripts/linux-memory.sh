@@ -8,9 +8,13 @@
 #   3. inflate: PATCH /balloon to 128 MiB drops resident memory by at least 120 MiB and
 #      the guest's MemTotal by 128 MiB; deflate gives MemTotal back;
 #   4. free page hinting: a run started by PATCH /balloon/hinting/start ends (the guest's
-#      STOP, acknowledged with DONE) and its hinted pages leave resident memory.
-# Two boots: one with free page reporting (checks 1 and 2), one without (3 and 4: the
-# freed memory must stay resident for the balloon to be seen taking it).
+#      STOP, acknowledged with DONE) and its hinted pages leave resident memory;
+#   5. pmem: an ext4 image given by PUT /pmem/{id} as the root device (Firecracker's
+#      root=/dev/pmem0 on the command line) is mounted with DAX: a file on it reads with
+#      the host's bytes and without growing the guest's page cache; a file the guest
+#      writes and syncs (a flush through the device) is in the image on the host.
+# Three boots: one with free page reporting (checks 1 and 2), one without (3 and 4: the
+# freed memory must stay resident for the balloon to be seen taking it), one with pmem.
 #   scripts/linux-memory.sh [KERNEL]
 # Prints one PASS/FAIL line per check and a summary; exits non-zero if any failed.
 # Env: EXITLESS, TIMEOUT (s per boot, 600), FILL_TIMEOUT (s for the guest to touch its
@@ -75,7 +79,7 @@ type_line() { # name, command line
 meminfo_line() { # tag, meminfo field: a command that echoes "<tag>-<kB>"
   echo "echo $1-\$(sed -n 's/^$2: *\\([0-9]*\\).*/\\1/p' /proc/meminfo)"
 }
-boot() { # name, balloon body: a VMM with its console on a FIFO, booted to the shell; sets pid
+boot() { # name, balloon or pmem request ("PUT /path body"): a VMM with its console on a FIFO, booted to the shell; sets pid
   local name=$1 sock=$1.sock
   mkfifo "$name.fifo"
   "$exitless" --api-sock "$sock" --id "linux-memory-$name" <"$name.fifo" >"$name.out" 2>"$name.err" &
@@ -88,7 +92,8 @@ boot() { # name, balloon body: a VMM with its console on a FIFO, booted to the s
   [ "$(api "$sock" PUT /machine-config '{"vcpu_count": 1, "mem_size_mib": 512}')" = 204 ] || fail "$name: machine-config"
   [ "$(api "$sock" PUT /boot-source "{\"kernel_image_path\": \"$kernel\", \"initrd_path\": \"$work/initrd.cpio\", \"boot_args\": \"console=ttyS0 reboot=k panic=-1 nokaslr\"}")" = 204 ] \
     || fail "$name: boot-source"
-  [ "$(api "$sock" PUT /balloon "$2")" = 204 ] || fail "$name: PUT /balloon ($(cat answer))"
+  local path=${2%% *} body=${2#* }
+  [ "$(api "$sock" PUT "$path" "$body")" = 204 ] || fail "$name: PUT $path ($(cat answer))"
   [ "$(api "$sock" PUT /actions '{"action_type": "InstanceStart"}')" = 204 ] || fail "$name: InstanceStart ($(cat answer))"
   wait_for "$name.out" "LINUX-MEMORY: ready" "$timeout" || fail "$name: not ready within $timeout s ($(tail -c 300 "$name.out"))"
 }
@@ -106,8 +111,8 @@ stats_until() { # socket, field, value, seconds: GET /balloon/statistics until f
 }
 
 # Boot 1: free page reporting (and statistics every second).
-say "boot 1 of 2: free page reporting"
-boot reporting '{"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1, "free_page_reporting": true}'
+say "boot 1 of 3: free page reporting"
+boot reporting '/balloon {"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1, "free_page_reporting": true}'
 run reporting meminfo "$(meminfo_line memtotal MemTotal); $(meminfo_line memfree MemFree)" 60
 stats_until reporting.sock total_memory $(($(said reporting memtotal) * 1024)) 20 && stats=0 || stats=1
 check "balloon statistics" "$stats" "GET /balloon/statistics total_memory $(field total_memory) bytes, free_memory $(field free_memory); the guest's MemTotal $(said reporting memtotal) kB, MemFree $(said reporting memfree) kB"
@@ -135,8 +140,8 @@ type_line reporting "poweroff -f"
 wait "$pid" || true
 
 # Boot 2: no reporting (freed memory stays resident); the balloon and hinting.
-say "boot 2 of 2: inflate, deflate, free page hinting"
-boot balloon '{"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1, "free_page_hinting": true}'
+say "boot 2 of 3: inflate, deflate, free page hinting"
+boot balloon '/balloon {"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1, "free_page_hinting": true}'
 # 224 MiB touched and freed: resident but free, for the balloon to take 128 MiB of and
 # for the hinting run to find the rest of.
 run balloon fill "fill 224; $(meminfo_line memtotal0 MemTotal)" "$fill_timeout"
@@ -173,5 +178,24 @@ check "free page hinting" "$([ "$status" = "host_cmd 1 guest_cmd 0" ] && [ $((rs
   "a run started: after $took s $status (the guest's STOP acknowledged with DONE); resident $((rss0 >> 10)) -> $((rss1 >> 10)) MiB (at least 64 given back wanted)"
 type_line balloon "poweroff -f"
 wait "$pid" || true
+
+# Boot 3: an ext4 image on virtio-pmem, the root device, mounted with DAX.
+say "boot 3 of 3: pmem"
+rm -rf pmem-files && mkdir pmem-files && head -c $((8 << 20)) /dev/urandom > pmem-files/data
+data_md5=$(md5sum pmem-files/data | cut -d' ' -f1)
+rm -f pmem.img && truncate -s 64M pmem.img
+mkfs.ext4 -q -b 4096 -d pmem-files pmem.img || fail "pmem: mkfs.ext4"
+boot pmem "/pmem/root {\"id\": \"root\", \"path_on_host\": \"$work/pmem.img\", \"root_device\": true, \"read_only\": false}"
+run pmem mounted "mkdir -p /mnt; mount -o dax /dev/pmem0 /mnt; echo mount-\$(grep -c 'pmem0 /mnt ext4 .*dax' /proc/mounts); echo root-\$(grep -c 'root=/dev/pmem0 rw' /proc/cmdline)" 120
+run pmem read "$(meminfo_line cached0 Cached); echo md5-\$(md5sum /mnt/data); $(meminfo_line cached1 Cached)" 300
+run pmem wrote "echo pmem-$$ > /mnt/written; sync" 120
+cached_growth=$(( $(said pmem cached1) - $(said pmem cached0) ))
+guest_md5=$(grep -ao 'md5-[0-9a-f]*' pmem.out | tail -n 1 | cut -d- -f2)
+check "pmem with DAX" "$([ "$(said pmem mount)" = 1 ] && [ "$(said pmem root)" = 1 ] && [ "$guest_md5" = "$data_md5" ] && [ "$cached_growth" -lt 4096 ]; echo $?)" \
+  "root=/dev/pmem0 rw on the command line: $(said pmem root); mounted with dax: $(said pmem mount); an 8 MiB file read with md5 $guest_md5 (the host's $data_md5), the guest's page cache grew by $cached_growth kB (DAX: under 4096)"
+type_line pmem "umount /mnt; poweroff -f"
+wait "$pid" || true
+written=$(debugfs -R 'cat /written' pmem.img 2>/dev/null || true)
+check "pmem flush" "$([ "$written" = "pmem-$$" ]; echo $?)" "the guest's file, written and synced through the device, read from the image on the host: ${written:-nothing}"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
