@@ -136,3 +136,19 @@ fn a_snapshot_keeps_the_balloons_target_and_settings() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn a_few_sandboxes_restored_from_one_snapshot_each_answer() {
+    if !kvm_or_skip("a_few_sandboxes_restored_from_one_snapshot_each_answer") {
+        return;
+    }
+    let (out, json) = bench_json(&["density", "--vms", "3", "--mem", "64", "--written", "0.5"]);
+    let row = &json["rows"][0];
+    assert_eq!((row["vmm"].as_str(), row["vms"].as_u64()), (Some("exitless"), Some(3)), "{json}");
+    // Every one answered (or the bench fails); the memory figures are each process's own.
+    let (rss, pss) = (row["rss_kib_per_guest"].as_f64().unwrap(), row["pss_kib_per_guest"].as_f64().unwrap());
+    assert!(rss > 500.0 && pss > 100.0 && pss <= rss, "{json}");
+    assert!(row["snapshot_memory_kib"].as_u64().unwrap() >= 32 << 10, "the guest's writes are in the file: {json}");
+    assert!(json["targets"].as_array().is_some_and(Vec::is_empty), "no Firecracker, no targets: {json}");
+    assert!(stdout(&out).contains("density lab"), "{}", stdout(&out));
+}

@@ -5,6 +5,7 @@ pub mod blk;
 pub mod boot;
 pub mod chart;
 pub mod control;
+pub mod density;
 pub mod devices;
 pub mod doorbell;
 pub mod fleet;

@@ -62,15 +62,17 @@ pub struct Row {
     pub running_again_ms: f64,
 }
 
-struct Vmm {
-    child: Child,
+/// A VMM process started with `--api-sock`, every line of its stdout kept with when it
+/// came (also `bench density`'s).
+pub(crate) struct Vmm {
+    pub(crate) child: Child,
     sock: PathBuf,
     lines: Arc<Mutex<Vec<(Instant, String)>>>,
     reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Vmm {
-    fn start(exe: &Path, sock: PathBuf) -> Result<Vmm, SnapshotBenchError> {
+    pub(crate) fn start(exe: &Path, sock: PathBuf) -> Result<Vmm, SnapshotBenchError> {
         let _ = std::fs::remove_file(&sock);
         let mut child = Command::new(exe)
             .args(["--api-sock", sock.to_str().unwrap_or_default()])
@@ -96,11 +98,17 @@ impl Vmm {
         Ok(Vmm { child, sock, lines, reader: Some(reader) })
     }
 
-    fn put(&self, path: &str, body: Value) -> Result<Duration, SnapshotBenchError> {
+    pub(crate) fn put(&self, path: &str, body: Value) -> Result<Duration, SnapshotBenchError> {
         let started = Instant::now();
         expect_ok(&self.sock, if path == "/vm" { "PATCH" } else { "PUT" }, path, Some(&body))
             .map_err(|e| SnapshotBenchError::Run(format!("{path}: {e}")))?;
         Ok(started.elapsed())
+    }
+
+    /// When the first line starting with `prefix` came at or after `since`, if it has.
+    pub(crate) fn line_at(&self, since: Instant, prefix: &str) -> Option<Instant> {
+        let lines = self.lines.lock().ok()?;
+        lines.iter().find_map(|(at, line)| (line.starts_with(prefix) && *at >= since).then_some(*at))
     }
 
     /// The first tick line after `since`, and when it came.

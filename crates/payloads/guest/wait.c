@@ -7,21 +7,25 @@
  *   "kbd":  halts with IRQ 1 routed through the IOAPIC to a handler that reads the PS/2
  *           keyboard, and on Ctrl-Alt-Del resets through the i8042, as Linux does;
  *   "boot-timer": first writes 123 to Firecracker's boot-timer device (0xc0000000), as
- *           Firecracker's test images do once booted. */
+ *           Firecracker's test images do once booted;
+ *   "echo": with "kbd", answers each Ctrl-Alt-Del with "wait: ctrl-alt-del N" and goes on
+ *           waiting (`bench density`'s ping of a restored guest) instead of resetting.
+ * Param 0 = N: first writes N MiB of guest RAM from 16 MiB up (one `rep stosq` of a
+ * pattern, so the pages are neither zero nor left to the VMM's sparse files). */
 #include "runtime.h"
 
 /* The words above found on the command line, in one pass that looks further only at
  * their first letters: this runs at CPL0, where each instruction costs about a
  * microsecond on a nested host, before the first line. */
-enum { BOOT_TIMER = 1, KBD = 2, SPIN = 4 };
+enum { BOOT_TIMER = 1, KBD = 2, SPIN = 4, ECHO = 8 };
 static unsigned cmdline_words(void) {
-	static const char *const words[] = {"boot-timer", "kbd", "spin"};
+	static const char *const words[] = {"boot-timer", "kbd", "spin", "echo"};
 	unsigned found = 0;
 	if (!boot_start_info) return 0;
 	const char *c = (const char *)*(u64 *)((u64)boot_start_info + 24); /* PVH cmdline_paddr */
 	for (; c && *c; c++) {
-		if (*c != 'b' && *c != 'k' && *c != 's') continue;
-		for (unsigned w = 0; w < 3; w++) {
+		if (*c != 'b' && *c != 'k' && *c != 's' && *c != 'e') continue;
+		for (unsigned w = 0; w < 4; w++) {
 			int i = 0;
 			while (words[w][i] && c[i] == words[w][i]) i++;
 			if (!words[w][i]) found |= 1u << w;
@@ -48,7 +52,7 @@ __asm__(".text\nkbd_isr:\n\tpush %rax\n\tpush %rcx\n\tpush %rdx\n\tpush %rsi\n\t
 	"\tpush %r9\n\tpush %r10\n\tpush %r11\n\tcall kbd_irq\n\tpop %r11\n\tpop %r10\n\tpop %r9\n\tpop %r8\n"
 	"\tpop %rdi\n\tpop %rsi\n\tpop %rdx\n\tpop %rcx\n\tpop %rax\n\tiretq\n");
 
-static void wait_for_ctrl_alt_del(void) {
+static void wait_for_ctrl_alt_del(int echo) {
 	u64 h = (u64)kbd_isr;
 	idt[2 * KBD_VECTOR] = (h & 0xffff) | (0x08ULL << 16) | (0x8eULL << 40) | (((h >> 16) & 0xffff) << 48);
 	idt[2 * KBD_VECTOR + 1] = h >> 32;
@@ -70,8 +74,15 @@ static void wait_for_ctrl_alt_del(void) {
 	for (;;) {
 		__asm__ volatile("sti; hlt; cli");
 		if (nkeys >= 4 && keys[0] == 0x14 && keys[1] == 0x11 && keys[2] == 0xe0 && keys[3] == 0x71) {
-			print("wait: ctrl-alt-del; resetting\n");
-			outb(0x64, 0xfe);
+			if (!echo) {
+				print("wait: ctrl-alt-del; resetting\n");
+				outb(0x64, 0xfe);
+			}
+			static u64 answered;
+			print("wait: ctrl-alt-del %lu\n", ++answered);
+			nkeys = 0;
+		} else if (nkeys >= sizeof(keys)) {
+			nkeys = 0;
 		}
 	}
 }
@@ -79,7 +90,15 @@ static void wait_for_ctrl_alt_del(void) {
 int main(void) {
 	unsigned words = cmdline_words();
 	if (words & BOOT_TIMER) *(volatile u8 *)0xc0000000ULL = 123;
-	if (words & KBD) wait_for_ctrl_alt_del();
+	u64 fill_mib = param(0, 0);
+	if (fill_mib) {
+		u64 from = 16ULL << 20, to = from + (fill_mib << 20), count;
+		if (to > guest_mem_end() - (1ULL << 20)) to = guest_mem_end() - (1ULL << 20);
+		count = to > from ? (to - from) / 8 : 0;
+		__asm__ volatile("rep stosq" : "+D"(from), "+c"(count) : "a"(0x9e3779b97f4a7c15ULL) : "memory");
+		print("wait: wrote %lu MiB\n", fill_mib);
+	}
+	if (words & KBD) wait_for_ctrl_alt_del(words & ECHO);
 	if (words & SPIN) {
 		print("wait: running; spinning until stopped\n");
 		enter_user();

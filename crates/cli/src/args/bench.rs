@@ -35,6 +35,39 @@ pub enum BenchCommand {
     /// Snapshots through the API: create, load and back to running, by guest memory size
     /// and the share of it the guest wrote.
     Snapshot(SnapshotArgs),
+    /// Sandboxes by the hundred restored from one snapshot: time until all answered and
+    /// resident and proportional memory per guest, beside Firecracker on the same guest.
+    Density(DensityArgs),
+}
+
+#[derive(Args)]
+pub struct DensityArgs {
+    /// A Firecracker binary, measured beside exitless on the same guest (scripts/peers.sh builds one).
+    #[arg(long, value_name = "PATH")]
+    pub firecracker: Option<PathBuf>,
+    /// Sandboxes per VMM.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub vms: u32,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(64..=4096))]
+    pub mem: u64,
+    /// Share of RAM the guest writes before the snapshot (0 to 1).
+    #[arg(long, default_value = "0.75", value_parser = parse_share)]
+    pub written: f64,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+impl DensityArgs {
+    pub fn to_options(&self) -> exitless_lab::density::Options {
+        exitless_lab::density::Options {
+            firecracker: self.firecracker.clone(),
+            vms: self.vms,
+            mem_mib: self.mem,
+            written: self.written,
+            outputs: self.out.outputs(),
+        }
+    }
 }
 
 #[derive(Args)]

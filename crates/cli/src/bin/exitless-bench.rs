@@ -50,6 +50,9 @@ fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>
         BenchCommand::Snapshot(a) => {
             exitless_lab::snapshot::run(&a.to_options())?;
         }
+        BenchCommand::Density(a) => {
+            exitless_lab::density::run(&a.to_options())?;
+        }
         BenchCommand::Mmds(a) => {
             exitless_lab::mmds::run(&a.to_options())?;
         }
