@@ -52,12 +52,64 @@ pub trait EventSource {
     }
 }
 
+/// A device of one queue, kicked through an eventfd and held to a rate limiter, that
+/// serves everything posted in one pass (virtio-rng, virtio-pmem): its events written once.
+pub trait LimitedQueue {
+    const NAME: &'static str;
+    fn kick(&self) -> &EventFd;
+    /// Where the kicks are counted.
+    fn kicks(&self) -> &std::sync::atomic::AtomicU64;
+    fn throttle(&mut self) -> &mut crate::rate_limiter::Throttle;
+    /// Serves what the driver posted, as the limiter allows.
+    fn process(&mut self);
+}
+
+/// The kick and the rate limiter's wait; it never polls.
+impl<Q: LimitedQueue> EventSource for Q {
+    const NAME: &'static str = Q::NAME;
+
+    fn watch(&self, epoll: &Epoll) -> std::io::Result<()> {
+        epoll.ctl(ControlOperation::Add, self.kick().as_raw_fd(), EpollEvent::new(EventSet::IN, 0))
+    }
+
+    fn start(&mut self, _: &Epoll) {
+        // Buffers may have been posted before the kick was watched.
+        self.process();
+    }
+
+    fn event(&mut self, _: &Epoll, _: &EpollEvent) {
+        if let Ok(kicks) = self.kick().read() {
+            self.kicks().fetch_add(kicks, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.process();
+    }
+
+    fn timeout_ms(&mut self) -> i32 {
+        self.throttle().timeout_ms()
+    }
+
+    fn timers(&mut self, _: &Epoll) {
+        if self.throttle().expired() {
+            self.process();
+        }
+    }
+}
+
 /// An epoll set with `stop` and the device's sources.
 pub fn epoll_for<S: EventSource>(source: &S, stop: &EventFd) -> std::io::Result<Epoll> {
     let epoll = Epoll::new()?;
     epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_STOP))?;
     source.watch(&epoll)?;
     Ok(epoll)
+}
+
+/// A device thread's job: its epoll set made, then [`serve`]; a set that cannot be made is
+/// logged and the job ends.
+pub fn run<S: EventSource>(source: &mut S, stop: &EventFd) {
+    match epoll_for(source, stop) {
+        Ok(epoll) => serve(source, &epoll, stop),
+        Err(e) => tracing::error!("{}: cannot start its thread: {e}", S::NAME),
+    }
 }
 
 /// Serves `source` until `stop` is signalled (or epoll fails, which is logged).

@@ -6,7 +6,7 @@
 //! requests, answered after msync(2) of the file (one per pass, as Firecracker).
 
 use super::chain::{self, Segment};
-use super::event_loop::{self, EventSource};
+use super::event_loop;
 use super::thread::{DeviceJob, DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 /// The guest sees the file in whole 2 MiB pages, at a 2 MiB boundary (virtio 1.2 5.19).
@@ -326,10 +325,7 @@ impl Worker {
 
 impl DeviceJob for Worker {
     fn run(&mut self, stop: &EventFd) {
-        match event_loop::epoll_for(self, stop) {
-            Ok(epoll) => event_loop::serve(self, &epoll, stop),
-            Err(e) => tracing::error!("virtio-pmem: cannot start its thread: {e}"),
-        }
+        event_loop::run(self, stop);
     }
 
     fn positions(&self) -> Vec<QueuePosition> {
@@ -337,32 +333,23 @@ impl DeviceJob for Worker {
     }
 }
 
-impl EventSource for Worker {
+impl event_loop::LimitedQueue for Worker {
     const NAME: &'static str = "virtio-pmem";
 
-    fn watch(&self, epoll: &Epoll) -> std::io::Result<()> {
-        epoll.ctl(ControlOperation::Add, self.kick.as_raw_fd(), EpollEvent::new(EventSet::IN, 0))
+    fn kick(&self) -> &EventFd {
+        &self.kick
     }
 
-    fn start(&mut self, _: &Epoll) {
-        self.process();
+    fn kicks(&self) -> &AtomicU64 {
+        &self.stats.kicks
     }
 
-    fn event(&mut self, _: &Epoll, _: &EpollEvent) {
-        if let Ok(kicks) = self.kick.read() {
-            self.stats.kicks.fetch_add(kicks, Ordering::Relaxed);
-        }
-        self.process();
+    fn throttle(&mut self) -> &mut Throttle {
+        &mut self.throttle
     }
 
-    fn timeout_ms(&mut self) -> i32 {
-        self.throttle.timeout_ms()
-    }
-
-    fn timers(&mut self, _: &Epoll) {
-        if self.throttle.expired() {
-            self.process();
-        }
+    fn process(&mut self) {
+        Worker::process(self)
     }
 }
 

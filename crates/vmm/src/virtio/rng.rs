@@ -4,18 +4,16 @@
 //! requests (one operation and its length in bytes each) until their tokens are back.
 
 use super::chain::{self, Segment};
-use super::event_loop::{self, EventSource};
+use super::event_loop;
 use super::thread::{DeviceJob, DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
 use crate::seccomp::ThreadKind;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 const QUEUE_SIZE: u16 = 256;
@@ -111,8 +109,6 @@ impl VirtioDevice for VirtioRng {
     }
 }
 
-const TOKEN_KICK: u64 = 0;
-
 struct Worker {
     queue: Queue,
     kick: Arc<EventFd>,
@@ -127,10 +123,7 @@ struct Worker {
 
 impl DeviceJob for Worker {
     fn run(&mut self, stop: &EventFd) {
-        match event_loop::epoll_for(self, stop) {
-            Ok(epoll) => event_loop::serve(self, &epoll, stop),
-            Err(e) => tracing::error!("virtio-rng: cannot start its thread: {e}"),
-        }
+        event_loop::run(self, stop);
     }
 
     fn positions(&self) -> Vec<QueuePosition> {
@@ -138,34 +131,23 @@ impl DeviceJob for Worker {
     }
 }
 
-/// The kick and the rate limiter's wait; it never polls (requests are rare).
-impl EventSource for Worker {
+impl event_loop::LimitedQueue for Worker {
     const NAME: &'static str = "virtio-rng";
 
-    fn watch(&self, epoll: &Epoll) -> std::io::Result<()> {
-        epoll.ctl(ControlOperation::Add, self.kick.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_KICK))
+    fn kick(&self) -> &EventFd {
+        &self.kick
     }
 
-    fn start(&mut self, _: &Epoll) {
-        // Buffers may have been posted before the kick was watched.
-        self.process();
+    fn kicks(&self) -> &AtomicU64 {
+        &self.stats.kicks
     }
 
-    fn event(&mut self, _: &Epoll, _: &EpollEvent) {
-        if let Ok(kicks) = self.kick.read() {
-            self.stats.kicks.fetch_add(kicks, Ordering::Relaxed);
-        }
-        self.process();
+    fn throttle(&mut self) -> &mut Throttle {
+        &mut self.throttle
     }
 
-    fn timeout_ms(&mut self) -> i32 {
-        self.throttle.timeout_ms()
-    }
-
-    fn timers(&mut self, _: &Epoll) {
-        if self.throttle.expired() {
-            self.process();
-        }
+    fn process(&mut self) {
+        Worker::process(self)
     }
 }
 

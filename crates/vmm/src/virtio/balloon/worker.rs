@@ -331,10 +331,7 @@ impl Worker {
 
 impl DeviceJob for Worker {
     fn run(&mut self, stop: &EventFd) {
-        match event_loop::epoll_for(self, stop) {
-            Ok(epoll) => event_loop::serve(self, &epoll, stop),
-            Err(e) => tracing::error!("virtio-balloon: cannot start its thread: {e}"),
-        }
+        event_loop::run(self, stop);
     }
 
     fn positions(&self) -> Vec<QueuePosition> {

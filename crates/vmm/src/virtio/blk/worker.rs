@@ -107,10 +107,7 @@ impl DeviceJob for Worker {
     fn run(&mut self, stop: &EventFd) {
         // SAFETY: pthread_self has no preconditions.
         self.stats.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
-        match event_loop::epoll_for(self, stop) {
-            Ok(epoll) => event_loop::serve(self, &epoll, stop),
-            Err(e) => tracing::error!("virtio-blk: cannot start its thread: {e}"),
-        }
+        event_loop::run(self, stop);
         // A snapshot wants every request it took answered in guest memory; a reset wants
         // the rings left alone.
         match self.pausing.load(Ordering::Acquire) {

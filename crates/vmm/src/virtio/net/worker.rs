@@ -48,10 +48,7 @@ impl DeviceJob for Worker {
     fn run(&mut self, stop: &EventFd) {
         // SAFETY: pthread_self has no preconditions.
         self.io.stats.thread.store(unsafe { libc::pthread_self() } as u64, Ordering::Release);
-        match event_loop::epoll_for(self, stop) {
-            Ok(epoll) => event_loop::serve(self, &epoll, stop),
-            Err(e) => tracing::error!("virtio-net: cannot start its thread: {e}"),
-        }
+        event_loop::run(self, stop);
     }
 
     fn positions(&self) -> Vec<QueuePosition> {
