@@ -88,11 +88,8 @@ hdrs=$(dd if="$kernel" bs=1 skip=514 count=4 2>/dev/null | tr -d '\0')
 [ "$magic" = '177ELF' ] || [ "$hdrs" = HdrS ] || fail "kernel: $kernel is neither a bzImage nor an ELF image"
 
 # 2. The initramfs: busybox and an /init that checks each device and prints its results.
-if [ ! -x pkg/bin/busybox ]; then
-  rm -rf pkg && mkdir pkg
-  apt-get download busybox-static >/dev/null 2>&1 || fail "initramfs: apt-get download busybox-static"
-  dpkg-deb -x busybox-static_*.deb pkg || fail "initramfs: unpacking busybox-static"
-fi
+. "$here/scripts/guest-busybox.sh"
+fetch_busybox
 cat > init <<EOF
 #!/bin/busybox sh
 /bin/busybox --install -s /bin

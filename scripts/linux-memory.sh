@@ -37,11 +37,8 @@ rm -f ./*.sock ./*.fifo ./*.out ./*.err
 
 kernel=${1:-}
 [ -n "$kernel" ] || kernel=$("$here/scripts/guest-kernel.sh") || fail "kernel (scripts/guest-kernel.sh)"
-if [ ! -x pkg/bin/busybox ]; then
-  rm -rf pkg && mkdir pkg
-  apt-get download busybox-static >/dev/null 2>&1 || fail "initramfs: apt-get download busybox-static"
-  dpkg-deb -x busybox-static_*.deb pkg || fail "initramfs: unpacking busybox-static"
-fi
+. "$here/scripts/guest-busybox.sh"
+fetch_busybox
 # /init: each line typed on the console is run; /bin/fill touches memory from user space.
 cat > init <<'EOF'
 #!/bin/busybox sh

@@ -42,11 +42,8 @@ ip netns add "$ns" && ip -n "$ns" tuntap add dev "$tap" mode tap && ip -n "$ns" 
 
 kernel=${1:-}
 [ -n "$kernel" ] || kernel=$("$here/scripts/guest-kernel.sh") || fail "kernel (scripts/guest-kernel.sh)"
-if [ ! -x pkg/bin/busybox ]; then
-  rm -rf pkg && mkdir pkg
-  apt-get download busybox-static >/dev/null 2>&1 || fail "initramfs: apt-get download busybox-static"
-  dpkg-deb -x busybox-static_*.deb pkg || fail "initramfs: unpacking busybox-static"
-fi
+. "$here/scripts/guest-busybox.sh"
+fetch_busybox
 # /init: says it is ready, then runs each line typed on the console.
 cat > init <<'EOF'
 #!/bin/busybox sh
