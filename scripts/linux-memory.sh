@@ -12,7 +12,8 @@
 #   5. pmem: an ext4 image given by PUT /pmem/{id} as the root device (Firecracker's
 #      root=/dev/pmem0 on the command line) is mounted with DAX: a file on it reads with
 #      the host's bytes and without growing the guest's page cache; a file the guest
-#      writes and syncs (a flush through the device) is in the image on the host.
+#      writes and syncs (a flush through the device) is in the image on the host; the
+#      file truncated under the guest leaves guest and VMM running.
 # Three boots: one with free page reporting (checks 1 and 2), one without (3 and 4: the
 # freed memory must stay resident for the balloon to be seen taking it), one with pmem.
 #   scripts/linux-memory.sh [KERNEL]
@@ -199,9 +200,17 @@ cached_growth=$(( $(said pmem cached1) - $(said pmem cached0) ))
 guest_md5=$(grep -ao 'md5-[0-9a-f]*' pmem.out | tail -n 1 | cut -d- -f2)
 check "pmem with DAX" "$([ "$(said pmem mount)" = 1 ] && [ "$(said pmem root)" = 1 ] && [ "$guest_md5" = "$data_md5" ] && [ "$cached_growth" -lt 4096 ]; echo $?)" \
   "root=/dev/pmem0 rw on the command line: $(said pmem root); mounted with dax: $(said pmem mount); an 8 MiB file read with md5 $guest_md5 (the host's $data_md5), the guest's page cache grew by $cached_growth kB (DAX: under 4096)"
+# The image as it is now, for the flush check below: the file is truncated next.
+cp pmem.img pmem-synced.img
+# Hostile input: the file truncated to 16 MiB under the running guest, which then reads
+# the pages it lost. The guest must go on (the lost pages read as zeros) and the VMM say so.
+truncate -s 16M pmem.img
+run pmem shrunk "md5sum /mnt/data >/dev/null 2>&1; echo alive" 120
+check "pmem file truncated under the guest" "$(kill -0 "$pid" 2>/dev/null && grep -q 'shrank to 16777216 bytes' pmem.err; echo $?)" \
+  "the guest read the lost pages and answered; the VMM runs on and said: $(grep -o 'shrank to [0-9]* bytes[^;]*' pmem.err | head -n 1)"
 type_line pmem "umount /mnt; poweroff -f"
 wait "$pid" || true
-written=$(debugfs -R 'cat /written' pmem.img 2>/dev/null || true)
+written=$(debugfs -R 'cat /written' pmem-synced.img 2>/dev/null || true)
 check "pmem flush" "$([ "$written" = "pmem-$$" ]; echo $?)" "the guest's file, written and synced through the device, read from the image on the host: ${written:-nothing}"
 fi
 echo "$passed passed, $failed failed"

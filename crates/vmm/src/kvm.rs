@@ -130,3 +130,30 @@ impl MemslotSink for kvm_ioctls::VmFd {
         unsafe { self.set_user_memory_region(region) }.map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
     }
 }
+
+/// What can mend guest memory after `KVM_RUN` failed with EFAULT: a host mapping behind a
+/// memory slot that lost its pages (a virtio-pmem file truncated under the guest). Each
+/// repair says whether it changed anything; the vCPU then enters the guest again.
+pub trait FaultRepair: Send + Sync {
+    fn repair(&self) -> bool;
+}
+
+/// The repairs the device manager registers and every vCPU consults.
+#[derive(Default)]
+pub struct FaultRepairs(std::sync::Mutex<Vec<std::sync::Arc<dyn FaultRepair>>>);
+
+impl FaultRepairs {
+    pub fn register(&self, repair: std::sync::Arc<dyn FaultRepair>) {
+        crate::sync::lock(&self.0).push(repair);
+    }
+
+    /// Every repair tried (not only up to the first that mends); true if any changed
+    /// something.
+    pub fn repair_any(&self) -> bool {
+        let mut mended = false;
+        for repair in crate::sync::lock(&self.0).iter() {
+            mended |= repair.repair();
+        }
+        mended
+    }
+}

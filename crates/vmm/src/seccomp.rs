@@ -135,6 +135,10 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_eventfd2,
             libc::SYS_fcntl,
             libc::SYS_getrandom,
+            // A pmem file's length, read again when KVM_RUN fails with EFAULT (truncated
+            // under the guest: crate::kvm::FaultRepair); musl fstat(2), glibc statx(2).
+            libc::SYS_fstat,
+            libc::SYS_statx,
         ],
         // Every device thread waits in epoll; std's debug builds check a descriptor with
         // F_GETFD as they close it. getrandom: a NIC with MMDS makes V2 session tokens.

@@ -203,6 +203,9 @@ pub struct DeviceManager {
     transport: TransportKind,
     mmio_registers: RegisterMode,
     memslots: Arc<Memslots>,
+    /// What the vCPUs consult when KVM_RUN fails with EFAULT (device memory that lost its
+    /// host pages).
+    fault_repairs: Arc<crate::kvm::FaultRepairs>,
 }
 
 impl DeviceManager {
@@ -235,6 +238,7 @@ impl DeviceManager {
             transport: config.transport,
             mmio_registers: config.mmio_registers,
             memslots: config.memslots,
+            fault_repairs: Arc::default(),
         };
         if config.pci_config_io {
             let cf8 = Arc::new(Cf8Device::new(&pci));
@@ -256,6 +260,11 @@ impl DeviceManager {
     /// What the exit profile calls each bus entry, by [`DeviceId`].
     pub fn bus_names(&self) -> &[String] {
         &self.bus_names
+    }
+
+    /// What the vCPUs consult when guest memory faults in KVM (pmem files that shrank).
+    pub fn fault_repairs(&self) -> &Arc<crate::kvm::FaultRepairs> {
+        &self.fault_repairs
     }
 
     pub fn buses(&self) -> &Arc<SharedBuses> {

@@ -38,8 +38,9 @@ impl DeviceManager {
         self.vm
             .set_slot(slot, start, mapping.len(), mapping.host_address(), config.read_only)
             .map_err(|source| DeviceError::Setup { name: name.clone(), source })?;
-        let len = mapping.len();
-        let device = VirtioPmem::new(Arc::new(mapping), start, config.limits)
+        let (len, mapping) = (mapping.len(), Arc::new(mapping));
+        self.fault_repairs.register(mapping.clone());
+        let device = VirtioPmem::new(mapping, start, config.limits)
             .map_err(|source| DeviceError::Setup { name: name.clone(), source })?;
         let handle = PmemHandle {
             id: config.id.clone(),

@@ -242,6 +242,7 @@ impl Machine {
         let entries = self.devices.bus_names().len();
         let mut vcpu = Vcpu::new(id, fd, run_size, buses, entries, self.control.clone(), nested);
         vcpu.publish_to(self.live.clone());
+        vcpu.repair_faults_with(self.devices.fault_repairs().clone());
         if self.run.sample_every.is_some() {
             vcpu.sample_guest();
         }

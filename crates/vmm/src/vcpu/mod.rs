@@ -216,6 +216,8 @@ pub struct Vcpu {
     stuck: Option<StuckWatch>,
     /// Where the vCPU goes while the guest is in ACPI S3, and how it comes back.
     sleep: Option<Arc<dyn Suspend>>,
+    /// What mends guest memory when KVM_RUN fails with EFAULT.
+    repairs: Option<Arc<crate::kvm::FaultRepairs>>,
 }
 
 impl Vcpu {
@@ -242,6 +244,7 @@ impl Vcpu {
             sampling: false,
             stuck: None,
             sleep: None,
+            repairs: None,
         }
     }
 
@@ -258,6 +261,11 @@ impl Vcpu {
     /// Lets the guest sleep in S3 (see [`crate::machine::sleep`]).
     pub fn sleep_with(&mut self, sleep: Arc<dyn Suspend>) {
         self.sleep = Some(sleep);
+    }
+
+    /// Consults `repairs` when KVM_RUN fails with EFAULT before giving up.
+    pub fn repair_faults_with(&mut self, repairs: Arc<crate::kvm::FaultRepairs>) {
+        self.repairs = Some(repairs);
     }
 
     /// Publishes this vCPU's counters to `live` as it runs (see [`LiveStats`]).
@@ -507,6 +515,13 @@ impl Vcpu {
                     }
                 }
                 return Ok(ExitKind::Intr);
+            }
+            // A memory slot's host pages gone (a pmem file truncated): mended, the guest goes
+            // on; otherwise the run ends.
+            RareExit::RunFailed(e)
+                if e.errno() == libc::EFAULT && self.repairs.as_ref().is_some_and(|r| r.repair_any()) =>
+            {
+                return Ok(ExitKind::Intr)
             }
             RareExit::RunFailed(e) => return Err(VcpuError::Run(self.id, e)),
             RareExit::Hlt => "halted with no way to wake up (HLT exit)".to_string(),

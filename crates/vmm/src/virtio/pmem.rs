@@ -42,7 +42,14 @@ pub enum PmemError {
 pub struct PmemMapping {
     host: *mut libc::c_void,
     len: u64,
-    file_len: u64,
+    /// How much of the mapping is the file's (less once the file shrank and the rest was
+    /// mapped anonymous, [`PmemMapping::repair`]).
+    file_len: AtomicU64,
+    file: std::fs::File,
+    name: String,
+    prot: libc::c_int,
+    /// Times the file was found shorter than its mapping.
+    pub shrank: AtomicU64,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; it is only read through
@@ -72,13 +79,16 @@ impl PmemMapping {
         if host == libc::MAP_FAILED {
             return Err(failed(&name));
         }
-        let mapping = PmemMapping { host, len, file_len };
+        let file_len = AtomicU64::new(file_len);
+        let mapping = PmemMapping { host, len, file_len, file, name, prot, shrank: AtomicU64::new(0) };
         let shared = libc::MAP_SHARED | libc::MAP_NORESERVE | libc::MAP_FIXED;
+        let fd = mapping.file.as_raw_fd();
+        let file_len = mapping.file_len.load(Ordering::Relaxed) as usize;
         // SAFETY: the file over the start of our own mapping (MAP_FIXED replaces only
-        // pages this value owns); the descriptor may close after the call.
-        let at = unsafe { libc::mmap(host, file_len as usize, prot, shared, file.as_raw_fd(), 0) };
+        // pages this value owns).
+        let at = unsafe { libc::mmap(host, file_len, prot, shared, fd, 0) };
         if at == libc::MAP_FAILED {
-            return Err(failed(&name));
+            return Err(failed(&mapping.name));
         }
         Ok(mapping)
     }
@@ -99,8 +109,44 @@ impl PmemMapping {
 
     /// msync(MS_SYNC) of the file's part: what a guest's flush asks for.
     fn sync(&self) -> bool {
+        let len = self.file_len.load(Ordering::Acquire) as usize;
         // SAFETY: the file's part of this value's own mapping.
-        unsafe { libc::msync(self.host, self.file_len as usize, libc::MS_SYNC) == 0 }
+        unsafe { libc::msync(self.host, len, libc::MS_SYNC) == 0 }
+    }
+
+    /// The file shrank under the guest (someone truncated it): the pages it lost would fail
+    /// every guest access in KVM, so they are mapped anonymous instead (they read as zeros
+    /// and take writes that reach no file), counted and logged once. True if it did so.
+    pub fn repair(&self) -> bool {
+        let Ok(now) = self.file.metadata().map(|m| m.len()) else { return false };
+        let mapped = self.file_len.load(Ordering::Acquire);
+        let keep = now.next_multiple_of(4096).min(mapped);
+        if keep >= mapped {
+            return false;
+        }
+        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
+        // SAFETY: [keep, mapped) lies inside this value's own mapping; MAP_FIXED replaces
+        // only those pages (KVM drops what it mapped of them through its MMU notifier).
+        let at =
+            unsafe { libc::mmap(self.host.byte_add(keep as usize), (mapped - keep) as usize, self.prot, anon, -1, 0) };
+        if at == libc::MAP_FAILED {
+            return false;
+        }
+        self.file_len.store(keep, Ordering::Release);
+        if self.shrank.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                "virtio-pmem: {} shrank to {now} bytes under the running guest; the {} bytes it lost read as zeros now (said once)",
+                self.name,
+                mapped - keep
+            );
+        }
+        true
+    }
+}
+
+impl crate::kvm::FaultRepair for PmemMapping {
+    fn repair(&self) -> bool {
+        PmemMapping::repair(self)
     }
 }
 
@@ -256,7 +302,7 @@ impl Worker {
             while let Some(chain) = self.queue.pop_descriptor_chain(&self.mem) {
                 let head = chain.head_index();
                 // Firecracker's charge: one op and the file's length in bytes per request.
-                let file_len = self.mapping.file_len;
+                let file_len = self.mapping.file_len.load(Ordering::Relaxed);
                 if !self.throttle.admit(1, || file_len, &self.stats.throttled) {
                     self.queue.go_to_previous_position();
                     return self.finish(used_any);
@@ -377,6 +423,28 @@ mod tests {
         assert_eq!(u64::from_le_bytes(config[..8].try_into().unwrap()), 0x40_0000_0000);
         assert_eq!(u64::from_le_bytes(config[8..].try_into().unwrap()), ALIGNMENT);
         assert_eq!(device.device_type(), 27);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_truncated_under_the_guest_is_mended_once_and_reads_zeros() {
+        let dir = std::env::temp_dir().join(format!("exitless-pmem-shrink-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("img");
+        std::fs::write(&file, vec![0x5au8; 3 << 20]).unwrap();
+        let m = PmemMapping::open(&file, false).unwrap();
+        assert_eq!(m.len(), 4 << 20);
+        assert!(!m.repair(), "nothing to mend while the file is whole");
+        std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len((1 << 20) + 100).unwrap();
+        assert!(m.repair());
+        assert!(!m.repair(), "mended once");
+        assert_eq!(m.shrank.load(Ordering::Relaxed), 1);
+        // SAFETY: the whole mapping is readable: the file's first 1 MiB + 100 bytes (its
+        // page), anonymous after it; without the repair this read would be a SIGBUS.
+        let bytes = unsafe { std::slice::from_raw_parts(m.host_address() as *const u8, 4 << 20) };
+        assert_eq!((bytes[0], bytes[(1 << 20) + 99]), (0x5a, 0x5a));
+        assert_eq!((bytes[(1 << 20) + 8192], bytes[(3 << 20) - 1]), (0, 0), "lost pages read as zeros");
+        assert!(m.sync(), "flushes go on over what is left of the file");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
