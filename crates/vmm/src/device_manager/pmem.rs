@@ -4,7 +4,7 @@
 
 use super::{DeviceError, DeviceKind, DeviceManager};
 use crate::rate_limiter::{LimiterSlot, Limits};
-use crate::virtio::pmem::{PmemMapping, PmemStats, VirtioPmem, ALIGNMENT};
+use crate::virtio::pmem::{PmemMapping, PmemStats, PmemWindow, VirtioPmem, ALIGNMENT};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -40,6 +40,16 @@ impl DeviceManager {
             .map_err(|source| DeviceError::Setup { name: name.clone(), source })?;
         let (len, mapping) = (mapping.len(), Arc::new(mapping));
         self.fault_repairs.register(mapping.clone());
+        // Behind the slot on the bus: what KVM cannot serve from it comes here.
+        let window = Arc::new(PmemWindow::new(mapping.clone(), config.read_only));
+        self.attach_mmio(
+            &format!("{name}-memory"),
+            DeviceKind::VirtioPmem,
+            start,
+            len,
+            window,
+            super::DeviceHandle::Bus,
+        )?;
         let device = VirtioPmem::new(mapping, start, config.limits)
             .map_err(|source| DeviceError::Setup { name: name.clone(), source })?;
         let handle = PmemHandle {

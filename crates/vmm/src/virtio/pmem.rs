@@ -144,6 +144,76 @@ impl PmemMapping {
     }
 }
 
+impl PmemMapping {
+    /// Whether `[offset, offset + len)` is inside the mapping and backed now: the file's
+    /// part as long as the file still holds it, or the anonymous part after it.
+    fn backed(&self, offset: u64, len: usize) -> bool {
+        let Some(end) = offset.checked_add(len as u64).filter(|&end| end <= self.len) else { return false };
+        let file_len = self.file_len.load(Ordering::Acquire);
+        let file_now = self.file.metadata().map_or(0, |m| m.len()).next_multiple_of(4096);
+        offset >= file_len || end <= file_now
+    }
+}
+
+/// The file's guest range on the MMIO bus, behind its memory slot: reached only when KVM
+/// cannot serve an access from the slot, that is a guest write to a read-only device, or
+/// (on a host whose KVM turns a failed page lookup into an MMIO exit, as this nested one
+/// does) a page the file lost under the guest. Lost pages are mended first
+/// ([`PmemMapping::repair`]), so the next access stays in the guest; this one is served
+/// from the mapping.
+pub struct PmemWindow {
+    mapping: Arc<PmemMapping>,
+    read_only: bool,
+    /// Guest writes a read-only device dropped.
+    pub dropped_writes: AtomicU64,
+}
+
+impl PmemWindow {
+    pub fn new(mapping: Arc<PmemMapping>, read_only: bool) -> PmemWindow {
+        PmemWindow { mapping, read_only, dropped_writes: AtomicU64::new(0) }
+    }
+}
+
+impl crate::bus::BusDevice for PmemWindow {
+    fn read(&self, offset: u64, data: &mut [u8]) {
+        self.mapping.repair();
+        data.fill(0);
+        if self.mapping.backed(offset, data.len()) {
+            // SAFETY: `backed` checked the range lies in the mapping, with pages behind it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.mapping.host.cast::<u8>().add(offset as usize),
+                    data.as_mut_ptr(),
+                    data.len(),
+                )
+            };
+        }
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) {
+        if self.read_only {
+            if self.dropped_writes.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!(
+                    "virtio-pmem: the guest writes to its read-only {} (dropped; said once)",
+                    self.mapping.name
+                );
+            }
+            return;
+        }
+        self.mapping.repair();
+        if self.mapping.backed(offset, data.len()) {
+            // SAFETY: as in `read`; the mapping is writable (the device is not read-only).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    data.as_ptr(),
+                    self.mapping.host.cast::<u8>().add(offset as usize),
+                    data.len(),
+                )
+            };
+        }
+    }
+}
+
 impl crate::kvm::FaultRepair for PmemMapping {
     fn repair(&self) -> bool {
         PmemMapping::repair(self)
@@ -445,6 +515,32 @@ mod tests {
         assert_eq!((bytes[0], bytes[(1 << 20) + 99]), (0x5a, 0x5a));
         assert_eq!((bytes[(1 << 20) + 8192], bytes[(3 << 20) - 1]), (0, 0), "lost pages read as zeros");
         assert!(m.sync(), "flushes go on over what is left of the file");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_window_behind_the_slot_mends_serves_and_drops_read_only_writes() {
+        use crate::bus::BusDevice;
+        let dir = std::env::temp_dir().join(format!("exitless-pmem-window-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("img");
+        std::fs::write(&file, vec![0x77u8; 2 << 20]).unwrap();
+        let window = PmemWindow::new(Arc::new(PmemMapping::open(&file, false).unwrap()), false);
+        std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(4096).unwrap();
+        let mut data = [0xffu8; 8];
+        window.read(8192, &mut data);
+        assert_eq!(data, [0; 8], "a lost page, mended, reads zeros");
+        window.read(0, &mut data);
+        assert_eq!(data, [0x77; 8], "what the file still holds");
+        window.write(8192, &[1, 2]);
+        window.read(8192, &mut data);
+        assert_eq!(data[..2], [1, 2]);
+        window.read((2 << 20) - 4, &mut data);
+        assert_eq!(data, [0; 8], "past the end: nothing");
+        let read_only = PmemWindow::new(Arc::new(PmemMapping::open(&file, true).unwrap()), true);
+        read_only.write(0, &[9]);
+        read_only.read(0, &mut data);
+        assert_eq!((data[0], read_only.dropped_writes.load(Ordering::Relaxed)), (0x77, 1));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
