@@ -1,11 +1,13 @@
 /* Touches MiB of fresh anonymous memory from user space (each page written once: the
  * guest kernel zeroes it on the fault), prints "touched-<MiB>-in-<ms>", then exits,
- * freeing it all at once; with a second argument it first waits for a line on stdin. scripts/linux-memory.sh's guest fills memory with it: a dd into
+ * freeing it all at once; a second argument holds it that many seconds first (a timed
+ * hold: no input the console could lose). scripts/linux-memory.sh's guest fills memory with it: a dd into
  * tmpfs copies at CPL0, which this nested host emulates instruction by instruction. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 int main(int argc, char **argv) {
     long mib = argc > 1 ? atol(argv[1]) : 0;
@@ -30,10 +32,7 @@ int main(int argc, char **argv) {
     long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
     printf("touched-%ld-in-%ld\n", mib, ms);
     fflush(stdout);
-    if (argc > 2) {
-        char line[16];
-        if (!fgets(line, sizeof line, stdin))
-            return 0;
-    }
+    if (argc > 2)
+        sleep((unsigned)atoi(argv[2]));
     return 0;
 }
