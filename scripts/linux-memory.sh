@@ -42,14 +42,7 @@ kernel=${1:-}
 . "$here/scripts/guest-busybox.sh"
 fetch_busybox
 # /init: each line typed on the console is run; /bin/fill touches memory from user space.
-cat > init <<'EOF'
-#!/bin/busybox sh
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t devtmpfs dev /dev
-echo "LINUX-MEMORY: ready"
-while read -r line; do eval "$line"; done
-EOF
+write_console_shell_init "LINUX-MEMORY: ready"
 cc -static -O2 -o fill "$here/scripts/memory-fill.c" || fail "initramfs: building memory-fill"
 python3 "$here/scripts/make-initramfs.py" initrd.cpio pkg/bin/busybox init bin/fill=fill || fail "initramfs"
 

@@ -45,14 +45,7 @@ kernel=${1:-}
 . "$here/scripts/guest-busybox.sh"
 fetch_busybox
 # /init: says it is ready, then runs each line typed on the console.
-cat > init <<'EOF'
-#!/bin/busybox sh
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t devtmpfs dev /dev
-echo "LINUX-SNAPSHOT: ready"
-while read -r line; do eval "$line"; done
-EOF
+write_console_shell_init "LINUX-SNAPSHOT: ready"
 python3 "$here/scripts/make-initramfs.py" initrd.cpio pkg/bin/busybox init || fail "initramfs"
 
 api() { # socket, method, path[, body]: the status code
