@@ -4,79 +4,14 @@
 use super::discard::{page_runs, Ballooned};
 use super::worker::Worker;
 use super::*;
-use crate::virtio::{Delivery, Interrupt};
-use virtio_queue::{Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use crate::testing::{activation, DriverQueue};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 const MEM: usize = 1 << 20;
 const PAGE: u64 = 4096;
-const QSIZE: u16 = 16;
-
-/// A driver's view of one split queue whose rings are at `base`.
-struct DriverQueue {
-    base: u64,
-    next_desc: u16,
-    avail: u16,
-}
-
-impl DriverQueue {
-    fn new(index: usize) -> DriverQueue {
-        DriverQueue { base: 0x10000 + 0x2000 * index as u64, next_desc: 0, avail: 0 }
-    }
-
-    fn device_queue(&self) -> Queue {
-        let mut q = Queue::new(QSIZE).unwrap();
-        q.set_size(QSIZE);
-        q.set_desc_table_address(Some(self.base as u32), Some(0));
-        q.set_avail_ring_address(Some((self.base + 0x800) as u32), Some(0));
-        q.set_used_ring_address(Some((self.base + 0x1000) as u32), Some(0));
-        q.set_ready(true);
-        q
-    }
-
-    /// Posts a chain of (addr, len, device-writable) buffers; returns its head.
-    fn post(&mut self, mem: &GuestMemoryMmap, bufs: &[(u64, u32, bool)]) -> u16 {
-        let head = self.next_desc;
-        for (i, &(addr, len, writable)) in bufs.iter().enumerate() {
-            let at = GuestAddress(self.base + 16 * u64::from(self.next_desc));
-            let last = i + 1 == bufs.len();
-            let flags = (if last { 0u16 } else { 1 }) | (if writable { 2 } else { 0 });
-            mem.write_obj(addr, at).unwrap();
-            mem.write_obj(len, at.unchecked_add(8)).unwrap();
-            mem.write_obj(flags, at.unchecked_add(12)).unwrap();
-            mem.write_obj(self.next_desc + 1, at.unchecked_add(14)).unwrap();
-            self.next_desc += 1;
-        }
-        let slot = GuestAddress(self.base + 0x800 + 4 + 2 * u64::from(self.avail % QSIZE));
-        mem.write_obj(head, slot).unwrap();
-        self.avail += 1;
-        mem.write_obj(self.avail, GuestAddress(self.base + 0x800 + 2)).unwrap();
-        head
-    }
-
-    fn used(&self, mem: &GuestMemoryMmap) -> u16 {
-        mem.read_obj(GuestAddress(self.base + 0x1000 + 2)).unwrap()
-    }
-}
-
 fn memory() -> GuestMemoryMmap {
     GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM)]).unwrap()
-}
-
-fn activation(mem: &GuestMemoryMmap) -> Activation {
-    let interrupt = Interrupt {
-        isr: Default::default(),
-        signalled: Default::default(),
-        delivery: Delivery::Line { irqfd: Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()), mirror: None },
-    };
-    Activation {
-        mem: mem.clone(),
-        features: 0,
-        interrupt: Arc::new(interrupt),
-        status: Arc::default(),
-        restored: false,
-    }
 }
 
 fn worker(config: BalloonConfig, mem: &GuestMemoryMmap, drivers: &[DriverQueue]) -> (Worker, Arc<BalloonShared>) {
