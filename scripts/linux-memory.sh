@@ -13,14 +13,19 @@
 #      root=/dev/pmem0 on the command line) is mounted with DAX: a file on it reads with
 #      the host's bytes and without growing the guest's page cache; a file the guest
 #      writes and syncs (a flush through the device) is in the image on the host; the
-#      file truncated under the guest leaves guest and VMM running.
-# Three boots: one with free page reporting (checks 1 and 2), one without (3 and 4: the
-# freed memory must stay resident for the balloon to be seen taking it), one with pmem.
+#      file truncated under the guest leaves guest and VMM running;
+#   6. memory hotplug: PATCH /hotplug/memory to 256 MiB grows the guest's MemTotal by
+#      256 MiB; back to 0 returns MemTotal and gives the memory the guest used back to the
+#      host (resident memory falls).
+# Four boots: one with free page reporting (checks 1 and 2), one without (3 and 4: the
+# freed memory must stay resident for the balloon to be seen taking it), one with pmem,
+# one with hotpluggable memory.
 #   scripts/linux-memory.sh [KERNEL]
 # Prints one PASS/FAIL line per check and a summary; exits non-zero if any failed.
 # Env: EXITLESS, TIMEOUT (s per boot, 600), FILL_TIMEOUT (s for the guest to touch its
 # memory, 900), VMM_FLAGS (more process flags: --enable-pci puts the devices on PCI instead
-# of Firecracker's default virtio-mmio), ONLY (a boot's name: reporting, balloon or pmem), WORK (default /tmp/exitless-linux-memory).
+# of Firecracker's default virtio-mmio), ONLY (a boot's name: reporting, balloon,
+# pmem or hotplug), WORK (default /tmp/exitless-linux-memory).
 # Not in CI: each boot takes a minute or more here.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -71,7 +76,7 @@ type_line() { # name, command line
 meminfo_line() { # tag, meminfo field: a command that echoes "<tag>-<kB>"
   echo "echo $1-\$(sed -n 's/^$2: *\\([0-9]*\\).*/\\1/p' /proc/meminfo)"
 }
-boot() { # name, balloon or pmem request ("PUT /path body"): a VMM with its console on a FIFO, booted to the shell; sets pid
+boot() { # name, device request ("PUT /path body")[, more boot args]: a VMM with its console on a FIFO, booted to the shell; sets pid
   local name=$1 sock=$1.sock
   mkfifo "$name.fifo"
   # shellcheck disable=SC2086
@@ -83,7 +88,7 @@ boot() { # name, balloon or pmem request ("PUT /path body"): a VMM with its cons
   local i=0
   until [ -S "$sock" ]; do i=$((i + 1)); [ "$i" -gt 100 ] && fail "$name: no API socket"; sleep 0.05; done
   [ "$(api "$sock" PUT /machine-config '{"vcpu_count": 1, "mem_size_mib": 512}')" = 204 ] || fail "$name: machine-config"
-  [ "$(api "$sock" PUT /boot-source "{\"kernel_image_path\": \"$kernel\", \"initrd_path\": \"$work/initrd.cpio\", \"boot_args\": \"console=ttyS0 reboot=k panic=-1 nokaslr\"}")" = 204 ] \
+  [ "$(api "$sock" PUT /boot-source "{\"kernel_image_path\": \"$kernel\", \"initrd_path\": \"$work/initrd.cpio\", \"boot_args\": \"console=ttyS0 reboot=k panic=-1 nokaslr${3:+ $3}\"}")" = 204 ] \
     || fail "$name: boot-source"
   local path=${2%% *} body=${2#* }
   [ "$(api "$sock" PUT "$path" "$body")" = 204 ] || fail "$name: PUT $path ($(cat answer))"
@@ -95,19 +100,20 @@ run() { # name, tag, command, seconds
   type_line "$1" "$3; echo $2-\$((6 * 7))"
   wait_for "$1.out" "$2-42" "$4" || fail "$1: '$3' did not finish within $4 s ($(tail -c 200 "$1.out"))"
 }
-stats_until() { # socket, field, value, seconds: GET /balloon/statistics until field = value
+get_until() { # socket, path, field, value, seconds: GET path until field = value
   local i=0
   while :; do
-    [ "$(api "$1" GET /balloon/statistics)" = 200 ] && [ "$(field "$2")" = "$3" ] && return 0
-    i=$((i + 1)); [ "$i" -gt $(($4 * 5)) ] && return 1; sleep 0.2
+    [ "$(api "$1" GET "$2")" = 200 ] && [ "$(field "$3")" = "$4" ] && return 0
+    i=$((i + 1)); [ "$i" -gt $(($5 * 5)) ] && return 1; sleep 0.2
   done
 }
+stats_until() { get_until "$1" /balloon/statistics "$2" "$3" "$4"; }
 
 wanted() { [ -z "${ONLY:-}" ] || [ "$ONLY" = "$1" ]; }
 
 # Boot 1: free page reporting (and statistics every second).
 if wanted reporting; then
-say "boot 1 of 3: free page reporting"
+say "boot 1 of 4: free page reporting"
 boot reporting '/balloon {"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1, "free_page_reporting": true}'
 run reporting meminfo "$(meminfo_line memtotal MemTotal); $(meminfo_line memfree MemFree)" 60
 stats_until reporting.sock total_memory $(($(said reporting memtotal) * 1024)) 20 && stats=0 || stats=1
@@ -138,7 +144,7 @@ fi
 
 # Boot 2: no reporting (freed memory stays resident); the balloon and hinting.
 if wanted balloon; then
-say "boot 2 of 3: inflate, deflate, free page hinting"
+say "boot 2 of 4: inflate, deflate, free page hinting"
 boot balloon '/balloon {"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1, "free_page_hinting": true}'
 # 224 MiB touched and freed: resident but free, for the balloon to take 128 MiB of and
 # for the hinting run to find the rest of.
@@ -180,7 +186,7 @@ fi
 
 # Boot 3: an ext4 image on virtio-pmem, the root device, mounted with DAX.
 if wanted pmem; then
-say "boot 3 of 3: pmem"
+say "boot 3 of 4: pmem"
 rm -rf pmem-files && mkdir pmem-files && head -c $((8 << 20)) /dev/urandom > pmem-files/data
 data_md5=$(md5sum pmem-files/data | cut -d' ' -f1)
 rm -f pmem.img && truncate -s 64M pmem.img
@@ -205,6 +211,37 @@ type_line pmem "umount /mnt; poweroff -f"
 wait "$pid" || true
 written=$(debugfs -R 'cat /written' pmem-synced.img 2>/dev/null || true)
 check "pmem flush" "$([ "$written" = "pmem-$$" ]; echo $?)" "the guest's file, written and synced through the device, read from the image on the host: ${written:-nothing}"
+fi
+# Boot 4: 512 MiB of hotpluggable memory (virtio-mem), onlined movable so that it can
+# be unplugged again (Firecracker's advice, docs/memory-hotplug.md).
+if wanted hotplug; then
+say "boot 4 of 4: memory hotplug"
+boot hotplug '/hotplug/memory {"total_size_mib": 512}' memhp_default_state=online_movable
+run hotplug before "$(meminfo_line memtotal0 MemTotal)" 60
+memtotal0=$(said hotplug memtotal0)
+[ "$(api hotplug.sock PATCH /hotplug/memory '{"requested_size_mib": 256}')" = 204 ] || fail "hotplug: PATCH 256 ($(cat answer))"
+t0=$(date +%s.%N)
+get_until hotplug.sock /hotplug/memory plugged_size_mib 256 300 && plugged=0 || plugged=1
+took=$(printf %.1f "$(echo "$(date +%s.%N) - $t0" | bc)")
+run hotplug plugged "$(meminfo_line memtotal1 MemTotal)" 120
+memtotal1=$(said hotplug memtotal1)
+check "memory hotplug" "$([ "$plugged" = 0 ] && [ $((memtotal1 - memtotal0)) = $((256 * 1024)) ]; echo $?)" \
+  "PATCH /hotplug/memory 256: plugged_size_mib $(field plugged_size_mib) after $took s; guest MemTotal $memtotal0 -> $memtotal1 kB (256 MiB more wanted)"
+# Memory the guest touches lands in the movable zone (the hotplugged memory) first; freed,
+# it stays resident (no balloon here) until it is unplugged.
+run hotplug fill "fill 128" "$fill_timeout"
+rss0=$(rss_kib "$pid")
+[ "$(api hotplug.sock PATCH /hotplug/memory '{"requested_size_mib": 0}')" = 204 ] || fail "hotplug: PATCH 0 ($(cat answer))"
+t0=$(date +%s.%N)
+get_until hotplug.sock /hotplug/memory plugged_size_mib 0 300 && unplugged=0 || unplugged=1
+took=$(printf %.1f "$(echo "$(date +%s.%N) - $t0" | bc)")
+rss1=$(rss_kib "$pid")
+run hotplug unplugged "$(meminfo_line memtotal2 MemTotal)" 120
+memtotal2=$(said hotplug memtotal2)
+check "memory hot-unplug" "$([ "$unplugged" = 0 ] && [ "$memtotal2" = "$memtotal0" ] && [ $((rss0 - rss1)) -ge $((100 * 1024)) ]; echo $?)" \
+  "PATCH /hotplug/memory 0: plugged_size_mib $(field plugged_size_mib) after $took s; guest MemTotal $memtotal2 kB (at the start $memtotal0); resident $((rss0 >> 10)) -> $((rss1 >> 10)) MiB after the guest filled and freed 128 MiB (at least 100 given back wanted)"
+type_line hotplug "poweroff -f"
+wait "$pid" || true
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -36,6 +36,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("vsock_packet", vsock_packet),
     ("virtio_balloon", virtio_balloon),
     ("virtio_pmem", virtio_pmem),
+    ("virtio_mem", virtio_mem),
     ("mmds_frames", mmds_frames),
     ("snapshot_loader", snapshot_loader),
 ];
@@ -206,6 +207,19 @@ pub fn virtio_pmem(data: &[u8]) {
     let Some((activation, kicks)) = activation(mem, 1) else { return };
     let Some(kick) = kicks.into_iter().next() else { return };
     process_once(mapping.clone(), ActiveQueue { queue, kick }, activation);
+}
+
+/// virtio-mem's requests: the input is guest memory holding its queue (0x0), whatever the
+/// descriptors point at, and the hotpluggable region (0x8000, 8 blocks of 4 KiB); its last
+/// eight bytes are the size the host asked for. Every request is answered; nothing outside
+/// the region is plugged, unplugged or discarded.
+pub fn virtio_mem(data: &[u8]) {
+    let (Some(mem), Some(queue)) = (guest_memory(data), queue_at(0)) else { return };
+    let Some((activation, kicks)) = activation(mem, 1) else { return };
+    let Some(kick) = kicks.into_iter().next() else { return };
+    let requested =
+        data.len().checked_sub(8).map_or(0, |at| u64::from_le_bytes(data[at..].try_into().unwrap_or([0; 8])));
+    crate::virtio::mem::process_once(ActiveQueue { queue, kick }, activation, requested);
 }
 
 /// Frames a guest sends to MMDS: the input's first byte picks V1 or V2, then frames

@@ -36,4 +36,6 @@ pub mod testing;
 pub mod vcpu;
 pub mod virtio;
 
-pub use machine::{DeviceConfig, HugePages, Machine, MachineConfig, MachineError, NetConfig, RunOptions, RunReport};
+pub use machine::{
+    DeviceConfig, HugePages, Machine, MachineConfig, MachineError, MemoryHotplug, NetConfig, RunOptions, RunReport,
+};

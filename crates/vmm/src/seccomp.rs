@@ -36,6 +36,10 @@ pub enum ThreadKind {
     Balloon,
     /// virtio-pmem's thread: waiting for its queue and msync for the guest's flushes.
     Pmem,
+    /// virtio-mem's thread: waiting for its queue, adding and removing the memory slots of
+    /// hotpluggable memory (KVM_SET_USER_MEMORY_REGION) and madvise to discard what the
+    /// guest unplugged.
+    Mem,
     /// virtio-vsock's thread: the Device calls plus accepting host connections on its
     /// listening socket and connecting to the host's `<uds_path>_<port>` sockets.
     Vsock,
@@ -154,6 +158,7 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         ThreadKind::Entropy => return [COMMON, DEVICE_WAIT, &[libc::SYS_getrandom]].concat(),
         ThreadKind::Balloon => return [COMMON, DEVICE_WAIT].concat(),
         ThreadKind::Pmem => return [COMMON, DEVICE_WAIT, &[libc::SYS_msync]].concat(),
+        ThreadKind::Mem => return [COMMON, DEVICE_WAIT].concat(),
         // The ring is made before any filter; the thread only enters it (or, without
         // io_uring, makes the calls itself); fallocate serves discard and write-zeroes.
         ThreadKind::Block => {
@@ -317,6 +322,7 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
             requests.extend([KVM_REGISTER_COALESCED_MMIO() as u32, KVM_UNREGISTER_COALESCED_MMIO() as u32]);
             Some(requests)
         }
+        ThreadKind::Mem => Some(vec![KVM_SET_USER_MEMORY_REGION() as u32]),
         // std makes a socket non-blocking with FIONBIO.
         ThreadKind::Vsock => Some(vec![libc::FIONBIO as u32]),
         // PUT /snapshot/create reads the VM's in-kernel devices, KVM's MSR list and dirty log.
@@ -547,6 +553,9 @@ mod tests {
         let balloon = allowed(ThreadKind::Balloon);
         assert!(balloon.contains(&libc::SYS_madvise));
         assert!(![libc::SYS_readv, libc::SYS_writev, libc::SYS_getrandom].iter().any(|c| balloon.contains(c)));
+        // virtio-mem's one ioctl is the memory slots'.
+        assert_eq!(ioctls(ThreadKind::Mem), Some(vec![KVM_SET_USER_MEMORY_REGION() as u32]));
+        assert!(ioctls(ThreadKind::Balloon).is_none());
     }
 
     #[test]
@@ -560,6 +569,7 @@ mod tests {
             ThreadKind::Entropy,
             ThreadKind::Balloon,
             ThreadKind::Pmem,
+            ThreadKind::Mem,
             ThreadKind::Vsock,
             ThreadKind::ConsoleOut,
             ThreadKind::SerialIn,

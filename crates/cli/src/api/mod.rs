@@ -11,6 +11,7 @@
 
 mod balloon;
 pub mod fuzzing;
+mod hotplug;
 pub mod logging;
 mod metrics;
 mod mmds;
@@ -226,6 +227,9 @@ fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machin
     for p in c.pmem {
         let id = p.id.clone();
         vm.set_pmem(&id, p)?;
+    }
+    if let Some(m) = c.memory_hotplug {
+        vm.set_memory_hotplug(m)?;
     }
     if let Some(m) = c.mmds_config {
         vm.set_mmds_config(m)?;

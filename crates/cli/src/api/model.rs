@@ -276,6 +276,33 @@ pub struct PmemUpdate {
     pub rate_limiter: Option<RateLimiter>,
 }
 
+/// `PUT /hotplug/memory` and the config file's `memory-hotplug` (Firecracker's
+/// `MemoryHotplugConfig`; its defaults: 2 MiB blocks, 128 MiB slots).
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryHotplug {
+    pub total_size_mib: u64,
+    #[serde(default = "default_block_size_mib")]
+    pub block_size_mib: u64,
+    #[serde(default = "default_slot_size_mib")]
+    pub slot_size_mib: u64,
+}
+
+fn default_block_size_mib() -> u64 {
+    exitless_vmm::virtio::mem::DEFAULT_BLOCK_SIZE_MIB
+}
+
+fn default_slot_size_mib() -> u64 {
+    exitless_vmm::virtio::mem::DEFAULT_SLOT_SIZE_MIB
+}
+
+/// `PATCH /hotplug/memory`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryHotplugUpdate {
+    pub requested_size_mib: u64,
+}
+
 /// `PATCH /balloon`.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -408,7 +435,7 @@ pub struct VmConfig {
     #[serde(default, deserialize_with = "null_is_default", skip_serializing_if = "Vec::is_empty")]
     pub pmem: Vec<Pmem>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_hotplug: Option<serde_json::Value>,
+    pub memory_hotplug: Option<MemoryHotplug>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial: Option<serde_json::Value>,
 }
@@ -418,7 +445,6 @@ impl VmConfig {
     pub fn unsupported(&self) -> Option<&'static str> {
         [
             (self.cpu_config.is_some(), "cpu-config: custom CPU templates"),
-            (self.memory_hotplug.is_some(), "memory-hotplug: memory hotplug"),
             (self.serial.is_some(), "serial: serial output redirection"),
         ]
         .into_iter()

@@ -37,8 +37,13 @@ pub enum Then {
     FlushMetrics,
 }
 
-const NOT_SUPPORTED: &[(&str, &str)] =
-    &[("cpu-config", "custom CPU templates"), ("serial", "serial output redirection"), ("hotplug", "hotplug")];
+/// Paths of Firecracker's API exitless refuses, by their first components.
+const NOT_SUPPORTED: &[(&[&str], &str)] = &[
+    (&["cpu-config"], "custom CPU templates"),
+    (&["serial"], "serial output redirection"),
+    // Memory hotplug is served; device hotplug (/hotplug/<device>) is not.
+    (&["hotplug"], "device hotplug"),
+];
 
 /// Resource ids as Firecracker allows them: letters, digits and '_', at most 64.
 fn check_id(id: &str) -> Result<&str, Fault> {
@@ -74,8 +79,9 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
     let path = path.split('?').next().unwrap_or_default();
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let done = |r: Result<(), Fault>| r.map(|()| (Reply::no_content(), Then::Nothing));
-    if let Some((first, what)) = parts.first().and_then(|f| NOT_SUPPORTED.iter().find(|(p, _)| p == f)) {
-        return Err(Fault(format!("exitless does not support {what} (/{first}).")));
+    let refused = NOT_SUPPORTED.iter().find(|(prefix, _)| parts.starts_with(prefix) && parts != ["hotplug", "memory"]);
+    if let Some((prefix, what)) = refused {
+        return Err(Fault(format!("exitless does not support {what} (/{}).", prefix.join("/"))));
     }
     match (method, parts.as_slice()) {
         ("GET", [""]) => Ok((
@@ -104,6 +110,9 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PUT", ["vsock"]) => done(vm.set_vsock(parse(body)?)),
         ("PUT", ["pmem", id]) => done(vm.set_pmem(check_id(id)?, parse(body)?)),
         ("PATCH", ["pmem", id]) => done(vm.update_pmem(check_id(id)?, parse(body)?)),
+        ("PUT", ["hotplug", "memory"]) => done(vm.set_memory_hotplug(parse(body)?)),
+        ("GET", ["hotplug", "memory"]) => Ok((Reply::ok(vm.memory_hotplug_status()?), Then::Nothing)),
+        ("PATCH", ["hotplug", "memory"]) => done(vm.update_memory_hotplug(parse(body)?)),
         ("PUT", ["balloon"]) => done(vm.set_balloon(parse(body)?)),
         ("GET", ["balloon"]) => Ok((Reply::ok(serde_json::to_value(vm.balloon_config()?)?), Then::Nothing)),
         ("PATCH", ["balloon"]) => done(vm.update_balloon(parse(body)?)),

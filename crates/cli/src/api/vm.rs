@@ -401,6 +401,7 @@ impl Vm {
             host: self.host_profile,
             track_dirty_pages: self.config.machine_config.track_dirty_pages,
             huge_pages: huge_pages(self.config.machine_config.huge_pages.as_deref())?,
+            memory_hotplug: self.memory_hotplug(),
             restore,
             ..exitless_vmm::MachineConfig::new(image)
         };
@@ -473,6 +474,21 @@ impl Vm {
                 ("free_page_hint_freed", &c.hinted_bytes),
             ] {
                 sample.count("balloon", field, n.load(Relaxed));
+            }
+        }
+        if let Some((mem, _)) = machine.devices().virtio_of::<exitless_vmm::device_manager::MemHandle>().next() {
+            use std::sync::atomic::Ordering::Relaxed;
+            let c = &mem.shared.stats;
+            for (field, n) in [
+                ("queue_event_count", &c.kicks),
+                ("plug_count", &c.plugs),
+                ("unplug_count", &c.unplugs),
+                ("unplug_all_count", &c.unplug_alls),
+                ("state_count", &c.state_requests),
+                ("invalid_reqs_count", &c.refused),
+                ("queue_event_fails", &c.bad_chains),
+            ] {
+                sample.count("memory_hotplug", field, n.load(Relaxed));
             }
         }
         for (nic, (_, n)) in self.config.network_interfaces.iter().zip(&report.nets) {

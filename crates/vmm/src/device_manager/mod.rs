@@ -7,6 +7,7 @@
 pub mod allocators;
 mod balloon;
 mod legacy;
+mod mem;
 mod persist;
 mod pmem;
 mod qemu_test;
@@ -19,6 +20,7 @@ pub use persist::{DeviceRecord, DeviceState, DeviceTree};
 use crate::memslots::{Memslots, NoMemslots};
 pub use allocators::{AllocError, Allocators};
 pub use balloon::{BalloonError, BalloonHandle};
+pub use mem::MemHandle;
 pub use pmem::{PmemConfig, PmemHandle};
 pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle, TransportKind, VirtioTransport, VsockHandle};
 
@@ -100,6 +102,7 @@ pub enum DeviceKind {
     VirtioVsock,
     VirtioBalloon,
     VirtioPmem,
+    VirtioMem,
     /// QEMU's devices for kvm-unit-tests (`--testdevs`).
     QemuTest,
     /// The lab's own devices (doorbell, idle port, lab control).

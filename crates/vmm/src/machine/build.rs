@@ -15,6 +15,7 @@ use crate::persist::Persist;
 use crate::run_control::{PowerEvents, RunControl};
 use crate::snapshot::{MemoryBackend, Restore, SnapshotError};
 use crate::stats::{cycles, LiveStats};
+use crate::virtio::mem::Geometry;
 use kvm_bindings::{kvm_pit_config, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VmFd};
 use std::sync::Arc;
@@ -105,12 +106,23 @@ impl Platform {
             std::thread::spawn(move || crate::host::emulate::syscall::trap_lstar_writes(&vm))
         });
         let memslots = Arc::new(Memslots::new(u32::try_from(kvm.get_nr_memslots()).unwrap_or(u32::MAX)));
-        let allocators = Allocators::new(&map.pci_windows())?;
+        let mut allocators = Allocators::new(&map.pci_windows())?;
+        // Hotpluggable memory is guest memory before any device takes a copy of it.
+        let hotplug = match config.memory_hotplug {
+            Some(_) if memory_from.is_some() => {
+                return Err(MachineError::MemoryHotplug("a restored microVM takes its memory from the snapshot".into()))
+            }
+            Some(h) => Some(hotplug_geometry(&mut allocators, h)?),
+            None => None,
+        };
         // The memslots of RAM and of the ECAM window before the in-kernel irqchip: the first
         // memslot change after KVM_CREATE_IRQCHIP waits for a grace period it started (7 ms
         // of a 10 ms InstanceStart on this host; 0.1 ms before it, docs/benchmarks.md).
         let backing = super::ram::Backing { from: memory_from, huge_pages: config.huge_pages };
-        let (memory, ram_slots, uffd) = map_guest_ram(&vm, &map, &memslots, backing, config.track_dirty_pages)?;
+        let (mut memory, ram_slots, uffd) = map_guest_ram(&vm, &map, &memslots, backing, config.track_dirty_pages)?;
+        if let Some(g) = &hotplug {
+            memory = super::ram::add_hotplug_region(memory, g)?;
+        }
         vm.set_tss_address(layout::TSS_GPA as usize).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
         let control = Arc::new(RunControl::default());
         let d = std::mem::take(&mut config.devices);
@@ -167,6 +179,9 @@ impl Platform {
         if let Some(balloon) = d.balloon {
             devices.attach_balloon(balloon)?;
         }
+        if let Some(g) = hotplug {
+            devices.attach_virtio_mem(g)?;
+        }
         Ok(Platform {
             kvm,
             vm,
@@ -214,4 +229,18 @@ impl Platform {
             _uffd: p.uffd,
         }
     }
+}
+
+/// Where hotpluggable memory goes: device memory past the 64-bit PCI window (as
+/// Firecracker's past-MMIO64 space), on a Linux memory block's boundary.
+fn hotplug_geometry(allocators: &mut Allocators, h: super::MemoryHotplug) -> Result<Geometry, MachineError> {
+    h.validate().map_err(MachineError::MemoryHotplug)?;
+    let bytes = |mib: u64| {
+        mib.checked_mul(1 << 20).ok_or_else(|| MachineError::MemoryHotplug(format!("{mib} MiB is too large")))
+    };
+    let (size, block_size, slot_size) = (bytes(h.total_size_mib)?, bytes(h.block_size_mib)?, bytes(h.slot_size_mib)?);
+    let start = allocators.device_memory(size, crate::virtio::mem::ALIGNMENT).map_err(|e| {
+        MachineError::MemoryHotplug(format!("no room for {} MiB of hotpluggable memory: {e}", h.total_size_mib))
+    })?;
+    Ok(Geometry { start, size, block_size, slot_size })
 }

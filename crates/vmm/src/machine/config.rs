@@ -31,6 +31,39 @@ pub struct MachineConfig {
     pub track_dirty_pages: bool,
     /// How guest RAM is backed (Firecracker's `machine-config.huge_pages`).
     pub huge_pages: HugePages,
+    /// Hotpluggable memory, a virtio-mem device's (Firecracker's `/hotplug/memory`).
+    pub memory_hotplug: Option<MemoryHotplug>,
+}
+
+/// Firecracker's `/hotplug/memory`, in MiB: the region's size, the driver's block and the
+/// host's slot (one KVM memory slot each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryHotplug {
+    pub total_size_mib: u64,
+    pub block_size_mib: u64,
+    pub slot_size_mib: u64,
+}
+
+impl MemoryHotplug {
+    /// Firecracker v1.16.1's rules and words (`MemoryHotplugConfig::validate`).
+    pub fn validate(&self) -> Result<(), String> {
+        use crate::virtio::mem::{DEFAULT_BLOCK_SIZE_MIB, DEFAULT_SLOT_SIZE_MIB};
+        let (total, block, slot) = (self.total_size_mib, self.block_size_mib, self.slot_size_mib);
+        let refused = match () {
+            _ if block < DEFAULT_BLOCK_SIZE_MIB => {
+                format!("Block size must not be lower than {DEFAULT_BLOCK_SIZE_MIB} MiB")
+            }
+            _ if !block.is_power_of_two() => "Block size must be a power of 2".into(),
+            _ if slot < DEFAULT_SLOT_SIZE_MIB => {
+                format!("Slot size must not be lower than {DEFAULT_SLOT_SIZE_MIB} MiB")
+            }
+            _ if !slot.is_multiple_of(block) => format!("Slot size must be a multiple of block size ({block} MiB)"),
+            _ if total < slot => format!("Total size must not be lower than slot size ({slot} MiB)"),
+            _ if !total.is_multiple_of(slot) => format!("Total size must be a multiple of slot size ({slot} MiB)"),
+            _ => return Ok(()),
+        };
+        Err(refused)
+    }
 }
 
 /// Guest RAM's pages.
@@ -124,6 +157,7 @@ impl MachineConfig {
             restore: None,
             track_dirty_pages: false,
             huge_pages: HugePages::None,
+            memory_hotplug: None,
         }
     }
 }

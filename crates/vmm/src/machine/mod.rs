@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 pub use crate::device_manager::NetConfig;
-pub use config::{AttachFixed, DeviceConfig, HugePages, MachineConfig, RunOptions};
+pub use config::{AttachFixed, DeviceConfig, HugePages, MachineConfig, MemoryHotplug, RunOptions};
 pub use ram::{read_result, shared_slot};
 
 mod build;
@@ -57,6 +57,8 @@ pub enum MachineError {
     Memory(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("{0}")]
     HugePages(String),
+    #[error("memory hotplug: {0}")]
+    MemoryHotplug(String),
     #[error(transparent)]
     Load(#[from] boot::LoadError),
     #[error(transparent)]

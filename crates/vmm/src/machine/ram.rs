@@ -7,6 +7,7 @@ use super::{ioctl, MachineError};
 use crate::layout::MemoryMap;
 use crate::memslots::Memslots;
 use crate::snapshot::MemoryBackend;
+use crate::virtio::mem::Geometry;
 use exitless_payloads::abi;
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
@@ -89,6 +90,21 @@ fn map_hugetlbfs(regions: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, M
         );
     }
     GuestMemoryMmap::from_regions(mapped).map_err(|e| MachineError::Memory(e.into()))
+}
+
+/// Hotpluggable memory: the region `geometry` places, mapped anonymous and unreserved
+/// (nothing is resident until the guest plugs and touches it), added to guest memory so
+/// every device reaches it; no memory slot yet (virtio-mem adds one per plugged slot).
+pub(super) fn add_hotplug_region(memory: GuestMemoryMmap, g: &Geometry) -> Result<GuestMemoryMmap, MachineError> {
+    let failed =
+        |e: String| MachineError::MemoryHotplug(format!("cannot map {} MiB at {:#x}: {e}", g.size >> 20, g.start));
+    let region = vm_memory::mmap::MmapRegionBuilder::new(g.size as usize)
+        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+        .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE)
+        .build()
+        .map_err(|e| failed(e.to_string()))?;
+    let region = GuestRegionMmap::new(region, GuestAddress(g.start)).ok_or_else(|| failed("it overflows".into()))?;
+    memory.insert_region(Arc::new(region)).map_err(|e| failed(e.to_string()))
 }
 
 fn register(vm: &VmFd, memory: &GuestMemoryMmap, slots: &[u32], log_dirty: bool) -> Result<(), MachineError> {

@@ -22,6 +22,13 @@ impl Machine {
                 d.name
             )));
         }
+        // The memory file holds boot RAM only (Firecracker writes hotpluggable memory as
+        // holes after it; exitless's restore maps boot RAM only).
+        if self.devices().devices().iter().any(|d| d.kind == DeviceKind::VirtioMem) {
+            return Err(SnapshotError::Refused(
+                "exitless cannot snapshot a microVM with hotpluggable memory (virtio-mem) yet".into(),
+            ));
+        }
         // A Diff writes the pages each RAM memslot logged as dirty, or without dirty
         // tracking every resident page (Firecracker's fallback).
         let diff_pages = match (diff, self.dirty_logged_slots()) {

@@ -6,6 +6,7 @@ pub mod balloon;
 pub mod blk;
 pub mod chain;
 pub mod event_loop;
+pub mod mem;
 pub mod mmio;
 pub mod net;
 pub mod pci;
@@ -235,10 +236,17 @@ impl Interrupt {
     /// go through the transport, `Core::config_changed`, which also bumps the generation;
     /// a device thread must not take the transport's lock, held while it is stopped.)
     pub fn config_changed(&self, config: &[u8]) {
+        self.show_config(config);
+        self.signal_config();
+    }
+
+    /// A device thread's configuration is now `config`, a change the driver is not told
+    /// of (virtio-mem's plugged_size, which its driver counts itself): shown where the
+    /// driver reads it without an exit.
+    pub fn show_config(&self, config: &[u8]) {
         if let Delivery::Line { mirror: Some((mirror, _)), .. } = &self.delivery {
             mirror.show_config(config);
         }
-        self.signal_config();
     }
 
     /// Queue `queue`'s interrupt, or the configuration's, for ISR bit `bit`.

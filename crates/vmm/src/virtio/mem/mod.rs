@@ -1,0 +1,229 @@
+//! virtio-mem (type 24), as Firecracker's `/hotplug/memory`: a region of guest physical
+//! memory past the 64-bit PCI window, part of guest memory from the start (every device
+//! reaches a buffer the guest puts there), that the driver plugs and unplugs in blocks
+//! when the host changes the requested size. The host's unit is the slot: a KVM memory
+//! slot is mapped while any of its blocks is plugged and removed with the last, so the
+//! guest's vCPUs cannot touch a slot it never plugged; unplugged blocks are discarded
+//! (MADV_DONTNEED): their memory goes back to the host at once.
+//!
+//! Unlike Firecracker, unplugged memory is not mprotect-ed: a device the guest points at
+//! it reads zeros rather than the VMM ending on SIGSEGV (hostile input must not end the
+//! VMM), and what such a write dirties is discarded again at the next unplug.
+
+mod blocks;
+mod worker;
+
+pub use blocks::{Blocks, Geometry, RangeState, Refusal};
+pub use worker::process_once;
+
+use super::thread::{DeviceThread, QueuePosition};
+use super::{ActivateError, Activation, ActiveQueue, VirtioDevice, VIRTIO_F_VERSION_1};
+use crate::kvm::MemslotSink;
+use crate::seccomp::ThreadKind;
+use std::ops::Range;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use worker::Worker;
+
+pub const DEVICE_TYPE: u16 = 24;
+/// Firecracker's defaults and least sizes, in MiB.
+pub const DEFAULT_BLOCK_SIZE_MIB: u64 = 2;
+pub const DEFAULT_SLOT_SIZE_MIB: u64 = 128;
+/// Where the region starts: a Linux memory block (128 MiB on x86) is added whole.
+pub const ALIGNMENT: u64 = DEFAULT_SLOT_SIZE_MIB << 20;
+/// The driver must not touch unplugged memory (virtio 1.2 5.15.3): what lets the host
+/// remove the slots it never plugged.
+const F_UNPLUGGED_INACCESSIBLE: u64 = 1 << 1;
+const QUEUE_SIZE: u16 = 128;
+/// block_size, node_id and padding, addr, region_size, usable_region_size, plugged_size,
+/// requested_size (virtio 1.2 5.15.4).
+const CONFIG_LEN: usize = 56;
+
+/// What the report, the API and the tests read while the device runs.
+#[derive(Default)]
+pub struct MemStats {
+    pub plugs: AtomicU64,
+    pub unplugs: AtomicU64,
+    pub unplug_alls: AtomicU64,
+    pub state_requests: AtomicU64,
+    /// Requests refused (a range outside the usable region, or in the wrong state).
+    pub refused: AtomicU64,
+    /// Chains that are not a request and a response buffer.
+    pub bad_chains: AtomicU64,
+    /// Memory slots KVM would not add or remove.
+    pub slot_failures: AtomicU64,
+    pub kicks: AtomicU64,
+    pub irqs: AtomicU64,
+}
+
+/// Why the requested size was refused, in Firecracker v1.16.1's words (`VirtioMemError`,
+/// `FindDeviceError`), which the API wraps as Firecracker does.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MemError {
+    #[error("Failed perform action on device: Device not found")]
+    NoDevice,
+    #[error("Device is not active")]
+    NotActive,
+    #[error("Size {0} is invalid: it must be a multiple of block size and less than the total size")]
+    InvalidSize(u64),
+}
+
+/// The device's state, shared by the device (its configuration space), its thread (the
+/// driver's requests) and the API (the requested size and the status).
+pub struct MemShared {
+    pub blocks: Mutex<Blocks>,
+    pub stats: MemStats,
+    /// The region's host mapping (part of guest memory, which outlives the device).
+    host: u64,
+    /// The region's memory slots, one per slot in order.
+    memslots: Range<u32>,
+    sink: Arc<dyn MemslotSink>,
+}
+
+impl MemShared {
+    /// The configuration space as the driver reads it.
+    fn config_bytes(&self) -> [u8; CONFIG_LEN] {
+        let b = crate::sync::lock(&self.blocks);
+        let g = b.geometry;
+        let mut c = [0u8; CONFIG_LEN];
+        // node_id (8..10) stays 0: no NUMA.
+        let fields = [
+            (0, g.block_size),
+            (16, g.start),
+            (24, g.size),
+            (32, b.usable_region_size),
+            (40, b.plugged_size),
+            (48, b.requested_size),
+        ];
+        for (at, value) in fields {
+            c[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        }
+        c
+    }
+
+    /// A new requested size, in bytes: a multiple of the block size, at most the region.
+    /// The caller tells the driver (a configuration change).
+    pub fn request(&self, bytes: u64) -> Result<(), MemError> {
+        let mut b = crate::sync::lock(&self.blocks);
+        if !bytes.is_multiple_of(b.geometry.block_size) || bytes > b.geometry.size {
+            return Err(MemError::InvalidSize(bytes));
+        }
+        b.request(bytes);
+        Ok(())
+    }
+
+    /// Slot `slot` mapped into the guest (`plugged`) or removed. A failure is logged,
+    /// counted and remembered: the slot stays as KVM has it.
+    fn map_slot(&self, b: &mut Blocks, slot: usize, plugged: bool) {
+        let g = b.geometry;
+        let offset = slot as u64 * g.slot_size;
+        let size = if plugged { g.slot_size } else { 0 };
+        let memslot = self.memslots.start + slot as u32;
+        if let Err(e) = self.sink.set_slot(memslot, g.start + offset, size, self.host + offset, false) {
+            self.stats.slot_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!("virtio-mem: KVM would not {} slot {slot}: {e}", if plugged { "add" } else { "remove" });
+            b.slot_failed(slot, !plugged);
+        }
+    }
+
+    /// Gives the pages of `range` (unplugged) back to the host.
+    fn discard(&self, b: &Blocks, range: &Range<u64>) {
+        let host = self.host + (range.start - b.geometry.start);
+        // SAFETY: the range lies inside the region (Blocks only returns such), which guest
+        // memory keeps mapped; the guest unplugged it, so nothing of the VMM's lives there.
+        let r = unsafe {
+            libc::madvise(host as *mut libc::c_void, (range.end - range.start) as usize, libc::MADV_DONTNEED)
+        };
+        if r != 0 {
+            tracing::warn!("virtio-mem: cannot discard {range:#x?}: {}", std::io::Error::last_os_error());
+        }
+    }
+}
+
+/// The status `GET /hotplug/memory` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemStatus {
+    pub block_size_mib: u64,
+    pub total_size_mib: u64,
+    pub slot_size_mib: u64,
+    pub plugged_size_mib: u64,
+    pub requested_size_mib: u64,
+}
+
+impl MemShared {
+    pub fn status(&self) -> MemStatus {
+        let b = crate::sync::lock(&self.blocks);
+        let mib = |bytes: u64| bytes >> 20;
+        MemStatus {
+            block_size_mib: mib(b.geometry.block_size),
+            total_size_mib: mib(b.geometry.size),
+            slot_size_mib: mib(b.geometry.slot_size),
+            plugged_size_mib: mib(b.plugged_size),
+            requested_size_mib: mib(b.requested_size),
+        }
+    }
+}
+
+pub struct VirtioMem {
+    pub shared: Arc<MemShared>,
+    thread: DeviceThread<Worker>,
+}
+
+impl VirtioMem {
+    /// The device over `geometry`, whose host mapping starts at `host`; `memslots` holds
+    /// one KVM slot number per slot. Nothing is plugged: no slot is mapped yet.
+    pub fn new(
+        geometry: Geometry,
+        host: u64,
+        memslots: Range<u32>,
+        sink: Arc<dyn MemslotSink>,
+    ) -> std::io::Result<VirtioMem> {
+        let shared =
+            MemShared { blocks: Mutex::new(Blocks::new(geometry)), stats: MemStats::default(), host, memslots, sink };
+        Ok(VirtioMem { shared: Arc::new(shared), thread: DeviceThread::spawn("virtio-mem", ThreadKind::Mem)? })
+    }
+}
+
+impl VirtioDevice for VirtioMem {
+    fn device_type(&self) -> u16 {
+        DEVICE_TYPE
+    }
+
+    fn features(&self) -> u64 {
+        VIRTIO_F_VERSION_1 | F_UNPLUGGED_INACCESSIBLE
+    }
+
+    fn queue_max_sizes(&self) -> Vec<u16> {
+        vec![QUEUE_SIZE]
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        super::copy_config(&self.shared.config_bytes(), offset, data);
+    }
+
+    fn activate(&mut self, queues: Vec<ActiveQueue>, a: Activation) -> Result<(), ActivateError> {
+        self.thread.stop();
+        let Ok([q]) = <[ActiveQueue; 1]>::try_from(queues) else {
+            return Err(ActivateError::QueueCount { want: 1, have: 0 });
+        };
+        self.thread.start(Worker::new(q, a, self.shared.clone()))
+    }
+
+    /// What is plugged stays plugged across a reset (virtio 1.2 5.15.5): a new driver
+    /// sees plugged_size and unplugs all first.
+    fn reset(&mut self) {
+        self.thread.stop();
+    }
+
+    fn pause(&mut self) -> Option<Vec<QueuePosition>> {
+        // A request is answered in one pass: none is in flight.
+        self.thread.pause()
+    }
+
+    fn resume(&mut self) -> Result<(), ActivateError> {
+        self.thread.resume()
+    }
+}
+
+#[cfg(test)]
+mod tests;

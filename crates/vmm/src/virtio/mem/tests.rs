@@ -1,0 +1,133 @@
+//! virtio-mem's queue driven as Linux's driver would (and as a hostile one would): slots
+//! mapped with the first plugged block and removed with the last, unplugged memory
+//! discarded, every bad request answered with an error and counted.
+
+use super::worker::Worker;
+use super::*;
+use crate::testing::{activation, DriverQueue, FakeKvm};
+use std::sync::atomic::Ordering;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+const MIB: u64 = 1 << 20;
+const BLOCK: u64 = 64 << 10;
+/// The region: 2 MiB at 1 MiB, slots of 1 MiB.
+const START: u64 = MIB;
+const REQ: u64 = 0x8000;
+const RESP: u64 = 0x9000;
+
+fn setup(requested: u64) -> (GuestMemoryMmap, Arc<MemShared>, Arc<FakeKvm>) {
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+    let kvm = Arc::new(FakeKvm::default());
+    let geometry = Geometry { start: START, size: 2 * MIB, block_size: BLOCK, slot_size: MIB };
+    let host = mem.get_host_address(GuestAddress(START)).unwrap() as u64;
+    let device = VirtioMem::new(geometry, host, 40..42, kvm.clone()).unwrap();
+    device.shared.request(requested).unwrap();
+    (mem, device.shared.clone(), kvm)
+}
+
+/// Posts one request per (type, addr, blocks) and runs the device over them; the
+/// responses' (type, state).
+fn drive(mem: &GuestMemoryMmap, shared: &Arc<MemShared>, requests: &[(u16, u64, u16)]) -> Vec<(u16, u16)> {
+    let mut q = DriverQueue::new(0);
+    for (i, &(kind, addr, count)) in requests.iter().enumerate() {
+        let (req, resp) = (REQ + 32 * i as u64, RESP + 16 * i as u64);
+        let mut bytes = [0u8; 24];
+        bytes[..2].copy_from_slice(&kind.to_le_bytes());
+        bytes[8..16].copy_from_slice(&addr.to_le_bytes());
+        bytes[16..18].copy_from_slice(&count.to_le_bytes());
+        mem.write_slice(&bytes, GuestAddress(req)).unwrap();
+        mem.write_slice(&[0xee; 10], GuestAddress(resp)).unwrap();
+        q.post(mem, &[(req, 24, false), (resp, 10, true)]);
+    }
+    let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+    Worker::new(ActiveQueue { queue: q.device_queue(), kick }, activation(mem), shared.clone()).process();
+    assert_eq!(usize::from(q.used(mem)), requests.len(), "every request answered");
+    (0..requests.len())
+        .map(|i| {
+            let at = RESP + 16 * i as u64;
+            (mem.read_obj(GuestAddress(at)).unwrap(), mem.read_obj(GuestAddress(at + 8)).unwrap())
+        })
+        .collect()
+}
+
+const PLUG: u16 = 0;
+const UNPLUG: u16 = 1;
+const UNPLUG_ALL: u16 = 2;
+const STATE: u16 = 3;
+const ACK: u16 = 0;
+const NACK: u16 = 1;
+const ERROR: u16 = 3;
+
+#[test]
+fn plugging_maps_the_slot_and_unplugging_the_last_block_removes_and_discards_it() {
+    let (mem, shared, kvm) = setup(2 * BLOCK);
+    let answers = drive(&mem, &shared, &[(PLUG, START, 2), (STATE, START, 2)]);
+    assert_eq!(answers, [(ACK, 0), (ACK, RangeState::Plugged as u16)]);
+    assert_eq!(*kvm.slots.lock().unwrap(), [(40, START, MIB)], "slot 0 mapped, slot 1 not");
+    assert_eq!(shared.status().plugged_size_mib, 0, "128 KiB: under a MiB");
+    assert_eq!(crate::sync::lock(&shared.blocks).plugged_size, 2 * BLOCK);
+    mem.write_slice(&[0xaa; 16], GuestAddress(START)).unwrap();
+    let answers = drive(&mem, &shared, &[(UNPLUG, START, 1), (UNPLUG, START + BLOCK, 1)]);
+    assert_eq!(answers, [(ACK, 0), (ACK, 0)]);
+    assert!(kvm.slots.lock().unwrap().is_empty(), "the last block unplugged: the slot is removed");
+    assert_eq!(mem.read_obj::<u8>(GuestAddress(START)).unwrap(), 0, "discarded");
+    assert_eq!(shared.stats.plugs.load(Ordering::Relaxed), 1);
+    assert_eq!(shared.stats.unplugs.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn a_hostile_driver_is_answered_with_errors_and_nothing_changes() {
+    let (mem, shared, kvm) = setup(2 * BLOCK);
+    let answers = drive(
+        &mem,
+        &shared,
+        &[
+            (PLUG, START - BLOCK, 1),      // below the region
+            (PLUG, START + 1, 1),          // unaligned
+            (PLUG, START + MIB, 1),        // past the usable region (1 MiB: one slot)
+            (PLUG, START, 3),              // past the requested size: not now
+            (UNPLUG, START, 1),            // never plugged
+            (PLUG, START, 0),              // no blocks
+            (9, START, 1),                 // no such request
+            (STATE, u64::MAX - 10, 0xfff), // overflowing
+        ],
+    );
+    assert_eq!(
+        answers.iter().map(|a| a.0).collect::<Vec<_>>(),
+        [ERROR, ERROR, ERROR, NACK, ERROR, ERROR, ERROR, ERROR]
+    );
+    assert_eq!(shared.stats.refused.load(Ordering::Relaxed), 8);
+    assert!(kvm.slots.lock().unwrap().is_empty());
+    assert_eq!(crate::sync::lock(&shared.blocks).plugged_size, 0);
+}
+
+#[test]
+fn unplug_all_removes_every_slot_and_a_bad_chain_is_refused_and_used() {
+    let (mem, shared, kvm) = setup(2 * MIB);
+    let answers = drive(&mem, &shared, &[(PLUG, START + MIB - BLOCK, 2), (UNPLUG_ALL, 0, 0)]);
+    assert_eq!(answers, [(ACK, 0), (ACK, 0)]);
+    assert!(kvm.slots.lock().unwrap().is_empty());
+    // A response the driver made read-only, and a request too short.
+    let mut q = DriverQueue::new(0);
+    q.post(&mem, &[(REQ, 24, false), (RESP, 10, false)]);
+    q.post(&mem, &[(REQ, 8, false), (RESP, 10, true)]);
+    let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+    Worker::new(ActiveQueue { queue: q.device_queue(), kick }, activation(&mem), shared.clone()).process();
+    assert_eq!(q.used(&mem), 2);
+    assert_eq!(shared.stats.bad_chains.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn the_requested_size_is_checked_and_grows_the_usable_region_in_slots() {
+    let (_mem, shared, _) = setup(0);
+    assert_eq!(shared.request(BLOCK + 1), Err(MemError::InvalidSize(BLOCK + 1)));
+    assert_eq!(shared.request(4 * MIB), Err(MemError::InvalidSize(4 * MIB)));
+    shared.request(3 * BLOCK).unwrap();
+    let config = shared.config_bytes();
+    let field = |at: usize| u64::from_le_bytes(config[at..at + 8].try_into().unwrap());
+    assert_eq!(
+        [field(0), field(16), field(24), field(32), field(40), field(48)],
+        [BLOCK, START, 2 * MIB, MIB, 0, 3 * BLOCK]
+    );
+}
