@@ -113,9 +113,12 @@ fn every_thread_of_an_api_started_vm_is_under_seccomp() {
         let metrics = dir.join("metrics");
         args.push(metrics.to_str().unwrap());
         args.extend(extra);
+        let (disk, swapped) = (dir.join("disk.img"), dir.join("swapped.img"));
+        // The drive's next file, allowed before the start (Landlock).
+        let rule = format!("{}:rw", swapped.display());
+        args.extend(["--landlock-rule", &rule]);
         let (child, reaper) = spawn_serving(&args, &sock);
         let kernel = payloads.join("wait.elf");
-        let (disk, swapped) = (dir.join("disk.img"), dir.join("swapped.img"));
         std::fs::write(&disk, vec![0u8; 4096]).unwrap();
         std::fs::write(&swapped, vec![0u8; 8192]).unwrap();
         let calls = [

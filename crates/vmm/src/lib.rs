@@ -15,6 +15,7 @@ pub mod host;
 pub mod ioeventfd;
 pub mod irq;
 pub mod kvm;
+pub mod landlock;
 pub mod layout;
 pub mod machine;
 pub mod memslots;

@@ -72,6 +72,8 @@ pub enum SeccompError {
     Compile(ThreadKind, #[source] seccompiler::BackendError),
     #[error("cannot install the {0:?} thread's seccomp filter")]
     Install(ThreadKind, #[source] seccompiler::Error),
+    #[error("cannot hold the {0:?} thread to the microVM's files")]
+    Landlock(ThreadKind, #[source] crate::landlock::LandlockError),
 }
 
 /// Turns filters off for the rest of the process (`--no-seccomp`).
@@ -399,6 +401,8 @@ pub fn confine_vcpu(kind: ThreadKind, host: &crate::host::HostProfile) -> Result
 }
 
 fn install(kind: ThreadKind, nested: bool) -> Result<(), SeccompError> {
+    // Landlock first: the filter below refuses Landlock's own calls.
+    crate::landlock::restrict_current_thread().map_err(|e| SeccompError::Landlock(kind, e))?;
     if !enabled() {
         return Ok(());
     }

@@ -12,6 +12,7 @@
 mod balloon;
 pub mod fuzzing;
 mod hotplug;
+mod landlock;
 pub mod logging;
 mod metrics;
 mod mmds;
@@ -31,6 +32,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use vm::{State, Vm};
 
+pub use landlock::parse_rule as landlock_rule;
 pub use logging::{filter_for as level_filter, init as init_logging};
 
 /// Shared by the API thread and the thread that runs the machine.
@@ -91,6 +93,16 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     vm.host_profile = args.host_profile;
     let mmds_limit = args.mmds_size_limit.unwrap_or(args.http_api_max_payload_size);
     vm.mmds = Arc::new(Mutex::new(exitless_vmm::net::mmds::Mmds::load(mmds_limit, args.metadata.as_deref())?));
+    vm.landlock = !args.no_landlock;
+    // The process's own files: its log and metrics (reopened by nobody, but written), and
+    // the API socket's directory, where the socket is removed at the end.
+    for path in [&args.log_path, &args.metrics_path].into_iter().flatten() {
+        vm.landlock_rules.push((path.clone(), exitless_vmm::landlock::Reach::Write));
+    }
+    if let Some(path) = &socket {
+        vm.landlock_rules.push((landlock::directory_of(path), exitless_vmm::landlock::Reach::Entries));
+    }
+    vm.landlock_rules.extend(args.landlock_rule.iter().cloned());
     let shared = Arc::new(Shared { vm: Mutex::new(vm), metrics: Metrics::default(), socket });
     if let Some(path) = &args.metrics_path {
         shared.metrics.open(&path.to_string_lossy())?;

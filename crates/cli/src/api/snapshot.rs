@@ -18,6 +18,9 @@ impl Vm {
                 "The microVM must be paused to be snapshotted: PATCH /vm {\"state\": \"Paused\"} first.".into(),
             ));
         }
+        for path in [&c.mem_file_path, &c.snapshot_path] {
+            super::landlock::check(std::path::Path::new(path), exitless_vmm::landlock::Reach::Write)?;
+        }
         // Without track_dirty_pages a Diff holds every resident page, as in Firecracker.
         let diff = c.snapshot_type == Some(SnapshotType::Diff);
         let mut memory = std::fs::OpenOptions::new()

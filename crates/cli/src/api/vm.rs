@@ -8,6 +8,7 @@ use super::model::{
 };
 use crate::report;
 use exitless_vmm::device_manager::TransportKind;
+use exitless_vmm::landlock::Reach;
 use exitless_vmm::virtio::blk::DriveConfig;
 use exitless_vmm::{HugePages, Machine, NetConfig};
 use std::sync::Arc;
@@ -51,6 +52,10 @@ pub struct Vm {
     pub host_profile: exitless_vmm::host::ProfileChoice,
     /// MMDS's document and settings, shared with the NICs that answer it (api::mmds).
     pub mmds: exitless_vmm::net::mmds::SharedMmds,
+    /// Landlock on (not `--no-landlock`), and the paths the process and `--landlock-rule`
+    /// add to the microVM's own (api::landlock).
+    pub landlock: bool,
+    pub landlock_rules: Vec<(std::path::PathBuf, exitless_vmm::landlock::Reach)>,
 }
 
 impl Vm {
@@ -65,6 +70,8 @@ impl Vm {
             mmds: Arc::new(std::sync::Mutex::new(exitless_vmm::net::mmds::Mmds::new(
                 exitless_vmm::net::mmds::DEFAULT_SIZE_LIMIT,
             ))),
+            landlock: false,
+            landlock_rules: Vec::new(),
         }
     }
 
@@ -199,6 +206,8 @@ impl Vm {
         let drive = self.config.drives.iter_mut().find(|d| d.drive_id == id);
         let drive = drive.ok_or_else(|| Fault(format!("No drive with id {id}.")))?;
         if let Some(path) = p.path_on_host {
+            let reach = if drive.is_read_only == Some(true) { Reach::Read } else { Reach::Write };
+            super::landlock::check(std::path::Path::new(&path), reach)?;
             machine
                 .devices()
                 .update_drive(id, std::path::Path::new(&path))
@@ -405,6 +414,8 @@ impl Vm {
             restore,
             ..exitless_vmm::MachineConfig::new(image)
         };
+        // Before the machine's threads start: each is held to the microVM's files.
+        self.install_landlock()?;
         Machine::new(config).map_err(|e| Fault(format!("Cannot start the microVM: {}", crate::with_causes(&e))))
     }
 

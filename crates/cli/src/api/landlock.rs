@@ -1,0 +1,73 @@
+//! The Landlock policy of a configured microVM (crate exitless_vmm::landlock applies it):
+//! its drives and pmem files, its vsock socket's directory, its log and metrics files, the
+//! API socket's directory (the socket is removed at the end), /proc/self (the metrics read
+//! it), and the paths `--landlock-rule` adds (a drive's next file for PATCH /drives, a
+//! directory for snapshots). Requests naming another file are refused in one line.
+
+use super::vm::{Fault, Vm};
+use exitless_vmm::landlock::{self, Policy, Reach};
+use std::path::{Path, PathBuf};
+
+/// `--landlock-rule PATH[:ro|:rw]` (read-write when not said).
+pub fn parse_rule(text: &str) -> Result<(PathBuf, Reach), String> {
+    let (path, reach) = match text.rsplit_once(':') {
+        Some((path, "ro")) => (path, Reach::Read),
+        Some((path, "rw")) => (path, Reach::Write),
+        _ => (text, Reach::Write),
+    };
+    if path.is_empty() {
+        return Err(format!("{text:?}: give a path, then :ro or :rw if not read-write"));
+    }
+    Ok((PathBuf::from(path), reach))
+}
+
+impl Vm {
+    /// The files this microVM was given, and the process's own.
+    fn landlock_policy(&self) -> Policy {
+        let c = &self.config;
+        let mut rules = vec![(PathBuf::from("/proc/self"), Reach::Read)];
+        for d in &c.drives {
+            let reach = if d.is_read_only == Some(true) { Reach::Read } else { Reach::Write };
+            rules.push((PathBuf::from(&d.path_on_host), reach));
+        }
+        for p in &c.pmem {
+            rules.push((PathBuf::from(&p.path_on_host), if p.read_only { Reach::Read } else { Reach::Write }));
+        }
+        if let Some(v) = &c.vsock {
+            rules.push((directory_of(Path::new(&v.uds_path)), Reach::Entries));
+        }
+        rules.extend(self.landlock_rules.iter().cloned());
+        Policy { rules }
+    }
+
+    /// Holds every thread started from now on to the microVM's files (off with
+    /// `--no-landlock`, or where the kernel has no Landlock: said once).
+    pub(super) fn install_landlock(&self) -> Result<(), Fault> {
+        if !self.landlock || landlock::policy().is_some() {
+            return Ok(());
+        }
+        if landlock::kernel_abi() < 1 {
+            tracing::warn!("landlock: the host kernel has none; the VMM's threads reach every file seccomp lets them");
+            return Ok(());
+        }
+        landlock::install(self.landlock_policy()).map_err(|e| Fault(format!("Cannot start the microVM: {e}")))
+    }
+}
+
+/// Refuses a request naming `path` outside the policy (one line, logged once per path).
+pub fn check(path: &Path, want: Reach) -> Result<(), Fault> {
+    if landlock::allows(path, want) {
+        return Ok(());
+    }
+    let refusal = landlock::refusal(path);
+    tracing::warn!("{refusal}");
+    Err(Fault(refusal))
+}
+
+/// A socket's directory (`.` for a bare name).
+pub fn directory_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
