@@ -1,0 +1,197 @@
+//! exitless-jailer: Firecracker v1.16.1's jailer contract (its flags, jail layout, device
+//! nodes, cgroups, limits, pid file and the VMM's command line) for exitless. The order is
+//! Firecracker's, except that every flag is checked before anything is made, and what was
+//! made is removed if a later step fails. A failure is one line on stderr and exit 1.
+
+mod args;
+mod cgroup;
+mod error;
+mod jail;
+mod undo;
+
+use args::{Args, Plan};
+use clap::Parser;
+use error::JailError;
+use std::os::unix::process::CommandExt;
+use undo::Undo;
+
+/// Firecracker's jailer version this one's contract is, as `--version` prints it.
+const FIRECRACKER_JAILER_VERSION: &str = "1.16.1";
+
+fn main() -> std::process::ExitCode {
+    let start_us = clock_us(libc::CLOCK_MONOTONIC);
+    let start_cpu_us = clock_us(libc::CLOCK_PROCESS_CPUTIME_ID);
+    sanitize();
+    // Firecracker's parser: --help or -h, then --version, anywhere before `--`, win over
+    // everything else (even missing required flags).
+    let argv: Vec<String> = std::env::args().skip(1).take_while(|a| a != "--").collect();
+    if argv.iter().any(|a| a == "--version") && !argv.iter().any(|a| a == "--help" || a == "-h") {
+        println!("Jailer v{FIRECRACKER_JAILER_VERSION}\n");
+        return std::process::ExitCode::SUCCESS;
+    }
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp) => {
+            println!("Jailer v{FIRECRACKER_JAILER_VERSION} (exitless-jailer {})\n", env!("CARGO_PKG_VERSION"));
+            let _ = e.print();
+            return std::process::ExitCode::SUCCESS;
+        }
+        Err(e) => return fail(&JailError::Step(one_line(&e))),
+    };
+    let result = args.plan().and_then(|plan| run(plan, start_us, start_cpu_us));
+    match result {
+        Ok(never) => match never {},
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(e: &JailError) -> std::process::ExitCode {
+    eprintln!("exitless-jailer: {e}");
+    std::process::ExitCode::FAILURE
+}
+
+/// clap's message without its usage lines.
+fn one_line(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    first.trim_start_matches("error: ").to_string()
+}
+
+/// Nothing inherited reaches the jail: descriptors past stdio closed, the environment
+/// emptied (the VMM is exec'd with none).
+fn sanitize() {
+    // SAFETY: close_range on descriptors this process does not use (Rust opened none yet).
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    for (key, _) in std::env::vars_os() {
+        // SAFETY: the process is single-threaded here; nothing else reads the environment.
+        unsafe { std::env::remove_var(key) };
+    }
+}
+
+fn clock_us(clock: libc::clockid_t) -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(clock, &mut t) };
+    (t.tv_sec as u64) * 1_000_000 + (t.tv_nsec as u64) / 1000
+}
+
+/// Makes the jail and becomes the VMM in it; returns only on failure (with everything made
+/// removed).
+fn run(plan: Plan, start_us: u64, start_cpu_us: u64) -> Result<std::convert::Infallible, JailError> {
+    let mut undo = Undo::default();
+    jail::prepare(&plan, &mut undo)?;
+    if let Some(netns) = &plan.netns {
+        // SAFETY: setns on a namespace file we opened and checked.
+        if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(netns), libc::CLONE_NEWNET) } != 0 {
+            return Err(JailError::os("--netns: Failed to join network namespace: netns"));
+        }
+    }
+    set_limits(&plan)?;
+    cgroup::setup(&plan.cgroups, plan.cgroup_version, &plan.parent_cgroup, &plan.id, &mut undo)?;
+    let dev_null = if plan.daemonize {
+        Some(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+                .map_err(|e| JailError::io("Failed to open /dev/null", e))?,
+        )
+    } else {
+        None
+    };
+    jail::enter(&plan.chroot_dir, &mut undo)?;
+    if let Some(dev_null) = dev_null {
+        daemonize(&dev_null)?;
+    }
+    let jailer_cpu_us = clock_us(libc::CLOCK_PROCESS_CPUTIME_ID).saturating_sub(start_cpu_us);
+    if plan.new_pid_ns {
+        // SAFETY: getsid(0) and getpid() read this process's ids.
+        let leader = !plan.daemonize && unsafe { libc::getsid(0) == libc::getpid() };
+        // SAFETY: a fork-like clone into a new PID namespace (no stack: the child runs on a
+        // copy of this one, as after fork); this process is single-threaded.
+        let child = unsafe { libc::syscall(libc::SYS_clone, libc::CLONE_NEWPID, 0usize, 0usize, 0usize, 0usize) };
+        match child {
+            -1 => return Err(JailError::os("--new-pid-ns: Failed cloning into a new child process")),
+            0 => {
+                // SAFETY: setsid in the new namespace's first process.
+                if leader && unsafe { libc::setsid() } < 0 {
+                    return Err(JailError::os("Failed to daemonize: setsid"));
+                }
+            }
+            pid => {
+                jail::write_pid_file(&plan.exec_name, pid as libc::pid_t)?;
+                undo.forget();
+                // SAFETY: the parent's work is done; the child goes on in the jail.
+                unsafe { libc::_exit(0) };
+            }
+        }
+    } else {
+        // SAFETY: getpid reads this process's id.
+        let pid_file = jail::write_pid_file(&plan.exec_name, unsafe { libc::getpid() })?;
+        undo.made_file(pid_file);
+    }
+    Err(exec(&plan, start_us, jailer_cpu_us, undo))
+}
+
+/// Firecracker's limits: the file size if asked, always the number of open files (2048
+/// unless asked), soft and hard alike.
+fn set_limits(plan: &Plan) -> Result<(), JailError> {
+    let set = |resource, value: u64, what: &str| {
+        let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
+        // SAFETY: setrlimit reads the struct we own.
+        if unsafe { libc::setrlimit(resource, &limit) } != 0 {
+            return Err(JailError::os(format!("--resource-limit: Failed to set limit for resource: {what}")));
+        }
+        Ok(())
+    };
+    if let Some(fsize) = plan.fsize {
+        set(libc::RLIMIT_FSIZE, fsize, "size of file")?;
+    }
+    set(libc::RLIMIT_NOFILE, plan.no_file, "number of file descriptors")
+}
+
+/// Two forks (the jailer's caller sees it end at once), a new session, stdio on /dev/null.
+fn daemonize(dev_null: &std::fs::File) -> Result<(), JailError> {
+    for step in 0..2 {
+        // SAFETY: fork in a single-threaded process; the parent only exits.
+        match unsafe { libc::fork() } {
+            -1 => return Err(JailError::os("Failed to daemonize")),
+            0 => {}
+            // SAFETY: the parent leaves without running the child's cleanup.
+            _ => unsafe { libc::_exit(0) },
+        }
+        // SAFETY: setsid in the first child.
+        if step == 0 && unsafe { libc::setsid() } < 0 {
+            return Err(JailError::os("Failed to daemonize: setsid"));
+        }
+    }
+    for fd in 0..3 {
+        // SAFETY: dup2 of a descriptor we own onto stdio.
+        if unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(dev_null), fd) } < 0 {
+            return Err(JailError::os("Failed to duplicate fd"));
+        }
+    }
+    Ok(())
+}
+
+/// Becomes `/<exec name>` as the jailed user and group (supplementary groups dropped), with
+/// no environment and Firecracker's arguments before the caller's: returns only on failure.
+fn exec(plan: &Plan, start_us: u64, jailer_cpu_us: u64, mut undo: Undo) -> JailError {
+    let program = format!("/{}", plan.exec_name);
+    let cpu_now = clock_us(libc::CLOCK_PROCESS_CPUTIME_ID);
+    let e = std::process::Command::new(&program)
+        .arg0(&program)
+        .args(["--id", &plan.id])
+        .args(["--start-time-us", &start_us.to_string()])
+        .args(["--start-time-cpu-us", &cpu_now.to_string()])
+        .args(["--parent-cpu-time-us", &jailer_cpu_us.to_string()])
+        .args(&plan.extra)
+        .env_clear()
+        .current_dir("/")
+        .gid(plan.gid)
+        .uid(plan.uid)
+        .exec();
+    let failed = JailError::Step(format!("Failed to exec into {program}: {e}"));
+    undo.run();
+    failed
+}
