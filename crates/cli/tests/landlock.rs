@@ -23,7 +23,9 @@ fn a_started_vmm_reaches_only_its_files_and_refuses_others_in_one_line() {
     std::fs::write(&outside, vec![0u8; 8192]).unwrap();
     std::fs::create_dir(&allowed).unwrap();
     std::fs::write(allowed.join("next.img"), vec![0u8; 8192]).unwrap();
-    let sock = dir.join("api.sock");
+    // The socket's directory is the VMM's own: the files outside it are in `dir`.
+    std::fs::create_dir(dir.join("api")).unwrap();
+    let sock = dir.join("api/api.sock");
     let rule = format!("{}:rw", allowed.display());
     let mut child = api_process_with(&sock, std::process::Stdio::null(), &["--landlock-rule", &rule]);
     let boot = json!({"kernel_image_path": payloads.join("wait.elf")});
@@ -43,7 +45,9 @@ fn a_started_vmm_reaches_only_its_files_and_refuses_others_in_one_line() {
     let why = fault(&sock, "PUT", "/snapshot/create", create);
     assert!(why.starts_with("Landlock: "), "{why}");
     assert!(!dir.join("mem").exists(), "nothing written outside");
-    // Allowed first: a snapshot into the allowed directory, and a drive from it.
+    // Beside the socket, and in a directory allowed first: a snapshot, and a drive.
+    let beside = json!({"snapshot_path": dir.join("api/state"), "mem_file_path": dir.join("api/mem")});
+    expect_ok(&sock, "PUT", "/snapshot/create", Some(&beside)).unwrap();
     let create = json!({"snapshot_path": allowed.join("state"), "mem_file_path": allowed.join("mem")});
     expect_ok(&sock, "PUT", "/snapshot/create", Some(&create)).unwrap();
     expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Resumed"}))).unwrap();

@@ -1,8 +1,9 @@
 //! The Landlock policy of a configured microVM (crate exitless_vmm::landlock applies it):
 //! its drives and pmem files, its vsock socket's directory, its log and metrics files, the
-//! API socket's directory (the socket is removed at the end), /proc/self (the metrics read
-//! it), and the paths `--landlock-rule` adds (a drive's next file for PATCH /drives, a
-//! directory for snapshots). Requests naming another file are refused in one line.
+//! API socket's directory (the client's place for this microVM: snapshots, a drive's next
+//! file; the socket is removed from it at the end), a jail's root, /proc/self (the metrics
+//! read it), and the paths `--landlock-rule` adds. Requests naming another file are
+//! refused in one line.
 
 use super::vm::{Fault, Vm};
 use exitless_vmm::landlock::{self, Policy, Reach};

@@ -94,13 +94,18 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mmds_limit = args.mmds_size_limit.unwrap_or(args.http_api_max_payload_size);
     vm.mmds = Arc::new(Mutex::new(exitless_vmm::net::mmds::Mmds::load(mmds_limit, args.metadata.as_deref())?));
     vm.landlock = !args.no_landlock;
-    // The process's own files: its log and metrics (reopened by nobody, but written), and
-    // the API socket's directory, where the socket is removed at the end.
+    // The process's own files: its log and metrics; the API socket's directory, the
+    // client's place for this microVM (snapshots and a drive's next file go there; the
+    // socket is removed from it at the end); and a jail's root (the jailer passes the
+    // start time), everything in which was made for this microVM.
     for path in [&args.log_path, &args.metrics_path].into_iter().flatten() {
         vm.landlock_rules.push((path.clone(), exitless_vmm::landlock::Reach::Write));
     }
     if let Some(path) = &socket {
-        vm.landlock_rules.push((landlock::directory_of(path), exitless_vmm::landlock::Reach::Entries));
+        vm.landlock_rules.push((landlock::directory_of(path), exitless_vmm::landlock::Reach::Write));
+    }
+    if args.start_time_us.is_some() {
+        vm.landlock_rules.push(("/".into(), exitless_vmm::landlock::Reach::Write));
     }
     vm.landlock_rules.extend(args.landlock_rule.iter().cloned());
     let shared = Arc::new(Shared { vm: Mutex::new(vm), metrics: Metrics::default(), socket });

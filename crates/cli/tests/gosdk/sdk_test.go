@@ -122,7 +122,9 @@ func startWith(t *testing.T, ctx context.Context, setup func(*testing.T, *firecr
 		sock: filepath.Join(dir, "api.sock"), metrics: filepath.Join(dir, "metrics.fifo")}
 	// --enable-pci: the payloads' virtio driver finds its devices on PCI. (The restore
 	// below passes none: a restored guest keeps its snapshot's transport.)
-	cmd := firecracker.VMCommandBuilder{}.WithBin(bin).WithSocketPath(v.sock).WithArgs([]string{"--enable-pci"}).
+	// --landlock-rule: the VM's directory, where the drive swapped in below lives; a
+	// started exitless reaches no other file (Landlock).
+	cmd := firecracker.VMCommandBuilder{}.WithBin(bin).WithSocketPath(v.sock).WithArgs([]string{"--enable-pci", "--landlock-rule", dir}).
 		WithStdout(v.serial).WithStderr(v.stderr).Build(ctx)
 	cfg := firecracker.Config{
 		SocketPath:      v.sock,
@@ -223,7 +225,7 @@ func TestTheGoSDKDrivesAMicroVMThroughItsLife(t *testing.T) {
 	}
 
 	// A new backing file for the running guest's root drive, as firecracker-containerd swaps one.
-	swapped := filepath.Join(t.TempDir(), "swapped.img")
+	swapped := filepath.Join(filepath.Dir(v.sock), "swapped.img")
 	sparseFile(t, swapped, 4<<20)
 	if err := m.UpdateGuestDrive(ctx, "root_drive", swapped); err != nil {
 		t.Fatalf("UpdateGuestDrive: %v", err)
@@ -324,7 +326,8 @@ func TestSnapshotsThroughTheSDK(t *testing.T) {
 	if err := m.PauseVM(ctx); err != nil {
 		t.Fatalf("PauseVM: %v", err)
 	}
-	dir := t.TempDir()
+	// Beside the API socket: the VMM's own directory, which Landlock leaves it.
+	dir := filepath.Dir(v.sock)
 	mem, snap := filepath.Join(dir, "mem"), filepath.Join(dir, "snap")
 	if err := m.CreateSnapshot(ctx, mem, snap); err != nil {
 		t.Fatalf("CreateSnapshot: %v\nstderr: %s", err, v.stderr.String())
