@@ -30,12 +30,16 @@ fn the_go_sdk_starts_pauses_updates_flushes_and_stops_a_microvm() {
     let tap = format!("exsdk{}", std::process::id() % 100_000);
     let _remove = RemoveLinks(vec![tap.clone()]);
     let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gosdk");
+    let jailer = Path::new(env!("CARGO_BIN_EXE_exitless")).with_file_name("exitless-jailer");
+    assert!(jailer.exists(), "{} is not built: `cargo test --workspace` builds it", jailer.display());
     let out = Command::new(go)
         .args(["test", "-count=1", "-v", "./..."])
         .current_dir(&module)
         .env("EXITLESS_BIN", env!("CARGO_BIN_EXE_exitless"))
         .env("EXITLESS_PAYLOADS", &payloads)
         .env("EXITLESS_TAP", &tap)
+        .env("EXITLESS_JAILER", &jailer)
+        .env("EXITLESS_HOST_PROFILE", if Path::new("/sys/module/kvm_pvm").exists() { "nested" } else { "native" })
         .output()
         .expect("run go test");
     let text = format!("{}\n{}", stdout(&out), stderr(&out));
@@ -46,6 +50,7 @@ fn the_go_sdk_starts_pauses_updates_flushes_and_stops_a_microvm() {
         "TestStopVMMEndsTheVMMAndItsSocket",
         "TestSnapshotsThroughTheSDK",
         "TestTheSDKsBalloonCalls",
+        "TestTheSDKsJailerPathRunsExitlessInAJail",
         "TestTheVersionLineParsesAsTheGoSDKParsesIt",
         "TestTheVersionLineParsesAsKataParsesIt",
     ] {

@@ -147,12 +147,17 @@ fn lexical(cwd: &Path, path: &Path) -> PathBuf {
     out
 }
 
-/// The one-line refusal for a request naming a file outside the policy.
-pub fn refusal(path: &Path) -> String {
-    format!(
+/// Refuses a request naming `path` outside the policy: its one-line refusal, logged.
+pub fn check(path: &Path, want: Reach) -> Result<(), String> {
+    if allows(path, want) {
+        return Ok(());
+    }
+    let refusal = format!(
         "Landlock: {} is outside the files this microVM was given; allow it before the start (--landlock-rule)",
         path.display()
-    )
+    );
+    tracing::warn!("{refusal}");
+    Err(refusal)
 }
 
 #[cfg(test)]

@@ -9,19 +9,6 @@ use super::vm::{Fault, Vm};
 use exitless_vmm::landlock::{self, Policy, Reach};
 use std::path::{Path, PathBuf};
 
-/// `--landlock-rule PATH[:ro|:rw]` (read-write when not said).
-pub fn parse_rule(text: &str) -> Result<(PathBuf, Reach), String> {
-    let (path, reach) = match text.rsplit_once(':') {
-        Some((path, "ro")) => (path, Reach::Read),
-        Some((path, "rw")) => (path, Reach::Write),
-        _ => (text, Reach::Write),
-    };
-    if path.is_empty() {
-        return Err(format!("{text:?}: give a path, then :ro or :rw if not read-write"));
-    }
-    Ok((PathBuf::from(path), reach))
-}
-
 impl Vm {
     /// The files this microVM was given, and the process's own.
     fn landlock_policy(&self) -> Policy {
@@ -53,16 +40,6 @@ impl Vm {
         }
         landlock::install(self.landlock_policy()).map_err(|e| Fault(format!("Cannot start the microVM: {e}")))
     }
-}
-
-/// Refuses a request naming `path` outside the policy (one line, logged once per path).
-pub fn check(path: &Path, want: Reach) -> Result<(), Fault> {
-    if landlock::allows(path, want) {
-        return Ok(());
-    }
-    let refusal = landlock::refusal(path);
-    tracing::warn!("{refusal}");
-    Err(Fault(refusal))
 }
 
 /// A socket's directory (`.` for a bare name).

@@ -32,7 +32,6 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use vm::{State, Vm};
 
-pub use landlock::parse_rule as landlock_rule;
 pub use logging::{filter_for as level_filter, init as init_logging};
 
 /// Shared by the API thread and the thread that runs the machine.

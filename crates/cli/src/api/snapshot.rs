@@ -19,7 +19,8 @@ impl Vm {
             ));
         }
         for path in [&c.mem_file_path, &c.snapshot_path] {
-            super::landlock::check(std::path::Path::new(path), exitless_vmm::landlock::Reach::Write)?;
+            exitless_vmm::landlock::check(std::path::Path::new(path), exitless_vmm::landlock::Reach::Write)
+                .map_err(Fault)?;
         }
         // Without track_dirty_pages a Diff holds every resident page, as in Firecracker.
         let diff = c.snapshot_type == Some(SnapshotType::Diff);

@@ -207,7 +207,7 @@ impl Vm {
         let drive = drive.ok_or_else(|| Fault(format!("No drive with id {id}.")))?;
         if let Some(path) = p.path_on_host {
             let reach = if drive.is_read_only == Some(true) { Reach::Read } else { Reach::Write };
-            super::landlock::check(std::path::Path::new(&path), reach)?;
+            exitless_vmm::landlock::check(std::path::Path::new(&path), reach).map_err(Fault)?;
             machine
                 .devices()
                 .update_drive(id, std::path::Path::new(&path))

@@ -162,7 +162,7 @@ pub struct ApiArgs {
     pub no_landlock: bool,
     /// One more path the VMM may reach once started, read-write beneath it (`PATH:ro`: read
     /// only): a drive's next file for PATCH /drives, a directory for snapshots. Repeatable.
-    #[arg(long, value_name = "PATH[:ro|:rw]", value_parser = crate::api::landlock_rule)]
+    #[arg(long, value_name = "PATH[:ro|:rw]", value_parser = parse_landlock_rule)]
     pub landlock_rule: Vec<(PathBuf, exitless_vmm::landlock::Reach)>,
     /// A Firecracker seccomp filter file: refused (exitless's threads make other calls than
     /// Firecracker's, so a filter written for them would stop exitless; its own per-thread
@@ -200,6 +200,20 @@ pub struct ApiArgs {
     pub start_time_cpu_us: Option<u64>,
     #[arg(long, hide = true)]
     pub parent_cpu_time_us: Option<u64>,
+}
+
+/// `--landlock-rule PATH[:ro|:rw]` (read-write when not said).
+fn parse_landlock_rule(text: &str) -> Result<(PathBuf, exitless_vmm::landlock::Reach), String> {
+    use exitless_vmm::landlock::Reach;
+    let (path, reach) = match text.rsplit_once(':') {
+        Some((path, "ro")) => (path, Reach::Read),
+        Some((path, "rw")) => (path, Reach::Write),
+        _ => (text, Reach::Write),
+    };
+    if path.is_empty() {
+        return Err(format!("{text:?}: give a path, then :ro or :rw if not read-write"));
+    }
+    Ok((PathBuf::from(path), reach))
 }
 
 /// Firecracker's default bound on an API request body.
