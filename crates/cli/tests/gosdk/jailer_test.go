@@ -58,7 +58,13 @@ func TestTheSDKsJailerPathRunsExitlessInAJail(t *testing.T) {
 
 	// The kernel and the drive on the chroot base's filesystem (the SDK hard-links them),
 	// the drive writable by the jailed user.
-	dir := t.TempDir()
+	// A short directory: the socket's path in the jail must fit a sockaddr_un (108 bytes),
+	// which t.TempDir()'s long names do not.
+	dir, err := os.MkdirTemp("/tmp", "exj")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
 	kernel := filepath.Join(dir, "wait.elf")
 	run(t, "cp", filepath.Join(payloads, "wait.elf"), kernel)
 	drive := filepath.Join(dir, "root.img")
@@ -119,12 +125,17 @@ func TestTheSDKsJailerPathRunsExitlessInAJail(t *testing.T) {
 	if m.Cfg.SocketPath != filepath.Join(root, "run/firecracker.socket") {
 		t.Fatalf("the SDK's socket path %s is not in the jail %s", m.Cfg.SocketPath, root)
 	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("the VMM's output: %s\nits stderr: %s", serial.String(), stderr.String())
+		}
+	}()
 	if err := m.Start(ctx); err != nil {
 		t.Fatalf("Start: %v\nstderr: %s", err, stderr.String())
 	}
 	defer m.StopVMM()
 	waitFor(t, "the guest's first line", 30*time.Second, func() bool {
-		return strings.Contains(serial.String(), "wait: running; waiting for ctrl-alt-del")
+		return strings.Contains(serial.String(), "wait: running")
 	})
 	info, err := m.DescribeInstanceInfo(ctx)
 	if err != nil || *info.State != "Running" || *info.ID != id {
