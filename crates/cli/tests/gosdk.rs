@@ -42,7 +42,6 @@ fn the_go_sdk_starts_pauses_updates_flushes_and_stops_a_microvm() {
         // The SDK waits 3 s for the socket by default; the jailer first copies the (debug,
         // 90 MiB) binary into the jail, which on a loaded 2-core host takes longer.
         .env("FIRECRACKER_GO_SDK_INIT_TIMEOUT_SECONDS", "60")
-        .env("EXITLESS_HOST_PROFILE", if Path::new("/sys/module/kvm_pvm").exists() { "nested" } else { "native" })
         .output()
         .expect("run go test");
     let text = format!("{}\n{}", stdout(&out), stderr(&out));

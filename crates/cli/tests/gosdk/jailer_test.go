@@ -2,9 +2,8 @@
 // ExecFile: the SDK links the kernel and drive into the jail, starts the jailer (uid and
 // gid 4242, the NUMA node's cpuset cgroups, a network namespace holding the NIC's tap),
 // finds the API socket in the jail and configures a drive, a NIC and vsock. Every call's
-// result is asserted, and the VMM is checked from outside as the jail promises. Needs
-// EXITLESS_JAILER and root; EXITLESS_HOST_PROFILE is passed on (the jail has no /sys to
-// probe).
+// result is asserted, and the VMM is checked from outside as the jail promises. The
+// SDK's own jailer command, unchanged. Needs EXITLESS_JAILER and root.
 package gosdk
 
 import (
@@ -98,18 +97,9 @@ func TestTheSDKsJailerPathRunsExitlessInAJail(t *testing.T) {
 			Stdout:         serial, Stderr: stderr,
 		},
 	}
-	// The command the SDK builds, with exitless's own flags after its own (the SDK's
-	// JailerCfg has no field for them): the host profile, and PCI for the payload's driver.
-	fcArgs := []string{"--api-sock", "/run/firecracker.socket", "--enable-pci"}
-	if profile := os.Getenv("EXITLESS_HOST_PROFILE"); profile != "" {
-		fcArgs = append(fcArgs, "--host-profile", profile)
-	}
-	cmd := firecracker.NewJailerCommandBuilder().WithBin(jailer).WithID(id).WithUID(jailUID).WithGID(jailUID).
-		WithNumaNode(0).WithExecFile(bin).WithChrootBaseDir(base).WithCgroupVersion("1").
-		WithNetNS(cfg.NetNS).WithFirecrackerArgs(fcArgs...).WithStdout(serial).WithStderr(stderr).Build(ctx)
 	logger := logrus.New()
 	logger.SetLevel(logrus.WarnLevel)
-	m, err := firecracker.NewMachine(ctx, cfg, firecracker.WithProcessRunner(cmd), firecracker.WithLogger(logrus.NewEntry(logger)))
+	m, err := firecracker.NewMachine(ctx, cfg, firecracker.WithLogger(logrus.NewEntry(logger)))
 	if err != nil {
 		t.Fatalf("NewMachine: %v", err)
 	}

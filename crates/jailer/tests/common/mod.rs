@@ -72,7 +72,8 @@ pub fn remove_cgroups(parent: &str, id: &str) {
     }
 }
 
-/// The host profile the jailed VMM should take: it cannot probe /sys/module in the jail.
+/// The host profile this host's VMM takes (probed here through /sys/module; the jailed VMM
+/// must find the same through /dev/kvm).
 pub fn host_profile() -> &'static str {
     if Path::new("/sys/module/kvm_pvm").exists() {
         "nested"

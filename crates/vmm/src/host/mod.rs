@@ -69,9 +69,38 @@ impl HostProfile {
     }
 
     /// Which KVM module serves /dev/kvm: kvm_pvm runs guest CPL0 by emulation (nested),
-    /// kvm_intel and kvm_amd run it in hardware (native).
+    /// kvm_intel and kvm_amd run it in hardware (native). Where /sys is not there to ask (a
+    /// jail), /dev/kvm is: see [`HostProfile::from_kvm`].
     pub fn probe() -> HostProfile {
-        HostProfile::from_modules(|m| std::path::Path::new("/sys/module").join(m).exists())
+        let modules = std::path::Path::new("/sys/module");
+        if !modules.exists() {
+            return HostProfile::from_kvm();
+        }
+        HostProfile::from_modules(|m| modules.join(m).exists())
+    }
+
+    /// From KVM itself: kvm_intel and kvm_amd report the size of a vCPU's nested state
+    /// (KVM_CAP_NESTED_STATE, whether or not nesting is on); kvm_pvm has none to report.
+    fn from_kvm() -> HostProfile {
+        let nested_state = match crate::kvm::open() {
+            Ok(kvm) => kvm.check_extension_int(kvm_ioctls::Cap::NestedState),
+            Err(_) => {
+                return HostProfile {
+                    kind: HostKind::Native,
+                    why: "no /sys/module, and /dev/kvm cannot be opened".into(),
+                }
+            }
+        };
+        if nested_state == 0 {
+            return HostProfile {
+                kind: HostKind::Nested,
+                why: "no /sys/module here (a jail?); KVM reports no nested state, as kvm_pvm does".into(),
+            };
+        }
+        HostProfile {
+            kind: HostKind::Native,
+            why: "no /sys/module here (a jail?); KVM reports nested state: hardware KVM".into(),
+        }
     }
 
     fn from_modules(loaded: impl Fn(&str) -> bool) -> HostProfile {
