@@ -14,7 +14,8 @@
 # e2fsprogs (apt-get installs what is missing).
 # Env: EXITLESS (binary, default target/x86_64-unknown-linux-musl/release/exitless),
 # KERNEL (default: scripts/guest-kernel.sh's microVM kernel), FCC_FLEET (VMs at once, 5),
-# KEEP (1: keep $WORK's logs), FCC_STEPS (containers fleet bad), FCC_BOOT_TIMEOUT (s, 300), FL_REGISTRY (the local registry's address, localhost:5055).
+# KEEP (1: keep $WORK's logs), FCC_STEPS (containers fleet bad), FCC_BOOT_TIMEOUT (s, 300), FL_REGISTRY (the local registry's address, localhost:5055),
+# KATA_JAILER (1: Kata starts exitless through exitless-jailer, its jailer_path).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-musl/release/exitless}
