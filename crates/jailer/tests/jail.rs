@@ -14,6 +14,16 @@ use std::time::{Duration, Instant};
 
 const UID: u32 = 4242;
 
+/// SIGKILL to the jailed VMM when dropped.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: a signal to the VMM this test started.
+        unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+    }
+}
+
 fn status_field(pid: u32, field: &str) -> String {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = text.lines().find(|l| l.starts_with(&format!("{field}:"))).unwrap_or_default();
@@ -65,6 +75,8 @@ fn a_jailed_exitless_is_held_as_the_flags_say_and_runs_a_guest() {
         let pid_file = root.join("exitless.pid");
         wait_for(&pid_file);
         let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().parse().unwrap();
+        // Ended however the test ends (a daemonized VMM outlives a failed assertion).
+        let _vmm = KillOnDrop(pid);
         let sock = root.join("run/firecracker.socket");
         wait_for(&sock);
         // Its root is the jail: the same directory, seen through /proc.
