@@ -53,7 +53,8 @@ pub trait EventSource {
 }
 
 /// A device of one queue, kicked through an eventfd and held to a rate limiter, that
-/// serves everything posted in one pass (virtio-rng, virtio-pmem): its events written once.
+/// serves everything posted in one pass (virtio-rng, virtio-pmem, virtio-mem): its events
+/// and its thread's job written once.
 pub trait LimitedQueue {
     const NAME: &'static str;
     fn kick(&self) -> &EventFd;
@@ -62,6 +63,19 @@ pub trait LimitedQueue {
     fn throttle(&mut self) -> &mut crate::rate_limiter::Throttle;
     /// Serves what the driver posted, as the limiter allows.
     fn process(&mut self);
+    /// The one queue, for its position while paused.
+    fn queue(&self) -> &virtio_queue::Queue;
+}
+
+/// Such a device's thread runs this loop, and its one queue is its position.
+impl<Q: LimitedQueue + Send + 'static> super::thread::DeviceJob for Q {
+    fn run(&mut self, stop: &EventFd) {
+        run(self, stop);
+    }
+
+    fn positions(&self) -> Vec<super::thread::QueuePosition> {
+        vec![super::thread::QueuePosition::of(self.queue())]
+    }
 }
 
 /// The kick and the rate limiter's wait; it never polls.

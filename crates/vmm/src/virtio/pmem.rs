@@ -7,7 +7,7 @@
 
 use super::chain::{self, Segment};
 use super::event_loop;
-use super::thread::{DeviceJob, DeviceThread, QueuePosition};
+use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
 use crate::seccomp::ThreadKind;
@@ -439,16 +439,6 @@ impl Worker {
     }
 }
 
-impl DeviceJob for Worker {
-    fn run(&mut self, stop: &EventFd) {
-        event_loop::run(self, stop);
-    }
-
-    fn positions(&self) -> Vec<QueuePosition> {
-        vec![QueuePosition::of(&self.queue)]
-    }
-}
-
 impl event_loop::LimitedQueue for Worker {
     const NAME: &'static str = "virtio-pmem";
 
@@ -466,6 +456,10 @@ impl event_loop::LimitedQueue for Worker {
 
     fn process(&mut self) {
         Worker::process(self)
+    }
+
+    fn queue(&self) -> &Queue {
+        &self.queue
     }
 }
 

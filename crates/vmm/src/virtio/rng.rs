@@ -5,7 +5,7 @@
 
 use super::chain::{self, Segment};
 use super::event_loop;
-use super::thread::{DeviceJob, DeviceThread, QueuePosition};
+use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
@@ -121,16 +121,6 @@ struct Worker {
     broken: bool,
 }
 
-impl DeviceJob for Worker {
-    fn run(&mut self, stop: &EventFd) {
-        event_loop::run(self, stop);
-    }
-
-    fn positions(&self) -> Vec<QueuePosition> {
-        vec![QueuePosition::of(&self.queue)]
-    }
-}
-
 impl event_loop::LimitedQueue for Worker {
     const NAME: &'static str = "virtio-rng";
 
@@ -148,6 +138,10 @@ impl event_loop::LimitedQueue for Worker {
 
     fn process(&mut self) {
         Worker::process(self)
+    }
+
+    fn queue(&self) -> &Queue {
+        &self.queue
     }
 }
 

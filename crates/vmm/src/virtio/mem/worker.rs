@@ -8,7 +8,6 @@ use super::{MemShared, MemStats};
 use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
 use crate::virtio::chain::{self, Segment};
 use crate::virtio::event_loop;
-use crate::virtio::thread::{DeviceJob, QueuePosition};
 use crate::virtio::{Activation, ActiveQueue, Interrupt};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -203,16 +202,6 @@ impl Worker {
     }
 }
 
-impl DeviceJob for Worker {
-    fn run(&mut self, stop: &EventFd) {
-        event_loop::run(self, stop);
-    }
-
-    fn positions(&self) -> Vec<QueuePosition> {
-        vec![QueuePosition::of(&self.queue)]
-    }
-}
-
 impl event_loop::LimitedQueue for Worker {
     const NAME: &'static str = "virtio-mem";
 
@@ -230,5 +219,9 @@ impl event_loop::LimitedQueue for Worker {
 
     fn process(&mut self) {
         Worker::process(self)
+    }
+
+    fn queue(&self) -> &Queue {
+        &self.queue
     }
 }
