@@ -142,6 +142,15 @@ impl DeviceStatus {
         self.raise(STATUS_NEEDS_RESET);
         interrupt.signal_config();
     }
+
+    /// A device thread found what the driver set up broken (`what`): said once and
+    /// NEEDS_RESET raised once; `broken` remembers it, and the thread stops serving.
+    pub fn break_once(&self, broken: &mut bool, device: &str, what: &str, interrupt: &Interrupt) {
+        if !std::mem::replace(broken, true) {
+            tracing::warn!("{device}: {what}; the device needs a reset");
+            self.needs_reset(interrupt);
+        }
+    }
 }
 
 /// Whether the driver's avail index is at most a queue's worth ahead of the device.

@@ -351,11 +351,7 @@ impl Worker {
     }
 
     fn fail(&mut self, what: &str) {
-        if !self.broken {
-            tracing::warn!("virtio-pmem: {what}; the device needs a reset");
-            self.broken = true;
-            self.status.needs_reset(&self.interrupt);
-        }
+        self.status.break_once(&mut self.broken, "virtio-pmem", what, &self.interrupt);
     }
 
     /// Answers every flush the driver posted (as its limits allow): one msync per pass.

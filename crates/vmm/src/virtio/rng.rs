@@ -148,11 +148,7 @@ impl event_loop::LimitedQueue for Worker {
 impl Worker {
     /// A queue the driver broke (its rings left guest memory): stop and ask for a reset.
     fn fail(&mut self, what: &str) {
-        if !self.broken {
-            tracing::warn!("virtio-rng: {what}; the device needs a reset");
-            self.broken = true;
-            self.status.needs_reset(&self.interrupt);
-        }
+        self.status.break_once(&mut self.broken, "virtio-rng", what, &self.interrupt);
     }
 
     /// Fills every buffer the driver posted (as its limits allow), then rearms the kick.

@@ -75,11 +75,7 @@ impl Worker {
 
     /// A queue the driver broke (its rings left guest memory): stop and ask for a reset.
     fn fail(&mut self, what: &str) {
-        if !self.broken {
-            tracing::warn!("virtio-balloon: {what}; the device needs a reset");
-            self.broken = true;
-            self.status.needs_reset(&self.interrupt);
-        }
+        self.status.break_once(&mut self.broken, "virtio-balloon", what, &self.interrupt);
     }
 
     /// Serves every chain the driver posted on queue `index`, then rearms its kick.

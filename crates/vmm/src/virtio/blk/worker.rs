@@ -235,11 +235,7 @@ impl Worker {
 
     /// The driver broke the queue (its rings left guest memory): stop and ask for a reset.
     fn fail(&mut self, what: &str) {
-        if !self.broken {
-            tracing::warn!("virtio-blk: {what}; the device needs a reset");
-            self.broken = true;
-            self.status.needs_reset(&self.interrupt);
-        }
+        self.status.break_once(&mut self.broken, "virtio-blk", what, &self.interrupt);
     }
 
     /// Whether the rate limits let `req` start now (one op, and its bytes for a transfer).

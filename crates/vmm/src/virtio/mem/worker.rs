@@ -86,11 +86,7 @@ impl Worker {
     }
 
     fn fail(&mut self, what: &str) {
-        if !self.broken {
-            tracing::warn!("virtio-mem: {what}; the device needs a reset");
-            self.broken = true;
-            self.status.needs_reset(&self.interrupt);
-        }
+        self.status.break_once(&mut self.broken, "virtio-mem", what, &self.interrupt);
     }
 
     /// Answers every request the driver posted.

@@ -186,11 +186,7 @@ impl Worker {
 
     /// A queue the driver broke (its rings left guest memory): stop and ask for a reset.
     pub(super) fn fail(&mut self, what: &str) {
-        if !self.broken {
-            tracing::warn!("virtio-net: {what}; the device needs a reset");
-            self.broken = true;
-            self.activation_status.needs_reset(&self.interrupt);
-        }
+        self.activation_status.break_once(&mut self.broken, "virtio-net", what, &self.interrupt);
     }
 
     pub(super) fn interrupt_if_needed(&mut self, queue: usize) {

@@ -378,11 +378,7 @@ impl Muxer {
     }
 
     fn fail(&mut self, what: &str) {
-        if !self.broken {
-            tracing::warn!("virtio-vsock: {what}; the device needs a reset");
-            self.broken = true;
-            self.status.needs_reset(&self.interrupt);
-        }
+        self.status.break_once(&mut self.broken, "virtio-vsock", what, &self.interrupt);
     }
 }
 
