@@ -1,6 +1,8 @@
-//! Landlock in the VMM: once a microVM starts, its threads reach only the files it was
-//! given; a request naming another is refused in one line and the VMM serves on, and
-//! `--landlock-rule` allows a path first.
+//! Landlock in the VMM: once a microVM starts, the threads a guest reaches (vCPUs,
+//! devices) are held to the files it was given (the unit test in exitless_vmm::landlock and
+//! crates/jailer/examples/jail_escape.rs show a held thread refused); the API thread is not,
+//! so a client names any file in PATCH /drives or a snapshot, as under Firecracker
+//! (firecracker-containerd swaps each container's snapshot file in; Kata, loop devices).
 
 mod common;
 use common::*;
@@ -8,12 +10,12 @@ use exitless_lab::api_client::expect_ok;
 use serde_json::json;
 
 #[test]
-fn a_started_vmm_reaches_only_its_files_and_refuses_others_in_one_line() {
-    if !kvm_or_skip("a_started_vmm_reaches_only_its_files_and_refuses_others_in_one_line") {
+fn a_landlocked_vmm_serves_files_its_client_names() {
+    if !kvm_or_skip("a_landlocked_vmm_serves_files_its_client_names") {
         return;
     }
     if exitless_vmm::landlock::kernel_abi() < 1 {
-        skip_or_fail("a_started_vmm_reaches_only_its_files_and_refuses_others_in_one_line", "no Landlock here");
+        skip_or_fail("a_landlocked_vmm_serves_files_its_client_names", "no Landlock here");
         return;
     }
     let dir = tempdir();
@@ -34,22 +36,13 @@ fn a_started_vmm_reaches_only_its_files_and_refuses_others_in_one_line() {
     expect_ok(&sock, "PUT", "/drives/root", Some(&root)).unwrap();
     expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
 
-    let why = fault(&sock, "PATCH", "/drives/root", json!({"drive_id": "root", "path_on_host": outside}));
-    assert!(why.starts_with("Landlock: ") && why.contains("outside.img") && !why.contains('\n'), "{why}");
-    // The same file by another spelling is still outside.
-    let sneaky = allowed.join("../outside.img");
-    let why = fault(&sock, "PATCH", "/drives/root", json!({"drive_id": "root", "path_on_host": sneaky}));
-    assert!(why.starts_with("Landlock: "), "{why}");
+    // A file the VMM was not given, named by its client: served (the API thread opens it
+    // and hands it to the device thread, which could not have).
+    expect_ok(&sock, "PATCH", "/drives/root", Some(&json!({"drive_id": "root", "path_on_host": outside}))).unwrap();
     expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
     let create = json!({"snapshot_path": dir.join("state"), "mem_file_path": dir.join("mem")});
-    let why = fault(&sock, "PUT", "/snapshot/create", create);
-    assert!(why.starts_with("Landlock: "), "{why}");
-    assert!(!dir.join("mem").exists(), "nothing written outside");
-    // Beside the socket, and in a directory allowed first: a snapshot, and a drive.
-    let beside = json!({"snapshot_path": dir.join("api/state"), "mem_file_path": dir.join("api/mem")});
-    expect_ok(&sock, "PUT", "/snapshot/create", Some(&beside)).unwrap();
-    let create = json!({"snapshot_path": allowed.join("state"), "mem_file_path": allowed.join("mem")});
     expect_ok(&sock, "PUT", "/snapshot/create", Some(&create)).unwrap();
+    assert!(dir.join("mem").exists() && dir.join("state").exists());
     expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Resumed"}))).unwrap();
     let next = json!({"drive_id": "root", "path_on_host": allowed.join("next.img")});
     expect_ok(&sock, "PATCH", "/drives/root", Some(&next)).unwrap();

@@ -2,14 +2,14 @@
 //! threads reach only the files it was given. The policy (which paths, how) is the
 //! caller's; this module holds it for the process and applies it to each thread as the
 //! thread takes its seccomp filter (crate::seccomp::confine), so every thread the machine
-//! starts afterwards is held by both. No TCP at all (the VMM has no use for it), and no
+//! starts afterwards is held by both, except the API threads (crate::seccomp says why). No TCP at all (the VMM has no use for it), and no
 //! signal to a process outside the VMM's domain.
 
 use landlock::{
     Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
     ABI,
 };
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 /// The newest Landlock ABI this code knows; older kernels get what they have (best effort).
@@ -43,8 +43,6 @@ pub enum LandlockError {
 
 /// The process's policy once set ([`install`]); threads confined before it are not held.
 static POLICY: OnceLock<Policy> = OnceLock::new();
-/// The working directory the policy's relative paths were given from.
-static CWD: OnceLock<PathBuf> = OnceLock::new();
 
 impl Reach {
     fn access(self) -> landlock::BitFlags<AccessFs> {
@@ -53,10 +51,6 @@ impl Reach {
             Reach::Write => AccessFs::from_all(ABI_KNOWN),
             Reach::Entries => AccessFs::RemoveFile | AccessFs::MakeSock,
         }
-    }
-
-    fn covers(self, want: Reach) -> bool {
-        matches!((self, want), (Reach::Write, _) | (Reach::Read, Reach::Read) | (Reach::Entries, Reach::Entries))
     }
 }
 
@@ -81,9 +75,6 @@ pub fn install(mut policy: Policy) -> Result<(), LandlockError> {
     // A policy that cannot be applied is refused now, not in each thread.
     std::thread::scope(|s| s.spawn(|| restrict(&policy)).join())
         .map_err(|_| LandlockError::Ruleset("the check panicked".into()))??;
-    if let Ok(cwd) = std::env::current_dir() {
-        let _ = CWD.set(cwd);
-    }
     POLICY.set(policy).map_err(|_| LandlockError::Ruleset("a policy is already set for this process".into()))
 }
 
@@ -120,46 +111,6 @@ pub fn restrict_current_thread() -> Result<(), LandlockError> {
     }
 }
 
-/// Whether the process's policy lets `path` be reached for `want` (true without one): a
-/// path beneath an allowed one, compared as written (made absolute from the directory the
-/// policy was set in, `.` and `..` folded) without asking the filesystem, which a confined
-/// thread may not (the kernel still checks the real path when the file is opened).
-pub fn allows(path: &Path, want: Reach) -> bool {
-    let Some(policy) = POLICY.get() else { return true };
-    let cwd = CWD.get().map_or(Path::new("/"), PathBuf::as_path);
-    let path = lexical(cwd, path);
-    policy.rules.iter().any(|(allowed, reach)| reach.covers(want) && path.starts_with(lexical(cwd, allowed)))
-}
-
-/// `path` made absolute from `cwd`, its `.` and `..` folded.
-fn lexical(cwd: &Path, path: &Path) -> PathBuf {
-    use std::path::Component;
-    let mut out = PathBuf::from("/");
-    for part in cwd.join(path).components() {
-        match part {
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::Normal(name) => out.push(name),
-            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-        }
-    }
-    out
-}
-
-/// Refuses a request naming `path` outside the policy: its one-line refusal, logged.
-pub fn check(path: &Path, want: Reach) -> Result<(), String> {
-    if allows(path, want) {
-        return Ok(());
-    }
-    let refusal = format!(
-        "Landlock: {} is outside the files this microVM was given; allow it before the start (--landlock-rule)",
-        path.display()
-    );
-    tracing::warn!("{refusal}");
-    Err(refusal)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,20 +143,5 @@ mod tests {
         assert_eq!((seen.0, seen.1, seen.2, seen.3, tcp_held), (true, true, false, false, true), "{seen:?}");
         // This thread was never restricted.
         assert!(std::fs::read_dir("/").is_ok());
-    }
-
-    #[test]
-    fn paths_are_compared_as_written() {
-        let cwd = Path::new("/jail");
-        assert_eq!(lexical(cwd, Path::new("disk")), Path::new("/jail/disk"));
-        assert_eq!(lexical(cwd, Path::new("./a/../b/./c")), Path::new("/jail/b/c"));
-        assert_eq!(lexical(cwd, Path::new("/x/../../y")), Path::new("/y"));
-        assert!(!lexical(cwd, Path::new("/jail/../etc/passwd")).starts_with("/jail"));
-    }
-
-    #[test]
-    fn reach_covers_as_documented() {
-        assert!(Reach::Write.covers(Reach::Read) && Reach::Write.covers(Reach::Entries));
-        assert!(!Reach::Read.covers(Reach::Write) && !Reach::Entries.covers(Reach::Read));
     }
 }

@@ -401,8 +401,13 @@ pub fn confine_vcpu(kind: ThreadKind, host: &crate::host::HostProfile) -> Result
 }
 
 fn install(kind: ThreadKind, nested: bool) -> Result<(), SeccompError> {
-    // Landlock first: the filter below refuses Landlock's own calls.
-    crate::landlock::restrict_current_thread().map_err(|e| SeccompError::Landlock(kind, e))?;
+    // Landlock first: the filter below refuses Landlock's own calls. Not the API threads:
+    // they open what the socket's client names (PATCH /drives' next file, a snapshot's
+    // files: firecracker-containerd's snapshots, Kata's loop devices), as Firecracker's
+    // API thread alone may open files; what a guest reaches (vCPUs, devices) is held.
+    if kind != ThreadKind::Api {
+        crate::landlock::restrict_current_thread().map_err(|e| SeccompError::Landlock(kind, e))?;
+    }
     if !enabled() {
         return Ok(());
     }

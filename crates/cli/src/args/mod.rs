@@ -156,12 +156,13 @@ pub struct ApiArgs {
     /// Run without seccomp filters (for debugging), as Firecracker's flag of that name.
     #[arg(long, conflicts_with = "seccomp_filter")]
     pub no_seccomp: bool,
-    /// Run without Landlock (for debugging): by default, once a microVM is configured its
-    /// threads reach only the files it was given (where the host kernel has Landlock).
+    /// Run without Landlock (for debugging): by default, once a microVM is configured the
+    /// threads a guest reaches (vCPUs, devices) reach only the files it was given (where the
+    /// host kernel has Landlock); the API threads open what the client names.
     #[arg(long)]
     pub no_landlock: bool,
-    /// One more path the VMM may reach once started, read-write beneath it (`PATH:ro`: read
-    /// only): a drive's next file for PATCH /drives, a directory for snapshots. Repeatable.
+    /// One more path the VMM's vCPU and device threads may reach once started, read-write
+    /// beneath it (`PATH:ro`: read only). Repeatable.
     #[arg(long, value_name = "PATH[:ro|:rw]", value_parser = parse_landlock_rule)]
     pub landlock_rule: Vec<(PathBuf, exitless_vmm::landlock::Reach)>,
     /// A Firecracker seccomp filter file: refused (exitless's threads make other calls than
