@@ -106,7 +106,7 @@ run_line() {
   for attempt in 1 2 3; do
     ctr_run --annotation "aws.firecracker.vm.id=$vm" "$image" "$name" "$@" > "$state/$name.out" 2>&1 &
     run_pid=$!
-    wait_line "$state/$name.out" 600 "$run_pid" && { run_name=$name; return 0; }
+    wait_line "$state/$name.out" $((FCC_BOOT_TIMEOUT * 2)) "$run_pid" && { run_name=$name; return 0; }
     if [ "$attempt" != 3 ] && grep -q "runc did not terminate successfully\|invalid character" "$state/$name.out"; then
       echo "HOST $name: runc died in the guest ($(grep -o 'runc did not terminate successfully: [^:]*\|invalid character[^:]*' "$state/$name.out" | head -1)); again as $base-$((attempt + 1))"
       ctr container rm "$name" > /dev/null 2>&1

@@ -83,13 +83,56 @@ EOF
   [ "$started" = 0 ] || return 1
   ip link add "$fl_bridge" type bridge && ip addr add 192.168.127.1/24 dev "$fl_bridge" && ip link set "$fl_bridge" up || return 1
   fl_images || return 1
+  fl_daemon_start
+}
+
+# flintlockd, as its docs start it, with exitless as --firecracker-bin; sets fl_daemon.
+fl_daemon_start() {
+  local i
   setsid "$fl_bin/flintlockd" run --containerd-socket "$state/run/containerd.sock" --bridge-name "$fl_bridge" --insecure \
     --grpc-endpoint 127.0.0.1:9095 --firecracker-bin "$exitless" --state-dir "$state/flintlock" -v 2 \
-    > "$state/flintlockd.log" 2>&1 &
+    >> "$state/flintlockd.log" 2>&1 &
   fl_daemon=$!
   fl_pids+=($fl_daemon)
   for i in $(seq 100); do "$fl_bin/flctl" -addr 127.0.0.1:9095 list -ns check > /dev/null 2>&1 && return 0; sleep 0.2; done
   return 1
+}
+
+# fl_create NAME: CreateMicroVM with the check's kernel, root and key; sets uid (empty on failure) and out.
+fl_create() {
+  out=$(flctl create -name "$1" -ns check -kernel "$FL_REGISTRY/exitless/kernel:check" -kernel-file boot/vmlinux \
+    -root "$FL_REGISTRY/exitless/root:check" -ssh-key "$state/key.pub" -vcpu 1 -mem 1024 2>&1)
+  uid=$(echo "$out" | sed -n 's/.*"uid": *"\([^"]*\)".*/\1/p' | head -1)
+}
+
+# fl_gone VMM DIR: the VMM ended, the VM's directory and every flintlock tap removed.
+fl_gone() { ! alive "$1" && [ ! -d "$2" ] && [ -z "$(ip -br link | grep fltap)" ]; }
+
+# Bad input: flintlockd killed while its microVM boots, then started again as a supervisor
+# would. Its VMMs are not tied to it: the VM runs on, and DeleteMicroVM through the new
+# daemon must end the VMM and remove its tap and directory.
+fl_killed_daemon() {
+  local out uid dir vmm= i
+  fl_create vm2
+  [ -n "$uid" ] || { fail "flintlock: CreateMicroVM vm2 for the killed-daemon check: $(echo "$out" | tail -1)"; return; }
+  dir=$state/flintlock/vm/check/vm2/$uid
+  for i in $(seq 600); do
+    vmm=$(cat "$dir/firecracker.pid" 2>/dev/null)
+    [ -n "$vmm" ] && alive "$vmm" && break
+    sleep 0.5
+  done
+  [ -n "$vmm" ] && alive "$vmm" || { fail "flintlock: vm2's VMM did not start"; return; }
+  kill -9 "$fl_daemon"
+  wait "$fl_daemon" 2>/dev/null
+  fl_daemon_start || { fail "flintlock: flintlockd did not start again (see $state/flintlockd.log)"; return; }
+  alive "$vmm" || { fail "flintlock: flintlockd killed: VMM $vmm died with it"; return; }
+  flctl delete -uid "$uid" > /dev/null 2>&1
+  for i in $(seq 120); do fl_gone "$vmm" "$dir" && break; sleep 0.5; done
+  if fl_gone "$vmm" "$dir"; then
+    pass "flintlock: flintlockd killed mid-boot and restarted: its VM ran on, and DeleteMicroVM through the new daemon ended the VMM and removed its tap and directory"
+  else
+    fail "flintlock: after flintlockd was killed and restarted, DeleteMicroVM left: $(alive "$vmm" && echo "VMM $vmm") $(ip -br link | grep -o 'fltap[^ ]*' | tr '\n' ' ') $([ -d "$dir" ] && echo "$dir")"
+  fi
 }
 
 flctl() { "$fl_bin/flctl" -addr 127.0.0.1:9095 "$@"; }
@@ -106,9 +149,7 @@ fl_check() {
     || { fail "flintlock: start (see $state/*.log)"; return; }
   ssh-keygen -q -t ed25519 -N "" -C exitless-check -f "$state/key" > /dev/null
   t0=$(now)
-  out=$(flctl create -name vm1 -ns check -kernel "$FL_REGISTRY/exitless/kernel:check" -kernel-file boot/vmlinux \
-    -root "$FL_REGISTRY/exitless/root:check" -ssh-key "$state/key.pub" -vcpu 1 -mem 1024 2>&1)
-  uid=$(echo "$out" | sed -n 's/.*"uid": *"\([^"]*\)".*/\1/p' | head -1)
+  fl_create vm1
   if [ -z "$uid" ]; then
     fail "flintlock: CreateMicroVM: $(echo "$out" | tail -1)"
     return
@@ -134,15 +175,13 @@ fl_check() {
   fi
   t0=$(now)
   flctl delete -uid "$uid" > /dev/null 2>&1
-  for i in $(seq 120); do
-    ! alive "$vmm" && [ ! -d "$dir" ] && [ -z "$(ip -br link | grep fltap)" ] && break
-    sleep 0.5
-  done
-  if ! alive "$vmm" && [ ! -d "$dir" ] && [ -z "$(ip -br link | grep fltap)" ]; then
+  for i in $(seq 120); do fl_gone "$vmm" "$dir" && break; sleep 0.5; done
+  if fl_gone "$vmm" "$dir"; then
     pass "flintlock: DeleteMicroVM: VMM, taps and the VM's directory gone ($(since "$t0") s)"
   else
     fail "flintlock: DeleteMicroVM left: $(alive "$vmm" && echo "VMM $vmm") $(ip -br link | grep -o 'fltap[^ ]*' | tr '\n' ' ') $([ -d "$dir" ] && echo "$dir")"
   fi
+  fl_killed_daemon
 }
 
 fl_stop() {

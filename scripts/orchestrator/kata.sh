@@ -138,6 +138,38 @@ while True: s.recv(65536)' > /dev/null 2>&1 &
     fail "kata: ctr run: $(echo "$out" | tail -1) (guest console and shim log: $state/containerd.log)"
     grep -a 'vmconsole\|exitless' "$state/containerd.log" | tail -5 | cut -c1-300 >&2
   fi
+  kata_killed_shim
+}
+
+# Bad input: Kata's shim killed while its container runs. containerd then runs the shim's
+# own cleanup (`containerd-shim-kata-v2 delete`), which stops the sandbox; no VMM may
+# outlive that, nor a socket, mount or loop device of the VM's.
+kata_killed_shim() {
+  local i shim= vmm= pid left
+  kctr run -d --snapshotter blockfile --runtime io.containerd.kata.v2 --runtime-config-path "$state/configuration-fc.toml" \
+    "$image" k2 sh -c "cat /hello.txt; sleep 3600" > "$state/k2.out" 2>&1
+  for i in $(seq 900); do
+    kctr task ls 2>/dev/null | grep -q '^k2 .*RUNNING' && break
+    sleep 1
+  done
+  shim=$(pgrep -f "containerd-shim-kata-v2 -namespace default -address $state/" | head -1)
+  vmm=$( (vmms_under /run/vc; vmms_under "$state") | head -1)
+  [ -n "$shim" ] && [ -n "$vmm" ] || { fail "kata: k2 for the killed-shim check: no running task, shim or VMM ($(tail -1 "$state/k2.out"))"; return; }
+  kill -9 "$shim"
+  for i in $(seq 600); do
+    ! alive "$vmm" && [ -z "$(leftovers /run/vc)" ] && break
+    sleep 0.1
+  done
+  kctr task delete -f k2 > /dev/null 2>&1
+  kctr container rm k2 > /dev/null 2>&1
+  left=$(leftovers /run/vc)
+  if alive "$vmm"; then
+    fail "kata: shim killed: VMM $vmm still runs 60 s later"
+  elif [ -n "$left" ]; then
+    fail "kata: shim killed: its VMM ended, but left: $left"
+  else
+    pass "kata: shim killed mid-run: containerd's cleanup ended its VMM, nothing of the VM left under /run/vc"
+  fi
 }
 
 kata_stop() {

@@ -83,10 +83,11 @@ EOF
 # Whether process $1 runs (a zombie does not).
 alive() { [ -d "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
 
-# The exitless processes whose working directory or command line lies under $1.
+# The exitless processes whose working directory or command line lies under $1 (named
+# firecracker where an orchestrator needs that name: KATA_JAILER).
 vmms_under() {
   local pid
-  for pid in $(pgrep -x exitless 2>/dev/null; pgrep -f '^[^ ]*/exitless ' 2>/dev/null); do
+  for pid in $(pgrep -x 'exitless|firecracker' 2>/dev/null; pgrep -f '^[^ ]*/exitless ' 2>/dev/null); do
     [ -d "/proc/$pid" ] || continue
     if readlink "/proc/$pid/cwd" 2>/dev/null | grep -q "^$1" || tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "$1"; then
       # A zombie is already gone as far as the VM is concerned.
