@@ -239,7 +239,11 @@ fcc_fleet() {
   if [ "$ok" = "$n" ]; then
     pass "firecracker-containerd: $n VMs at once, a container each: first lines at ${firsts[*]} s after the first CreateVM; $(awk -v n="$n" -v t="$t" 'BEGIN { printf "%.2f", n * 60 / t }') containers per minute"
   else
-    fail "firecracker-containerd: $n VMs at once: $ok of $n containers printed their line ($(cat "$state"/fleet*.create "$state"/f*.out 2>/dev/null | grep -v "created\|$image_line" | head -1))"
+    # Why: the client's own words, or else the shim's last error for a fleet VM.
+    local why
+    why=$(cat "$state"/fleet*.create "$state"/f*.out 2>/dev/null | grep -v "created\|$image_line" | head -1)
+    [ -n "$why" ] || why=$(grep -a 'level=error' "$state/containerd.log" | grep -a "vmID=fleet" | tail -1 | grep -o 'error="[^"]*"')
+    fail "firecracker-containerd: $n VMs at once: $ok of $n containers printed their line (VMs: $(cat "$state"/fleet*.create 2>/dev/null | sed 's/^created \(fleet[0-9]*\)-[0-9]* in /\1 /' | tr '\n' ',' | sed 's/,$//'); $why)"
   fi
   # Only these stops: a bare wait would wait for the daemons too.
   pids=()

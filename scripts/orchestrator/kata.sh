@@ -146,9 +146,13 @@ while True: s.recv(65536)' > /dev/null 2>&1 &
 # outlive that, nor a socket, mount or loop device of the VM's.
 kata_killed_shim() {
   local i shim= vmm= pid left
-  kctr run -d --snapshotter blockfile --runtime io.containerd.kata.v2 --runtime-config-path "$state/configuration-fc.toml" \
-    "$image" k2 sh -c "cat /hello.txt; sleep 3600" > "$state/k2.out" 2>&1
-  for i in $(seq 900); do
+  if ! kctr run -d --snapshotter blockfile --runtime io.containerd.kata.v2 --runtime-config-path "$state/configuration-fc.toml" \
+    "$image" k2 sh -c "cat /hello.txt; sleep 3600" > "$state/k2.out" 2>&1; then
+    fail "kata: k2 for the killed-shim check did not start: $(tail -1 "$state/k2.out")"
+    kctr container rm k2 > /dev/null 2>&1
+    return
+  fi
+  for i in $(seq 300); do
     kctr task ls 2>/dev/null | grep -q '^k2 .*RUNNING' && break
     sleep 1
   done
