@@ -89,7 +89,7 @@ vmms_under() {
   local pid
   for pid in $(pgrep -x 'exitless|firecracker' 2>/dev/null; pgrep -f '^[^ ]*/exitless ' 2>/dev/null); do
     [ -d "/proc/$pid" ] || continue
-    if readlink "/proc/$pid/cwd" 2>/dev/null | grep -q "^$1" || tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q "$1"; then
+    if readlink "/proc/$pid/cwd" 2>/dev/null | grep -q "^$1" || tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline" | grep -q "$1"; then
       # A zombie is already gone as far as the VM is concerned.
       alive "$pid" && echo "$pid"
     fi

@@ -2,8 +2,9 @@
 //! threads reach only the files it was given. The policy (which paths, how) is the
 //! caller's; this module holds it for the process and applies it to each thread as the
 //! thread takes its seccomp filter (crate::seccomp::confine), so every thread the machine
-//! starts afterwards is held by both, except the API threads (crate::seccomp says why). No TCP at all (the VMM has no use for it), and no
-//! signal to a process outside the VMM's domain.
+//! starts afterwards is held by both, except the API threads (crate::seccomp says why).
+//! No TCP at all (the VMM has no use for it), and no signal to a process outside the
+//! VMM's domain.
 
 use landlock::{
     Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,

@@ -1,9 +1,9 @@
 //! The Landlock policy of a configured microVM (crate exitless_vmm::landlock applies it):
 //! its drives and pmem files, its vsock socket's directory, its log and metrics files, the
-//! API socket's directory (the client's place for this microVM: snapshots, a drive's next
-//! file; the socket is removed from it at the end), a jail's root, /proc/self (the metrics
-//! read it), and the paths `--landlock-rule` adds. It holds the threads a guest reaches;
-//! the API threads open what the client names (exitless_vmm::seccomp says why).
+//! API socket's directory (the socket is removed from it at the end), a jail's root,
+//! /proc/self (the metrics read it), and the paths `--landlock-rule` adds. It holds the
+//! threads a guest reaches; the API threads open what the client names
+//! (exitless_vmm::seccomp says why).
 
 use super::vm::{Fault, Vm};
 use exitless_vmm::landlock::{self, Policy, Reach};

@@ -93,10 +93,10 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mmds_limit = args.mmds_size_limit.unwrap_or(args.http_api_max_payload_size);
     vm.mmds = Arc::new(Mutex::new(exitless_vmm::net::mmds::Mmds::load(mmds_limit, args.metadata.as_deref())?));
     vm.landlock = !args.no_landlock;
-    // The process's own files: its log and metrics; the API socket's directory, the
-    // client's place for this microVM (snapshots and a drive's next file go there; the
+    // The process's own files: its log and metrics; the API socket's directory (the
     // socket is removed from it at the end); and a jail's root (the jailer passes the
-    // start time), everything in which was made for this microVM.
+    // start time), everything in which was made for this microVM. What a client names
+    // later is opened by the API threads, which Landlock does not hold.
     for path in [&args.log_path, &args.metrics_path].into_iter().flatten() {
         vm.landlock_rules.push((path.clone(), exitless_vmm::landlock::Reach::Write));
     }
