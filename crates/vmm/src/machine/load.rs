@@ -34,6 +34,14 @@ impl GuestBoot<'_> {
     ) -> Result<(EntryPoint, u64), MachineError> {
         let tables = acpi::write_tables(memory, map, self.vcpus, self.mmio_windows)?;
         boot::mptable::write(memory, self.vcpus).map_err(|e| MachineError::Memory(e.into()))?;
+        let beyond_pic = lines_beyond_pic(self.cmdline, self.mmio_windows);
+        if !beyond_pic.is_empty() {
+            tracing::warn!(
+                "the command line has noapic, so the guest has only its PIC's interrupt lines (up to 15): \
+                 the virtio-mmio devices on lines {beyond_pic:?} will not probe (Linux: \"IRQ index 0 not found\"); \
+                 attach fewer devices or drop noapic"
+            );
+        }
         let cmdline = with_mmio_devices(self.cmdline, self.mmio_windows);
         let cmdline = match boot::image::is_linux(self.image) {
             true => with_host_args(&cmdline, self.host_linux_args),
@@ -60,6 +68,16 @@ pub fn with_mmio_devices(cmdline: &str, windows: &[(u64, u64, u32)]) -> String {
     line
 }
 
+/// The devices' interrupt lines a guest booted with `noapic` cannot use: without its
+/// IOAPIC, Linux has the PIC's 16 lines only (Firecracker's orchestrators pass `noapic`,
+/// and a VM given many drives reaches line 16).
+fn lines_beyond_pic(cmdline: &str, windows: &[(u64, u64, u32)]) -> Vec<u32> {
+    if !cmdline.split_whitespace().any(|w| w == "noapic") {
+        return Vec::new();
+    }
+    windows.iter().map(|&(_, _, irq)| irq).filter(|&irq| irq > 15).collect()
+}
+
 /// `cmdline` with each of `args` it lacks (by its name: a user's own `clearcpuid=` stays),
 /// logged once, so a user's boot_args work unchanged on a host that needs them.
 fn with_host_args(cmdline: &str, args: &[&str]) -> String {
@@ -81,6 +99,14 @@ mod tests {
         assert_eq!(super::with_host_args("console=ttyS0", &args), "console=ttyS0 noxsave clearcpuid=1,2 rodata=off");
         assert_eq!(super::with_host_args("clearcpuid=9 noxsave", &args), "clearcpuid=9 noxsave rodata=off");
         assert_eq!(super::with_host_args("a", &[]), "a");
+    }
+
+    #[test]
+    fn noapic_leaves_the_lines_past_15_unreachable() {
+        let windows = [(0xc000_1000, 0x1000, 15), (0xc000_2000, 0x1000, 16), (0xc000_3000, 0x1000, 17)];
+        assert_eq!(super::lines_beyond_pic("console=ttyS0 noapic pci=off", &windows), vec![16, 17]);
+        assert!(super::lines_beyond_pic("console=ttyS0 pci=off", &windows).is_empty());
+        assert!(super::lines_beyond_pic("noapic", &windows[..1]).is_empty());
     }
 
     #[test]
