@@ -5,8 +5,8 @@
 # kernel's System.map names them.
 #   scripts/host-guest-profile.sh PID [SECONDS] [SYSTEM_MAP]
 # PID: an exitless process; SECONDS: how long to record (5); SYSTEM_MAP: the guest
-# kernel's (default: scripts/guest-kernel.sh's build). Prints the instructions emulated per
-# second and the busiest guest functions. Needs root (tracefs). The tracing itself slows
+# kernel's (default: scripts/guest-kernel.sh's build). Prints how many instructions were
+# emulated in that time and the busiest guest functions. Needs root (tracefs). The tracing itself slows
 # the guest: the shares are what to read, not the rate.
 set -euo pipefail
 pid=${1:?usage: $0 PID [SECONDS] [SYSTEM_MAP]}
