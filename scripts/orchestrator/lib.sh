@@ -96,6 +96,22 @@ vmms_under() {
   done | sort -u
 }
 
+# vmm_cpu SECS PID...: each process's CPU over SECS seconds, in percent of a core.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+vmm_cpu() {
+  local secs=$1 pid hz
+  shift
+  hz=$(getconf CLK_TCK)
+  local before=()
+  for pid in "$@"; do before+=("$(cpu_ticks "$pid")"); done
+  sleep "$secs"
+  local i=0
+  for pid in "$@"; do
+    awk -v a="${before[$i]}" -v b="$(cpu_ticks "$pid")" -v hz="$hz" -v s="$secs" 'BEGIN { printf "%.0f\n", (b - a) * 100 / hz / s }'
+    i=$((i + 1))
+  done
+}
+
 # What a run left behind under $1: VMM processes, sockets, loop devices, mounts.
 leftovers() {
   local root=$1 what=()
