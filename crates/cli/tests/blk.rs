@@ -11,8 +11,8 @@ use std::process::{Command, Stdio};
 const DISK: usize = 4 << 20;
 
 /// A 4 MiB disk file holding the lab's pattern under `stamp`.
-fn disk(stamp: u64) -> std::path::PathBuf {
-    let path = tempdir().join("disk.img");
+fn disk(stamp: u64) -> TempPath {
+    let path = temp_path("disk.img");
     let mut bytes = vec![0u8; DISK];
     pattern::fill(&mut bytes, 0, stamp);
     std::fs::write(&path, &bytes).unwrap();
@@ -188,7 +188,7 @@ fn bad_drives_are_refused_in_one_line() {
         return;
     }
     // A file of size 0 is a drive of no sectors (Kata's spare drives), not an error.
-    let empty = tempdir().join("empty.img");
+    let empty = temp_path("empty.img");
     std::fs::write(&empty, b"").unwrap();
     let (out, json) = run_json(&["--drive", &drive_arg(&empty, "")]);
     assert!(out.status.success(), "{}", stderr(&out));

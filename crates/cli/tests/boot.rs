@@ -4,14 +4,14 @@ mod common;
 use common::*;
 
 /// Writes `bytes` into a fresh file and returns its path.
-fn file(name: &str, bytes: &[u8]) -> String {
-    let path = tempdir().join(name);
+fn file(name: &str, bytes: &[u8]) -> TempPath {
+    let path = temp_path(name);
     std::fs::write(&path, bytes).unwrap();
-    path.to_str().unwrap().to_string()
+    path
 }
 
 /// A 4 KiB initrd of known bytes, and the sum of those bytes.
-fn initrd() -> (String, u64) {
+fn initrd() -> (TempPath, u64) {
     let bytes: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
     (file("initrd.bin", &bytes), bytes.iter().map(|&b| u64::from(b)).sum())
 }
@@ -22,7 +22,7 @@ fn bootcheck(kernel_args: &[&str], mem: u64, vcpus: u8) {
     let (mem_arg, vcpus_arg) = (format!("{}M", mem >> 20), vcpus.to_string());
     let params = format!("{mem},{vcpus},4096,{sum}");
     let mut args = kernel_args.to_vec();
-    args.extend(["--initrd", &initrd, "--mem", &mem_arg, "--vcpus", &vcpus_arg, "--cmdline", cmdline]);
+    args.extend(["--initrd", initrd.as_str(), "--mem", &mem_arg, "--vcpus", &vcpus_arg, "--cmdline", cmdline]);
     args.extend(["--params", &params]);
     let (out, json) = run_json(&args);
     let text = stdout(&out);
@@ -49,7 +49,7 @@ fn bzimage_guest_sees_its_zero_page_with_ram_above_4g() {
     }
     let bz = exitless_payloads::find("bootcheck").unwrap().bzimage.expect("bootcheck bzImage");
     let kernel = file("bootcheck.bzImage", bz);
-    bootcheck(&["--kernel", &kernel], 8 << 30, 3);
+    bootcheck(&["--kernel", kernel.as_str()], 8 << 30, 3);
 }
 
 #[test]
@@ -157,13 +157,13 @@ fn bad_kernels_initrds_and_machine_shapes_are_refused_before_boot() {
     let long = "x".repeat(3000);
     let kernel = file("bootcheck.bzImage", bz);
     for args in [
-        &["run", "--kernel", &truncated][..],
-        &["run", "--kernel", &foreign],
-        &["run", "--kernel", &old],
+        &["run", "--kernel", truncated.as_str()][..],
+        &["run", "--kernel", foreign.as_str()],
+        &["run", "--kernel", old.as_str()],
         &["run", "--kernel", "/dev/zero", "--mem", "16M"],
-        &["run", "--kernel", &kernel, "--initrd", &big, "--mem", "4M"],
-        &["run", "--kernel", &kernel, "--initrd", &fits_ram_not_beside_kernel, "--mem", "4M"],
-        &["run", "--kernel", &kernel, "--cmdline", &long],
+        &["run", "--kernel", kernel.as_str(), "--initrd", big.as_str(), "--mem", "4M"],
+        &["run", "--kernel", kernel.as_str(), "--initrd", fits_ram_not_beside_kernel.as_str(), "--mem", "4M"],
+        &["run", "--kernel", kernel.as_str(), "--cmdline", &long],
         &["run", "--vcpus", "0"],
         &["run", "--vcpus", "255"],
         &["run", "--mem", "5000000"],

@@ -7,7 +7,7 @@ use common::*;
 use serde_json::Value;
 
 fn bench(args: &[&str]) -> Value {
-    let path = tempdir().join("doorbell.json");
+    let path = temp_path("doorbell.json");
     let svg = path.with_extension("svg");
     let mut all = vec!["bench", "doorbell", "--json", path.to_str().unwrap(), "--svg", svg.to_str().unwrap()];
     all.extend_from_slice(args);

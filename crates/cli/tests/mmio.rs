@@ -27,7 +27,7 @@ fn payloads_drive_their_devices_over_mmio_and_kicks_never_exit() {
     assert!(json["devices"]["virtio-rng"]["writes"].as_u64().is_some(), "an MMIO device in the profile: {json}");
 
     // blkbench writes, then reads back and checks every sector; each request kicks.
-    let disk = tempdir().join("disk.img");
+    let disk = temp_path("disk.img");
     std::fs::write(&disk, vec![0u8; 8 << 20]).unwrap();
     let drive = format!("path={}", disk.display());
     for params in ["1,4096,8,2000", "0,4096,32,2000"] {

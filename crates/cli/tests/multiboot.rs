@@ -10,7 +10,7 @@ fn a_multiboot_guest_sees_its_info_initrd_and_the_test_devices() {
     }
     let bytes: Vec<u8> = (0..5000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
     let sum: u64 = bytes.iter().map(|&b| u64::from(b)).sum();
-    let initrd = tempdir().join("env");
+    let initrd = temp_path("env");
     std::fs::write(&initrd, &bytes).unwrap();
     let params = format!("{},2,5000,{sum}", 300u64 << 20);
     let args = ["--payload", "mbcheck", "--testdevs", "--mem", "300M", "--vcpus", "2", "--params", &params];
@@ -83,7 +83,7 @@ fn foreign_or_broken_multiboot_images_are_refused() {
     let magic = 0x1bad_b002u32.to_le_bytes();
     let header = elf.windows(4).position(|w| w == magic).unwrap();
     elf.truncate(header + 12);
-    let path = tempdir().join("cut.flat");
+    let path = temp_path("cut.flat");
     std::fs::write(&path, &elf).unwrap();
     let out = assert_one_line_error(&["run", "--kernel", path.to_str().unwrap()]);
     assert!(stderr(&out).contains("segment"), "{}", stderr(&out));

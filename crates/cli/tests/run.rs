@@ -102,7 +102,7 @@ fn an_elf_without_a_pvh_note_boots_at_its_64_bit_entry() {
     let note = [4u8, 0, 0, 0, 8, 0, 0, 0, 18, 0, 0, 0, b'X', b'e', b'n', 0];
     let at = elf.windows(note.len()).position(|w| w == note).expect("PVH note");
     elf[at + 8] = 0; // no longer XEN_ELFNOTE_PHYS32_ENTRY
-    let path = tempdir().join("demo64.elf");
+    let path = temp_path("demo64.elf");
     std::fs::write(&path, &elf).unwrap();
     let out = exitless(&["run", "--timeout", "60", "--kernel", path.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));

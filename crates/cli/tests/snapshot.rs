@@ -77,6 +77,14 @@ impl Vmm {
     }
 }
 
+/// A test that ends (or fails) with its VMM running must not leave the process behind.
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn snapshot(sock: &Path, dir: &Path, n: u32) -> (String, String) {
     let (state, mem) = (dir.join(format!("s{n}.json")), dir.join(format!("m{n}.bin")));
     let body = json!({"snapshot_type": "Full", "snapshot_path": state, "mem_file_path": mem});
@@ -123,7 +131,7 @@ fn sectors_written(disk: &Path) -> u64 {
 
 /// A snapwork guest's host side: a tap that outlives each VMM, a sink reading it, a disk.
 struct SnapworkHost {
-    dir: std::path::PathBuf,
+    dir: TempDir,
     payloads: std::path::PathBuf,
     tap: String,
     sink: exitless_lab::sink::Sink,

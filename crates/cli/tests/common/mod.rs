@@ -36,7 +36,7 @@ pub fn run_json(args: &[&str]) -> (Output, serde_json::Value) {
 
 /// `exitless bench ARGS --json FILE`, which must succeed; its output and the JSON.
 pub fn bench_json(args: &[&str]) -> (Output, serde_json::Value) {
-    let path = tempdir().join("bench.json");
+    let path = temp_path("bench.json");
     let mut all = vec!["bench"];
     all.extend_from_slice(args);
     all.extend(["--json", path.to_str().unwrap()]);
@@ -46,8 +46,61 @@ pub fn bench_json(args: &[&str]) -> (Output, serde_json::Value) {
     (out, json)
 }
 
+/// A test's own directory under the system temp dir: removed with everything in it when
+/// the test passes (a failed test's is kept to look at). Drop it after the VMMs that use it.
+pub struct TempDir(std::path::PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for TempDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A path named `name` in a fresh directory of its own, removed as a `TempDir` is.
+pub struct TempPath(TempDir, std::path::PathBuf);
+
+impl std::ops::Deref for TempPath {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.1
+    }
+}
+
+impl AsRef<std::path::Path> for TempPath {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.1
+    }
+}
+
+impl TempPath {
+    pub fn as_str(&self) -> &str {
+        self.1.to_str().expect("a UTF-8 temp path")
+    }
+}
+
+pub fn temp_path(name: &str) -> TempPath {
+    let dir = tempdir();
+    let path = dir.join(name);
+    TempPath(dir, path)
+}
+
 /// A fresh directory under the system temp dir.
-pub fn tempdir() -> std::path::PathBuf {
+pub fn tempdir() -> TempDir {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
@@ -56,7 +109,7 @@ pub fn tempdir() -> std::path::PathBuf {
         N.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TempDir(dir)
 }
 
 /// `exitless ARGS` fails with exactly one line on stderr, starting `exitless: `.
