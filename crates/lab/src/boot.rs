@@ -71,12 +71,15 @@ pub fn run(opts: &Options) -> Result<(), BootBenchError> {
     let exe = crate::exitless_binary().map_err(BootBenchError::Spawn)?;
     let report = std::env::temp_dir().join(format!("exitless-boot-{}.json", std::process::id()));
     let (mut first, mut rss) = (Vec::new(), Vec::new());
-    for _ in 0..opts.runs {
+    let runs: Result<(), BootBenchError> = (0..opts.runs).try_for_each(|_| {
         let (ms, kib) = one_run(&exe, opts.mem, &report)?;
         first.push(ms);
         rss.extend(kib);
-    }
+        Ok(())
+    });
+    // Removed on a failed run as well: every run's report is written to this one file.
     let _ = std::fs::remove_file(&report);
+    runs?;
     let (first_ms, rss_kib) = (median(&first), median(&rss));
     let mut table = format!("boot lab: {} runs, {} MiB guest, medians\n", opts.runs, opts.mem >> 20);
     table += &format!("  {:<40} {:>10}\n", "metric", "value");
