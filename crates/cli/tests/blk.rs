@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 const DISK: usize = 4 << 20;
 
 /// A 4 MiB disk file holding the lab's pattern under `stamp`.
-fn disk(stamp: u64) -> TempPath {
+fn disk(stamp: u64) -> TempDir {
     let path = temp_path("disk.img");
     let mut bytes = vec![0u8; DISK];
     pattern::fill(&mut bytes, 0, stamp);

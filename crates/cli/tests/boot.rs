@@ -4,14 +4,14 @@ mod common;
 use common::*;
 
 /// Writes `bytes` into a fresh file and returns its path.
-fn file(name: &str, bytes: &[u8]) -> TempPath {
+fn file(name: &str, bytes: &[u8]) -> TempDir {
     let path = temp_path(name);
     std::fs::write(&path, bytes).unwrap();
     path
 }
 
 /// A 4 KiB initrd of known bytes, and the sum of those bytes.
-fn initrd() -> (TempPath, u64) {
+fn initrd() -> (TempDir, u64) {
     let bytes: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
     (file("initrd.bin", &bytes), bytes.iter().map(|&b| u64::from(b)).sum())
 }

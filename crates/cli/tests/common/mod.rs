@@ -46,57 +46,46 @@ pub fn bench_json(args: &[&str]) -> (Output, serde_json::Value) {
     (out, json)
 }
 
-/// A test's own directory under the system temp dir: removed with everything in it when
-/// the test passes (a failed test's is kept to look at). Drop it after the VMMs that use it.
-pub struct TempDir(std::path::PathBuf);
+/// A test's own directory under the system temp dir, or a path in one: the directory is
+/// removed with everything in it when the test passes (a failed test's is kept to look
+/// at). Drop it after the VMMs that use it.
+pub struct TempDir {
+    root: std::path::PathBuf,
+    path: std::path::PathBuf,
+}
+
+impl TempDir {
+    pub fn as_str(&self) -> &str {
+        self.path.to_str().expect("a UTF-8 temp path")
+    }
+}
 
 impl std::ops::Deref for TempDir {
     type Target = std::path::Path;
     fn deref(&self) -> &std::path::Path {
-        &self.0
+        &self.path
     }
 }
 
 impl AsRef<std::path::Path> for TempDir {
     fn as_ref(&self) -> &std::path::Path {
-        &self.0
+        &self.path
     }
 }
 
 impl Drop for TempDir {
     fn drop(&mut self) {
         if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
+            let _ = std::fs::remove_dir_all(&self.root);
         }
     }
 }
 
-/// A path named `name` in a fresh directory of its own, removed as a `TempDir` is.
-pub struct TempPath(TempDir, std::path::PathBuf);
-
-impl std::ops::Deref for TempPath {
-    type Target = std::path::Path;
-    fn deref(&self) -> &std::path::Path {
-        &self.1
-    }
-}
-
-impl AsRef<std::path::Path> for TempPath {
-    fn as_ref(&self) -> &std::path::Path {
-        &self.1
-    }
-}
-
-impl TempPath {
-    pub fn as_str(&self) -> &str {
-        self.1.to_str().expect("a UTF-8 temp path")
-    }
-}
-
-pub fn temp_path(name: &str) -> TempPath {
-    let dir = tempdir();
-    let path = dir.join(name);
-    TempPath(dir, path)
+/// A path named `name` in a fresh directory of its own.
+pub fn temp_path(name: &str) -> TempDir {
+    let mut dir = tempdir();
+    dir.path = dir.root.join(name);
+    dir
 }
 
 /// A fresh directory under the system temp dir.
@@ -109,7 +98,7 @@ pub fn tempdir() -> TempDir {
         N.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    TempDir(dir)
+    TempDir { root: dir.clone(), path: dir }
 }
 
 /// `exitless ARGS` fails with exactly one line on stderr, starting `exitless: `.
