@@ -205,7 +205,7 @@ impl Platform {
         config: &mut MachineConfig,
         entry: Option<EntryPoint>,
         facs: u64,
-        restored: Option<Vec<crate::vcpu::state::VcpuState>>,
+        restored: Option<Vec<crate::persist::vcpu::VcpuState>>,
     ) -> Machine {
         let p = self;
         let sleep = p.rtc.map(|rtc| Arc::new(sleep::Sleep::new(p.pm, rtc, facs, p.memory.clone())));

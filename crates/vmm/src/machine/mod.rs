@@ -153,7 +153,7 @@ pub struct Machine {
     /// Each vCPU's counters while the VM runs (for the API's live exit profile).
     live: Arc<LiveStats>,
     /// The vCPUs' states when restored from a snapshot, by id.
-    restored: Option<Vec<crate::vcpu::state::VcpuState>>,
+    restored: Option<Vec<crate::persist::vcpu::VcpuState>>,
     /// Each RAM region's memslot, and whether KVM logs its dirty pages.
     ram_slots: (Vec<u32>, bool),
     /// The MSR filter still being installed (a restore does not wait for it to start).

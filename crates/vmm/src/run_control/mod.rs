@@ -6,7 +6,7 @@ mod power;
 
 pub use power::PowerEvents;
 
-use crate::vcpu::state::VcpuState;
+use crate::persist::vcpu::VcpuState;
 use kick::Pthread;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;

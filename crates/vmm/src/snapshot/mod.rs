@@ -14,7 +14,7 @@ pub mod uffd_handler;
 mod vm;
 
 pub use crate::device_manager::DeviceTree;
-pub use crate::vcpu::state::{msr_list, VcpuState};
+pub use crate::persist::vcpu::{msr_list, VcpuState};
 pub use vm::VmState;
 
 use serde::{Deserialize, Serialize};

@@ -6,7 +6,6 @@
 //! the next `KVM_RUN`.
 
 pub mod samples;
-pub mod state;
 pub mod stuck;
 pub mod threads;
 pub mod watchdog;

@@ -7,6 +7,8 @@
 //! Devices with work in flight are [`Pausable`]: the machine pauses them before any state
 //! is read and resumes them after, so no save pauses anything behind the caller's back.
 
+pub mod vcpu;
+
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
