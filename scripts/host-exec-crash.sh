@@ -5,12 +5,12 @@
 # two-process pipeline and one `expr`) for SECS seconds, counts those that died of SIGSEGV
 # (status 139) and the kernel's `segfault at` lines, and powers off.
 #   scripts/host-exec-crash.sh [KERNEL]
-# Env: EXITLESS (binary, default target/x86_64-unknown-linux-musl/release/exitless), VCPUS (1),
+# Env: EXITLESS (binary, default target/x86_64-unknown-linux-gnu/release/exitless), VCPUS (1),
 # SECS (180), EXTRA (more kernel arguments), EXITLESS_FLAGS (more `exitless run` flags),
 # WORK (default /tmp/exitless-exec-crash). Prints one line: runs, crashed, segfault lines.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-musl/release/exitless}
+exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
 secs=${SECS:-180}
 work=${WORK:-/tmp/exitless-exec-crash}
 say() { echo "host-exec-crash: $*" >&2; }

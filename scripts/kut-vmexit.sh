@@ -3,12 +3,12 @@
 # same cases, one run each, side by side. Cycles per iteration as vmexit prints them
 # (lower is better), and exitless / QEMU.
 #   scripts/kut-vmexit.sh KUT_DIR [CASE...]
-# Env: EXITLESS (binary, default target/x86_64-unknown-linux-musl/release/exitless), REPEAT (runs per VMM, median; 3).
+# Env: EXITLESS (binary, default target/x86_64-unknown-linux-gnu/release/exitless), REPEAT (runs per VMM, median; 3).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 kut=$(cd "${1:?usage: scripts/kut-vmexit.sh KUT_DIR [CASE...]}" && pwd)
 shift
-exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-musl/release/exitless}
+exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
 repeat=${REPEAT:-3}
 cases=${*:-cpuid mov_from_cr8 mov_to_cr8 inl_from_pmtimer inl_from_qemu inl_from_kernel outl_to_kernel pci-mem pci-io}
 flat=$kut/x86/vmexit.flat

@@ -5,14 +5,14 @@
 #   scripts/kvm-unit-tests.sh KUT_DIR [TEST...]
 # KUT_DIR is a built checkout (./configure && make): the suite is GPL and not part of this
 # repo. TEST names are sections of KUT_DIR/x86/unittests.cfg (default: all of them).
-# Env: EXITLESS (binary, default target/x86_64-unknown-linux-musl/release/exitless), QEMU_TOO=0 to skip QEMU,
+# Env: EXITLESS (binary, default target/x86_64-unknown-linux-gnu/release/exitless), QEMU_TOO=0 to skip QEMU,
 # TIMEOUT_SCALE (multiplies each test's timeout; CPL0 code is emulated on nested hosts).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 kut=${1:?usage: scripts/kvm-unit-tests.sh KUT_DIR [TEST...]}
 shift
 kut=$(cd "$kut" && pwd)
-exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-musl/release/exitless}
+exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
 scale=${TIMEOUT_SCALE:-1}
 cfg=$kut/x86/unittests.cfg
 [ -f "$cfg" ] || { echo "no $cfg: is $kut a kvm-unit-tests checkout?" >&2; exit 2; }

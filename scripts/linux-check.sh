@@ -19,7 +19,7 @@
 # KERNEL defaults to the microVM kernel (scripts/guest-kernel.sh builds or reuses it); give
 # the stock kernel's path to check that instead (it takes far longer here). Needs root (a
 # network namespace and a tap), busybox-static (apt-get download) and python3.
-# Env: EXITLESS (binary, default target/x86_64-unknown-linux-musl/release/exitless), TIMEOUT (s per boot, 600),
+# Env: EXITLESS (binary, default target/x86_64-unknown-linux-gnu/release/exitless), TIMEOUT (s per boot, 600),
 # VCPUS (2), WORK (default /tmp/exitless-linux-check), EXTRA (more kernel arguments),
 # EXITLESS_FLAGS (more `exitless run` flags, e.g. --sample-guest 20 --guest-symbols MAP),
 # NET_MIB (the TCP transfer's size, 16).
@@ -28,7 +28,7 @@
 # Not in CI: it needs minutes and a kernel build.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-musl/release/exitless}
+exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
 timeout=${TIMEOUT:-600}
 net_mib=${NET_MIB:-16}
 net_bytes=$((net_mib << 20))

@@ -29,7 +29,7 @@
 # Not in CI: each boot takes a minute or more here.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-musl/release/exitless}
+exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
 timeout=${TIMEOUT:-600}
 fill_timeout=${FILL_TIMEOUT:-900}
 work=${WORK:-/tmp/exitless-linux-memory}

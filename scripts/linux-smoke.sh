@@ -5,13 +5,13 @@
 # With no arguments it fetches Debian's linux-image-cloud-amd64 and busybox-static packages
 # (apt-get download) into $WORK (default: /tmp/exitless-linux). Takes minutes on a nested host,
 # where KVM emulates every guest CPL0 instruction. Env: TIMEOUT (s, default 1800), VCPUS (2),
-# EXITLESS (the binary, default target/x86_64-unknown-linux-musl/release/exitless), EXTRA (more kernel arguments).
+# EXITLESS (the binary, default target/x86_64-unknown-linux-gnu/release/exitless), EXTRA (more kernel arguments).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=${WORK:-/tmp/exitless-linux}
 timeout=${TIMEOUT:-1800}
 vcpus=${VCPUS:-2}
-exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-musl/release/exitless}
+exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
 marker="EXITLESS-SMOKE: /init reached"
 mkdir -p "$work"
 cd "$work"

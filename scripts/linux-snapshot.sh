@@ -10,12 +10,12 @@
 # KERNEL defaults to the microVM kernel (scripts/guest-kernel.sh). Needs root (a tap that
 # outlives the first VMM, 192.0.2.1/24 on its end, in a network namespace), busybox-static (apt-get download),
 # python3 and curl.
-# Env: EXITLESS (binary, default target/x86_64-unknown-linux-musl/release/exitless), TIMEOUT (s for the boot, 900),
+# Env: EXITLESS (binary, default target/x86_64-unknown-linux-gnu/release/exitless), TIMEOUT (s for the boot, 900),
 # WORK (default /tmp/exitless-linux-snapshot).
 # Not in CI: the boot takes a minute or more here.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-musl/release/exitless}
+exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
 timeout=${TIMEOUT:-900}
 work=${WORK:-/tmp/exitless-linux-snapshot}
 say() { echo "linux-snapshot: $*" >&2; }

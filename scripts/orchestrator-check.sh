@@ -12,13 +12,13 @@
 # line says which and why. Not in CI: it builds third-party code and boots Linux guests
 # (minutes each on this host). Needs root, Go, gcc, git, umoci, runc, busybox-static,
 # e2fsprogs (apt-get installs what is missing).
-# Env: EXITLESS (binary, default target/x86_64-unknown-linux-musl/release/exitless),
+# Env: EXITLESS (binary, default target/x86_64-unknown-linux-gnu/release/exitless),
 # KERNEL (default: scripts/guest-kernel.sh's microVM kernel), FCC_FLEET (VMs at once, 5),
 # KEEP (1: keep $WORK's logs), FCC_STEPS (containers fleet bad), FCC_BOOT_TIMEOUT (s, 300), FL_REGISTRY (the local registry's address, localhost:5055),
 # KATA_JAILER (1: Kata starts exitless through exitless-jailer, its jailer_path).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-musl/release/exitless}
+exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
 work=${WORK:-/tmp/exitless-orchestrators}
 cache=${EXITLESS_CACHE:-$HOME/.cache/exitless}/orchestrators
 which=${1:-all}

@@ -41,7 +41,7 @@ kata_build() {
       # SECCOMP=no: libseccomp for musl is not packaged here; the agent's seccomp applies
       # only to containers whose spec asks for it, and ctr's default spec does not.
       make -C src/agent LIBC=musl SECCOMP=no
-      cp target/x86_64-unknown-linux-musl/release/kata-agent "$kata_bin/kata-agent"
+      cp target/x86_64-unknown-linux-gnu/release/kata-agent "$kata_bin/kata-agent"
     fi
   ) > "$log" 2>&1 || { tail -5 "$log" >&2; return 1; }
 }
