@@ -104,5 +104,5 @@ fn labs(args: &[std::ffi::OsString]) -> Result<ExitCode, Box<dyn std::error::Err
     let me = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
     let labs = me.with_file_name("exitless-bench");
     let e = std::process::Command::new(&labs).args(args).exec();
-    Err(format!("cannot run {}: {e} (cargo build --release builds it beside exitless)", labs.display()).into())
+    Err(format!("cannot run {}: {e} (a build of the workspace, `cargo build --release` or `cargo test --workspace`, makes it beside exitless)", labs.display()).into())
 }

@@ -269,26 +269,6 @@ fn a_guest_spinning_in_place_is_stopped_as_stuck_but_an_idle_one_is_not() {
 }
 
 #[test]
-fn the_vmm_binary_carries_no_lab_code() {
-    // `nm` lists the symbols the linker kept: the labs' devices and client must not be
-    // among them (`run --lab` hands over to exitless-bench instead).
-    let nm = match std::process::Command::new("nm").arg("--defined-only").arg(env!("CARGO_BIN_EXE_exitless")).output() {
-        Ok(out) if out.status.success() => out,
-        _ => {
-            skip_or_fail("the_vmm_binary_carries_no_lab_code", "needs nm (binutils) to read the binary's symbols");
-            return;
-        }
-    };
-    let symbols = stdout(&nm);
-    assert!(symbols.lines().count() > 1000, "nm listed too little to judge: {}", symbols.len());
-    let lab: Vec<_> = symbols.lines().filter(|l| l.contains("exitless_lab")).take(5).collect();
-    assert!(lab.is_empty(), "lab code in the VMM binary: {lab:?}");
-    let bench =
-        std::process::Command::new("nm").arg("--defined-only").arg(env!("CARGO_BIN_EXE_exitless-bench")).output();
-    assert!(stdout(&bench.unwrap()).contains("exitless_lab"), "the check would see lab code where there is some");
-}
-
-#[test]
 fn run_with_the_lab_devices_hands_over_to_the_labs_binary() {
     if !kvm_or_skip("run_with_the_lab_devices_hands_over_to_the_labs_binary") {
         return;

@@ -62,7 +62,7 @@ fn one_line(e: &clap::Error) -> String {
 #[derive(Clone, Copy, Debug)]
 pub struct TransportChoice(Option<exitless_vmm::device_manager::TransportKind>);
 
-fn parse_transport(s: &str) -> Result<TransportChoice, String> {
+pub fn parse_transport(s: &str) -> Result<TransportChoice, String> {
     use exitless_vmm::device_manager::TransportKind;
     match s {
         "auto" => Ok(TransportChoice(None)),
@@ -221,7 +221,7 @@ fn parse_landlock_rule(text: &str) -> Result<(PathBuf, exitless_vmm::landlock::R
 pub const DEFAULT_MAX_PAYLOAD: usize = 51_200;
 
 /// A size in bytes for a body or data store: 1 byte to 1 GiB.
-fn parse_payload_size(s: &str) -> Result<usize, String> {
+pub fn parse_payload_size(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if (1..=1 << 30).contains(&n) => Ok(n),
         _ => Err(format!("'{s}' is not a size in bytes between 1 and 1073741824")),
@@ -471,15 +471,7 @@ pub struct OutputArgs {
     pub svg: Option<PathBuf>,
 }
 
-impl OutputArgs {
-    fn outputs(&self) -> exitless_lab::report::Outputs {
-        exitless_lab::report::Outputs { json: self.json.clone(), svg: self.svg.clone() }
-    }
-}
-
-mod bench;
 mod devices;
-pub use bench::*;
 pub use devices::*;
 
 /// `128M`, `1G`, `4096K`, or plain bytes.
@@ -554,7 +546,7 @@ impl RunArgs {
     }
 }
 
-fn parse_u64(s: &str) -> Result<u64, String> {
+pub fn parse_u64(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let parsed = match s.strip_prefix("0x") {
         Some(hex) => u64::from_str_radix(hex, 16),
@@ -568,14 +560,14 @@ fn parse_u64(s: &str) -> Result<u64, String> {
 const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
 /// Seconds, or 0 for "none of it".
-fn parse_seconds_or_zero(s: &str) -> Result<f64, String> {
+pub fn parse_seconds_or_zero(s: &str) -> Result<f64, String> {
     if s.parse::<f64>() == Ok(0.0) {
         return Ok(0.0);
     }
     parse_seconds(s)
 }
 
-fn parse_seconds(s: &str) -> Result<f64, String> {
+pub fn parse_seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v > 0.0 && v <= MAX_SECONDS => Ok(v),
         Ok(v) if v > MAX_SECONDS => Err(format!("'{s}' seconds is more than a year (at most {MAX_SECONDS})")),

@@ -1,7 +1,9 @@
 //! `exitless-bench`: the labs (`exitless bench ...` runs this). Each lab measures one of
 //! exitless's paths against the slow one, or exitless beside its peers.
 
-use exitless::args::{BenchCommand, PeersArgs};
+mod args;
+
+use args::{BenchCommand, PeersArgs};
 use exitless::with_causes;
 use std::process::ExitCode;
 

@@ -1,13 +1,15 @@
 //! `exitless bench`: one subcommand per lab, with the lab's options.
 
-use super::*;
+use clap::{Args, Subcommand};
+use exitless::args::*;
+use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// `exitless run --lab ...`: a guest with the lab's devices (the doorbell, the idle
     /// port) plugged in, which only this binary carries.
     #[command(hide = true)]
-    Run(Box<super::RunArgs>),
+    Run(Box<RunArgs>),
     /// Process start to the guest's first serial byte, and VMM memory beyond guest RAM.
     Boot(BootArgs),
     /// A doorbell rung through userspace exits, ioeventfds, KVM's coalesced ring, polling.
@@ -65,7 +67,7 @@ impl DensityArgs {
             vms: self.vms,
             mem_mib: self.mem,
             written: self.written,
-            outputs: self.out.outputs(),
+            outputs: outputs(&self.out),
         }
     }
 }
@@ -115,7 +117,7 @@ impl SnapshotArgs {
             dirty: self.written.clone(),
             kinds: self.types.clone(),
             runs: self.runs,
-            outputs: self.out.outputs(),
+            outputs: outputs(&self.out),
         }
     }
 }
@@ -294,7 +296,7 @@ impl BlkArgs {
             polls: exitless_vmm::poll::distinct(self.poll.iter().copied()),
             limit_iops: self.limit_iops,
             limit_bytes: self.limit_bandwidth,
-            outputs: self.out.outputs(),
+            outputs: outputs(&self.out),
             timeout: std::time::Duration::from_secs_f64(self.timeout + self.seconds),
         }
     }
@@ -349,7 +351,7 @@ impl NetArgs {
             // One size: the first given (256 bytes by default).
             size: self.sizes.first().copied().unwrap_or(256),
             repeat: self.repeat,
-            outputs: self.out.outputs(),
+            outputs: outputs(&self.out),
             timeout: std::time::Duration::from_secs_f64(self.timeout),
         }
     }
@@ -361,7 +363,7 @@ impl NetArgs {
             seconds: self.seconds,
             repeat: self.repeat,
             polls: exitless_vmm::poll::distinct(self.poll.iter().copied()),
-            outputs: self.out.outputs(),
+            outputs: outputs(&self.out),
             timeout: std::time::Duration::from_secs_f64(self.timeout),
         }
     }
@@ -403,7 +405,7 @@ impl PciArgs {
     pub fn to_options(&self) -> exitless_lab::pci::Options {
         exitless_lab::pci::Options {
             reads: self.reads,
-            outputs: self.out.outputs(),
+            outputs: outputs(&self.out),
             timeout: std::time::Duration::from_secs_f64(self.timeout),
         }
     }
@@ -447,7 +449,7 @@ impl DoorbellArgs {
             repeat: self.repeat,
             cpl: self.cpl,
             paths,
-            outputs: self.out.outputs(),
+            outputs: outputs(&self.out),
             timeout: std::time::Duration::from_secs_f64(self.timeout),
         })
     }
@@ -510,4 +512,8 @@ impl FleetArgs {
             timeout: std::time::Duration::from_secs_f64(self.timeout),
         }
     }
+}
+
+fn outputs(out: &OutputArgs) -> exitless_lab::report::Outputs {
+    exitless_lab::report::Outputs { json: out.json.clone(), svg: out.svg.clone() }
 }
