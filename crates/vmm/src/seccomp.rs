@@ -23,7 +23,9 @@ pub enum ThreadKind {
     /// KVM_RUN and the exit handlers (devices, emulation completions).
     Vcpu,
     /// A lab benchmark's vCPU loop: a vCPU's calls plus what the lab does between two
-    /// runs (getrusage for its CPU time, coalesced ring (un)registration).
+    /// runs (getrusage for its CPU time, coalesced ring (un)registration). Only in a
+    /// build for the labs (the `lab` feature).
+    #[cfg(feature = "lab")]
     LabVcpu,
     /// A virtio device's thread: epoll on eventfds and its backend.
     Device,
@@ -117,10 +119,22 @@ const COMMON: &[i64] = &[
 const DEVICE_WAIT: &[i64] =
     &[libc::SYS_fcntl, libc::SYS_epoll_create1, libc::SYS_epoll_wait, libc::SYS_epoll_pwait, libc::SYS_epoll_ctl];
 
+impl ThreadKind {
+    fn runs_a_vcpu(self) -> bool {
+        match self {
+            ThreadKind::Vcpu => true,
+            #[cfg(feature = "lab")]
+            ThreadKind::LabVcpu => true,
+            _ => false,
+        }
+    }
+}
+
 fn allowed(kind: ThreadKind) -> Vec<i64> {
     let extra: &[i64] = match kind {
         // A vCPU's calls; the lab's CPU-time reading between two runs, and its helper
         // threads (a poller, the doorbell's eventfd thread), started between two runs.
+        #[cfg(feature = "lab")]
         ThreadKind::LabVcpu => {
             let lab = [libc::SYS_getrusage, libc::SYS_clone, libc::SYS_clone3, libc::SYS_set_robust_list];
             let lab = [&lab[..], &[libc::SYS_rseq, libc::SYS_sched_getaffinity, libc::SYS_seccomp]].concat();
@@ -319,6 +333,7 @@ fn ioctls(kind: ThreadKind) -> Option<Vec<u32>> {
             .map(|r| r as u32)
             .collect(),
         ),
+        #[cfg(feature = "lab")]
         ThreadKind::LabVcpu => {
             let mut requests = ioctls(ThreadKind::Vcpu)?;
             requests.extend([KVM_REGISTER_COALESCED_MMIO() as u32, KVM_UNREGISTER_COALESCED_MMIO() as u32]);
@@ -363,7 +378,7 @@ fn nested_vcpu_ioctls() -> Vec<u32> {
 
 fn program(kind: ThreadKind, nested: bool) -> Result<BpfProgram, SeccompError> {
     let mut requests = ioctls(kind);
-    if nested && matches!(kind, ThreadKind::Vcpu | ThreadKind::LabVcpu) {
+    if nested && kind.runs_a_vcpu() {
         requests.get_or_insert_with(Vec::new).extend(nested_vcpu_ioctls());
     }
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowed(kind).into_iter().map(|c| (c, vec![])).collect();
@@ -572,6 +587,7 @@ mod tests {
         for kind in [
             ThreadKind::Main,
             ThreadKind::Vcpu,
+            #[cfg(feature = "lab")]
             ThreadKind::LabVcpu,
             ThreadKind::Device,
             ThreadKind::Block,

@@ -105,7 +105,9 @@ pub enum DeviceKind {
     VirtioMem,
     /// QEMU's devices for kvm-unit-tests (`--testdevs`).
     QemuTest,
-    /// The lab's own devices (doorbell, idle port, lab control).
+    /// The lab's own devices (doorbell, idle port, lab control): only in a build for the
+    /// labs (the `lab` feature), so the VMM's binary has no such kind.
+    #[cfg(feature = "lab")]
     Lab,
 }
 
