@@ -143,8 +143,8 @@ pub enum DeviceHandle {
 }
 
 /// A virtio device: its transport, and what its users reach it by (a [`NetHandle`], a
-/// [`DriveHandle`], ...), found by type with [`DeviceManager::virtio_of`]. A new virtio
-/// device type needs no new variant anywhere.
+/// [`DriveHandle`], ...), found by type with [`DeviceManager::virtio_of`]: a new virtio
+/// device type needs no new variant of [`DeviceHandle`] (its [`DeviceKind`] still names it).
 pub struct VirtioHandle {
     pub transport: VirtioTransport,
     device: Box<dyn std::any::Any + Send + Sync>,
