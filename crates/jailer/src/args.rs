@@ -191,9 +191,9 @@ fn check_base(base: &Path) -> Result<PathBuf, String> {
 /// namespace), open for setns.
 fn open_netns(path: &Path) -> Result<std::fs::File, String> {
     let file = std::fs::File::open(path).map_err(|e| format!("Failed to open file {}: {e}", path.display()))?;
-    const NS_GET_NSTYPE: u32 = 0xb703;
+    const NS_GET_NSTYPE: libc::Ioctl = 0xb703;
     // SAFETY: an ioctl on a file we own that takes no argument.
-    let kind = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&file), NS_GET_NSTYPE as _) };
+    let kind = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&file), NS_GET_NSTYPE) };
     if kind != libc::CLONE_NEWNET {
         return Err(format!("{} is not a network namespace", path.display()));
     }
