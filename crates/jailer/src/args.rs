@@ -122,6 +122,16 @@ impl Args {
                 "Parent cgroup path is invalid. Path should not be absolute or contain '..' or '.'".into(),
             ));
         }
+        // A newline in a cgroup's name would be a line of its own in /proc/<pid>/cgroup.
+        if parent_cgroup.as_os_str().as_encoded_bytes().iter().any(|b| b.is_ascii_control()) {
+            return Err(JailError::flag(
+                "--parent-cgroup",
+                format!(
+                    "Parent cgroup path is invalid: {}: a control character in it",
+                    parent_cgroup.display().to_string().escape_debug()
+                ),
+            ));
+        }
         let cgroup_version = match self.cgroup_version.as_str() {
             "1" => Version::V1,
             "2" => Version::V2,

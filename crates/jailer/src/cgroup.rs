@@ -23,18 +23,35 @@ pub struct CgroupArg {
     pub controller: String,
 }
 
-/// Firecracker's parsing: exactly one '=', a value, a relative file with a controller.
+/// Firecracker's parsing: exactly one '=', a value, a relative file with a controller; and
+/// more than Firecracker checks, since both are written as they are into a cgroup's files:
+/// the file one name of a cgroup's (letters, digits, '_', '-', '.': no '/', no '..' of its
+/// own, no NUL, no newline), the value one line (no control character: the kernel takes
+/// what is written as it is, and a second line is a second input to the file). Messages
+/// show the argument escaped, so each stays one line.
 pub fn parse(arg: &str, _version: Version) -> Result<CgroupArg, String> {
+    let shown = arg.escape_debug();
     let parts: Vec<&str> = arg.split('=').collect();
-    let [file, value] = parts.as_slice() else { return Err(format!("Invalid format for cgroups: {arg}")) };
+    let [file, value] = parts.as_slice() else { return Err(format!("Invalid format for cgroups: {shown}")) };
     if value.is_empty() {
-        return Err(format!("Invalid format for cgroups: {arg}"));
+        return Err(format!("Invalid format for cgroups: {shown}"));
     }
     let path = Path::new(file);
     if file.is_empty() || path.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
-        return Err(format!("Cgroup invalid file: {arg}"));
+        return Err(format!("Cgroup invalid file: {shown}"));
     }
-    let Some((controller, _)) = file.split_once('.') else { return Err(format!("Cgroup invalid file: {file}")) };
+    if !file.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) {
+        return Err(format!("Cgroup invalid file: {shown}: a cgroup file's name is letters, digits, '_', '-' and '.'"));
+    }
+    let Some((controller, property)) = file.split_once('.') else {
+        return Err(format!("Cgroup invalid file: {}", file.escape_debug()));
+    };
+    if controller.is_empty() || property.is_empty() {
+        return Err(format!("Cgroup invalid file: {shown}: the file is <controller>.<property>"));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(format!("Cgroup invalid value: {shown}: a value is one line, with no control character"));
+    }
     Ok(CgroupArg { file: file.to_string(), value: value.to_string(), controller: controller.to_string() })
 }
 
@@ -221,5 +238,24 @@ mod tests {
         assert_eq!(parse("../x.y=1", Version::V1).unwrap_err(), "Cgroup invalid file: ../x.y=1");
         assert_eq!(parse("/x.y=1", Version::V1).unwrap_err(), "Cgroup invalid file: /x.y=1");
         assert_eq!(parse("noperiod=1", Version::V1).unwrap_err(), "Cgroup invalid file: noperiod");
+    }
+
+    #[test]
+    fn a_cgroup_file_is_one_name_and_a_value_one_line() {
+        for file in ["pids/pids.max", "pids.max\n", "pids.max\0", ".max", "pids.", "pids. max", "pids.max\\x"] {
+            let arg = format!("{file}=1");
+            let e = parse(&arg, Version::V2).unwrap_err();
+            assert!(e.starts_with("Cgroup invalid file: "), "{arg:?}: {e}");
+            assert_eq!(e.lines().count(), 1, "{arg:?}: {e}");
+        }
+        for value in ["64\n", "64\nmax", "a *:* rwm\r", "1\0", "1\t2", "\u{85}"] {
+            let arg = format!("pids.max={value}");
+            let e = parse(&arg, Version::V1).unwrap_err();
+            assert!(e.starts_with("Cgroup invalid value: pids.max="), "{arg:?}: {e}");
+            assert_eq!(e.lines().count(), 1, "{arg:?}: {e}");
+        }
+        for ok in ["hugetlb.2MB.max=4194304", "cpu.max=100000 100000", "devices.allow=c 10:200 rwm", "io.bfq-x.y=1"] {
+            assert!(parse(ok, Version::V2).is_ok(), "{ok}");
+        }
     }
 }

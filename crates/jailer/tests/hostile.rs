@@ -1,0 +1,110 @@
+//! The jail's layout under attack (issue 53): the jail root belongs to the jailed user, so a
+//! compromised VMM can leave a link, a FIFO or anything else in it for the next jailer run
+//! with the same id; and the jailer's own flags carry cgroup values into kernel files.
+//! Each test is root's (skipped loudly otherwise) and runs the jailer binary with /bin/true
+//! as the VMM (the issue's reproduction: no KVM needed).
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The jailer with `args`, its exit and output; None if it had not ended after `limit`
+/// (then it is killed).
+fn jailer(args: &[&str], limit: Duration) -> Option<Output> {
+    let mut child = Command::new(JAILER)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+/// The jailer's usual flags for jail `id` of /bin/true under `base`, as `uid`.
+fn flags<'a>(id: &'a str, base: &'a Path, uid: &'a str) -> Vec<&'a str> {
+    vec![
+        "--id",
+        id,
+        "--exec-file",
+        "/bin/true",
+        "--uid",
+        uid,
+        "--gid",
+        uid,
+        "--chroot-base-dir",
+        base.to_str().unwrap(),
+    ]
+}
+
+/// The exit, and stderr checked to be one line with `words`.
+fn refused(out: &Output, words: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("exitless-jailer: ") && stderr.contains(words), "{words:?} in {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+}
+
+/// Everything under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        found.push(entry.path());
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            found.extend(walk(&entry.path()));
+        }
+    }
+    found
+}
+
+/// Item 12: a cgroup value or file name that is not one line of a cgroup's own (the kernel
+/// file gets what is written as it is; a '/' would reach another file), or a parent cgroup
+/// with a newline, is refused by the flag's check: one line, nothing made. The jailer used
+/// to write them as given.
+#[test]
+fn a_cgroup_value_or_name_that_is_not_one_line_is_refused() {
+    if !root_or_skip("a_cgroup_value_or_name_that_is_not_one_line_is_refused") {
+        return;
+    }
+    let dir = tempdir("cgroup-lines");
+    let base = dir.join("base");
+    std::fs::create_dir(&base).unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (&["--cgroup", "pids.max=64\n"], "--cgroup: Cgroup invalid value: pids.max=64\\n: "),
+        (&["--cgroup", "pids.max=64\nmax"], "--cgroup: Cgroup invalid value: pids.max=64\\nmax: "),
+        (&["--cgroup-version", "2", "--cgroup", "pids.max=64\r"], "--cgroup: Cgroup invalid value: "),
+        (&["--cgroup", "pids.max\n=64"], "--cgroup: Cgroup invalid file: pids.max\\n=64: "),
+        (&["--cgroup", "pids/pids.max=64"], "--cgroup: Cgroup invalid file: pids/pids.max=64: "),
+        (
+            &["--parent-cgroup", "exitless\nx", "--cgroup", "pids.max=64"],
+            "--parent-cgroup: Parent cgroup path is invalid",
+        ),
+    ];
+    for (extra, words) in cases {
+        let mut args = flags("lines", &base, "12349");
+        args.extend(extra);
+        let out = jailer(&args, Duration::from_secs(20)).expect("the jailer ended");
+        refused(&out, words);
+        assert!(walk(&base).is_empty(), "{extra:?}: left {:?}", walk(&base));
+        for parent in ["true", "exitless\nx"] {
+            for hierarchy in ["pids", "unified"] {
+                let cgroup = Path::new("/sys/fs/cgroup").join(hierarchy).join(parent);
+                assert!(!cgroup.join("lines").exists(), "{extra:?} left {}", cgroup.display());
+            }
+        }
+    }
+    remove_cgroups("true", "lines");
+    remove_cgroups("exitless\nx", "lines");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
