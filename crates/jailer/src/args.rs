@@ -75,8 +75,8 @@ pub struct Plan {
     pub exec_name: String,
     pub uid: u32,
     pub gid: u32,
-    /// `<base>/<exec name>/<id>/root`.
-    pub chroot_dir: PathBuf,
+    /// `<base>`, canonical.
+    pub chroot_base: PathBuf,
     pub netns: Option<std::fs::File>,
     pub daemonize: bool,
     pub new_pid_ns: bool,
@@ -145,14 +145,13 @@ impl Args {
             .map(|c| cgroup::parse(c, cgroup_version).map_err(|m| JailError::flag("--cgroup", m)))
             .collect::<Result<Vec<_>, _>>()?;
         let (fsize, no_file) = parse_limits(&self.resource_limit).map_err(flag("--resource-limit"))?;
-        let chroot_dir = base.join(&exec_name).join(&self.id).join("root");
         Ok(Plan {
             id: self.id,
             exec_file,
             exec_name,
             uid,
             gid,
-            chroot_dir,
+            chroot_base: base,
             netns,
             daemonize: self.daemonize,
             new_pid_ns: self.new_pid_ns,

@@ -2,16 +2,17 @@
 //! directory `<base>/<exec name>/<id>/root`, the binary copied into it, `/dev`, `/dev/net`
 //! and `/run` (0700, the jailed user's), the device nodes the VMM opens (0600, the jailed
 //! user's), then a new mount namespace whose root is that directory (pivot_root; the
-//! host's root unmounted). Everything up to the pivot is made on host paths and recorded
-//! for undoing; after it, the same files are reached from the new root.
+//! host's root unmounted). Everything is made through open directories (fsat.rs) and
+//! recorded for undoing by descriptor, so a jail that fails after the pivot is still
+//! removed whole from the host.
 
 use crate::args::Plan;
 use crate::error::JailError;
+use crate::fsat::Dir;
 use crate::undo::Undo;
 use std::ffi::CString;
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::MetadataExt;
 
 /// The device nodes the VMM opens: (path in the jail, major, minor, required). KVM, taps,
 /// the random device MMDS V2 reads where getrandom is missing (Firecracker's best effort),
@@ -34,87 +35,83 @@ fn userfaultfd_minor() -> Option<u32> {
     })
 }
 
-fn cstr(path: &Path) -> Result<CString, JailError> {
-    CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| JailError::Step(format!("{}: a path with a NUL byte", path.display())))
+/// The jail's directories, open: `<base>/<exec name>/<id>` and its `root`.
+pub struct Jail {
+    id_dir: Dir,
+    root: Dir,
 }
 
-/// The jail's directory, binary, directories and device nodes, on host paths.
-pub fn prepare(plan: &Plan, undo: &mut Undo) -> Result<(), JailError> {
-    let root = &plan.chroot_dir;
-    let mut missing: Vec<&Path> = root.ancestors().take_while(|d| !d.exists()).collect();
-    missing.reverse();
-    for d in missing {
-        std::fs::create_dir(d).map_err(|e| JailError::io(format!("Failed to create directory {}", d.display()), e))?;
-        undo.made_dir(d.to_path_buf());
+/// A new mount namespace, then the jail's directory, binary, directories and device
+/// nodes. Every step is taken on a descriptor walked to without following a link (the jail
+/// root is the jailed user's, who may have put one anywhere in it); a link or a
+/// non-directory where a directory should be is refused.
+pub fn prepare(plan: &Plan, undo: &mut Undo) -> Result<Jail, JailError> {
+    // The namespace first: the descriptors opened below reach the jail through its
+    // mounts, so the jail's bind mount (made in it by `enter`) is found from them.
+    // SAFETY: unshare takes flags only.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        return Err(JailError::os("Failed to unshare into new mount namespace"));
     }
-    copy_exec_file(plan, undo)?;
-    for dir in ["", "dev", "dev/net", "run"] {
-        let path = root.join(dir);
-        if !path.exists() {
-            std::fs::create_dir(&path)
-                .map_err(|e| JailError::io(format!("Failed to create directory {}", path.display()), e))?;
-            undo.made_dir(path.clone());
-        }
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .map_err(|e| JailError::io(format!("Failed to change permissions on {}", path.display()), e))?;
-        chown(&path, plan)?;
+    let none = std::ptr::null();
+    // SAFETY: mount(2) with a NUL-terminated literal and no data.
+    let r = unsafe { libc::mount(none, c"/".as_ptr(), none, libc::MS_SLAVE | libc::MS_REC, std::ptr::null()) };
+    if r != 0 {
+        return Err(JailError::os("Failed to change the propagation type to slave"));
     }
+    let base = Dir::walk(&plan.chroot_base)?;
+    let id_dir = base.make_dir(&plan.exec_name, 0o777, undo)?.make_dir(&plan.id, 0o777, undo)?;
+    let root = id_dir.make_dir("root", 0o777, undo)?;
+    root.set_mode_owner(0o700, plan.uid, plan.gid)?;
+    copy_exec_file(plan, &root, undo)?;
+    let dev = root.make_dir("dev", 0o777, undo)?;
+    dev.set_mode_owner(0o700, plan.uid, plan.gid)?;
+    let net = dev.make_dir("net", 0o777, undo)?;
+    net.set_mode_owner(0o700, plan.uid, plan.gid)?;
+    root.make_dir("run", 0o777, undo)?.set_mode_owner(0o700, plan.uid, plan.gid)?;
     for (node, major, minor, required) in devices() {
-        let path = root.join(node);
-        let c = cstr(&path)?;
-        // SAFETY: mknod on a NUL-terminated path we own; no memory is handed over.
-        let made = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(major, minor)) } == 0;
-        if !made {
-            let e = JailError::os(format!("Failed to create /{node} via mknod inside the jail"));
+        let (dir, name) = match node.strip_prefix("dev/net/") {
+            Some(name) => (&net, name),
+            None => (&dev, node.trim_start_matches("dev/")),
+        };
+        let name = CString::new(name).expect("a literal name");
+        if let Err(e) = dir.mknod(&name, major, minor) {
+            let e = JailError::io(format!("Failed to create /{node} via mknod inside the jail"), e);
             if required {
                 return Err(e);
             }
             println!("Warning! Could not create /{node} device inside jailer: {e}.");
             continue;
         }
-        undo.made_file(path.clone());
-        chown(&path, plan)?;
+        undo.made(dir, name.clone(), false);
+        dir.own_node(&name, major, minor, plan.uid, plan.gid)?;
     }
-    Ok(())
-}
-
-fn chown(path: &Path, plan: &Plan) -> Result<(), JailError> {
-    std::os::unix::fs::chown(path, Some(plan.uid), Some(plan.gid))
-        .map_err(|e| JailError::io(format!("Failed to change owner for {}", path.display()), e))
+    Ok(Jail { id_dir, root })
 }
 
 /// The binary copied (never linked: a hard link would let the jailed user change the
-/// host's file) to `<root>/<exec name>`, owned by the jailed user, its mode kept.
-fn copy_exec_file(plan: &Plan, undo: &mut Undo) -> Result<(), JailError> {
+/// host's file) to `<root>/<exec name>`, owned by the jailed user, its mode kept. The
+/// destination (the jailed user's to replace) is made new, or else opened without
+/// following a link.
+fn copy_exec_file(plan: &Plan, root: &Dir, undo: &mut Undo) -> Result<(), JailError> {
     let src = &plan.exec_file;
-    let dst = plan.chroot_dir.join(&plan.exec_name);
+    let dst = root.path_of(&plan.exec_name);
     let mut input =
         std::fs::File::open(src).map_err(|e| JailError::io(format!("Failed to open {}", src.display()), e))?;
-    let mode = input
-        .metadata()
-        .map_err(|e| JailError::io(format!("Cannot get metadata for a file: {}", src.display()), e))?
-        .mode();
-    let open = |excl: bool| {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .create_new(excl)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .mode(mode)
-            .open(&dst)
-    };
+    let meta =
+        input.metadata().map_err(|e| JailError::io(format!("Cannot get metadata for a file: {}", src.display()), e))?;
+    let name =
+        CString::new(plan.exec_name.as_str()).map_err(|_| JailError::Step(format!("{}: a NUL byte", dst.display())))?;
     // A binary already there (a jail made again) is written over, as Firecracker does.
-    let (mut output, new) = match open(true) {
-        Ok(f) => (f, true),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            (open(false).map_err(|e| JailError::io(format!("Failed to open {}", dst.display()), e))?, false)
+    let output = match root.create_file(&name, libc::O_WRONLY, meta.mode()) {
+        Ok(f) => {
+            undo.made(root, name, false);
+            f
         }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => root
+            .open_file(&name, libc::O_WRONLY)
+            .map_err(|e| JailError::io(format!("Failed to open {}", dst.display()), e))?,
         Err(e) => return Err(JailError::io(format!("Failed to open {}", dst.display()), e)),
     };
-    if new {
-        undo.made_file(dst.clone());
-    }
     let links = output
         .metadata()
         .map_err(|e| JailError::io(format!("Cannot get metadata for a file: {}", dst.display()), e))?
@@ -124,60 +121,51 @@ fn copy_exec_file(plan: &Plan, undo: &mut Undo) -> Result<(), JailError> {
     }
     std::os::unix::fs::fchown(&output, Some(plan.uid), Some(plan.gid))
         .map_err(|e| JailError::io(format!("Failed to change owner for {}", dst.display()), e))?;
-    output
-        .set_len(0)
-        .map_err(|e| JailError::io(format!("Failed to copy {} to {}", src.display(), dst.display()), e))?;
-    std::io::copy(&mut input, &mut output)
-        .and_then(|_| output.flush())
-        .map_err(|e| JailError::io(format!("Failed to copy {} to {}", src.display(), dst.display()), e))?;
-    Ok(())
+    let failed = |e| JailError::io(format!("Failed to copy {} to {}", src.display(), dst.display()), e);
+    output.set_len(0).map_err(failed)?;
+    let mut output = std::io::BufWriter::new(output);
+    std::io::copy(&mut input, &mut output).map_err(failed)?;
+    output.flush().map_err(failed)
 }
 
-/// A new mount namespace whose root is the jail: `/` made a slave of the host's (nothing
-/// mounted here reaches it), the jail bound onto itself, pivot_root into it and the host's
-/// root unmounted. The working directory is the jail's `/`.
-pub fn enter(root: &Path, undo: &mut Undo) -> Result<(), JailError> {
+/// The jail made the root of this process's mount namespace: the jail bound onto itself
+/// (nothing mounted here reaches the host: `/` was made a slave in `prepare`), pivot_root
+/// into it and the host's root unmounted. Done on the jail's descriptors: no path is looked
+/// up, and no directory is made in the jail for the old root (pivot_root(".", "."): the old
+/// root is stacked on the new one, then unmounted).
+pub fn enter(jail: &Jail) -> Result<(), JailError> {
     let call = |r: libc::c_int, what: &str| if r == 0 { Ok(()) } else { Err(JailError::os(what)) };
-    let root_c = cstr(root)?;
-    // SAFETY: unshare takes flags only.
-    call(unsafe { libc::unshare(libc::CLONE_NEWNS) }, "Failed to unshare into new mount namespace")?;
-    let (none, slash) = (std::ptr::null(), c"/");
+    let root = CString::new(format!("/proc/self/fd/{}", jail.root.fd())).expect("no NUL in a number");
+    let none = std::ptr::null();
     // SAFETY: mount(2) with NUL-terminated strings we own and no data.
-    let r = unsafe { libc::mount(none, slash.as_ptr(), none, libc::MS_SLAVE | libc::MS_REC, std::ptr::null()) };
-    call(r, "Failed to change the propagation type to slave")?;
-    // SAFETY: as above.
-    let r =
-        unsafe { libc::mount(root_c.as_ptr(), root_c.as_ptr(), none, libc::MS_BIND | libc::MS_REC, std::ptr::null()) };
+    let r = unsafe { libc::mount(root.as_ptr(), root.as_ptr(), none, libc::MS_BIND | libc::MS_REC, std::ptr::null()) };
     call(r, "Failed to bind mount the jail root directory")?;
-    std::env::set_current_dir(root).map_err(|e| JailError::io("Failed to change current directory", e))?;
-    std::fs::create_dir("old_root")
-        .map_err(|e| JailError::io("Failed to create the jail root directory before pivoting root", e))?;
-    let (dot, old) = (c".", c"old_root");
-    // SAFETY: pivot_root with two NUL-terminated relative paths.
-    let pivoted = unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), old.as_ptr()) } == 0;
-    if !pivoted {
-        let e = JailError::os("Failed to pivot root");
-        let _ = std::fs::remove_dir("old_root");
-        return Err(e);
-    }
-    // From here the jail's files are reached from its own root.
-    undo.rebase(root, Path::new("/"));
-    std::env::set_current_dir("/").map_err(|e| JailError::io("Failed to chdir into chroot directory", e))?;
-    // SAFETY: umount2 of a NUL-terminated relative path.
-    call(unsafe { libc::umount2(old.as_ptr(), libc::MNT_DETACH) }, "Failed to unmount the old jail root")?;
-    std::fs::remove_dir("old_root").map_err(|e| JailError::io("Failed to remove old jail root directory", e))?;
-    Ok(())
+    // Looked up again from its parent: the lookup crosses into the bind mount just made,
+    // which pivot_root needs (the descriptor held is the directory under it).
+    let top = jail.id_dir.open_dir("root")?;
+    // SAFETY: fchdir on a descriptor we own.
+    call(unsafe { libc::fchdir(top.fd()) }, "Failed to change current directory")?;
+    let dot = c".";
+    // SAFETY: pivot_root with two NUL-terminated literals.
+    let pivoted = unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) } == 0;
+    call(if pivoted { 0 } else { -1 }, "Failed to pivot root")?;
+    // SAFETY: umount2 of a NUL-terminated literal: the old root, stacked on the jail.
+    call(unsafe { libc::umount2(dot.as_ptr(), libc::MNT_DETACH) }, "Failed to unmount the old jail root")?;
+    // SAFETY: chdir to a NUL-terminated literal.
+    call(unsafe { libc::chdir(c"/".as_ptr()) }, "Failed to chdir into chroot directory")
 }
 
-/// The pid file `/<exec name>.pid` (Firecracker's: created anew, the pid without a newline).
-pub fn write_pid_file(exec_name: &str, pid: libc::pid_t) -> Result<PathBuf, JailError> {
-    let path = PathBuf::from(format!("/{exec_name}.pid"));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&path)
+/// The pid file `/<exec name>.pid` in the jail (Firecracker's: created anew, the pid
+/// without a newline), recorded in `undo`.
+pub fn write_pid_file(jail: &Jail, exec_name: &str, pid: libc::pid_t, undo: &mut Undo) -> Result<(), JailError> {
+    let name = format!("{exec_name}.pid");
+    let path = jail.root.path_of(&name);
+    let name = CString::new(name).map_err(|_| JailError::Step(format!("{}: a NUL byte", path.display())))?;
+    let mut file = jail
+        .root
+        .create_file(&name, libc::O_WRONLY, 0o666)
         .map_err(|e| JailError::io(format!("Failed to open file {}", path.display()), e))?;
+    undo.made(&jail.root, name, false);
     file.write_all(pid.to_string().as_bytes())
-        .map_err(|e| JailError::io(format!("Failed to write to {}", path.display()), e))?;
-    Ok(path)
+        .map_err(|e| JailError::io(format!("Failed to write to {}", path.display()), e))
 }

@@ -6,6 +6,7 @@
 mod args;
 mod cgroup;
 mod error;
+mod fsat;
 mod jail;
 mod undo;
 
@@ -78,16 +79,8 @@ fn clock_us(clock: libc::clockid_t) -> u64 {
 /// Makes the jail and becomes the VMM in it; returns only on failure (with everything made
 /// removed).
 fn run(plan: Plan, start_us: u64, start_cpu_us: u64) -> Result<std::convert::Infallible, JailError> {
-    let mut undo = Undo::default();
-    jail::prepare(&plan, &mut undo)?;
-    if let Some(netns) = &plan.netns {
-        // SAFETY: setns on a namespace file we opened and checked.
-        if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(netns), libc::CLONE_NEWNET) } != 0 {
-            return Err(JailError::os("--netns: Failed to join network namespace: netns"));
-        }
-    }
-    set_limits(&plan)?;
-    cgroup::setup(&plan.cgroups, plan.cgroup_version, &plan.parent_cgroup, &plan.id, &mut undo)?;
+    // Opened before the jail's mount namespace is made (in `prepare`), so the VMM's stdio
+    // is the host's /dev/null by its path too.
     let dev_null = if plan.daemonize {
         Some(
             std::fs::OpenOptions::new()
@@ -99,7 +92,17 @@ fn run(plan: Plan, start_us: u64, start_cpu_us: u64) -> Result<std::convert::Inf
     } else {
         None
     };
-    jail::enter(&plan.chroot_dir, &mut undo)?;
+    let mut undo = Undo::default();
+    let jail = jail::prepare(&plan, &mut undo)?;
+    if let Some(netns) = &plan.netns {
+        // SAFETY: setns on a namespace file we opened and checked.
+        if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(netns), libc::CLONE_NEWNET) } != 0 {
+            return Err(JailError::os("--netns: Failed to join network namespace: netns"));
+        }
+    }
+    set_limits(&plan)?;
+    cgroup::setup(&plan.cgroups, plan.cgroup_version, &plan.parent_cgroup, &plan.id, &mut undo)?;
+    jail::enter(&jail)?;
     if let Some(dev_null) = dev_null {
         daemonize(&dev_null)?;
     }
@@ -119,7 +122,7 @@ fn run(plan: Plan, start_us: u64, start_cpu_us: u64) -> Result<std::convert::Inf
                 }
             }
             pid => {
-                jail::write_pid_file(&plan.exec_name, pid as libc::pid_t)?;
+                jail::write_pid_file(&jail, &plan.exec_name, pid as libc::pid_t, &mut undo)?;
                 undo.forget();
                 // SAFETY: the parent's work is done; the child goes on in the jail.
                 unsafe { libc::_exit(0) };
@@ -127,8 +130,7 @@ fn run(plan: Plan, start_us: u64, start_cpu_us: u64) -> Result<std::convert::Inf
         }
     } else {
         // SAFETY: getpid reads this process's id.
-        let pid_file = jail::write_pid_file(&plan.exec_name, unsafe { libc::getpid() })?;
-        undo.made_file(pid_file);
+        jail::write_pid_file(&jail, &plan.exec_name, unsafe { libc::getpid() }, &mut undo)?;
     }
     Err(exec(&plan, start_us, jailer_cpu_us, undo))
 }

@@ -1,15 +1,19 @@
 //! What the jailer made, undone if a later step fails: nothing is left behind outside the
-//! jail, and a failed jail is removed whole (Firecracker leaves both). cgroups are held by
-//! open descriptors, which still reach them once the host's root is unmounted (pivot_root).
+//! jail, and a failed jail is removed whole (Firecracker leaves both). Everything is held
+//! by open descriptors (a name in an open directory, a cgroup's parent): they still reach
+//! the host's files once the host's root is unmounted (pivot_root), and a name is never
+//! looked up through a link the jailed user put in the jail meanwhile.
 
+use crate::fsat::Dir;
 use std::ffi::CString;
 use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 
 enum Made {
-    File(PathBuf),
-    Dir(PathBuf),
+    /// A file or directory (`true`) made in an open directory, by name.
+    Entry(Dir, CString, bool),
     /// A cgroup directory: its parent, open, and its name.
     Cgroup(std::fs::File, CString, PathBuf),
     /// The process joined a cgroup; undone by writing its pid to its old one's procs file.
@@ -22,12 +26,9 @@ pub struct Undo {
 }
 
 impl Undo {
-    pub fn made_file(&mut self, path: PathBuf) {
-        self.made.push(Made::File(path));
-    }
-
-    pub fn made_dir(&mut self, path: PathBuf) {
-        self.made.push(Made::Dir(path));
+    /// `name` was made in `dir` (a directory if `is_dir`).
+    pub fn made(&mut self, dir: &Dir, name: CString, is_dir: bool) {
+        self.made.push(Made::Entry(dir.clone(), name, is_dir));
     }
 
     /// A cgroup directory made (its parent is opened now, to remove it later from anywhere).
@@ -46,17 +47,6 @@ impl Undo {
         }
     }
 
-    /// The jail's paths under `from` are now under `to` (after pivot_root).
-    pub fn rebase(&mut self, from: &Path, to: &Path) {
-        for made in &mut self.made {
-            if let Made::File(p) | Made::Dir(p) = made {
-                if let Ok(rest) = p.strip_prefix(from) {
-                    *p = to.join(rest);
-                }
-            }
-        }
-    }
-
     /// Keeps everything: the jail is made.
     pub fn forget(&mut self) {
         self.made.clear();
@@ -66,8 +56,9 @@ impl Undo {
     pub fn run(&mut self) {
         while let Some(made) = self.made.pop() {
             let (what, result) = match made {
-                Made::File(p) => (p.clone(), std::fs::remove_file(&p)),
-                Made::Dir(p) => (p.clone(), std::fs::remove_dir(&p)),
+                Made::Entry(dir, name, is_dir) => {
+                    (dir.path_of(std::ffi::OsStr::from_bytes(name.to_bytes())), dir.remove(&name, is_dir))
+                }
                 Made::Cgroup(parent, name, p) => {
                     // SAFETY: unlinkat on a directory fd we own and a NUL-terminated name.
                     let r = unsafe { libc::unlinkat(parent.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) };

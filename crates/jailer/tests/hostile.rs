@@ -6,6 +6,8 @@
 
 mod common;
 use common::*;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -48,12 +50,68 @@ fn flags<'a>(id: &'a str, base: &'a Path, uid: &'a str) -> Vec<&'a str> {
     ]
 }
 
+/// `<base>/true/<id>/root` made as a jail left by an earlier run: the jailed user's, 0700.
+fn old_jail(base: &Path, id: &str, uid: u32) -> PathBuf {
+    let root = base.join("true").join(id).join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    std::os::unix::fs::chown(&root, Some(uid), Some(uid)).unwrap();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).unwrap();
+    root
+}
+
+/// Runs `program args` as `uid` (the jailed user at work in its jail).
+fn as_user(uid: u32, program: &str, args: &[&Path]) {
+    let status = Command::new(program).args(args).uid(uid).gid(uid).status().unwrap();
+    assert!(status.success(), "{program} {args:?} as {uid}");
+}
+
 /// The exit, and stderr checked to be one line with `words`.
 fn refused(out: &Output, words: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.starts_with("exitless-jailer: ") && stderr.contains(words), "{words:?} in {stderr}");
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
     assert_eq!(out.status.code(), Some(1), "{stderr}");
+}
+
+/// Item 1: a link the jailed user put where the jailer makes `dev`, `dev/net` or `run`
+/// is refused, and what it points at (a host directory) keeps its owner, its mode and its
+/// emptiness: the jailer used to chown it to the jailed user, chmod it 0700 and mknod
+/// /dev/kvm and the rest in it.
+#[test]
+fn a_link_the_jailed_user_planted_is_refused_not_followed() {
+    if !root_or_skip("a_link_the_jailed_user_planted_is_refused_not_followed") {
+        return;
+    }
+    const UID: u32 = 12345;
+    let dir = tempdir("planted");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let base = dir.join("base");
+    let victim = dir.join("victim");
+    std::fs::create_dir_all(&victim).unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let uid = UID.to_string();
+    for (id, link) in [("vm1", "dev"), ("vm2", "run"), ("vm3", "dev/net")] {
+        let root = old_jail(&base, id, UID);
+        if link == "dev/net" {
+            as_user(UID, "mkdir", &[&root.join("dev")]);
+        }
+        as_user(UID, "ln", &[Path::new("-s"), &victim, &root.join(link)]);
+        let out = jailer(&flags(id, &base, &uid), Duration::from_secs(20)).expect("the jailer ended");
+        let meta = std::fs::metadata(&victim).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+            (0, 0, 0o755),
+            "{link}: the victim's owner and mode"
+        );
+        let inside: Vec<_> = std::fs::read_dir(&victim).unwrap().flatten().map(|e| e.path()).collect();
+        assert!(inside.is_empty(), "{link}: nothing made in the victim: {inside:?}");
+        refused(&out, &format!("{} is a symlink: refused", root.join(link).display()));
+        // The link is left as the jailed user made it; the binary copied in before the
+        // refusal is removed.
+        assert!(std::fs::symlink_metadata(root.join(link)).unwrap().file_type().is_symlink());
+        assert!(!root.join("true").exists(), "{link}: the copied binary removed");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Everything under `dir`.
