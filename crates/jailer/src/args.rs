@@ -199,7 +199,11 @@ fn check_base(base: &Path) -> Result<PathBuf, String> {
 /// The network namespace at `path`, checked to be one (an nsfs file whose type is a network
 /// namespace), open for setns.
 fn open_netns(path: &Path) -> Result<std::fs::File, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("Failed to open file {}: {e}", path.display()))?;
+    // Opened only once seen to be a regular file (nsfs files are): a FIFO's open would wait.
+    let file = crate::fsat::open_regular_path(path, true, libc::O_RDONLY).map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput => format!("{} is not a network namespace", path.display()),
+        _ => format!("Failed to open file {}: {e}", path.display()),
+    })?;
     const NS_GET_NSTYPE: libc::Ioctl = 0xb703;
     // SAFETY: an ioctl on a file we own that takes no argument.
     let kind = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&file), NS_GET_NSTYPE) };

@@ -8,6 +8,15 @@ use crate::error::JailError;
 use crate::undo::Undo;
 use std::path::{Path, PathBuf};
 
+/// What the jailer reads of /proc/mounts (a host with tens of thousands of mounts has a
+/// few MiB) and of any other kernel file (a cgroup's value, /proc/self/cgroup).
+const MOUNTS_CAP: u64 = 64 << 20;
+const FILE_CAP: u64 = 1 << 20;
+
+fn read_kernel_file(path: impl AsRef<Path>, cap: u64) -> std::io::Result<String> {
+    crate::fsat::read_kernel_file(path.as_ref(), cap)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Version {
     V1,
@@ -63,7 +72,7 @@ struct Mounts {
 }
 
 fn mounts() -> Result<Mounts, String> {
-    let text = std::fs::read_to_string("/proc/mounts").map_err(|e| format!("Failed to open file /proc/mounts: {e}"))?;
+    let text = read_kernel_file("/proc/mounts", MOUNTS_CAP).map_err(|e| format!("Failed to read /proc/mounts: {e}"))?;
     let mut found = Mounts { v1: Vec::new(), unified: None };
     for line in text.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
@@ -79,7 +88,7 @@ fn mounts() -> Result<Mounts, String> {
 /// This process's cgroup in the hierarchy `key` names in /proc/self/cgroup (a v1
 /// controller, or "" for v2), to move back to on failure.
 fn own_cgroup(key: &str) -> Option<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let text = read_kernel_file("/proc/self/cgroup", FILE_CAP).ok()?;
     text.lines().find_map(|line| {
         let mut parts = line.splitn(3, ':');
         let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
@@ -144,7 +153,7 @@ pub fn setup(args: &[CgroupArg], version: Version, parent: &Path, id: &str, undo
                 }
                 return Ok(());
             }
-            let available = std::fs::read_to_string(unified.join("cgroup.controllers")).unwrap_or_default();
+            let available = read_kernel_file(unified.join("cgroup.controllers"), FILE_CAP).unwrap_or_default();
             let dir = unified.join(parent).join(id);
             for arg in args {
                 if !available.split_whitespace().any(|c| c == arg.controller) {
@@ -184,7 +193,7 @@ fn inherit(dir: &Path, file: &str, depth: usize) -> Result<(), JailError> {
         )
     };
     let parent = dir.parent().ok_or_else(refused)?;
-    let read = || std::fs::read_to_string(parent.join(file)).unwrap_or_default();
+    let read = || read_kernel_file(parent.join(file), FILE_CAP).unwrap_or_default();
     let mut value = read();
     if value.trim().is_empty() && depth > 0 {
         inherit(parent, file, depth - 1)?;

@@ -1,14 +1,16 @@
 //! Paths walked one open directory at a time and never through a symlink. The jail's root
-//! and everything in it belong to the jailed user, who may have put a link in place of
-//! any name in it; a path string handed to chown, chmod or mknod would follow
+//! and everything in it belong to the jailed user, who may have put a link (or a FIFO) in
+//! place of any name in it; a path string handed to chown, chmod or mknod would follow
 //! such a link out of the jail as root. So every step here acts on a descriptor checked
 //! first, or on a name relative to one, with the flags that keep the kernel from following.
 
 use crate::error::JailError;
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
+use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::rc::Rc;
 
@@ -46,6 +48,51 @@ fn fstat(fd: RawFd) -> std::io::Result<libc::stat> {
 
 fn is(st: &libc::stat, kind: libc::mode_t) -> bool {
     st.st_mode & libc::S_IFMT == kind
+}
+
+/// The error for a name that is not a regular file (ErrorKind::InvalidInput).
+fn not_regular() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file: refused")
+}
+
+/// `fd` (opened O_PATH, so no FIFO or device was opened) checked to be a regular file,
+/// then opened for real with `flags` through /proc/self/fd: the same inode, not whatever
+/// has the name by now.
+fn reopen_regular(fd: OwnedFd, flags: libc::c_int) -> std::io::Result<File> {
+    if !is(&fstat(fd.as_raw_fd())?, libc::S_IFREG) {
+        return Err(not_regular());
+    }
+    let proc = CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL in a number");
+    // SAFETY: open with a NUL-terminated path we own.
+    Ok(File::from(owned(unsafe { libc::open(proc.as_ptr(), flags | libc::O_CLOEXEC) })?))
+}
+
+/// The regular file at `path`, open with `flags`; its last component is followed only if
+/// `follow` (the caller trusts the path up to it). A FIFO or device there is refused
+/// (ErrorKind::InvalidInput) without being opened.
+pub fn open_regular_path(path: &Path, follow: bool, flags: libc::c_int) -> std::io::Result<File> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL byte in the path"))?;
+    let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+    // SAFETY: open with a NUL-terminated path we own.
+    let fd = owned(unsafe { libc::open(c.as_ptr(), libc::O_PATH | nofollow | libc::O_CLOEXEC) })?;
+    reopen_regular(fd, flags)
+}
+
+/// A kernel file (/proc, a cgroup's) read whole, up to `cap` bytes: its size is not known
+/// before reading (stat says 0), so the cap bounds what is kept.
+pub fn read_kernel_file(path: &Path, cap: u64) -> std::io::Result<String> {
+    // O_NONBLOCK: a FIFO in its place would not keep the open waiting.
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    if !is(&fstat(file.as_raw_fd())?, libc::S_IFREG) {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut text = String::new();
+    file.take(cap + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > cap {
+        return Err(std::io::Error::other(format!("longer than {cap} bytes")));
+    }
+    Ok(text)
 }
 
 impl Dir {
@@ -180,12 +227,13 @@ impl Dir {
         Ok(File::from(fd))
     }
 
-    /// The existing file `name`, open with `flags`; a link there is refused (ELOOP), not
-    /// followed.
-    pub fn open_file(&self, name: &CStr, flags: libc::c_int) -> std::io::Result<File> {
-        let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    /// The existing regular file `name`, open with `flags`; a link, a FIFO, a device or a
+    /// directory is refused (ErrorKind::InvalidInput) without being opened.
+    pub fn open_regular(&self, name: &CStr, flags: libc::c_int) -> std::io::Result<File> {
+        let opath = libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC;
         // SAFETY: openat on our directory and a NUL-terminated name.
-        Ok(File::from(owned(unsafe { libc::openat(self.raw(), name.as_ptr(), flags) })?))
+        let fd = owned(unsafe { libc::openat(self.raw(), name.as_ptr(), opath) })?;
+        reopen_regular(fd, flags)
     }
 
     /// Removes `name` from this directory (a directory if `dir`).

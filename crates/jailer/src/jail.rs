@@ -8,10 +8,10 @@
 
 use crate::args::Plan;
 use crate::error::JailError;
-use crate::fsat::Dir;
+use crate::fsat::{self, Dir};
 use crate::undo::Undo;
 use std::ffi::CString;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 
 /// The device nodes the VMM opens: (path in the jail, major, minor, required). KVM, taps,
@@ -27,7 +27,7 @@ fn devices() -> Vec<(&'static str, u32, u32, bool)> {
 
 /// The misc minor of /dev/userfaultfd, from the host's /proc/misc.
 fn userfaultfd_minor() -> Option<u32> {
-    let text = std::fs::read_to_string("/proc/misc").ok()?;
+    let text = fsat::read_kernel_file(std::path::Path::new("/proc/misc"), 1 << 20).ok()?;
     text.lines().find_map(|l| {
         let mut f = l.split_whitespace();
         let minor = f.next()?;
@@ -90,13 +90,15 @@ pub fn prepare(plan: &Plan, undo: &mut Undo) -> Result<Jail, JailError> {
 
 /// The binary copied (never linked: a hard link would let the jailed user change the
 /// host's file) to `<root>/<exec name>`, owned by the jailed user, its mode kept. The
-/// destination (the jailed user's to replace) is made new, or else opened without
-/// following a link.
+/// source is checked to be a regular file on the descriptor it is read from, and read to
+/// the size checked; the destination (the jailed user's to replace) is made new, or else
+/// must be a regular file with one link: a link, a FIFO (whose open would wait for a
+/// reader) or a device there is refused without being opened.
 fn copy_exec_file(plan: &Plan, root: &Dir, undo: &mut Undo) -> Result<(), JailError> {
     let src = &plan.exec_file;
     let dst = root.path_of(&plan.exec_name);
-    let mut input =
-        std::fs::File::open(src).map_err(|e| JailError::io(format!("Failed to open {}", src.display()), e))?;
+    let input = fsat::open_regular_path(src, false, libc::O_RDONLY)
+        .map_err(|e| JailError::io(format!("Failed to open {}", src.display()), e))?;
     let meta =
         input.metadata().map_err(|e| JailError::io(format!("Cannot get metadata for a file: {}", src.display()), e))?;
     let name =
@@ -108,7 +110,7 @@ fn copy_exec_file(plan: &Plan, root: &Dir, undo: &mut Undo) -> Result<(), JailEr
             f
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => root
-            .open_file(&name, libc::O_WRONLY)
+            .open_regular(&name, libc::O_WRONLY)
             .map_err(|e| JailError::io(format!("Failed to open {}", dst.display()), e))?,
         Err(e) => return Err(JailError::io(format!("Failed to open {}", dst.display()), e)),
     };
@@ -124,8 +126,12 @@ fn copy_exec_file(plan: &Plan, root: &Dir, undo: &mut Undo) -> Result<(), JailEr
     let failed = |e| JailError::io(format!("Failed to copy {} to {}", src.display(), dst.display()), e);
     output.set_len(0).map_err(failed)?;
     let mut output = std::io::BufWriter::new(output);
-    std::io::copy(&mut input, &mut output).map_err(failed)?;
-    output.flush().map_err(failed)
+    let copied = std::io::copy(&mut input.take(meta.len()), &mut output).map_err(failed)?;
+    output.flush().map_err(failed)?;
+    if copied != meta.len() {
+        return Err(JailError::Step(format!("Failed to copy {}: it changed while copied", src.display())));
+    }
+    Ok(())
 }
 
 /// The jail made the root of this process's mount namespace: the jail bound onto itself

@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -111,6 +111,45 @@ fn a_link_the_jailed_user_planted_is_refused_not_followed() {
         assert!(std::fs::symlink_metadata(root.join(link)).unwrap().file_type().is_symlink());
         assert!(!root.join("true").exists(), "{link}: the copied binary removed");
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Item 6: a FIFO the jailed user put where the jailer copies the binary is refused at
+/// once (the jailer's open for writing used to wait for a reader forever).
+#[test]
+fn a_fifo_in_place_of_the_jails_binary_is_refused_at_once() {
+    if !root_or_skip("a_fifo_in_place_of_the_jails_binary_is_refused_at_once") {
+        return;
+    }
+    const UID: u32 = 12346;
+    let dir = tempdir("fifo");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let base = dir.join("base");
+    let root = old_jail(&base, "vm1", UID);
+    as_user(UID, "mkfifo", &[&root.join("true")]);
+    let uid = UID.to_string();
+    let out = jailer(&flags("vm1", &base, &uid), Duration::from_secs(10)).expect("the jailer waited on the FIFO");
+    refused(&out, &format!("Failed to open {}: not a regular file: refused", root.join("true").display()));
+    assert!(std::fs::symlink_metadata(root.join("true")).unwrap().file_type().is_fifo());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The same for --netns: a FIFO given as the namespace is refused at once, not opened.
+#[test]
+fn a_fifo_as_the_network_namespace_is_refused_at_once() {
+    if !root_or_skip("a_fifo_as_the_network_namespace_is_refused_at_once") {
+        return;
+    }
+    let dir = tempdir("netns-fifo");
+    let base = dir.join("base");
+    std::fs::create_dir(&base).unwrap();
+    let fifo = dir.join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let mut args = flags("vm1", &base, "12347");
+    args.extend(["--netns", fifo.to_str().unwrap()]);
+    let out = jailer(&args, Duration::from_secs(10)).expect("the jailer waited on the FIFO");
+    refused(&out, &format!("--netns: {} is not a network namespace", fifo.display()));
+    assert_eq!(std::fs::read_dir(&base).unwrap().count(), 0, "nothing made");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
