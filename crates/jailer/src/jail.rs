@@ -161,6 +161,14 @@ pub fn enter(jail: &Jail) -> Result<(), JailError> {
     call(unsafe { libc::chdir(c"/".as_ptr()) }, "Failed to chdir into chroot directory")
 }
 
+/// The pid file another process wrote, recorded in `undo` (--new-pid-ns: the parent
+/// writes it, the child removes it if its exec fails).
+pub fn pid_file_made(jail: &Jail, exec_name: &str, undo: &mut Undo) -> Result<(), JailError> {
+    let name = CString::new(format!("{exec_name}.pid")).map_err(|_| JailError::Step("a NUL byte".into()))?;
+    undo.made(&jail.root, name, false);
+    Ok(())
+}
+
 /// The pid file `/<exec name>.pid` in the jail (Firecracker's: created anew, the pid
 /// without a newline), recorded in `undo`.
 pub fn write_pid_file(jail: &Jail, exec_name: &str, pid: libc::pid_t, undo: &mut Undo) -> Result<(), JailError> {

@@ -110,19 +110,34 @@ fn run(plan: Plan, start_us: u64, start_cpu_us: u64) -> Result<std::convert::Inf
     if plan.new_pid_ns {
         // SAFETY: getsid(0) and getpid() read this process's ids.
         let leader = !plan.daemonize && unsafe { libc::getsid(0) == libc::getpid() };
+        // The child waits until the parent has written the pid file, so that the pid file
+        // is the child's to remove should its exec fail (the parent has gone by then).
+        let (ready_rx, mut ready_tx) = std::io::pipe().map_err(|e| JailError::io("Failed to create a pipe", e))?;
         // SAFETY: a fork-like clone into a new PID namespace (no stack: the child runs on a
         // copy of this one, as after fork); this process is single-threaded.
         let child = unsafe { libc::syscall(libc::SYS_clone, libc::CLONE_NEWPID, 0usize, 0usize, 0usize, 0usize) };
         match child {
             -1 => return Err(JailError::os("--new-pid-ns: Failed cloning into a new child process")),
             0 => {
+                drop(ready_tx);
+                let mut byte = [0u8];
+                if std::io::Read::read(&mut &ready_rx, &mut byte).ok() != Some(1) {
+                    // The parent failed and removes the jail itself.
+                    undo.forget();
+                    // SAFETY: leaving without running anything else of the jailer.
+                    unsafe { libc::_exit(1) };
+                }
+                jail::pid_file_made(&jail, &plan.exec_name, &mut undo)?;
                 // SAFETY: setsid in the new namespace's first process.
                 if leader && unsafe { libc::setsid() } < 0 {
                     return Err(JailError::os("Failed to daemonize: setsid"));
                 }
             }
             pid => {
+                drop(ready_rx);
                 jail::write_pid_file(&jail, &plan.exec_name, pid as libc::pid_t, &mut undo)?;
+                std::io::Write::write_all(&mut ready_tx, b"1")
+                    .map_err(|e| JailError::io("Failed to start the child", e))?;
                 undo.forget();
                 // SAFETY: the parent's work is done; the child goes on in the jail.
                 unsafe { libc::_exit(0) };
@@ -177,10 +192,15 @@ fn daemonize(dev_null: &std::fs::File) -> Result<(), JailError> {
 }
 
 /// Becomes `/<exec name>` as the jailed user and group (supplementary groups dropped), with
-/// no environment and Firecracker's arguments before the caller's: returns only on failure.
+/// no environment and Firecracker's arguments before the caller's: returns only on failure,
+/// root again and with the jail removed.
 fn exec(plan: &Plan, start_us: u64, jailer_cpu_us: u64, mut undo: Undo) -> JailError {
     let program = format!("/{}", plan.exec_name);
     let cpu_now = clock_us(libc::CLOCK_PROCESS_CPUTIME_ID);
+    if let Err(e) = drop_ids(plan) {
+        undo.run();
+        return e;
+    }
     let e = std::process::Command::new(&program)
         .arg0(&program)
         .args(["--id", &plan.id])
@@ -190,10 +210,32 @@ fn exec(plan: &Plan, start_us: u64, jailer_cpu_us: u64, mut undo: Undo) -> JailE
         .args(&plan.extra)
         .env_clear()
         .current_dir("/")
-        .gid(plan.gid)
-        .uid(plan.uid)
         .exec();
     let failed = JailError::Step(format!("Failed to exec into {program}: {e}"));
+    // SAFETY: setresuid takes numbers; the saved uid is still 0 (see drop_ids).
+    if unsafe { libc::setresuid(0, 0, 0) } != 0 {
+        return JailError::os(format!("{failed}; cannot take root back to remove the jail"));
+    }
     undo.run();
     failed
+}
+
+/// The jailed group and user, supplementary groups dropped, but the saved uid kept 0:
+/// execve makes it the jailed uid too (and clears the capabilities), while a failed exec
+/// can take root back to remove the jail (std's Command::uid is a setuid: root gone for
+/// good, the jail left behind).
+fn drop_ids(plan: &Plan) -> Result<(), JailError> {
+    // SAFETY: setgroups with no list, setresgid and setresuid with numbers.
+    unsafe {
+        if libc::setgroups(0, std::ptr::null()) != 0 {
+            return Err(JailError::os("Failed to drop supplementary groups"));
+        }
+        if libc::setresgid(plan.gid, plan.gid, plan.gid) != 0 {
+            return Err(JailError::os(format!("Failed to set gid {}", plan.gid)));
+        }
+        if libc::setresuid(plan.uid, plan.uid, 0) != 0 {
+            return Err(JailError::os(format!("Failed to set uid {}", plan.uid)));
+        }
+    }
+    Ok(())
 }

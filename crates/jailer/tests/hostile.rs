@@ -153,6 +153,41 @@ fn a_fifo_as_the_network_namespace_is_refused_at_once() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Item 7: a jail whose exec fails (after pivot_root: a binary that is no program) is
+/// removed whole, `<base>/<exec name>` included; the jailer used to leave
+/// `<base>/<exec name>/<id>/root` (`cannot undo /: Resource busy`). With --new-pid-ns the
+/// child that fails removes it, pid file included, after the jailer has ended.
+#[test]
+fn a_jail_that_fails_after_the_pivot_is_removed_whole() {
+    if !root_or_skip("a_jail_that_fails_after_the_pivot_is_removed_whole") {
+        return;
+    }
+    let dir = tempdir("after-pivot");
+    let base = dir.join("base");
+    std::fs::create_dir(&base).unwrap();
+    let program = dir.join("noprogram");
+    std::fs::write(&program, b"neither ELF nor #!").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (id, mode) in [("plain", None), ("pidns", Some("--new-pid-ns"))] {
+        let mut args = flags(id, &base, "12348");
+        args[3] = program.to_str().unwrap();
+        args.extend(mode);
+        let out = jailer(&args, Duration::from_secs(20)).expect("the jailer ended");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // The --new-pid-ns child may still be removing it as the jailer's output ends.
+        let start = Instant::now();
+        while base.join("noprogram").exists() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let left: Vec<_> = walk(&base);
+        assert!(left.is_empty(), "{id}: left on the host: {left:?}\n{stderr}");
+        assert!(stderr.contains("Failed to exec into /noprogram"), "{id}: {stderr}");
+        assert!(!stderr.contains("cannot undo"), "{id}: {stderr}");
+        assert_eq!(out.status.code(), Some(if mode.is_some() { 0 } else { 1 }), "{id}: {stderr}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Everything under `dir`.
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
