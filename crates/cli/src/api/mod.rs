@@ -13,6 +13,7 @@ mod balloon;
 pub mod fuzzing;
 mod hotplug;
 mod landlock;
+pub mod log_rate;
 pub mod logging;
 mod metrics;
 mod mmds;
