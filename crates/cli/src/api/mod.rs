@@ -20,6 +20,7 @@ mod mmds;
 pub mod model;
 mod pmem;
 mod routes;
+mod serial;
 mod server;
 mod sink;
 mod snapshot;

@@ -40,7 +40,6 @@ pub enum Then {
 /// Paths of Firecracker's API exitless refuses, by their first components.
 const NOT_SUPPORTED: &[(&[&str], &str)] = &[
     (&["cpu-config"], "custom CPU templates"),
-    (&["serial"], "serial output redirection"),
     // Memory hotplug is served; device hotplug (/hotplug/<device>) is not.
     (&["hotplug"], "device hotplug"),
 ];
@@ -107,6 +106,7 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PUT", ["logger"]) => done(vm.set_logger(parse(body)?)),
         ("PUT", ["metrics"]) => done(vm.set_metrics(parse(body)?, metrics)),
         ("PUT", ["entropy"]) => done(vm.set_entropy(parse(body)?)),
+        ("PUT", ["serial"]) => done(vm.set_serial(parse(body)?)),
         ("PUT", ["vsock"]) => done(vm.set_vsock(parse(body)?)),
         ("PUT", ["pmem", id]) => done(vm.set_pmem(check_id(id)?, parse(body)?)),
         ("PATCH", ["pmem", id]) => done(vm.update_pmem(check_id(id)?, parse(body)?)),

@@ -248,6 +248,17 @@ impl Vm {
         Ok(())
     }
 
+    /// `PUT /serial`: the console's output path and byte rate limit, before boot (and before
+    /// a snapshot load, whose console it also sets, as Firecracker's does).
+    pub fn set_serial(&mut self, s: super::model::Serial) -> Result<(), Fault> {
+        self.pre_boot()?;
+        if s.serial_out_path.as_deref() == Some("") {
+            return Err(Fault("The serial_out_path is empty.".into()));
+        }
+        self.config.serial = Some(s);
+        Ok(())
+    }
+
     /// `PUT /entropy`: a virtio-rng device (again: its new rate limits), before boot.
     pub fn set_entropy(&mut self, e: super::model::Entropy) -> Result<(), Fault> {
         self.pre_boot()?;
@@ -379,6 +390,7 @@ impl Vm {
                 ..DriveConfig::new(&d.path_on_host)
             })
             .collect();
+        let (serial_out, serial_in) = super::serial::console(self.config.serial.as_ref())?;
         let config = exitless_vmm::MachineConfig {
             mem_size: mem,
             vcpus: mc.vcpu_count,
@@ -388,8 +400,8 @@ impl Vm {
             devices: exitless_vmm::DeviceConfig {
                 boot_timer: self.boot_timer,
                 transport,
-                serial_in: crate::terminal::console_input(),
-                serial_out: Box::new(crate::LiveStdout),
+                serial_in,
+                serial_out,
                 nets,
                 drives,
                 entropy: self.config.entropy.map(|e| super::model::limits(e.rate_limiter.as_ref())),
