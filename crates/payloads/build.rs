@@ -25,6 +25,7 @@ const PAYLOADS: &[(&str, &str)] = &[
     ("netpair", "lab frames on two NICs at once, each with its own sequence numbers"),
     ("mmdsget", "an MMDS client: ARP, TCP and HTTP to 169.254.169.254, token, three keys checked byte for byte"),
     ("vsockecho", "a vsock echo server on a port (and optionally a client of the host), every byte within credit"),
+    ("vsockflood", "a hostile vsock driver: no receive buffers, its transmit ring full of packets each answered RST"),
     ("rngread", "reads entropy from virtio-rng: every buffer filled, no two alike, a read-only buffer refused"),
     ("crash", "fails on purpose: triple fault (default) or spins forever (--params 2)"),
     (

@@ -4,7 +4,7 @@
 //! it said it consumed. Bytes move between guest memory and the socket with readv/writev;
 //! only what the socket refuses is copied, into a buffer the credit bounds.
 
-use super::packet::{Header, OP_CREDIT_UPDATE};
+use super::packet::Header;
 use crate::virtio::chain::{self, Segment};
 use std::io::{ErrorKind, Write};
 use std::os::fd::AsRawFd;
@@ -51,6 +51,8 @@ pub struct Conn {
     /// The guest asked for credit (CREDIT_REQUEST): the next byte the socket takes is
     /// worth a CREDIT_UPDATE, however few (the guest may be stopped until it hears).
     pub credit_requested: bool,
+    /// Control packets this connection owes the guest (muxer/control.rs).
+    pub replies: u8,
 }
 
 /// What a read from the socket into the guest's buffer gave.
@@ -78,6 +80,7 @@ impl Conn {
             host_closed: false,
             waiting_for_credit: false,
             credit_requested: false,
+            replies: 0,
         }
     }
 
@@ -109,9 +112,12 @@ impl Conn {
         freed >= CREDIT_UPDATE_AFTER || (self.credit_requested && freed > 0)
     }
 
-    pub fn credit_update(&mut self, guest_cid: u64) -> Header {
-        self.credit_requested = false;
-        self.header(guest_cid, OP_CREDIT_UPDATE, 0)
+    /// A CREDIT_UPDATE goes out now: a request for credit is answered once one brings
+    /// some the guest has not heard of.
+    pub fn credit_told(&mut self) {
+        if self.fwd_cnt != self.fwd_cnt_sent {
+            self.credit_requested = false;
+        }
     }
 
     /// The guest's payload (`segs`, `len` bytes): written to the socket from guest memory,
