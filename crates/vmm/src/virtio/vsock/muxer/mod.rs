@@ -75,7 +75,7 @@ pub struct Muxer {
     next_local_port: u32,
     /// Packets for the guest without payload, in order, bounded (control.rs).
     control: Control,
-    /// Streams with data for the guest, in turn.
+    /// Streams with data for the guest, in turn; each at most once (`Conn::readable`).
     ready: VecDeque<Key>,
     /// Host-initiated streams waiting for the guest's RESPONSE, oldest first.
     connecting: VecDeque<(std::time::Instant, Key)>,
@@ -310,6 +310,12 @@ impl Muxer {
         self.control.reply(key, &mut conn, REPLY_REQUEST);
         self.tokens.insert(token, Entry::Conn(key));
         self.conns.insert(key, (token, conn));
+        // Entries outlive their connections until they expire: a host that connects and
+        // leaves quickly must not grow the list, so the stale ones go when it is long.
+        if self.connecting.len() >= MAX_CONNECTIONS {
+            let conns = &self.conns;
+            self.connecting.retain(|(_, k)| conns.get(k).is_some_and(|(_, c)| c.state == State::Connecting));
+        }
         self.connecting.push_back((std::time::Instant::now(), key));
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
     }
@@ -333,8 +339,13 @@ impl Muxer {
             Some(Entry::Conn(key)) => {
                 if let Some((_, conn)) = self.conns.remove(&key) {
                     let _ = epoll.ctl(ControlOperation::Delete, conn.stream.as_raw_fd(), EpollEvent::default());
-                    // What it owed goes with it (it holds a connection at most once).
+                    // What it owed or had ready goes with it: a guest that opens and
+                    // resets connections while taking no packets must not grow either
+                    // queue (each holds a connection at most once, so this is short).
                     self.control.forget(key, &conn);
+                    if conn.readable {
+                        self.ready.retain(|k| *k != key);
+                    }
                 }
             }
             None => {}
@@ -386,16 +397,4 @@ impl Muxer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::virtio::chain;
-
-    #[test]
-    fn skips_the_header_across_segments() {
-        let s = |addr, len| Segment { addr, len, writable: true };
-        let out = chain::skip(&[s(0x1000, 16), s(0x2000, 100)], HEADER_LEN);
-        assert_eq!(out.len(), 1);
-        assert_eq!((out[0].addr, out[0].len), (0x2000 + 28, 72));
-        assert!(chain::skip(&[s(0x1000, 44)], HEADER_LEN).is_empty());
-    }
-}
+mod tests;

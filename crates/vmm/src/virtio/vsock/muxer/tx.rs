@@ -116,8 +116,11 @@ impl Muxer {
             // Every packet carries the guest's credit: a stream that stopped for it goes on.
             if conn.waiting_for_credit && conn.peer_credit() > 0 {
                 conn.waiting_for_credit = false;
-                conn.readable = true;
-                self.ready.push_back(key);
+                // Unless the socket put it back already: a stream is in `ready` once.
+                if !conn.readable {
+                    conn.readable = true;
+                    self.ready.push_back(key);
+                }
             }
         }
         if data {
