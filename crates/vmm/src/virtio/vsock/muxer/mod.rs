@@ -10,7 +10,7 @@ mod event;
 mod rx;
 mod tx;
 
-use super::conn::{Conn, Read, State};
+use super::conn::{self, Conn, Read, State};
 use super::packet::HEADER_LEN;
 use super::{VsockConfig, VsockStats};
 use crate::virtio::chain::Segment;
@@ -368,9 +368,13 @@ impl Muxer {
         }
         let mut path = self.uds_path.clone().into_os_string();
         path.push(format!("_{}", key.0));
-        let stream = match UnixStream::connect(&path) {
-            Ok(s) if s.set_nonblocking(true).is_ok() => s,
-            _ => return self.reset(epoll, key),
+        // Never blocks: a host listener with a full backlog (EAGAIN) is a refusal.
+        let stream = match conn::connect(&path) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!("virtio-vsock: cannot connect to {}: {e}", path.to_string_lossy());
+                return self.reset(epoll, key);
+            }
         };
         let mut conn = Conn::new(stream, key.0, key.1, State::Established);
         let fd = conn.stream.as_raw_fd();
