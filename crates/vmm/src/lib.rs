@@ -9,6 +9,7 @@ pub mod bus;
 pub mod console;
 pub mod device_manager;
 pub mod devices;
+pub mod files;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod host;

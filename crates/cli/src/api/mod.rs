@@ -162,11 +162,15 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     }
 }
 
+/// The most a `--config-file` may hold: it names a machine's resources in a few KiB.
+const MAX_CONFIG_FILE: u64 = 4 << 20;
+
 /// `--config-file`: its resources, then the machine started.
 fn run_config_file(shared: &Arc<Shared>, file: &Path) -> Result<(), String> {
-    let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    let config: model::VmConfig = model::from_json(text.as_bytes())
-        .map_err(|e| format!("{} is not a Firecracker config file: {e}", file.display()))?;
+    // A regular file, read to a bound: a FIFO or /dev/zero would hold the VMM forever.
+    let text = exitless_vmm::files::read_regular_bounded(file, MAX_CONFIG_FILE).map_err(|e| e.to_string())?;
+    let config: model::VmConfig =
+        model::from_json(&text).map_err(|e| format!("{} is not a Firecracker config file: {e}", file.display()))?;
     let machine = configure(shared, config).map_err(|vm::Fault(m)| format!("{}: {m}", file.display()))?;
     start(shared, machine)
 }

@@ -20,13 +20,9 @@ impl Vm {
         }
         // Without track_dirty_pages a Diff holds every resident page, as in Firecracker.
         let diff = c.snapshot_type == Some(SnapshotType::Diff);
-        let mut memory = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&c.mem_file_path)
-            .map_err(|e| Fault(format!("Cannot create the memory file {}: {e}.", c.mem_file_path)))?;
+        // A regular file (a FIFO or device there is refused, not waited on or written).
+        let mut memory = exitless_vmm::files::create_regular(c.mem_file_path.as_ref(), true)
+            .map_err(|e| Fault(format!("Cannot create the memory file: {e}.")))?;
         let state =
             machine.snapshot(&mut memory, diff).map_err(|e| Fault(format!("Cannot create a snapshot: {e}.")))?;
         let config = serde_json::to_value(&self.config)?;
@@ -63,8 +59,12 @@ impl Vm {
         config.machine_config.track_dirty_pages = l.track_dirty_pages.or(l.enable_diff_snapshots).unwrap_or(false);
         let path = &backend.backend_path;
         let memory = match backend.backend_type {
+            // Opened without waiting on a FIFO; a regular file of the RAM's size is
+            // checked on this descriptor before it is mapped (check_restore).
             MemBackendType::File => MemoryBackend::File(
-                std::fs::File::open(path).map_err(|e| Fault(format!("Cannot open the memory file {path}: {e}.")))?,
+                exitless_vmm::files::open_regular(path.as_ref(), false)
+                    .map_err(|e| Fault(format!("Cannot open the memory file: {e}.")))?
+                    .0,
             ),
             MemBackendType::Uffd => MemoryBackend::Uffd(path.into()),
         };

@@ -153,9 +153,14 @@ pub fn rebase(base: &File, diff: &File) -> std::io::Result<u64> {
     Ok(laid)
 }
 
-/// The file's length, which must equal the RAM it is to back.
+/// The file (its descriptor, as mapped) is a regular file whose length equals the RAM it
+/// is to back: a device's or a FIFO's length of 0 says nothing of what mapping it gives.
 pub fn check_length(file: &File, ram: u64) -> Result<(), String> {
-    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.file_type().is_file() {
+        return Err(format!("the memory file is {}, not a regular file", crate::files::kind(&meta)));
+    }
+    let len = meta.len();
     if len != ram {
         return Err(format!("the memory file holds {len} bytes; the microVM has {ram} bytes of RAM"));
     }

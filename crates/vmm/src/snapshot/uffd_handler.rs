@@ -33,8 +33,8 @@ pub struct Served {
 
 /// Serves one VMM on `socket` from `mem_file`; returns once the VMM has gone.
 pub fn serve(socket: &Path, mem_file: &Path, ready: impl FnOnce()) -> Result<Served, String> {
-    let file = std::fs::File::open(mem_file).map_err(|e| format!("cannot open {}: {e}", mem_file.display()))?;
-    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    // A regular file, its length from the descriptor mapped (a FIFO would hang the open).
+    let (file, len) = crate::files::open_regular(mem_file, false).map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket).map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
     ready();

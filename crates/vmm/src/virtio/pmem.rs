@@ -32,6 +32,8 @@ pub enum PmemError {
     Open(String, #[source] std::io::Error),
     #[error("{0} is empty: a pmem device needs a file of at least one byte")]
     Empty(String),
+    #[error("{0} is {1}: a pmem device needs a regular file")]
+    NotAFile(String, &'static str),
     #[error("cannot map {0}")]
     Map(String, #[source] std::io::Error),
 }
@@ -61,12 +63,13 @@ unsafe impl Sync for PmemMapping {}
 impl PmemMapping {
     pub fn open(path: &std::path::Path, read_only: bool) -> Result<PmemMapping, PmemError> {
         let name = path.display().to_string();
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .open(path)
-            .map_err(|e| PmemError::Open(name.clone(), e))?;
-        let file_len = file.metadata().map_err(|e| PmemError::Open(name.clone(), e))?.len();
+        // A regular file, checked on the descriptor mapped (a read-only open of a FIFO
+        // would wait for a writer; a device's length says nothing of its mapping).
+        let (file, file_len) = crate::files::open_regular(path, !read_only).map_err(|e| match e {
+            crate::files::FileError::NotRegular { kind, .. } => PmemError::NotAFile(name.clone(), kind),
+            crate::files::FileError::Open { source, .. } => PmemError::Open(name.clone(), source),
+            e => PmemError::Open(name.clone(), std::io::Error::other(e)),
+        })?;
         if file_len == 0 {
             return Err(PmemError::Empty(name));
         }
