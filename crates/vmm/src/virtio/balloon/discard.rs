@@ -119,19 +119,45 @@ impl Ballooned {
         runs
     }
 
-    /// Holds the pages of `runs` (a snapshot's); false if any lies beyond the end of RAM.
-    pub fn hold_runs(&mut self, runs: &[(u64, u64)]) -> bool {
+    /// Holds the pages of `runs` (a snapshot's, as [`Ballooned::runs`] writes them: in
+    /// order, none empty, none overlapping the one before), a word of 64 pages at a time:
+    /// a state file is checksummed but can be crafted, and page by page its runs would
+    /// cost their total length (80,000 copies of the whole of RAM: hours). Checked whole
+    /// first, so a refused list holds nothing; the work is then linear in the runs plus
+    /// guest RAM. Returns the words written.
+    pub fn hold_runs(&mut self, runs: &[(u64, u64)]) -> Result<u64, RunsError> {
         let limit = self.bits.len() as u64 * 64;
-        if runs.iter().any(|&(first, count)| first.checked_add(count).is_none_or(|end| end > limit)) {
-            return false;
-        }
+        let mut end_of_last = 0;
         for &(first, count) in runs {
-            for pfn in first..first + count {
-                self.take(pfn);
+            let end = first.checked_add(count).filter(|&end| end <= limit).ok_or(RunsError::BeyondRam)?;
+            if count == 0 || first < end_of_last {
+                return Err(RunsError::Disordered);
+            }
+            end_of_last = end;
+        }
+        let mut words = 0;
+        for &(first, count) in runs {
+            let (mut pfn, end) = (first, first + count);
+            while pfn < end {
+                let n = (64 - pfn % 64).min(end - pfn);
+                let mask = if n == 64 { u64::MAX } else { ((1u64 << n) - 1) << (pfn % 64) };
+                let word = &mut self.bits[(pfn / 64) as usize];
+                self.held += u64::from((mask & !*word).count_ones());
+                *word |= mask;
+                (pfn, words) = (pfn + n, words + 1);
             }
         }
-        true
+        Ok(words)
     }
+}
+
+/// Why a snapshot's runs of held pages were refused.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RunsError {
+    #[error("it holds pages beyond the end of guest RAM")]
+    BeyondRam,
+    #[error("its runs of pages are empty, overlap or are out of order (the file was not written as saved)")]
+    Disordered,
 }
 
 /// Consecutive page numbers folded into ranges, so one madvise covers each run.

@@ -295,7 +295,8 @@ impl VirtioDevice for VirtioBalloon {
     }
 
     fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), String> {
-        let state: BalloonState = serde_json::from_value(state.clone()).map_err(|e| format!("balloon state: {e}"))?;
+        // Read from the value in place: a crafted file's runs need not be copied first.
+        let state = BalloonState::deserialize(state).map_err(|e| format!("balloon state: {e}"))?;
         if state.stats_head.is_some_and(|h| h >= QUEUE_SIZE) {
             return Err(format!("balloon state: statistics buffer {:?} is not in a queue", state.stats_head));
         }
@@ -305,8 +306,8 @@ impl VirtioDevice for VirtioBalloon {
         let s = &self.shared;
         let mut ballooned = crate::sync::lock(&s.ballooned);
         ballooned.clear();
-        if !ballooned.hold_runs(&state.ballooned) {
-            return Err("balloon state: it holds pages beyond the end of guest RAM".into());
+        if let Err(e) = ballooned.hold_runs(&state.ballooned) {
+            return Err(format!("balloon state: {e}"));
         }
         drop(ballooned);
         s.target_pages.store(state.target_pages, Ordering::Release);
