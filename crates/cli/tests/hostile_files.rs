@@ -1,6 +1,6 @@
 //! Files that are not what a VMM reads whole (issue 53): a FIFO (opening one to read
 //! waits for a writer; reading it, for data), /dev/zero or /dev/urandom (a length of 0 to
-//! stat, and no end).
+//! stat, and no end), and crafted state files whose lists cost more than their size.
 //! Each is refused at once with one line (400 and a fault_message on the API), and the
 //! VMM serves on. Each request is bounded (the client gives up after 10 s, and each must
 //! be answered within 5), so a VMM that waits fails these tests instead of hanging them.
@@ -56,6 +56,14 @@ fn corpus_state() -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
+/// `file` with its checksum made to fit its (edited) contents, as the VMM computes it.
+fn resealed(mut file: serde_json::Value) -> String {
+    let bytes = serde_json::to_vec(&(&file["machine"], &file["config"])).unwrap();
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    file["checksum"] = format!("fnv1a64:{hash:016x}").into();
+    file.to_string()
+}
+
 fn load_body(state: &str, mem: &str) -> serde_json::Value {
     json!({"snapshot_path": state, "mem_backend": {"backend_type": "File", "backend_path": mem}})
 }
@@ -88,6 +96,36 @@ fn snapshot_files_that_are_not_regular_files_are_refused_at_once() {
         assert!(refused.contains("is a character device, not a regular file"), "{refused}");
         still_serving(&sock);
     }
+}
+
+/// 100,000 network interfaces and as many MMDS interface names: each interface was
+/// looked up in the MMDS list (10^10 comparisons) before the build refused the first.
+#[test]
+fn a_crafted_state_listing_more_devices_than_a_machine_holds_is_refused_at_once() {
+    let dir = tempdir();
+    let sock = dir.join("api.sock");
+    let _vmm = Vmm(api_process_with(&sock, Stdio::null(), &[]));
+    let mut file = corpus_state();
+    let nics: Vec<_> = (0..100_000).map(|i| json!({"iface_id": format!("eth{i}"), "host_dev_name": "tap0"})).collect();
+    file["config"]["network-interfaces"] = nics.into();
+    file["config"]["mmds-config"] = json!({"network_interfaces": vec!["other"; 100_000]});
+    let state = dir.join("crafted.json");
+    std::fs::write(&state, resealed(file)).unwrap();
+    let mem = dir.join("mem.bin");
+    std::fs::write(&mem, vec![0u8; 4096]).unwrap();
+    let body = load_body(state.to_str().unwrap(), mem.to_str().unwrap());
+    let refused = prompt_fault(&sock, "PUT", "/snapshot/load", body);
+    assert!(refused.contains("100000 network-interfaces, where a microVM holds at most 32"), "{refused}");
+    still_serving(&sock);
+    // A config file is held to the same counts.
+    let drive =
+        |i: usize| json!({"drive_id": format!("d{i}"), "path_on_host": "/nonexistent", "is_root_device": false});
+    let config =
+        json!({"boot-source": {"kernel_image_path": "/nonexistent"}, "drives": (0..33).map(drive).collect::<Vec<_>>()});
+    let path = dir.join("vm.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let err = ends_at_once_with_one_line(&["--no-api", "--config-file", path.to_str().unwrap()]);
+    assert!(err.contains("33 drives, where a microVM holds at most 32"), "{err}");
 }
 
 /// `exitless ARGS`, which must end within [`PROMPT`] with one line on stderr; killed if not.

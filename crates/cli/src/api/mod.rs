@@ -220,6 +220,9 @@ fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machin
     if let Some(what) = c.unsupported() {
         return Err(vm::Fault(format!("exitless does not support {what}.")));
     }
+    if let Some(e) = c.too_many() {
+        return Err(vm::Fault(format!("it lists {e}.")));
+    }
     let mut vm = exitless_vmm::sync::lock(&shared.vm);
     if let Some(l) = c.logger {
         vm.set_logger(l)?;

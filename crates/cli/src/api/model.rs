@@ -452,7 +452,27 @@ pub struct Serial {
     pub rate_limiter: Option<TokenBucket>,
 }
 
+/// The most devices of one kind a machine holds: a PCI bus has 32 slots (MMIO fewer lines).
+pub const MAX_DEVICES: usize = 32;
+
 impl VmConfig {
+    /// A list longer than any machine holds, if one is: named. Such a configuration can
+    /// never be built, and its lists are searched by id for each other's entries (MMDS
+    /// interfaces, network overrides): a crafted state file listing millions would cost
+    /// their product before the build refused it.
+    pub fn too_many(&self) -> Option<String> {
+        let mmds = self.mmds_config.as_ref().map_or(0, |m| m.network_interfaces.len());
+        [
+            ("drives", self.drives.len()),
+            ("network-interfaces", self.network_interfaces.len()),
+            ("pmem devices", self.pmem.len()),
+            ("MMDS network interfaces", mmds),
+        ]
+        .into_iter()
+        .find(|&(_, n)| n > MAX_DEVICES)
+        .map(|(what, n)| format!("{n} {what}, where a microVM holds at most {MAX_DEVICES}"))
+    }
+
     /// The first section naming a device or feature exitless does not have, if any.
     pub fn unsupported(&self) -> Option<&'static str> {
         [(self.cpu_config.is_some(), "cpu-config: custom CPU templates")]
