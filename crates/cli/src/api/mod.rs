@@ -41,6 +41,8 @@ struct Shared {
     vm: Mutex<Vm>,
     metrics: Metrics,
     socket: Option<PathBuf>,
+    /// What removes the socket when the guest stops (socket_watch::Ender).
+    ender: Option<socket_watch::Ender>,
 }
 
 /// Firecracker's exit code after SIGHUP (`FcExitCode::SIGHUP`).
@@ -95,21 +97,14 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mmds_limit = args.mmds_size_limit.unwrap_or(args.http_api_max_payload_size);
     vm.mmds = Arc::new(Mutex::new(exitless_vmm::net::mmds::Mmds::load(mmds_limit, args.metadata.as_deref())?));
     vm.landlock = !args.no_landlock;
-    // The process's own files: its log and metrics; the API socket's directory (the
-    // socket is removed from it at the end); and a jail's root (the jailer passes the
-    // start time), everything in which was made for this microVM. What a client names
-    // later is opened by the API threads, which Landlock does not hold.
-    for path in [&args.log_path, &args.metrics_path].into_iter().flatten() {
-        vm.landlock_rules.push((path.clone(), exitless_vmm::landlock::Reach::Write));
-    }
-    if let Some(path) = &socket {
-        vm.landlock_rules.push((landlock::directory_of(path), exitless_vmm::landlock::Reach::Write));
-    }
-    if args.start_time_us.is_some() {
-        vm.landlock_rules.push(("/".into(), exitless_vmm::landlock::Reach::Write));
-    }
-    vm.landlock_rules.extend(args.landlock_rule.iter().cloned());
-    let shared = Arc::new(Shared { vm: Mutex::new(vm), metrics: Metrics::default(), socket });
+    vm.landlock_rules = landlock::process_rules(&args);
+    // Before any machine is built (and Landlock set): the API socket's removal at the
+    // end is this thread's, so nothing Landlock holds needs a right in its directory.
+    let ender = match &socket {
+        Some(path) => Some(socket_watch::Ender::start(path)?),
+        None => None,
+    };
+    let shared = Arc::new(Shared { vm: Mutex::new(vm), metrics: Metrics::default(), socket, ender });
     if let Some(path) = &args.metrics_path {
         shared.metrics.open(&path.to_string_lossy())?;
     }
@@ -318,10 +313,8 @@ fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), Str
             flush_metrics(&shared);
         }
         exitless_vmm::sync::lock(&shared.vm).state = State::Exited;
-        if let Some(path) = &shared.socket {
-            socket_watch::remove_own(path);
-        }
-        std::process::exit(status);
+        // Landlock holds this thread: the socket goes by a thread it does not hold.
+        socket_watch::Ender::end(shared.ender.as_ref(), shared.socket.as_deref(), status);
     });
     if let Err(e) = spawned {
         eprintln!("exitless: cannot start the vmm thread: {e}");

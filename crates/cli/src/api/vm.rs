@@ -414,7 +414,8 @@ impl Vm {
                 ..Default::default()
             },
             // The thread that runs the machine waits under the main thread's filter; when the
-            // guest stops it writes metrics and removes the socket, which that filter allows.
+            // guest stops it writes metrics, and hands the socket's removal to a thread
+            // Landlock does not hold (api::socket_watch::Ender).
             run: exitless_vmm::RunOptions { confine_caller: true, ..Default::default() },
             host: self.host_profile,
             track_dirty_pages: self.config.machine_config.track_dirty_pages,
