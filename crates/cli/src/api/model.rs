@@ -454,23 +454,26 @@ pub struct Serial {
 
 /// The most devices of one kind a machine holds: a PCI bus has 32 slots (MMIO fewer lines).
 pub const MAX_DEVICES: usize = 32;
+/// At most this many network interfaces (each takes a PCI slot and a device thread).
+pub const MAX_NICS: u8 = 8;
 
 impl VmConfig {
     /// A list longer than any machine holds, if one is: named. Such a configuration can
     /// never be built, and its lists are searched by id for each other's entries (MMDS
     /// interfaces, network overrides): a crafted state file listing millions would cost
-    /// their product before the build refused it.
+    /// their product before the build refused it. Network interfaces are held to the
+    /// API's own limit (PUT /network-interfaces), which a state file skipped.
     pub fn too_many(&self) -> Option<String> {
         let mmds = self.mmds_config.as_ref().map_or(0, |m| m.network_interfaces.len());
         [
-            ("drives", self.drives.len()),
-            ("network-interfaces", self.network_interfaces.len()),
-            ("pmem devices", self.pmem.len()),
-            ("MMDS network interfaces", mmds),
+            ("drives", self.drives.len(), MAX_DEVICES),
+            ("network-interfaces", self.network_interfaces.len(), usize::from(MAX_NICS)),
+            ("pmem devices", self.pmem.len(), MAX_DEVICES),
+            ("MMDS network interfaces", mmds, MAX_DEVICES),
         ]
         .into_iter()
-        .find(|&(_, n)| n > MAX_DEVICES)
-        .map(|(what, n)| format!("{n} {what}, where a microVM holds at most {MAX_DEVICES}"))
+        .find(|&(_, n, most)| n > most)
+        .map(|(what, n, most)| format!("{n} {what}, where a microVM holds at most {most}"))
     }
 
     /// The first section naming a device or feature exitless does not have, if any.

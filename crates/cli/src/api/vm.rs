@@ -187,8 +187,9 @@ impl Vm {
         if n.guest_mac.is_some() && others.clone().any(|o| o.guest_mac == n.guest_mac) {
             return Err(Fault("The guest MAC address is already used by another interface.".into()));
         }
-        if others.count() >= usize::from(MAX_NICS) {
-            return Err(Fault(format!("exitless offers at most {MAX_NICS} network interfaces per microVM.")));
+        if others.count() >= usize::from(super::model::MAX_NICS) {
+            let most = super::model::MAX_NICS;
+            return Err(Fault(format!("exitless offers at most {most} network interfaces per microVM.")));
         }
         match self.config.network_interfaces.iter_mut().find(|o| o.iface_id == id) {
             Some(old) => *old = n,
@@ -567,6 +568,3 @@ fn same_id(path: &str, body: &str) -> Result<(), Fault> {
 fn default_mac(index: usize) -> [u8; 6] {
     [0x06, 0x00, 0xac, 0x10, 0x00, 0x02 + (index as u8)]
 }
-
-/// At most this many network interfaces (each takes a PCI slot and a device thread).
-const MAX_NICS: u8 = 8;
