@@ -197,11 +197,19 @@ fn stale_lab_namespaces_of_dead_runs_are_removed() {
     if !net_or_skip("stale_lab_namespaces_of_dead_runs_are_removed") {
         return;
     }
-    // A pid above the kernel's maximum: no such process can exist.
-    let stale = "exitless-4194999";
-    assert!(std::process::Command::new("ip").args(["netns", "add", stale]).status().unwrap().success());
+    // A pid above the kernel's maximum: no such process can exist. Names as earlier
+    // versions made them, and as labs make them now (one per call).
+    let stale = ["exitless-4194999", "exitless-echo-4194999", "exitless-echo-4194999-3"];
+    for name in stale {
+        assert_eq!(exitless_lab::netns::owner(name), Some(4_194_999), "{name}");
+        assert!(std::process::Command::new("ip").args(["netns", "add", name]).status().unwrap().success());
+    }
+    // Not a lab's: left alone.
+    assert_eq!(exitless_lab::netns::owner("exitless-jail-held-4194999"), None);
     exitless_lab::netns::remove_stale();
-    assert!(!std::path::Path::new(&format!("/var/run/netns/{stale}")).exists());
+    for name in stale {
+        assert!(!std::path::Path::new(&format!("/var/run/netns/{name}")).exists(), "{name}");
+    }
 }
 
 #[test]
@@ -215,17 +223,24 @@ fn a_terminated_net_bench_removes_its_namespace() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let ns = format!("/var/run/netns/exitless-{}", child.id());
+    // The bench's namespace: the one named for its pid.
+    let ns_of = |pid: u32| {
+        let entries = std::fs::read_dir("/var/run/netns").ok()?;
+        entries
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.file_name().and_then(|n| n.to_str()).and_then(exitless_lab::netns::owner) == Some(pid))
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !std::path::Path::new(&ns).exists() && std::time::Instant::now() < deadline {
+    while ns_of(child.id()).is_none() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert!(std::path::Path::new(&ns).exists(), "the bench never made {ns}");
+    let ns = ns_of(child.id()).unwrap_or_else(|| panic!("the bench (pid {}) never made a namespace", child.id()));
     // SAFETY: signals our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = child.wait().unwrap();
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGTERM), "{status:?}");
-    assert!(!std::path::Path::new(&ns).exists(), "{ns} left behind");
+    assert!(!ns.exists(), "{} left behind", ns.display());
 }
 
 /// Runs `exitless ARGS` as user 65534 (no capabilities, no groups) in a mount namespace of

@@ -128,10 +128,6 @@ fn snapshot(machine: &Machine) -> Snapshot {
 
 type TxSteps = Window<Snapshot, NetBenchError>;
 
-fn tap_name() -> String {
-    format!("exl{}", std::process::id() % 1_000_000)
-}
-
 type Booted = (Machine, std::sync::Arc<crate::control::LabControl>, Sink);
 
 /// A guest with virtio-net on a tap that sits in `netns`, and a sink on it.
@@ -143,7 +139,7 @@ pub(crate) fn boot_with(
     (size, kind): (usize, FrameKind),
     console: Option<crate::control::Console>,
 ) -> Result<Booted, NetBenchError> {
-    let tap = tap_name();
+    let tap = crate::netns::unique_ifname("exl");
     // Plain TCP rows run on a NIC without offloads: "offloads off" for comparison.
     let net = NetConfig { tx, offloads: kind != FrameKind::Plain, ..NetConfig::on_tap(tap.clone(), LAB_MAC) };
     let LabMachine { machine, control, .. } = lab_machine(payload, params, |c| {
@@ -208,7 +204,7 @@ fn run_one(
 /// Every size on both paths with each polling mode, `repeat` times, in a namespace of our
 /// own; which combination goes first rotates, and each figure is the median over the repeats.
 pub fn measure(opts: &Options) -> Result<Vec<Row>, NetBenchError> {
-    let netns = Netns::create(&format!("exitless-{}", std::process::id()))?;
+    let netns = Netns::create("net")?;
     let tsc_khz = u64::from(guest_tsc_khz()?);
     let progress = std::io::stderr().is_terminal();
     let combos: Vec<(TxMode, PollMode)> =
@@ -295,7 +291,7 @@ pub(crate) fn start_at_begin<S, T: Default + Send + 'static>(
 /// Sends `frames` frames of `size` bytes from the namespace to a `netecho` guest (with
 /// mergeable receive buffers of 4 KiB if `mergeable`) and returns what came back.
 pub fn echo(frames: u64, size: usize, mergeable: bool, timeout: Duration) -> Result<EchoReport, NetBenchError> {
-    let netns = Netns::create(&format!("exitless-echo-{}", std::process::id()))?;
+    let netns = Netns::create("echo")?;
     let console = crate::control::Console::default();
     let (machine, control, sink) = boot_with(
         &netns,

@@ -110,7 +110,7 @@ fn run_one(netns: &Netns, poll: PollMode, opts: &RttOptions, idle: bool) -> Resu
 }
 
 pub fn measure(opts: &RttOptions) -> Result<Vec<RttRow>, NetBenchError> {
-    let netns = Netns::create(&format!("exitless-{}", std::process::id()))?;
+    let netns = Netns::create("rtt")?;
     let progress = std::io::stderr().is_terminal();
     let mut runs: [Vec<Run>; 2] = Default::default();
     for r in 0..opts.repeat as usize {
