@@ -186,6 +186,42 @@ fn a_vmm_whose_api_socket_is_removed_ends() {
     assert!(stderr(&out).contains("was removed: ending the microVM"), "{}", stderr(&out));
 }
 
+/// A client may signal a VMM as soon as its socket exists, before the API answers: the
+/// VMM ends as Firecracker does all the same (SIGHUP: status 156; SIGINT, SIGTERM: by the
+/// signal), its socket removed. Its handlers were once registered after the bind: a
+/// signal in between killed it by the signal and left the socket.
+#[test]
+fn a_signal_as_soon_as_the_socket_exists_ends_the_vmm_as_firecrackers_does() {
+    if !kvm_or_skip("a_signal_as_soon_as_the_socket_exists_ends_the_vmm_as_firecrackers_does") {
+        return;
+    }
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempdir();
+    for (round, &sig) in [libc::SIGHUP, libc::SIGTERM, libc::SIGINT].iter().cycle().take(30).enumerate() {
+        let sock = dir.join(format!("s{round}.sock"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_exitless"))
+            .args(["--api-sock", sock.to_str().unwrap()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !sock.exists() {
+            assert!(child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline, "no socket");
+            std::thread::yield_now();
+        }
+        // SAFETY: a signal to the child we started and have not reaped.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let status = child.wait().unwrap();
+        match sig {
+            libc::SIGHUP => assert_eq!(status.code(), Some(156), "round {round}: {status:?}"),
+            _ => assert_eq!(status.signal(), Some(sig), "round {round}: {status:?}"),
+        }
+        assert!(!sock.exists(), "round {round} (signal {sig}): the socket is left behind");
+    }
+}
+
 /// exitless started with `args`, once it serves `sock`; the guard kills it if the test
 /// fails first (its guest spins).
 fn spawn_serving(args: &[&str], sock: &std::path::Path) -> (std::process::Child, KillOnDrop) {

@@ -37,10 +37,11 @@ impl Vmm {
         Vmm(child)
     }
 
-    /// Waits until the API on `sock` answers, failing if the process ends first.
+    /// Waits until the API on `sock` answers GET / (a socket that accepts connections is
+    /// not yet a VMM that serves), failing if the process ends first.
     fn serving(mut self, sock: &Path) -> Vmm {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !exitless_lab::api_client::listening(sock) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !request(sock, "GET", "/", None).is_ok_and(|r| r.status == 200) {
             if let Ok(Some(status)) = self.0.try_wait() {
                 panic!("the VMM ended before serving its API: {status:?}\n{}", self.stderr());
             }
@@ -48,6 +49,22 @@ impl Vmm {
             std::thread::sleep(Duration::from_millis(10));
         }
         self
+    }
+
+    /// Waits until the guest's first line is on the VMM's stdout (spawned piped), failing
+    /// if the process ends first: a VMM without an API is running its guest then.
+    fn guest_running(mut self) -> Vmm {
+        let out = self.0.stdout.take().expect("stdout piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
+            let _ = tx.send(line);
+        });
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) if !line.is_empty() => self,
+            got => panic!("the guest printed no line ({got:?}): {:?}\n{}", self.0.try_wait(), self.stderr()),
+        }
     }
 
     fn alive(&mut self) -> bool {
@@ -62,11 +79,11 @@ impl Vmm {
         text
     }
 
-    /// Sends `sig` and waits (at most 10 s) for the process to end.
+    /// Sends `sig` and waits (at most 30 s) for the process to end.
     fn signal(&mut self, sig: i32) -> ExitStatus {
         // SAFETY: a signal to the child we started and have not reaped.
         unsafe { libc::kill(self.0.id() as i32, sig) };
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.0.try_wait().unwrap() {
                 return status;
@@ -526,14 +543,14 @@ fn every_start_mode_with_every_extra_answers_as_firecracker_and_ends_by_its_sign
                 }
             }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let mut vmm = Vmm::spawn(&args, Stdio::null());
             let sig = signals[run % signals.len()];
             if mode == Mode::NoApiConfigFile {
-                std::thread::sleep(Duration::from_millis(500));
+                let mut vmm = Vmm::spawn(&args, Stdio::piped()).guest_running();
                 assert!(vmm.alive(), "{what}: the VMM ended: {}", vmm.stderr());
                 assert_ended_as_firecracker(vmm.signal(sig), sig, &what);
                 continue;
             }
+            let mut vmm = Vmm::spawn(&args, Stdio::null());
             vmm = vmm.serving(&sock);
             // `--metadata`'s document before the start; a started microVM with no NIC
             // answering MMDS has no store (its GET /mmds is in the requests below).

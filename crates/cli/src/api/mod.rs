@@ -81,6 +81,9 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     // Before any thread starts, so that every thread leaves the termination signals to
     // the one that removes the socket.
     exitless_vmm::termination::watch();
+    // As Firecracker: SIGHUP exits 156 (SIGINT and SIGTERM end the process by the signal),
+    // from the start: a signal that comes before the API answers ends it the same way.
+    exitless_vmm::termination::exit_with(libc::SIGHUP, SIGHUP_EXIT);
     logging::set_format(logging::Format {
         show_level: args.show_level,
         show_origin: args.show_log_origin,
@@ -105,17 +108,8 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         None => None,
     };
     let shared = Arc::new(Shared { vm: Mutex::new(vm), metrics: Metrics::default(), socket, ender });
-    if let Some(path) = &args.metrics_path {
-        shared.metrics.open(&path.to_string_lossy())?;
-    }
-    let limits = server::Limits::new(args.http_api_max_payload_size);
-    let server = match &shared.socket {
-        Some(path) => Some(server::Server::new(bind(path)?, limits).map_err(|e| format!("cannot serve the API: {e}"))?),
-        None => None,
-    };
-    // As Firecracker: SIGHUP writes the metrics once more (counting it) and exits 156;
-    // SIGINT and SIGTERM end the process by the signal. Each removes the socket first.
-    exitless_vmm::termination::exit_with(libc::SIGHUP, SIGHUP_EXIT);
+    // SIGHUP writes the metrics once more (counting it); each signal removes the socket
+    // first. Registered before the bind: a client that sees the socket may signal at once.
     let _on_signal = {
         let shared = shared.clone();
         exitless_vmm::termination::on_signal(move |sig| {
@@ -128,6 +122,17 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 socket_watch::remove_own(path);
             }
         })
+    };
+    if let Some(path) = &args.metrics_path {
+        shared.metrics.open(&path.to_string_lossy())?;
+    }
+    let limits = server::Limits::new(args.http_api_max_payload_size);
+    let server = match &shared.socket {
+        Some(path) => Some(
+            server::Server::new(socket_watch::bind_own(path)?, limits)
+                .map_err(|e| format!("cannot serve the API: {e}"))?,
+        ),
+        None => None,
     };
     if let Some(path) = &shared.socket {
         if let Err(e) = socket_watch::start(path) {
@@ -168,17 +173,6 @@ fn run_config_file(shared: &Arc<Shared>, file: &Path) -> Result<(), String> {
         model::from_json(&text).map_err(|e| format!("{} is not a Firecracker config file: {e}", file.display()))?;
     let machine = configure(shared, config).map_err(|vm::Fault(m)| format!("{}: {m}", file.display()))?;
     start(shared, machine)
-}
-
-/// The socket, refusing to take over a path that exists (another VMM may be serving it).
-fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, String> {
-    if path.exists() {
-        return Err(format!(
-            "cannot serve the API on {}: the path exists (remove a stale socket first)",
-            path.display()
-        ));
-    }
-    std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("cannot serve the API on {}: {e}", path.display()))
 }
 
 /// Each request: routed under the microVM's lock, then what it asks done.
