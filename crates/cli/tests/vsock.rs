@@ -238,14 +238,15 @@ fn malformed_packets_get_silence_or_rst_and_the_device_keeps_serving() {
     // A REQUEST the guest ignores: the host's connection is closed after Firecracker's
     // 2 s, not left hanging.
     let mut ignored = UnixStream::connect(&uds).unwrap();
-    ignored.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    ignored.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     ignored.write_all(b"CONNECT 4321\n").unwrap();
     let asked = std::time::Instant::now();
     let mut reply = String::new();
     let _ = ignored.read_to_string(&mut reply);
     assert!(reply.is_empty(), "{reply:?}");
     let waited = asked.elapsed();
-    assert!(waited >= Duration::from_millis(1500) && waited < Duration::from_secs(8), "closed after {waited:?}");
+    // Closed by the VMM, not by this side's read timeout.
+    assert!(waited >= Duration::from_millis(1500) && waited < Duration::from_secs(25), "closed after {waited:?}");
     let (mut stream, mut reader) = connect_port(&uds, 1234);
     stream.write_all(b"still here").unwrap();
     let mut echo = [0u8; 10];
