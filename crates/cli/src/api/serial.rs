@@ -4,7 +4,6 @@
 //! `uart.rate_limiter_dropped_bytes`.
 
 use super::model::Serial;
-use super::vm::Fault;
 use exitless_vmm::rate_limiter::{Bucket, Limits, RateLimiter};
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -18,7 +17,7 @@ pub type Console = (Box<dyn Write + Send>, Option<Box<dyn Read + Send>>);
 
 /// The console's output and input for a microVM configured with `serial` (None: stdout and
 /// the terminal, as before any `PUT /serial`).
-pub fn console(serial: Option<&Serial>) -> Result<Console, Fault> {
+pub fn console(serial: Option<&Serial>) -> Result<Console, String> {
     let limiter = serial.and_then(|s| s.rate_limiter.as_ref()).map(|b| {
         let bucket = Bucket {
             size: b.size,
@@ -38,7 +37,7 @@ pub fn console(serial: Option<&Serial>) -> Result<Console, Fault> {
                 .create(true)
                 .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
                 .open(path)
-                .map_err(|e| Fault(format!("Cannot open the serial output {path}: {e}")))?;
+                .map_err(|e| format!("Cannot open the serial output {path}: {e}"))?;
             Ok((Box::new(Limited { out: file, limiter }), None))
         }
         None => Ok((Box::new(Limited { out: crate::LiveStdout, limiter }), crate::terminal::console_input())),
@@ -98,7 +97,7 @@ mod tests {
     #[test]
     fn a_path_that_cannot_be_opened_is_one_clear_fault() {
         let serial = Serial { serial_out_path: Some("/nonexistent/dir/out".into()), rate_limiter: None };
-        let Err(Fault(why)) = console(Some(&serial)) else { panic!("opened") };
+        let Err(why) = console(Some(&serial)) else { panic!("opened") };
         assert!(why.contains("/nonexistent/dir/out") && !why.contains('\n'), "{why}");
     }
 }

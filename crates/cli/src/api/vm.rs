@@ -391,7 +391,7 @@ impl Vm {
                 ..DriveConfig::new(&d.path_on_host)
             })
             .collect();
-        let (serial_out, serial_in) = super::serial::console(self.config.serial.as_ref())?;
+        let (serial_out, serial_in) = super::serial::console(self.config.serial.as_ref()).map_err(Fault)?;
         let config = exitless_vmm::MachineConfig {
             mem_size: mem,
             vcpus: mc.vcpu_count,
