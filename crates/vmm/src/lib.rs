@@ -7,6 +7,7 @@ pub mod acpi;
 pub mod boot;
 pub mod bus;
 pub mod console;
+pub mod cpu_template;
 pub mod device_manager;
 pub mod devices;
 pub mod files;

@@ -34,6 +34,7 @@ struct Platform {
     pm: Arc<AcpiPm>,
     rtc: Option<Arc<CmosRtc>>,
     supported_cpuid: CpuId,
+    template_msrs: Vec<crate::cpu_template::schema::MsrModifier>,
     lstar_watch: Option<LstarWatch>,
     ram_slots: Vec<u32>,
     uffd: Option<std::os::fd::OwnedFd>,
@@ -96,6 +97,15 @@ impl Platform {
         }
         let supported_cpuid =
             kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
+        // The template is checked against this host before anything else is built.
+        let (supported_cpuid, template_msrs) = match &config.cpu_template {
+            Some(t) => {
+                let applied = t.resolve(&kvm, &supported_cpuid, &host)?;
+                tracing::info!("CPU template {} applied", t.describe());
+                (applied.cpuid, applied.msrs)
+            }
+            None => (supported_cpuid, Vec::new()),
+        };
         // Before the VM: see EcamPages.
         let ecam_pages = crate::pci::ecam::EcamPages::new().map_err(|e| MachineError::Memory(e.into()))?;
         let vm = Arc::new(kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?);
@@ -193,6 +203,7 @@ impl Platform {
             pm,
             rtc,
             supported_cpuid,
+            template_msrs,
             lstar_watch,
             ram_slots,
             uffd,
@@ -216,7 +227,13 @@ impl Platform {
             map: p.map,
             memory: p.memory,
             devices: p.devices,
-            vcpus: VcpuPlan { count: config.vcpus, threads_per_core, supported_cpuid: p.supported_cpuid, entry },
+            vcpus: VcpuPlan {
+                count: config.vcpus,
+                threads_per_core,
+                supported_cpuid: p.supported_cpuid,
+                template_msrs: p.template_msrs,
+                entry,
+            },
             host: p.host,
             control: p.control,
             run: std::mem::take(&mut config.run),

@@ -85,6 +85,8 @@ pub enum MachineError {
     VcpuPanicked(u8),
     #[error(transparent)]
     Snapshot(#[from] crate::snapshot::SnapshotError),
+    #[error(transparent)]
+    CpuTemplate(#[from] crate::cpu_template::TemplateError),
 }
 
 fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> MachineError {
@@ -133,6 +135,8 @@ struct VcpuPlan {
     /// vCPUs per core in the CPUID topology: 1, or 2 with SMT.
     threads_per_core: u8,
     supported_cpuid: CpuId,
+    /// The CPU template's MSRs, each vCPU's put through its bitmap.
+    template_msrs: Vec<crate::cpu_template::schema::MsrModifier>,
     /// Where vCPU 0 starts; None when the vCPUs' states come from a snapshot.
     entry: Option<EntryPoint>,
 }
@@ -231,6 +235,9 @@ impl Machine {
             }
             (None, Some(entry)) if id == 0 => regs::setup(&fd, &self.memory, entry)?,
             _ => {}
+        }
+        if self.restored.is_none() {
+            crate::cpu_template::apply::set_msrs(&fd, &plan.template_msrs)?;
         }
         let run_size = self.kvm.get_vcpu_mmap_size().map_err(ioctl("KVM_GET_VCPU_MMAP_SIZE"))?;
         let mut nested = self.host.nested().then(|| NestedExits::new(self.memory.clone()));
