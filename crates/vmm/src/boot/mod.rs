@@ -6,6 +6,7 @@
 
 pub mod bios_state;
 pub mod cpu;
+pub mod cpuid_normalize;
 pub mod image;
 pub mod mptable;
 pub mod multiboot;
