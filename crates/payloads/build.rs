@@ -35,6 +35,7 @@ const PAYLOADS: &[(&str, &str)] = &[
     ("smp", "starts every other vCPU with INIT/SIPI; each checks in on the serial port"),
     ("barmove", "one vCPU moves a BAR back and forth while another reads it: no read may miss the device"),
     ("wait", "says it is running, then halts until the VMM stops it (an idle microVM for the API and fleet)"),
+    ("cpuid", "prints its CPUID leaves (features, signature, brand): what a CPU template left the guest"),
     ("s3wake", "reads the CMOS RTC, sleeps in ACPI S3 and wakes by its alarm (with --testdevs); exits with PM1 status"),
 ];
 

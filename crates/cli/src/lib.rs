@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod args;
+pub mod cpu_template;
 pub mod report;
 pub mod run;
 pub mod terminal;

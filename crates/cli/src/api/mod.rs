@@ -10,6 +10,7 @@
 //! (`socket_watch`): an orchestrator tearing a VM down whose VMM it lost track of.
 
 mod balloon;
+mod cpu_config;
 pub mod fuzzing;
 mod hotplug;
 mod landlock;
@@ -206,9 +207,6 @@ fn handler(shared: Arc<Shared>) -> server::Handler {
 
 /// A config file's resources, in Firecracker's order, then the machine built from them.
 fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machine, vm::Fault> {
-    if let Some(what) = c.unsupported() {
-        return Err(vm::Fault(format!("exitless does not support {what}.")));
-    }
     if let Some(e) = c.too_many() {
         return Err(vm::Fault(format!("it lists {e}.")));
     }
@@ -220,6 +218,10 @@ fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machin
         vm.set_metrics(m, &shared.metrics)?;
     }
     vm.set_machine_config(c.machine_config)?;
+    // After the machine-config, as Firecracker: a custom template replaces a static one.
+    if let Some(section) = c.cpu_config {
+        vm.set_cpu_config_section(section)?;
+    }
     vm.set_boot_source(c.boot_source.ok_or_else(|| vm::Fault("boot-source is missing".into()))?)?;
     for d in c.drives {
         let id = d.drive_id.clone();

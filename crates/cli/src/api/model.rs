@@ -405,8 +405,8 @@ pub struct Vm {
 }
 
 /// `--config-file` and `GET /vm/config`: the whole pre-boot configuration. Every key of
-/// Firecracker's file parses; the sections for devices exitless lacks are kept as given
-/// and refused, naming the device, when not null or empty.
+/// Firecracker's file parses. `cpu-config` is kept as JSON: a file's path or a template
+/// when read, the template itself once configured (crate::api::cpu_config).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct VmConfig {
@@ -475,13 +475,6 @@ impl VmConfig {
         .find(|&(_, n, most)| n > most)
         .map(|(what, n, most)| format!("{n} {what}, where a microVM holds at most {most}"))
     }
-
-    /// The first section naming a device or feature exitless does not have, if any.
-    pub fn unsupported(&self) -> Option<&'static str> {
-        [(self.cpu_config.is_some(), "cpu-config: custom CPU templates")]
-            .into_iter()
-            .find_map(|(present, what)| present.then_some(what))
-    }
 }
 
 /// `null` as the type's default (Firecracker writes `"drives": null` and the like).
@@ -495,7 +488,18 @@ where
 
 /// The keys whose values are lists in Firecracker's schema; everywhere else a list is
 /// refused. serde would otherwise take `[1, 64]` for `{"vcpu_count": 1, "mem_size_mib": 64}`.
-const LIST_KEYS: &[&str] = &["drives", "network-interfaces", "network_interfaces", "pmem", "network_overrides"];
+const LIST_KEYS: &[&str] = &[
+    "drives",
+    "network-interfaces",
+    "network_interfaces",
+    "pmem",
+    "network_overrides",
+    // A CPU template's (`cpu-config`).
+    "kvm_capabilities",
+    "cpuid_modifiers",
+    "modifiers",
+    "msr_modifiers",
+];
 
 /// Checks that `value` is an object whose objects are objects: a list only under a key
 /// that holds one (LIST_KEYS), and only of objects or strings.

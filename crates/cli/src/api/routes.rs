@@ -39,7 +39,6 @@ pub enum Then {
 
 /// Paths of Firecracker's API exitless refuses, by their first components.
 const NOT_SUPPORTED: &[(&[&str], &str)] = &[
-    (&["cpu-config"], "custom CPU templates"),
     // Memory hotplug is served; device hotplug (/hotplug/<device>) is not.
     (&["hotplug"], "device hotplug"),
 ];
@@ -99,6 +98,9 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PUT", ["machine-config"]) => done(vm.set_machine_config(parse(body)?)),
         ("PATCH", ["machine-config"]) => done(vm.update_machine_config(parse(body)?)),
         ("PUT", ["boot-source"]) => done(vm.set_boot_source(parse(body)?)),
+        ("PUT", ["cpu-config"]) => {
+            done(vm.set_cpu_config(exitless_vmm::cpu_template::CustomTemplate::from_json(body).map_err(body_fault)?))
+        }
         ("PUT", ["drives", id]) => done(vm.set_drive(check_id(id)?, parse(body)?)),
         ("PUT", ["network-interfaces", id]) => done(vm.set_network_interface(check_id(id)?, parse(body)?)),
         ("PATCH", ["drives", id]) => done(vm.update_drive(check_id(id)?, parse(body)?)),

@@ -90,7 +90,7 @@ impl Vm {
         }
     }
 
-    pub fn set_machine_config(&mut self, c: MachineConfig) -> Result<(), Fault> {
+    pub fn set_machine_config(&mut self, mut c: MachineConfig) -> Result<(), Fault> {
         self.pre_boot()?;
         if c.vcpu_count == 0 || c.vcpu_count > MAX_VCPUS {
             return Err(Fault(format!("Invalid vCPU count: it must be between 1 and {MAX_VCPUS}.")));
@@ -98,9 +98,6 @@ impl Vm {
         // Firecracker's rule: with SMT, vCPUs come in pairs (one vCPU is a lone thread).
         if c.smt && c.vcpu_count > 1 && c.vcpu_count % 2 == 1 {
             return Err(Fault("The number of vCPUs must be 1 or an even number when SMT is enabled.".into()));
-        }
-        if c.cpu_template.as_deref().is_some_and(|t| t != "None") {
-            return Err(Fault("cpu_template: exitless offers no CPU templates.".into()));
         }
         let huge = huge_pages(c.huge_pages.as_deref())?;
         if c.mem_size_mib == 0 || c.mem_size_mib > 1 << 20 {
@@ -117,6 +114,8 @@ impl Vm {
                     .into(),
             ));
         }
+        // Last: it may drop a custom template, which nothing above may then refuse to.
+        self.take_cpu_template(&mut c)?;
         self.config.machine_config = c;
         Ok(())
     }
@@ -128,7 +127,7 @@ impl Vm {
             mem_size_mib: u.mem_size_mib.unwrap_or(c.mem_size_mib),
             smt: u.smt.unwrap_or(c.smt),
             track_dirty_pages: u.track_dirty_pages.unwrap_or(c.track_dirty_pages),
-            cpu_template: u.cpu_template.or(c.cpu_template),
+            cpu_template: u.cpu_template,
             huge_pages: u.huge_pages.or(c.huge_pages),
         })
     }
@@ -422,6 +421,7 @@ impl Vm {
             track_dirty_pages: self.config.machine_config.track_dirty_pages,
             huge_pages: huge_pages(self.config.machine_config.huge_pages.as_deref())?,
             memory_hotplug: self.memory_hotplug(),
+            cpu_template: self.cpu_template()?,
             restore,
             ..exitless_vmm::MachineConfig::new(image)
         };

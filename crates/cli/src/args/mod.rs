@@ -329,6 +329,10 @@ pub struct RunArgs {
     /// completion, the LSTAR watch) or `native` (none). See docs/architecture.md.
     #[arg(long, value_name = "auto|nested|native", default_value = "auto")]
     pub host_profile: exitless_vmm::host::ProfileChoice,
+    /// A CPU template: Firecracker's C3, T2, T2S, T2CL (Intel) or T2A (AMD), or a custom
+    /// template's JSON file (Firecracker's schema, as `PUT /cpu-config` takes it).
+    #[arg(long, value_name = "NAME|FILE", value_parser = crate::cpu_template::parse_arg)]
+    pub cpu_template: Option<exitless_vmm::cpu_template::CpuTemplate>,
     /// Run without seccomp filters (for debugging: every thread may then make any call).
     #[arg(long)]
     pub no_seccomp: bool,
