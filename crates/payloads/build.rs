@@ -27,6 +27,10 @@ const PAYLOADS: &[(&str, &str)] = &[
     ("vsockecho", "a vsock echo server on a port (and optionally a client of the host), every byte within credit"),
     ("vsockflood", "a hostile vsock driver: no receive buffers, its transmit ring full of packets each answered RST"),
     ("rngread", "reads entropy from virtio-rng: every buffer filled, no two alike, a read-only buffer refused"),
+    (
+        "memdma",
+        "hostile: virtio-rng DMA across virtio-mem's unplugged region; every chain must be refused, no memory committed",
+    ),
     ("crash", "fails on purpose: triple fault (default) or spins forever (--params 2)"),
     (
         "bootcheck",

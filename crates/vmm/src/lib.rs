@@ -13,6 +13,7 @@ pub mod devices;
 pub mod files;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod guest_memory;
 pub mod host;
 pub mod ioeventfd;
 pub mod irq;

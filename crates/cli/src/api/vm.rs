@@ -509,6 +509,7 @@ impl Vm {
                 ("state_count", &c.state_requests),
                 ("invalid_reqs_count", &c.refused),
                 ("queue_event_fails", &c.bad_chains),
+                ("unplug_discard_fails", &c.discard_failures),
             ] {
                 sample.count("memory_hotplug", field, n.load(Relaxed));
             }

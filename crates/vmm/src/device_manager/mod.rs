@@ -26,6 +26,7 @@ pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle, TransportKind
 
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
 use crate::devices::legacy::{AcpiPm, Serial, I8042};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry, IoeventfdSink};
 use crate::irq::{GsiRouter, IrqError, IrqLevel, IrqSink};
 use crate::kvm::MemslotSink;
@@ -36,7 +37,6 @@ use crate::pci::ecam_device::EcamDevice;
 use crate::pci::{BarSpec, EcamMode, PciError, PciFunction, PciRoot};
 use crate::virtio::mmio::RegisterMode;
 use std::sync::Arc;
-use vm_memory::GuestMemoryMmap;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {

@@ -7,6 +7,7 @@ use super::{join_lstar_watch, load, map_guest_ram, sleep, LstarWatch, Machine, M
 use crate::boot::EntryPoint;
 use crate::device_manager::{Allocators, DeviceManager, DeviceManagerConfig};
 use crate::devices::legacy::{cmos_rtc::CmosRtc, AcpiPm};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::host::HostProfile;
 use crate::kvm;
 use crate::layout::{self, MemoryMap};
@@ -20,7 +21,6 @@ use kvm_bindings::{kvm_pit_config, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER
 use kvm_ioctls::{Kvm, VmFd};
 use std::sync::Arc;
 use std::time::Instant;
-use vm_memory::GuestMemoryMmap;
 
 /// What every machine has before a guest is booted into it or restored onto it.
 struct Platform {

@@ -8,10 +8,11 @@
 //! here (the `userfaultfd` crate builds its bindings with libclang at compile time).
 
 use super::SnapshotError;
+use crate::guest_memory::GuestMemoryMmap;
 use serde::Serialize;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 const UFFD_API: u64 = 0xaa;
@@ -57,7 +58,7 @@ pub fn map_anonymous(
     regions: &[(GuestAddress, usize)],
 ) -> Result<(GuestMemoryMmap, OwnedFd), SnapshotError> {
     let fail = |what: &str, e: std::io::Error| SnapshotError::Refused(format!("the Uffd backend: {what}: {e}"));
-    let memory = GuestMemoryMmap::<()>::from_ranges(regions)
+    let memory = crate::guest_memory::anonymous(regions)
         .map_err(|e| fail("cannot map guest memory", std::io::Error::other(e.to_string())))?;
     let uffd = create().map_err(|e| fail("cannot create a userfaultfd", e))?;
     let mut mappings = Vec::new();

@@ -9,13 +9,14 @@ use super::chain::{self, Segment};
 use super::event_loop;
 use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice, VIRTIO_F_VERSION_1};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
 use crate::seccomp::ThreadKind;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 /// The guest sees the file in whole 2 MiB pages, at a 2 MiB boundary (virtio 1.2 5.19).

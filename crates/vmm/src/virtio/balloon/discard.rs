@@ -1,55 +1,10 @@
-//! Giving guest pages back to the host, and the record of what the balloon holds. A
-//! discarded page leaves the VMM's resident memory at once (MADV_DONTNEED); the guest's
-//! next touch faults in a zeroed page (anonymous memory) or the snapshot's page (a
-//! snapshot's private file mapping), either of which a driver that gave the page up must
-//! accept.
+//! The record of what the balloon holds, and its pages folded into runs. Giving the pages
+//! back to the host is guest_memory's one discard routine (virtio-mem's too): a discarded
+//! page leaves the VMM's resident memory at once and reads zeros on the guest's next
+//! touch, whatever the memory is made of (a restored snapshot's file included).
 
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
-
-/// Why a range was not discarded.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum DiscardError {
-    #[error("{0:#x}+{1:#x} is not inside guest RAM")]
-    OutsideRam(u64, u64),
-    #[error("madvise(MADV_DONTNEED) on {0:#x}+{1:#x} failed: errno {2}")]
-    Madvise(u64, u64, i32),
-}
-
-/// Discards `[addr, addr + len)` of guest RAM, which must lie wholly inside it (across
-/// regions if need be); nothing is discarded if any of it does not.
-pub fn discard(mem: &GuestMemoryMmap, addr: u64, len: u64) -> Result<(), DiscardError> {
-    let outside = || DiscardError::OutsideRam(addr, len);
-    let end = addr.checked_add(len).ok_or_else(outside)?;
-    if len == 0 || !covered(mem, addr, end) {
-        return Err(outside());
-    }
-    for region in mem.iter() {
-        let (start, stop) = (region.start_addr().0, region.start_addr().0 + region.len());
-        let (from, to) = (addr.max(start), end.min(stop));
-        if from >= to {
-            continue;
-        }
-        let slice = mem.get_slice(GuestAddress(from), (to - from) as usize).map_err(|_| outside())?;
-        let host = slice.ptr_guard_mut().as_ptr();
-        // SAFETY: `host` is this region's mapping for exactly `to - from` bytes, owned by
-        // `mem`; MADV_DONTNEED only drops the pages' contents (the guest gave them up), the
-        // mapping stays.
-        if unsafe { libc::madvise(host.cast(), (to - from) as usize, libc::MADV_DONTNEED) } != 0 {
-            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-            return Err(DiscardError::Madvise(from, to - from, errno));
-        }
-    }
-    Ok(())
-}
-
-/// Whether guest RAM holds every byte of `[addr, end)`.
-fn covered(mem: &GuestMemoryMmap, mut addr: u64, end: u64) -> bool {
-    while addr < end {
-        let Some(region) = mem.find_region(GuestAddress(addr)) else { return false };
-        addr = region.start_addr().0 + region.len();
-    }
-    true
-}
+use crate::guest_memory::GuestMemoryMmap;
+use vm_memory::GuestMemoryBackend;
 
 /// The pages the balloon holds, one bit per 4 KiB page of guest physical addresses up to
 /// the end of RAM: a page given twice, or taken back though never given, is the

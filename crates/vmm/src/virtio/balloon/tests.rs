@@ -4,14 +4,15 @@
 use super::discard::{page_runs, Ballooned};
 use super::worker::Worker;
 use super::*;
+use crate::guest_memory::GuestMemoryMmap;
 use crate::testing::{activation, DriverQueue};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 const MEM: usize = 1 << 20;
 const PAGE: u64 = 4096;
 fn memory() -> GuestMemoryMmap {
-    GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM)]).unwrap()
+    crate::guest_memory::anonymous(&[(GuestAddress(0), MEM)]).unwrap()
 }
 
 fn worker(config: BalloonConfig, mem: &GuestMemoryMmap, drivers: &[DriverQueue]) -> (Worker, Arc<BalloonShared>) {
@@ -57,6 +58,28 @@ fn inflate_discards_pages_and_refuses_outside_twice_and_unheld() {
     assert_eq!(c.bad_pages.load(Ordering::Relaxed), 3, "twice, outside RAM, never given");
     assert_eq!(crate::sync::lock(&shared.ballooned).held(), 2);
     assert_eq!((q[0].used(&mem), q[1].used(&mem)), (1, 1), "both buffers used");
+}
+
+/// Issue 53, item 10: a restored guest's memory is the snapshot's file mapped privately.
+/// A page it inflates must read zeros afterwards, not the snapshot's bytes again.
+#[test]
+fn inflate_on_a_guest_restored_from_a_file_gives_zeros_not_the_snapshot() {
+    use std::os::unix::fs::FileExt;
+    let path = std::env::temp_dir().join(format!("exitless-balloon-restored-{}", std::process::id()));
+    let file = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    file.set_len(MEM as u64).unwrap();
+    file.write_all_at(&[0xcc; 2 * 4096], 64 * PAGE).unwrap();
+    let mem = crate::snapshot::memory::map_private(&file, &[(GuestAddress(0), MEM)]).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(page_byte(&mem, 64), 0xcc, "the snapshot's page");
+    let mut q = [DriverQueue::new(0), DriverQueue::new(1)];
+    mem.write_slice(&pfns(&[64]), GuestAddress(0x8000)).unwrap();
+    q[0].post(&mem, &[(0x8000, 4, false)]);
+    let (mut w, shared) = worker(BalloonConfig::default(), &mem, &q);
+    w.process_all();
+    assert_eq!(shared.counters.inflated_pages.load(Ordering::Relaxed), 1);
+    assert_eq!(page_byte(&mem, 64), 0, "inflated: zeros, not the snapshot's bytes");
+    assert_eq!(page_byte(&mem, 65), 0xcc, "not inflated: the snapshot's");
 }
 
 #[test]
@@ -220,7 +243,7 @@ fn held_pages_fold_into_runs_and_page_numbers_into_ranges() {
 /// soon as the second run overlaps the first, holding nothing.
 #[test]
 fn a_crafted_state_of_overlapping_runs_is_refused_at_once() {
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+    let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 64 << 20)]).unwrap();
     let pages = (64u64 << 20) / PAGE;
     let mut state = VirtioBalloon::new(BalloonConfig::default(), &mem).unwrap().save_state().unwrap();
     state["ballooned"] = serde_json::json!(vec![[0, pages]; 20_000]);

@@ -5,11 +5,11 @@
 //! only what the socket refuses is copied, into a buffer the credit bounds.
 
 use super::packet::Header;
+use crate::guest_memory::GuestMemoryMmap;
 use crate::virtio::chain::{self, Segment};
 use std::io::{ErrorKind, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use vm_memory::GuestMemoryMmap;
 
 /// What we let the guest have in flight to one connection.
 pub const BUF_ALLOC: u32 = 256 << 10;

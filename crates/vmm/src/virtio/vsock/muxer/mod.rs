@@ -13,6 +13,7 @@ mod tx;
 use super::conn::{self, Conn, Read, State};
 use super::packet::HEADER_LEN;
 use super::{VsockConfig, VsockStats};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::virtio::chain::Segment;
 use crate::virtio::event_loop::{self, EventSource};
 use crate::virtio::thread::{DeviceJob, QueuePosition};
@@ -26,7 +27,6 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 

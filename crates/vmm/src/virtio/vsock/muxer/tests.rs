@@ -17,7 +17,7 @@ fn skips_the_header_across_segments() {
 /// A muxer on 256 KiB of guest memory with its three queues (rx, tx, event: none of
 /// them with buffers yet), its `uds_path` in `dir`.
 fn muxer(dir: &std::path::Path) -> (Muxer, GuestMemoryMmap, DriverQueue) {
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40000)]).unwrap();
+    let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 0x40000)]).unwrap();
     let config = VsockConfig { guest_cid: 3, uds_path: dir.join("v.sock") };
     let listener = Arc::new(UnixListener::bind(&config.uds_path).unwrap());
     let queues = [0, 1, 2].map(|i| crate::virtio::ActiveQueue {
