@@ -64,7 +64,10 @@ fn uffd_handler(args: &exitless::args::UffdHandlerArgs) -> Result<ExitCode, Box<
     let ready = || eprintln!("uffd-handler: listening on {}", args.socket.display());
     let served = exitless_vmm::snapshot::uffd_handler::serve(&args.socket, &args.mem_file, ready)
         .map_err(|e| format!("uffd-handler: {e}"))?;
-    println!("uffd-handler: {} faults, {} pages copied in", served.faults, served.pages);
+    println!(
+        "uffd-handler: {} faults, {} pages copied in, {} ranges removed, {} connections refused",
+        served.faults, served.pages, served.removed, served.refused_peers
+    );
     Ok(ExitCode::SUCCESS)
 }
 
