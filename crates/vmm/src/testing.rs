@@ -253,6 +253,32 @@ impl DriverQueue {
         head
     }
 
+    /// Posts one descriptor pointing at an indirect table, written at `table`, of the
+    /// (addr, len, device-writable) buffers chained in order; returns its head.
+    pub fn post_indirect(&mut self, mem: &GuestMemoryMmap, table: u64, bufs: &[(u64, u32, bool)]) -> u16 {
+        for (i, &(addr, len, writable)) in bufs.iter().enumerate() {
+            let at = GuestAddress(table + 16 * i as u64);
+            let last = i + 1 == bufs.len();
+            let flags = (if last { 0u16 } else { 1 }) | (if writable { 2 } else { 0 });
+            mem.write_obj(addr, at).unwrap();
+            mem.write_obj(len, at.unchecked_add(8)).unwrap();
+            mem.write_obj(flags, at.unchecked_add(12)).unwrap();
+            mem.write_obj(i as u16 + 1, at.unchecked_add(14)).unwrap();
+        }
+        let head = self.next_desc;
+        let at = GuestAddress(self.base + 16 * u64::from(head));
+        mem.write_obj(table, at).unwrap();
+        mem.write_obj(16 * bufs.len() as u32, at.unchecked_add(8)).unwrap();
+        mem.write_obj(4u16, at.unchecked_add(12)).unwrap(); // VIRTQ_DESC_F_INDIRECT
+        mem.write_obj(0u16, at.unchecked_add(14)).unwrap();
+        self.next_desc += 1;
+        let slot = GuestAddress(self.base + 0x800 + 4 + 2 * u64::from(self.avail % QSIZE));
+        mem.write_obj(head, slot).unwrap();
+        self.avail += 1;
+        mem.write_obj(self.avail, GuestAddress(self.base + 0x800 + 2)).unwrap();
+        head
+    }
+
     pub fn used(&self, mem: &GuestMemoryMmap) -> u16 {
         mem.read_obj(GuestAddress(self.base + 0x1000 + 2)).unwrap()
     }

@@ -1,8 +1,8 @@
 //! Turning a guest's descriptor chain into host memory segments, distrusting all of it:
 //! every buffer must lie inside guest memory (the guest's: hotpluggable memory it has not
 //! plugged is refused like an address past RAM, guest_memory), the chain must end (no
-//! loop, no broken table), its total length is bounded, and each buffer must point the
-//! expected way.
+//! loop, no broken table), its total length and its number of buffers are bounded, and
+//! each buffer must point the expected way.
 
 use crate::guest_memory::GuestMemoryMmap;
 use virtio_queue::DescriptorChain;
@@ -29,7 +29,15 @@ pub enum ChainError {
     TooLong(usize),
     #[error("a buffer points the wrong way (device-writable in a TX chain, or the reverse)")]
     WrongDirection,
+    #[error("the chain has more than {0} buffers")]
+    TooManyBuffers(usize),
 }
+
+/// The most buffers a chain may have. The spec bounds a chain by the queue's size (256 at
+/// most here), but virtio-queue follows an indirect table of up to 65,535 descriptors, on
+/// any device, whether or not it offered VIRTIO_F_INDIRECT_DESC; zero-length ones pass the
+/// byte bound, so without this a guest made each device hold a 1.5 MiB list per chain.
+pub const MAX_BUFFERS: usize = 1024;
 
 /// Fills `out` with the chain's buffers, all device-writable (`writable`) or all readable;
 /// returns their total length.
@@ -58,6 +66,9 @@ pub fn walk(
     out.clear();
     let (mut total, mut ended) = (0usize, false);
     for desc in chain {
+        if out.len() == MAX_BUFFERS {
+            return Err(ChainError::TooManyBuffers(MAX_BUFFERS));
+        }
         let (addr, len) = (desc.addr().0, desc.len());
         total = total.saturating_add(len as usize);
         if total > max_len {
@@ -126,4 +137,31 @@ pub fn scatter(mem: &GuestMemoryMmap, segs: &[Segment], data: &[u8]) -> usize {
         at += n;
     }
     at
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::DriverQueue;
+    use vm_memory::GuestAddress;
+
+    fn walk_indirect(buffers: usize) -> Result<usize, ChainError> {
+        let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 4 << 20)]).unwrap();
+        let mut q = DriverQueue::new(0);
+        // Zero-length buffers: they pass the byte bound whatever their number.
+        q.post_indirect(&mem, 0x100000, &vec![(0x200000, 0, true); buffers]);
+        let mut queue = q.device_queue();
+        let chain = virtio_queue::QueueT::pop_descriptor_chain(&mut queue, &mem).unwrap();
+        let mut out = Vec::new();
+        let walked = walk(chain, &mem, usize::MAX, &mut out);
+        assert!(out.len() <= MAX_BUFFERS, "{} buffers held", out.len());
+        walked
+    }
+
+    #[test]
+    fn an_indirect_table_of_more_buffers_than_a_chain_may_have_is_refused() {
+        assert_eq!(walk_indirect(MAX_BUFFERS), Ok(0));
+        assert_eq!(walk_indirect(MAX_BUFFERS + 1), Err(ChainError::TooManyBuffers(MAX_BUFFERS)));
+        assert_eq!(walk_indirect(60_000), Err(ChainError::TooManyBuffers(MAX_BUFFERS)));
+    }
 }
