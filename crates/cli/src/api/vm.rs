@@ -398,6 +398,7 @@ impl Vm {
                 vsock: self.config.vsock.as_ref().map(|v| exitless_vmm::virtio::vsock::VsockConfig {
                     guest_cid: u64::from(v.guest_cid),
                     uds_path: v.uds_path.clone().into(),
+                    id: v.vsock_id.clone(),
                 }),
                 ..Default::default()
             },

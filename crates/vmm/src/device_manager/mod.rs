@@ -12,10 +12,12 @@ mod persist;
 mod pmem;
 mod qemu_test;
 #[cfg(test)]
+mod state_tests;
+#[cfg(test)]
 mod tests;
 mod virtio;
 
-pub use persist::{DeviceRecord, DeviceState, DeviceTree};
+pub use persist::{DeviceRecord, DeviceTree};
 
 use crate::memslots::{Memslots, NoMemslots};
 pub use allocators::{AllocError, Allocators};
@@ -85,18 +87,23 @@ pub enum DeviceError {
     Pmem(#[from] crate::virtio::pmem::PmemError),
 }
 
-/// What a device is.
+/// What a device is (in a state file, by these names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum DeviceKind {
     Serial,
+    #[serde(rename = "i8042")]
     Keyboard,
     DebugExit,
+    #[serde(rename = "acpi-pm")]
     PowerManagement,
+    #[serde(rename = "cmos-rtc")]
     Rtc,
     BootTimer,
     PciHostBridge,
     PciConfigAccess,
     VirtioNet,
+    #[serde(rename = "virtio-blk")]
     VirtioBlock,
     VirtioRng,
     VirtioVsock,
@@ -113,6 +120,7 @@ pub enum DeviceKind {
 
 /// Where a device answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Resource {
     Ports {
         base: u16,
@@ -129,6 +137,34 @@ pub enum Resource {
         base: u64,
     },
     Irq(u32),
+    /// Device memory past the 64-bit window (a virtio-pmem file's region).
+    Memory {
+        base: u64,
+        len: u64,
+    },
+}
+
+/// What a device is called: `id` in a snapshot (the API's id where it has one, as
+/// `virtio-net/eth0`, so a restore finds it by the name its client knows; a fixed name
+/// for the rest), `label` in the exit profile and the logs (`virtio-net1`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceName {
+    pub id: String,
+    pub label: String,
+}
+
+impl DeviceName {
+    /// `kind`'s device called `id` by its configuration (`kind/id`), else by `label`.
+    pub fn keyed(kind: &str, id: Option<&str>, label: String) -> DeviceName {
+        let id = id.map_or_else(|| label.clone(), |id| format!("{kind}/{id}"));
+        DeviceName { id, label }
+    }
+}
+
+impl From<&str> for DeviceName {
+    fn from(name: &str) -> DeviceName {
+        DeviceName { id: name.into(), label: name.into() }
+    }
 }
 
 /// How the VMM reaches a device besides the buses.
@@ -152,7 +188,10 @@ pub struct VirtioHandle {
 
 /// One attached device.
 pub struct Device {
+    /// What the exit profile and the logs call it.
     pub name: String,
+    /// What a snapshot calls it ([`DeviceName::id`]).
+    pub id: String,
     pub kind: DeviceKind,
     pub resources: Vec<Resource>,
     pub handle: DeviceHandle,
@@ -211,6 +250,9 @@ pub struct DeviceManager {
     /// What the vCPUs consult when KVM_RUN fails with EFAULT (device memory that lost its
     /// host pages).
     fault_repairs: Arc<crate::kvm::FaultRepairs>,
+    /// Where a snapshot had each device, by [`DeviceName::id`]: a restored machine's
+    /// devices are placed there, whatever order they are attached in.
+    plan: std::collections::BTreeMap<String, Vec<Resource>>,
 }
 
 impl DeviceManager {
@@ -244,6 +286,7 @@ impl DeviceManager {
             mmio_registers: config.mmio_registers,
             memslots: config.memslots,
             fault_repairs: Arc::default(),
+            plan: Default::default(),
         };
         if config.pci_config_io {
             let cf8 = Arc::new(Cf8Device::new(&pci));
@@ -253,8 +296,19 @@ impl DeviceManager {
         let kind = DeviceKind::PciConfigAccess;
         dm.attach_mmio("pci-ecam", kind, layout::ECAM_GPA, ECAM_SIZE, ecam, DeviceHandle::Bus)?;
         pci.add(0, 0, crate::pci::host_bridge())?;
-        dm.push("host-bridge", DeviceKind::PciHostBridge, vec![Resource::PciSlot(0)], DeviceHandle::Bus);
+        dm.push("host-bridge".into(), DeviceKind::PciHostBridge, vec![Resource::PciSlot(0)], DeviceHandle::Bus);
         Ok(dm)
+    }
+
+    /// Devices attached from here on are placed where `tree` (a snapshot's) had the device
+    /// of the same id, rather than where the allocators would put them.
+    pub fn plan_restore(&mut self, tree: &DeviceTree) {
+        self.plan = tree.devices.iter().map(|(id, r)| (id.clone(), r.placement.clone())).collect();
+    }
+
+    /// Where the snapshot being restored had device `id` (nothing if none).
+    fn planned(&self, id: &str) -> &[Resource] {
+        self.plan.get(id).map_or(&[], Vec::as_slice)
     }
 
     /// Every attached device, in the order attached.
@@ -296,16 +350,17 @@ impl DeviceManager {
     /// fall in it.
     pub fn attach_pio(
         &mut self,
-        name: &str,
+        name: impl Into<DeviceName>,
         kind: DeviceKind,
         port: u16,
         len: u64,
         device: Arc<dyn BusDevice>,
         handle: DeviceHandle,
     ) -> Result<DeviceId, DeviceError> {
+        let name = name.into();
         self.allocators.reserve_ports(port, len)?;
-        tracing::debug!("{name}: ports {port:#x}..{:#x}", u64::from(port) + len);
-        let id = self.insert(name, |b, id| b.pio.insert(PioAddress(port), len, id, device))?;
+        tracing::debug!("{}: ports {port:#x}..{:#x}", name.label, u64::from(port) + len);
+        let id = self.insert(&name.label, |b, id| b.pio.insert(PioAddress(port), len, id, device))?;
         self.push(name, kind, vec![Resource::Ports { base: port, len }], handle);
         Ok(id)
     }
@@ -313,40 +368,64 @@ impl DeviceManager {
     /// A device on the MMIO bus.
     pub fn attach_mmio(
         &mut self,
-        name: &str,
+        name: impl Into<DeviceName>,
         kind: DeviceKind,
         addr: u64,
         len: u64,
         device: Arc<dyn BusDevice>,
         handle: DeviceHandle,
     ) -> Result<DeviceId, DeviceError> {
-        tracing::debug!("{name}: MMIO {addr:#x}..{:#x}", addr + len);
-        let id = self.insert(name, |b, id| b.mmio.insert(MmioAddress(addr), len, id, device))?;
+        let name = name.into();
+        let id = self.place_mmio(&name.label, addr, len, device)?;
         self.push(name, kind, vec![Resource::Mmio { base: addr, len }], handle);
         Ok(id)
     }
 
-    /// A PCI function: a slot (`slot`, or the lowest free), its BARs placed by the
-    /// allocators, then `build` makes the function for that placement.
+    /// A bus entry on the MMIO bus for a device that is recorded otherwise (a device's
+    /// second window): named `label` in the exit profile.
+    pub fn place_mmio(
+        &mut self,
+        label: &str,
+        addr: u64,
+        len: u64,
+        device: Arc<dyn BusDevice>,
+    ) -> Result<DeviceId, DeviceError> {
+        tracing::debug!("{label}: MMIO {addr:#x}..{:#x}", addr + len);
+        self.insert(label, |b, id| b.mmio.insert(MmioAddress(addr), len, id, device))
+    }
+
+    /// A PCI function: a slot (`slot`, or where a restored snapshot had it, or the lowest
+    /// free), its BARs placed likewise, then `build` makes the function for that placement.
     pub fn attach_pci(
         &mut self,
-        name: &str,
+        name: impl Into<DeviceName>,
         kind: DeviceKind,
         slot: Option<u8>,
         bars: &[BarRequest],
         build: impl FnOnce(&PciPlacement) -> Result<(PciFunction, DeviceHandle), DeviceError>,
     ) -> Result<PciPlacement, DeviceError> {
-        let slot = match slot {
+        let name = name.into();
+        let planned = self.planned(&name.id).to_vec();
+        let planned_slot = planned.iter().find_map(|r| match r {
+            Resource::PciSlot(s) => Some(*s),
+            _ => None,
+        });
+        let slot = match slot.or(planned_slot) {
             Some(n) => self.allocators.reserve_slot(n).map(|()| n)?,
             None => self.allocators.slot()?,
         };
         let mut placement = PciPlacement { slot, bars: Vec::new() };
         let mut resources = vec![Resource::PciSlot(slot)];
         for (index, bar) in bars.iter().enumerate() {
-            let base = match bar.at {
+            let planned_bar = planned.iter().find_map(|r| match r {
+                Resource::Bar { index: i, base } if usize::from(*i) == index => Some(*base),
+                _ => None,
+            });
+            let base = match bar.at.or(planned_bar) {
                 Some(at) => self.allocators.reserve_bar(bar.spec, at).map(|()| at)?,
                 None => self.allocators.bar(bar.spec)?,
             };
+            let name = &name.label;
             let label = if bar.label.is_empty() { name.to_string() } else { format!("{name}-{}", bar.label) };
             placement.bars.push((self.name_bus_entry(&label), base));
             resources.push(Resource::Bar { index: index as u8, base });
@@ -354,7 +433,8 @@ impl DeviceManager {
         let (function, handle) = build(&placement)?;
         self.pci.add(slot, 0, function)?;
         tracing::debug!(
-            "{name}: PCI 00:{slot:02x}.0, BARs {:#x?}",
+            "{}: PCI 00:{slot:02x}.0, BARs {:#x?}",
+            name.label,
             placement.bars.iter().map(|b| b.1).collect::<Vec<_>>()
         );
         self.push(name, kind, resources, handle);
@@ -378,8 +458,8 @@ impl DeviceManager {
         Ok(id)
     }
 
-    fn push(&mut self, name: &str, kind: DeviceKind, resources: Vec<Resource>, handle: DeviceHandle) {
-        self.devices.push(Device { name: name.to_string(), kind, resources, handle });
+    fn push(&mut self, name: DeviceName, kind: DeviceKind, resources: Vec<Resource>, handle: DeviceHandle) {
+        self.devices.push(Device { name: name.label, id: name.id, kind, resources, handle });
     }
 
     /// COM1, whose queued output is drained before a run returns.

@@ -2,7 +2,7 @@
 //! (a region from the allocators, a memory slot of its own), then attached like every
 //! virtio device.
 
-use super::{DeviceError, DeviceKind, DeviceManager};
+use super::{DeviceError, DeviceKind, DeviceManager, DeviceName, Resource};
 use crate::rate_limiter::{LimiterSlot, Limits};
 use crate::virtio::pmem::{PmemMapping, PmemStats, PmemWindow, VirtioPmem, ALIGNMENT};
 use std::path::PathBuf;
@@ -31,9 +31,16 @@ impl DeviceManager {
     /// A virtio-pmem device on `config.path`: mapped shared (read-only if asked, and then
     /// read-only to the guest too: a KVM_MEM_READONLY slot) where the guest finds it.
     pub fn attach_pmem(&mut self, config: &PmemConfig) -> Result<(), DeviceError> {
-        let name = format!("virtio-pmem{}", self.virtio_of::<PmemHandle>().count());
+        let label = format!("virtio-pmem{}", self.virtio_of::<PmemHandle>().count());
+        let key = DeviceName::keyed("virtio-pmem", Some(&config.id), label);
+        let name = key.label.clone();
         let mapping = PmemMapping::open(&config.path, config.read_only)?;
-        let start = self.allocators.device_memory(mapping.len(), ALIGNMENT)?;
+        // Where a restored snapshot had it, else the lowest free.
+        let planned = self.planned(&key.id).iter().find_map(|r| match r {
+            Resource::Memory { base, .. } => Some(*base),
+            _ => None,
+        });
+        let start = self.allocators.device_memory(mapping.len(), ALIGNMENT, planned)?;
         let slot = self.memslots.take(1)?.start;
         self.vm
             .set_slot(slot, start, mapping.len(), mapping.host_address(), config.read_only)
@@ -42,14 +49,7 @@ impl DeviceManager {
         self.fault_repairs.register(mapping.clone());
         // Behind the slot on the bus: what KVM cannot serve from it comes here.
         let window = Arc::new(PmemWindow::new(mapping.clone(), config.read_only));
-        self.attach_mmio(
-            &format!("{name}-memory"),
-            DeviceKind::VirtioPmem,
-            start,
-            len,
-            window,
-            super::DeviceHandle::Bus,
-        )?;
+        self.place_mmio(&format!("{name}-memory"), start, len, window)?;
         let device = VirtioPmem::new(mapping, start, config.limits)
             .map_err(|source| DeviceError::Setup { name: name.clone(), source })?;
         let handle = PmemHandle {
@@ -64,7 +64,12 @@ impl DeviceManager {
             config.path.display(),
             if config.read_only { ", read-only" } else { "" }
         );
-        self.attach_virtio(&name, DeviceKind::VirtioPmem, Box::new(device), handle).map(drop)
+        self.attach_virtio(key, DeviceKind::VirtioPmem, Box::new(device), handle)?;
+        // The device memory is where the device is too (a snapshot records it).
+        if let Some(device) = self.devices.last_mut() {
+            device.resources.push(Resource::Memory { base: start, len });
+        }
+        Ok(())
     }
 
     /// The pmem device its configuration calls `id`.

@@ -2,7 +2,7 @@
 //! ioeventfds) or over MMIO (a 4 KiB window, an interrupt line, the notify ioeventfds),
 //! and the handles the API, snapshots and the labs use.
 
-use super::{BarRequest, DeviceError, DeviceHandle, DeviceKind, DeviceManager, VirtioHandle};
+use super::{BarRequest, DeviceError, DeviceHandle, DeviceKind, DeviceManager, DeviceName, Resource, VirtioHandle};
 use crate::net::mmds::SharedMmds;
 use crate::net::Tap;
 use crate::pci::msix::Msix;
@@ -60,7 +60,8 @@ impl NetConfig {
 }
 
 /// Which transport the virtio devices are attached over.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum TransportKind {
     /// virtio-pci: exitless's own guests, Firecracker's with `--enable-pci`.
     #[default]
@@ -99,15 +100,13 @@ impl Persist<'_> for VirtioTransport {
             VirtioTransport::Pci(t) => t.save(),
             VirtioTransport::Mmio(t) => t.core().save(),
         }
-        .map_err(PersistError)
     }
 
     fn restore(&self, (): (), s: &TransportState) -> Result<(), PersistError> {
-        match self {
+        Ok(match self {
             VirtioTransport::Pci(t) => t.restore(s),
             VirtioTransport::Mmio(t) => t.restore(s),
-        }
-        .map_err(PersistError)
+        }?)
     }
 }
 
@@ -118,7 +117,7 @@ impl Pausable for VirtioTransport {
     }
 
     fn resume(&self) -> Result<(), PersistError> {
-        self.core().resume().map_err(|e| PersistError(e.to_string()))
+        self.core().resume().map_err(|e| PersistError::Refused(e.to_string()))
     }
 }
 
@@ -161,15 +160,15 @@ impl DeviceManager {
     /// the labs reach it by ([`DeviceManager::virtio_of`]).
     pub fn attach_virtio(
         &mut self,
-        name: &str,
+        name: impl Into<DeviceName>,
         kind: DeviceKind,
         device: Box<dyn VirtioDevice>,
         users: impl std::any::Any + Send + Sync,
     ) -> Result<VirtioTransport, DeviceError> {
         let handle = |transport| DeviceHandle::Virtio(VirtioHandle { transport, device: Box::new(users) });
         match self.transport {
-            TransportKind::Pci => self.attach_virtio_pci(name, kind, device, handle),
-            TransportKind::Mmio => self.attach_virtio_mmio(name, kind, device, handle),
+            TransportKind::Pci => self.attach_virtio_pci(name.into(), kind, device, handle),
+            TransportKind::Mmio => self.attach_virtio_mmio(name.into(), kind, device, handle),
         }
     }
 
@@ -178,19 +177,20 @@ impl DeviceManager {
     /// guest puts BAR0.
     fn attach_virtio_pci(
         &mut self,
-        name: &str,
+        name: DeviceName,
         kind: DeviceKind,
         device: Box<dyn VirtioDevice>,
         handle: impl FnOnce(VirtioTransport) -> DeviceHandle,
     ) -> Result<VirtioTransport, DeviceError> {
         let vectors = device.queue_max_sizes().len() + 1;
         let msix = Msix::new(self.gsi_router.clone(), vectors)?;
-        let setup = |source| DeviceError::Setup { name: name.into(), source };
+        let label = name.label.clone();
+        let setup = |source| DeviceError::Setup { name: label.clone(), source };
         let transport = Arc::new(VirtioPci::new(device, self.memory.clone(), msix).map_err(setup)?);
         let bars = [BarRequest { label: "", spec: virtio::pci::BAR0, at: None }];
         let pci = transport.clone();
         self.attach_pci(name, kind, None, &bars, |p| {
-            let function = pci.pci_function(name, p.bars[0].0, p.bars[0].1).map_err(setup)?;
+            let function = pci.pci_function(&label, p.bars[0].0, p.bars[0].1).map_err(setup)?;
             Ok((function, handle(VirtioTransport::Pci(pci))))
         })?;
         Ok(VirtioTransport::Pci(transport))
@@ -202,16 +202,30 @@ impl DeviceManager {
     /// its own, and the ioeventfd on InterruptACK.
     fn attach_virtio_mmio(
         &mut self,
-        name: &str,
+        name: DeviceName,
         kind: DeviceKind,
         device: Box<dyn VirtioDevice>,
         handle: impl FnOnce(VirtioTransport) -> DeviceHandle,
     ) -> Result<VirtioTransport, DeviceError> {
-        let setup = |source| DeviceError::Setup { name: name.into(), source };
+        let setup = |source| DeviceError::Setup { name: name.label.clone(), source };
+        // Where a restored snapshot had it, else the next free.
+        let planned = self.planned(&name.id);
+        let planned_gsi = planned.iter().find_map(|r| if let Resource::Irq(g) = r { Some(*g) } else { None });
+        let planned_base =
+            planned.iter().find_map(|r| if let Resource::Mmio { base, .. } = r { Some(*base) } else { None });
         // The line first: lines run out (17 of them) long before the window does, and a
         // device refused for want of one must leave no window taken behind it.
-        let gsi = self.allocators.mmio_irq()?;
-        let base = self.allocators.mmio_device_window(virtio::mmio::WINDOW)?;
+        let gsi = match planned_gsi {
+            Some(gsi) => self.allocators.reserve_mmio_irq(gsi).map(|()| gsi)?,
+            None => self.allocators.mmio_irq()?,
+        };
+        let base = match planned_base {
+            Some(base) => {
+                let spec = crate::pci::BarSpec { kind: crate::pci::BarKind::Memory32, size: virtio::mmio::WINDOW };
+                self.allocators.reserve_bar(spec, base).map(|()| base)?
+            }
+            None => self.allocators.mmio_device_window(virtio::mmio::WINDOW)?,
+        };
         let irqfd = Arc::new(vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).map_err(setup)?);
         self.vm.register_irqfd(&irqfd, gsi)?;
         let page = match self.mmio_registers {
@@ -227,11 +241,12 @@ impl DeviceManager {
             self.ioeventfds.register(at, &fd)?;
         }
         let made = VirtioTransport::Mmio(transport.clone());
+        let label = name.label.clone();
         self.attach_mmio(name, kind, base, virtio::mmio::WINDOW, transport, handle(made.clone()))?;
         if let Some(device) = self.devices.last_mut() {
-            device.resources.push(super::Resource::Irq(gsi));
+            device.resources.push(Resource::Irq(gsi));
         }
-        tracing::debug!("{name}: virtio-mmio at {base:#x}, GSI {gsi}");
+        tracing::debug!("{label}: virtio-mmio at {base:#x}, GSI {gsi}");
         Ok(made)
     }
 
@@ -249,13 +264,14 @@ impl DeviceManager {
             device = device.with_mmds(store.clone(), *ip);
         }
         let (stats, limits) = (device.stats.clone(), device.limiter_slots());
-        let name = match self.nets().count() {
+        let label = match self.nets().count() {
             0 => "virtio-net".to_string(),
             n => format!("virtio-net{n}"),
         };
-        let id = net.config_id.clone().unwrap_or_else(|| name.clone());
+        let name = DeviceName::keyed("virtio-net", net.config_id.as_deref(), label);
+        let id = net.config_id.clone().unwrap_or_else(|| name.label.clone());
         let handle = NetHandle { id, stats, tap_name, limits };
-        self.attach_virtio(&name, DeviceKind::VirtioNet, Box::new(device), handle).map(drop)
+        self.attach_virtio(name, DeviceKind::VirtioNet, Box::new(device), handle).map(drop)
     }
 
     /// A virtio-blk device on `drive`'s backing file.
@@ -274,7 +290,8 @@ impl DeviceManager {
         let (stats, disk, limits) = (device.stats.clone(), device.disk_slot(), device.limiter_slot());
         let (drive_name, id) = (name.clone(), drive.config_id.clone().unwrap_or_else(|| name.clone()));
         let handle = DriveHandle { name: drive_name, id, stats, disk, limits };
-        self.attach_virtio(&name, DeviceKind::VirtioBlock, Box::new(device), handle).map(drop)
+        let name = DeviceName::keyed("virtio-blk", drive.config_id.as_deref(), name);
+        self.attach_virtio(name, DeviceKind::VirtioBlock, Box::new(device), handle).map(drop)
     }
 
     /// A virtio-rng device (Firecracker's `PUT /entropy`), held to `limits`.
@@ -291,7 +308,8 @@ impl DeviceManager {
         let device = VirtioVsock::new(config.clone(), poll)?;
         let (stats, uds_path) = (device.stats.clone(), device.uds_path().to_path_buf());
         let handle = VsockHandle { stats, uds_path };
-        self.attach_virtio("virtio-vsock", DeviceKind::VirtioVsock, Box::new(device), handle).map(drop)
+        let name = DeviceName::keyed("virtio-vsock", config.id.as_deref(), "virtio-vsock".into());
+        self.attach_virtio(name, DeviceKind::VirtioVsock, Box::new(device), handle).map(drop)
     }
 
     /// The drive its configuration calls `id`.

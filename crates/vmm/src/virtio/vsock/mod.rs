@@ -24,6 +24,8 @@ const QUEUE_SIZE: u16 = 256;
 pub struct VsockConfig {
     pub guest_cid: u64,
     pub uds_path: PathBuf,
+    /// Its configuration's id (Firecracker's `vsock_id`), which a snapshot knows it by.
+    pub id: Option<String>,
 }
 
 /// Counters the report and the lab read while the device runs.
