@@ -4,7 +4,7 @@
 
 use super::model::{Pmem, PmemUpdate};
 use super::vm::{Fault, Vm};
-use exitless_vmm::device_manager::PmemConfig;
+use exitless_vmm::virtio::pmem::PmemConfig;
 
 impl Vm {
     /// `PUT /pmem/{id}`: a device (again: its new settings), before boot. As in

@@ -8,7 +8,7 @@
 //! them) and each device's state, read back through [`crate::persist::Saved::decode`].
 
 use super::allocators::AllocatorState;
-use super::{Device, DeviceHandle, DeviceKind, DeviceManager, Resource, TransportKind};
+use super::{Device, DeviceManager, Resource, Saves, TransportKind};
 use crate::persist::{DeviceSnapshot, Pausable, Persist, PersistError, Saved, StateFault};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -27,7 +27,8 @@ pub struct DeviceTree {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceRecord {
-    pub kind: DeviceKind,
+    /// Its kind, as its module names it (`virtio-net`).
+    pub kind: String,
     pub placement: Vec<Resource>,
     /// What the device holds, at its version (none for a device with no state of its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -71,14 +72,15 @@ impl Persist<'_> for DeviceManager {
     fn save(&self, (): ()) -> Result<DeviceTree, PersistError> {
         let mut tree = BTreeMap::new();
         for device in self.devices().iter().filter(|d| in_snapshot(d)) {
-            let state = snapshot_part(&device.handle).map(|p| p.save_state(&device.id)).transpose()?;
-            let config = match (&device.handle, pci_slot(&device.resources)) {
-                (DeviceHandle::Virtio(_), Some(slot)) => {
+            let state = snapshot_part(device).map(|p| p.save_state(&device.id)).transpose()?;
+            let config = match (device.handle.transport(), pci_slot(&device.resources)) {
+                (Some(_), Some(slot)) => {
                     self.pci().config_snapshot(usize::from(slot) << 3).map_or_else(Vec::new, |c| c.to_vec())
                 }
                 _ => Vec::new(),
             };
-            let record = DeviceRecord { kind: device.kind, placement: device.resources.clone(), state, config };
+            let kind = device.kind.0.to_string();
+            let record = DeviceRecord { kind, placement: device.resources.clone(), state, config };
             if tree.insert(device.id.clone(), record).is_some() {
                 return Err(PersistError::Refused(format!("two devices are called {}", device.id)));
             }
@@ -101,9 +103,9 @@ impl Persist<'_> for DeviceManager {
         }
         for device in &here {
             let saved = &tree.devices[&device.id];
-            if saved.kind != device.kind || placed(&saved.placement) != placed(&device.resources) {
+            if saved.kind != device.kind.0 || placed(&saved.placement) != placed(&device.resources) {
                 return Err(PersistError::Refused(format!(
-                    "{} is a {:?} at {:?} in the snapshot, a {:?} at {:?} here",
+                    "{} is a {} at {:?} in the snapshot, a {} at {:?} here",
                     device.id, saved.kind, saved.placement, device.kind, device.resources
                 )));
             }
@@ -126,7 +128,7 @@ impl Persist<'_> for DeviceManager {
                 let config = self.pci().restore_config(usize::from(slot) << 3, &saved.config);
                 config.map_err(|e| PersistError::from(e).named(&device.id))?;
             }
-            match (snapshot_part(&device.handle), &saved.state) {
+            match (snapshot_part(device), &saved.state) {
                 (None, None) => {}
                 (Some(part), Some(state)) => part.restore_state(&device.id, state)?,
                 (Some(_), None) => return Err(StateFault::Missing.of(&device.id).into()),
@@ -137,20 +139,17 @@ impl Persist<'_> for DeviceManager {
     }
 }
 
-/// Whether a device is part of the machine a snapshot saves: Firecracker's boot timer is
-/// the VMM's own stopwatch (`--boot-timer`), there or not in either process alike.
+/// Whether a device is part of the machine a snapshot saves (not, for one that is there
+/// or not in either process alike: Firecracker's boot timer, the VMM's own stopwatch).
 fn in_snapshot(device: &Device) -> bool {
-    device.kind != DeviceKind::BootTimer
+    !matches!(device.handle.saves(), Saves::Excluded)
 }
 
 /// A device's part of a snapshot (None: it keeps no state of its own).
-fn snapshot_part(handle: &DeviceHandle) -> Option<&dyn DeviceSnapshot> {
-    match handle {
-        DeviceHandle::Bus => None,
-        DeviceHandle::Serial(s) => Some(&**s),
-        DeviceHandle::Keyboard(k) => Some(&**k),
-        DeviceHandle::Power(p) => Some(&**p),
-        DeviceHandle::Virtio(v) => Some(&v.transport),
+fn snapshot_part(device: &Device) -> Option<&dyn DeviceSnapshot> {
+    match device.handle.saves() {
+        Saves::State(part) => Some(&**part),
+        Saves::Nothing | Saves::Excluded | Saves::Refused(_) => None,
     }
 }
 

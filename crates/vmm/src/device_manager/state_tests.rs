@@ -14,8 +14,8 @@ use crate::virtio::balloon::{BalloonConfig, VirtioBalloon};
 
 fn nic(dm: &mut DeviceManager, iface: &str) {
     let label = format!("virtio-net{}", dm.virtio_devices().count());
-    let name = DeviceName::keyed("virtio-net", Some(iface), label);
-    dm.attach_virtio(name, DeviceKind::VirtioNet, Box::<RecordingDevice>::default(), ()).unwrap();
+    let name = DeviceName::keyed(crate::virtio::net::KIND, Some(iface), label);
+    dm.attach_virtio(name, crate::virtio::net::KIND, Box::<RecordingDevice>::default(), ()).unwrap();
 }
 
 /// Every kind of device with state: COM1, the i8042, ACPI PM, a NIC-like virtio device and
@@ -31,7 +31,7 @@ fn machine(transport: TransportKind, plan: Option<&DeviceTree>) -> DeviceManager
     dm.attach_power(power, false).unwrap();
     nic(&mut dm, "eth0");
     let balloon = VirtioBalloon::new(BalloonConfig::default(), &dm.memory).unwrap();
-    dm.attach_virtio("virtio-balloon", DeviceKind::VirtioBalloon, Box::new(balloon), ()).unwrap();
+    dm.attach_virtio("virtio-balloon", crate::virtio::balloon::KIND, Box::new(balloon), ()).unwrap();
     dm
 }
 

@@ -39,7 +39,7 @@ pub(super) fn manager(transport: TransportKind, mmio_registers: RegisterMode) ->
 }
 
 fn attach(dm: &mut DeviceManager, name: &str) -> Result<VirtioTransport, DeviceError> {
-    dm.attach_virtio(name, DeviceKind::VirtioRng, Box::<RecordingDevice>::default(), ())
+    dm.attach_virtio(name, DeviceKind("virtio-test"), Box::<RecordingDevice>::default(), ())
 }
 
 pub(super) fn resources<'a>(dm: &'a DeviceManager, name: &str) -> &'a [Resource] {
@@ -187,7 +187,7 @@ fn the_allocators_save_what_they_handed_out_and_refuse_a_machine_that_differs() 
     assert_eq!(saved.mmio32.len(), 2, "the boot timer's page and a's window: {saved:?}");
     dm.allocators().restore((), &saved).unwrap();
     // One more BAR taken here than in the snapshot: refused, saying what differs.
-    dm.allocators().bar(BarSpec { kind: crate::pci::BarKind::Memory64, size: 1 << 20 }).unwrap();
+    dm.allocators().bar(crate::pci::BarSpec { kind: crate::pci::BarKind::Memory64, size: 1 << 20 }).unwrap();
     let e = dm.allocators().restore((), &saved).unwrap_err().to_string();
     assert!(e.contains("64-bit MMIO ranges"), "{e}");
 }

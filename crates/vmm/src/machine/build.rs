@@ -169,24 +169,10 @@ impl Platform {
         if d.boot_timer && memory_from.is_none() {
             devices.attach_boot_timer(started.0)?;
         }
-        for net in &d.nets {
-            devices.attach_net(net, d.poll)?;
+        for attach in d.allocated {
+            attach(&mut devices)?;
         }
-        for drive in &d.drives {
-            devices.attach_blk(drive, d.poll)?;
-        }
-        if let Some(limits) = d.entropy {
-            devices.attach_rng(limits)?;
-        }
-        if let Some(vsock) = &d.vsock {
-            devices.attach_vsock(vsock, d.poll)?;
-        }
-        for pmem in &d.pmems {
-            devices.attach_pmem(pmem)?;
-        }
-        if let Some(balloon) = d.balloon {
-            devices.attach_balloon(balloon)?;
-        }
+        // Hotpluggable memory is the machine's own (its guest memory, placed above).
         if let Some(g) = hotplug {
             devices.attach_virtio_mem(g)?;
         }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-pub use crate::device_manager::NetConfig;
+pub use crate::virtio::net::NetConfig;
 pub use config::{AttachFixed, DeviceConfig, HugePages, MachineConfig, MemoryHotplug, RunOptions};
 pub use ram::{read_result, shared_slot};
 

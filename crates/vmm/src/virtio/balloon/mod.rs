@@ -8,10 +8,12 @@
 //! The queues the driver sets up are compacted: inflate, deflate, then only those whose
 //! feature is offered (statistics, hinting, reporting), in that order.
 
+mod attach;
 mod discard;
 mod stats;
 mod worker;
 
+pub use attach::{attach, BalloonError, BalloonHandle, KIND};
 pub use discard::Ballooned;
 pub use stats::{BalloonStats, STAT_TAGS};
 

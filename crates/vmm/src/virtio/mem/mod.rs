@@ -10,9 +10,11 @@
 //! it reads zeros rather than the VMM ending on SIGSEGV (hostile input must not end the
 //! VMM), and what such a write dirties is discarded again at the next unplug.
 
+mod attach;
 mod blocks;
 mod worker;
 
+pub use attach::{MemHandle, KIND};
 pub use blocks::{Blocks, Geometry, RangeState, Refusal};
 pub use worker::process_once;
 

@@ -4,9 +4,12 @@
 //! the guest connects to the host (CID 2) on that port. Three queues (rx, tx, event) on
 //! one device thread (muxer.rs) woken by their ioeventfds and by the sockets.
 
+mod attach;
 mod conn;
 mod muxer;
 pub mod packet;
+
+pub use attach::{attach, VsockHandle, KIND};
 
 use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, VirtioDevice};
