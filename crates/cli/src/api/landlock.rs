@@ -18,9 +18,7 @@ impl Vm {
             let reach = if d.is_read_only == Some(true) { Reach::Read } else { Reach::Write };
             rules.push((PathBuf::from(&d.path_on_host), reach));
         }
-        for p in &c.pmem {
-            rules.push((PathBuf::from(&p.path_on_host), if p.read_only { Reach::Read } else { Reach::Write }));
-        }
+        rules.extend(self.device_files());
         if let Some(v) = &c.vsock {
             rules.push((directory_of(Path::new(&v.uds_path)), Reach::Entries));
         }

@@ -364,10 +364,11 @@ impl Vm {
             Some(root) => format!("{cmdline} {}", root_args(root)),
             None => cmdline,
         };
-        let (pmems, pmem_root) = self.pmem_devices();
-        let cmdline = match pmem_root.filter(|_| restore.is_none()) {
-            Some(root) => format!("{cmdline} {root}"),
-            None => cmdline,
+        // The devices in files of their own (api/devices/) and their command-line words.
+        let (more_devices, words) = self.device_attaches();
+        let cmdline = match restore {
+            None => words.iter().fold(cmdline, |line, word| format!("{line} {word}")),
+            Some(_) => cmdline,
         };
         let drives = drives.into_iter().map(|d| DriveConfig {
             readonly: d.is_read_only.unwrap_or(false),
@@ -390,8 +391,7 @@ impl Vm {
             id: v.vsock_id.clone(),
         });
         devices.extend(vsock.map(|v| virtio::vsock::attach(v, poll)));
-        devices.extend(pmems.into_iter().map(virtio::pmem::attach));
-        devices.extend(self.balloon_device().map(virtio::balloon::attach));
+        devices.extend(more_devices);
         let config = exitless_vmm::MachineConfig {
             mem_size: mem,
             vcpus: mc.vcpu_count,
