@@ -5,6 +5,7 @@
 #   scripts/linux-check.sh --pci-timing N [KERNEL]
 #   scripts/linux-check.sh --as-firecracker [KERNEL]
 #   scripts/linux-check.sh --stress SECONDS [KERNEL]
+#   scripts/linux-check.sh --cpu-templates [KERNEL]
 # The third runs the same checks on a VMM started as Firecracker is (its process flags, no
 # --enable-pci) and configured through the API as Firecracker's getting-started guide does
 # (boot_args "console=ttyS0 reboot=k panic=1" and what the checks and this host need):
@@ -13,6 +14,9 @@
 # rounds of direct 4 KiB reads and writes on both disks beside MMDS requests over the NIC
 # (each answered by the VMM), every round's requests checked; it fails if a round stalls
 # (a lost interrupt leaves a request unanswered) or any request went unanswered or wrong.
+# --cpu-templates runs only the CPU template checks of the full run: three short boots (no
+# template, T2 on Intel or T2A on AMD, a custom template hiding lahf_lm), each reading
+# /proc/cpuinfo's flags: the template's hidden flag must be there without it and gone with it.
 # The second form instead boots N times with each PCI config mechanism (0xCF8/0xCFC,
 # trapped ECAM, ECAM mapped read-only) and reports Linux's own time in its PCI initcalls
 # (initcall_debug), as the VMware patch's boot-time table did.
@@ -64,6 +68,7 @@ cd "$work"
 pci_runs=
 as_firecracker=
 stress=
+cpu_templates_only=
 if [ "${1:-}" = --as-firecracker ]; then
   as_firecracker=1
   shift
@@ -72,6 +77,10 @@ if [ "${1:-}" = --stress ]; then
   stress=${2:?--stress needs a number of seconds}
   shift 2
   timeout=$((stress + timeout))
+fi
+if [ "${1:-}" = --cpu-templates ]; then
+  cpu_templates_only=1
+  shift
 fi
 if [ "${1:-}" = --pci-timing ]; then
   pci_runs=${2:?--pci-timing needs a number of boots}
@@ -98,6 +107,7 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev 2>/dev/null
 echo "$marker"
 r() { echo "LINUX-CHECK-RESULT \$1 \$2"; }
+r cpu-flags " \$(grep -m 1 '^flags' /proc/cpuinfo | cut -d: -f2) "
 if grep -q check=reboot /proc/cmdline; then r mode reboot; reboot -f; fi
 if grep -q check=stress /proc/cmdline; then
   secs=\$(sed -n 's/.*stress_seconds=\([0-9]*\).*/\1/p' /proc/cmdline)
@@ -221,7 +231,13 @@ start_as_firecracker() { # mode, log prefix: sets vmm
   for i in $(seq 100); do [ -S "$sock" ] && break; sleep 0.05; done
   # The guide's boot_args, then the checks' own words (nokaslr, EXTRA, the mode).
   local more=${cmdline#console=ttyS0 reboot=k panic=-1 }
-  api "$sock" PUT /machine-config "{\"vcpu_count\": $vcpus, \"mem_size_mib\": 256}" &&
+  local template=
+  case "${cpu_template:-}" in
+    "") ;;
+    *.json) api "$sock" PUT /cpu-config "$(cat "$cpu_template")" || fail "PUT /cpu-config" ;;
+    *) template=", \"cpu_template\": \"$cpu_template\"" ;;
+  esac
+  api "$sock" PUT /machine-config "{\"vcpu_count\": $vcpus, \"mem_size_mib\": 256$template}" &&
   api "$sock" PUT /boot-source "{\"kernel_image_path\": \"$kernel\", \"initrd_path\": \"$work/initrd.cpio\",
     \"boot_args\": \"console=ttyS0 reboot=k panic=1 $more check=$mode\"}" &&
   api "$sock" PUT /drives/read "{\"drive_id\": \"read\", \"path_on_host\": \"$work/read.img\", \"is_root_device\": false, \"is_read_only\": true}" &&
@@ -244,7 +260,8 @@ boot() { # mode, log prefix, extra exitless flags...: runs one guest to its end;
   if [ -n "$as_firecracker" ]; then
     start_as_firecracker "$mode" "$log"
   else
-    ip netns exec "$ns" "$exitless" run --kernel "$kernel" --initrd initrd.cpio --mem 256M --vcpus "$vcpus" \
+    # shellcheck disable=SC2086
+    ip netns exec "$ns" "$exitless" run ${cpu_template:+--cpu-template "$cpu_template"} --kernel "$kernel" --initrd initrd.cpio --mem 256M --vcpus "$vcpus" \
       --cmdline "$cmdline check=$mode" --drive path=read.img,readonly=on --drive path=write.img \
       --net tap="$tap" --net tap="$tap2" --mmds "$work/metadata.json" --entropy --vsock cid=3,uds="$work/$log.vsock" --timeout "$timeout" --json "$log.json" ${EXITLESS_FLAGS:-} "$@" </dev/null >"$log.log" 2>"$log.err" &
     vmm=$!
@@ -366,6 +383,35 @@ check() { # name, condition (0/1), detail
   if [ "$2" = 0 ]; then echo "PASS $1: $3"; passed=$((passed + 1)); else echo "FAIL $1: $3"; failed=$((failed + 1)); fi
 }
 result() { grep -a "^LINUX-CHECK-RESULT $1 " "$2" | tr -d '\r' | tail -n 1 | cut -d' ' -f3- || true; }
+# CPU templates seen from inside Linux: the flag a template hides is in /proc/cpuinfo without
+# it (a boot of its own) and gone with it: 3dnowprefetch (PREFETCHW) for T2 (T2A on AMD),
+# lahf_lm for a custom template that hides only that (0x8000_0001 ECX bit 0).
+cpu_template_checks() {
+  local static=T2 custom="$work/hide-lahf_lm.json" plain t c
+  grep -q AuthenticAMD /proc/cpuinfo && static=T2A
+  echo '{"cpuid_modifiers": [{"leaf": "0x80000001", "subleaf": "0x0", "flags": 0,
+    "modifiers": [{"register": "ecx", "bitmap": "0bxxxx_xxxx_xxxx_xxxx_xxxx_xxxx_xxxx_xxx0"}]}]}' > "$custom"
+  cpu_template= boot reboot template-none
+  plain=$(result cpu-flags template-none.log)
+  cpu_template=$static boot reboot template-static
+  t=$(result cpu-flags template-static.log)
+  cpu_template=$custom boot reboot template-custom
+  c=$(result cpu-flags template-custom.log)
+  cpu_template=
+  has() { case "$1" in *" $2 "*) echo yes ;; *) echo no ;; esac; }
+  check "CPU template $static" "$([ "$(has "$plain" 3dnowprefetch)" = yes ] && [ -n "$t" ] && [ "$(has "$t" 3dnowprefetch)" = no ]; echo $?)" \
+    "3dnowprefetch in /proc/cpuinfo without a template: $(has "$plain" 3dnowprefetch); under $static: $(has "$t" 3dnowprefetch) (boot status $status)"
+  check "custom CPU template" "$([ "$(has "$plain" lahf_lm)" = yes ] && [ -n "$c" ] && [ "$(has "$c" lahf_lm)" = no ]; echo $?)" \
+    "lahf_lm without a template: $(has "$plain" lahf_lm); under one hiding it: $(has "$c" lahf_lm)"
+}
+if [ -n "$cpu_templates_only" ]; then
+  say "kernel $kernel; CPU templates (timeout $timeout s)"
+  echo '{"latest": {"meta-data": {"instance-id": "i-linux-check"}}}' > "$work/metadata.json"
+  cpu_template_checks
+  echo "$passed passed, $failed failed"
+  [ "$failed" = 0 ]
+  exit
+fi
 
 say "kernel $kernel; booting (timeout $timeout s)"
 echo '{"latest": {"meta-data": {"instance-id": "i-linux-check"}}}' > "$work/metadata.json"
@@ -442,6 +488,7 @@ print("  ioeventfd kicks: net", net.get("kicks"), "blk", {k: v.get("kicks") for 
       "; interrupts (MSI-X via irqfd): net", net.get("irqs"), "blk", {k: v.get("irqs") for k, v in blk.items()})
 PY
 
+cpu_template_checks
 boot reboot reboot
 check "reboot ends the VMM with 0" "$([ "$status" = 0 ] && [ "$(result mode reboot.log)" = reboot ]; echo $?)" \
   "status $status, /init in ${init_s:-never} s"

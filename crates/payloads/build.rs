@@ -25,7 +25,12 @@ const PAYLOADS: &[(&str, &str)] = &[
     ("netpair", "lab frames on two NICs at once, each with its own sequence numbers"),
     ("mmdsget", "an MMDS client: ARP, TCP and HTTP to 169.254.169.254, token, three keys checked byte for byte"),
     ("vsockecho", "a vsock echo server on a port (and optionally a client of the host), every byte within credit"),
+    ("vsockflood", "a hostile vsock driver: no receive buffers, its transmit ring full of packets each answered RST"),
     ("rngread", "reads entropy from virtio-rng: every buffer filled, no two alike, a read-only buffer refused"),
+    (
+        "memdma",
+        "hostile: virtio-rng DMA across virtio-mem's unplugged region; every chain must be refused, no memory committed",
+    ),
     ("crash", "fails on purpose: triple fault (default) or spins forever (--params 2)"),
     (
         "bootcheck",
@@ -34,6 +39,7 @@ const PAYLOADS: &[(&str, &str)] = &[
     ("smp", "starts every other vCPU with INIT/SIPI; each checks in on the serial port"),
     ("barmove", "one vCPU moves a BAR back and forth while another reads it: no read may miss the device"),
     ("wait", "says it is running, then halts until the VMM stops it (an idle microVM for the API and fleet)"),
+    ("cpuid", "prints its CPUID leaves (features, signature, brand): what a CPU template left the guest"),
     ("s3wake", "reads the CMOS RTC, sleeps in ACPI S3 and wakes by its alarm (with --testdevs); exits with PM1 status"),
 ];
 

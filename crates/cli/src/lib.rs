@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod args;
+pub mod cpu_template;
 pub mod report;
 pub mod run;
 pub mod terminal;
@@ -46,7 +47,7 @@ pub fn init_stderr_logging() {
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .without_time();
-    tracing_subscriber::registry().with(filter).with(fmt).init();
+    tracing_subscriber::registry().with(filter).with(api::log_rate::PerCallsite::default()).with(fmt).init();
 }
 
 /// Serial output straight to stdout, flushed byte by byte so the console is live.

@@ -50,12 +50,9 @@ fn main() -> ExitCode {
 }
 
 fn rebase(args: &exitless::args::RebaseArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    // Regular files (their lengths and holes are what rebase reads; a FIFO would hang).
     let open = |path: &std::path::Path, write: bool| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(write)
-            .open(path)
-            .map_err(|e| format!("cannot open {}: {e}", path.display()))
+        exitless_vmm::files::open_regular(path, write).map(|(file, _)| file).map_err(|e| e.to_string())
     };
     let (base, diff) = (open(&args.base_file, true)?, open(&args.diff_file, false)?);
     let laid = exitless_vmm::snapshot::memory::rebase(&base, &diff).map_err(|e| format!("rebase-snap: {e}"))?;
@@ -67,7 +64,10 @@ fn uffd_handler(args: &exitless::args::UffdHandlerArgs) -> Result<ExitCode, Box<
     let ready = || eprintln!("uffd-handler: listening on {}", args.socket.display());
     let served = exitless_vmm::snapshot::uffd_handler::serve(&args.socket, &args.mem_file, ready)
         .map_err(|e| format!("uffd-handler: {e}"))?;
-    println!("uffd-handler: {} faults, {} pages copied in", served.faults, served.pages);
+    println!(
+        "uffd-handler: {} faults, {} pages copied in, {} ranges removed, {} connections refused",
+        served.faults, served.pages, served.removed, served.refused_peers
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -65,6 +65,7 @@ pub fn run(args: RunArgs, fixed: Vec<AttachFixed>) -> Result<ExitCode, Box<dyn s
             stuck_after: args.stuck_after.map(std::time::Duration::from_secs_f64),
         },
         host: args.host_profile,
+        cpu_template: args.cpu_template.clone(),
         ..MachineConfig::new(image)
     })?;
     let (report, error) = machine.run_to_end(args.timeout.map(std::time::Duration::from_secs_f64))?;

@@ -81,15 +81,24 @@ fn a_rate_limited_drive_holds_its_guest_to_the_limit() {
         return;
     }
     let path = disk(9);
-    // 300 random reads at depth 32 under 400 a second (40 of them a first full bucket):
-    // at least 0.65 s, whatever the host; unlimited they take a fraction of that.
-    let started = std::time::Instant::now();
-    let (out, json) = blkbench(&path, ",iops=400", "0,4096,32,300");
-    let elapsed = started.elapsed();
+    // 60 random reads at depth 32 under 50 a second (5 of them a first full bucket): the
+    // guest, which would take milliseconds unlimited, queues 32 at once and must wait.
+    let (out, json) = blkbench(&path, ",iops=50", "0,4096,32,60");
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    assert!(elapsed >= std::time::Duration::from_millis(600), "300 requests in {elapsed:?} under 400/s");
+    // By the guest's own clock (its TSC, the host's rate), from its first request to its
+    // last completion: at least the 55 requests beyond the bucket at 50 a second, 1.1 s.
+    let text = stdout(&out);
+    let cycles: u64 = text
+        .split(" cycles")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no cycle count: {text}"));
+    let khz = exitless_lab::control::guest_tsc_khz().expect("the TSC rate");
+    let seconds = cycles as f64 / (f64::from(khz) * 1e3);
+    assert!(seconds >= 1.0, "60 requests in {seconds:.3} s under 50/s: {text}");
     let drive = json["drives"].as_object().and_then(|d| d.values().next()).expect("one drive");
-    assert_eq!(drive["reads"], 300, "{json}");
+    assert_eq!(drive["reads"], 60, "{json}");
     assert!(drive["throttled"].as_u64().unwrap() > 0, "{json}");
     assert_eq!(drive["errors"], 0, "throttled, never failed: {json}");
     assert!(stderr(&out).contains("throttled"), "the exit profile counts them: {}", stderr(&out));

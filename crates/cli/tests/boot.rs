@@ -121,11 +121,10 @@ fn a_vmcall_at_cpl0_is_answered_as_an_unknown_hypercall_on_every_host() {
     }
     // A native host's KVM answers it; this nested host's never completes it, and the
     // nested profile answers it instead, within its watch's period.
-    let start = std::time::Instant::now();
+    // Within the run's timeout (its own error otherwise, and no status 9).
     let (out, json) = run_json(&["--payload", "crash", "--params", "9", "--timeout", "30"]);
     assert_eq!(out.status.code(), Some(9), "{}", stderr(&out));
     assert!(stdout(&out).contains("vmcall returned -1000"), "{}", stdout(&out));
-    assert!(start.elapsed() < std::time::Duration::from_secs(20));
     if json["host_profile"].as_str().is_some_and(|p| p.starts_with("nested")) {
         assert_eq!(json["completed_instructions"]["vmcall"], 1, "{json}");
     }

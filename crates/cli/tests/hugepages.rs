@@ -20,6 +20,20 @@ fn available() -> u64 {
     read(&format!("{HUGE}/free_hugepages")) - read(&format!("{HUGE}/resv_hugepages"))
 }
 
+/// Holds the machine's pool for this test alone while it lives: the test counts its free
+/// pages and resizes it, and another run of it (another worktree's) would do the same.
+struct PoolLock(#[allow(dead_code)] std::fs::File);
+
+impl PoolLock {
+    fn take() -> PoolLock {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::create("/tmp/exitless-hugepages-test.lock").unwrap();
+        // SAFETY: flock on a descriptor we own; released when the file is closed.
+        assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }, 0);
+        PoolLock(file)
+    }
+}
+
 /// Sets the pool to `pages` until dropped, then back to what it was.
 struct Pool(u64);
 
@@ -48,6 +62,7 @@ fn guest_ram_on_2m_huge_pages_or_a_one_line_refusal() {
         assert!(!skip_or_fail(test, "needs root and hugetlbfs to reserve 2 MiB pages"));
         return;
     }
+    let _alone = PoolLock::take();
     let dir = tempdir();
     let payloads = payloads_in(&dir);
     let sock = dir.join("api.sock");
@@ -98,7 +113,7 @@ fn guest_ram_on_2m_huge_pages_or_a_one_line_refusal() {
     assert_eq!(expect_ok(&sock, "GET", "/", None).unwrap().unwrap()["state"], "Not started");
     let _ = child.kill();
     let _ = child.wait();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while available() != before && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

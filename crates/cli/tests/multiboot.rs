@@ -94,14 +94,17 @@ fn s3_sleeps_until_the_rtc_alarm_and_resumes_at_the_waking_vector() {
     if !kvm_or_skip("s3_sleeps_until_the_rtc_alarm_and_resumes_at_the_waking_vector") {
         return;
     }
-    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-    let (out, json) = run_json(&["--payload", "s3wake", "--testdevs", "--timeout", "30"]);
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let before = now();
+    let (out, json) = run_json(&["--payload", "s3wake", "--testdevs", "--timeout", "60"]);
+    let after = now();
     let text = stdout(&out);
     assert!(text.contains("s3wake: entering S3"), "{text}\n{}", stderr(&out));
     // The stub at the waking vector ran in real mode and found why the machine woke.
     assert_eq!(json["exit_status"], 0x8400, "WAK_STS | RTC_STS: {text}\n{}", stderr(&out));
-    // The alarm matches every second: asleep for at most about one.
-    assert!(json["elapsed_ms"].as_f64().unwrap_or(f64::MAX) < 10_000.0, "{json}");
+    // The alarm matches every second: asleep for about one, not until a minute's match
+    // (what a loaded host adds is far less than the half minute allowed here).
+    assert!(json["elapsed_ms"].as_f64().unwrap_or(f64::MAX) < 30_000.0, "{json}");
     // The RTC tells the host's time of day (UTC).
     let line = text.lines().find_map(|l| l.strip_prefix("s3wake: rtc ")).expect("an rtc line");
     let n: Vec<i64> = line.split(['-', ' ', ':']).map(|f| f.parse().unwrap()).collect();
@@ -112,7 +115,9 @@ fn s3_sleeps_until_the_rtc_alarm_and_resumes_at_the_waking_vector() {
     let doy = (153 * ((mo + 9) % 12) + 2) / 5 + d - 1;
     let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
     let rtc = days * 86_400 + n[3] * 3600 + n[4] * 60 + n[5];
-    assert!((rtc - before as i64).abs() <= 5, "RTC {line} is {} s from the host's clock", rtc - before as i64);
+    // Read while the guest ran: between the host's clock before and after the run (to
+    // the RTC's whole second).
+    assert!((before - 1..=after + 1).contains(&rtc), "RTC {line} ({rtc}) is not within [{before}, {after}]");
 
     // Without --testdevs there is no S3 (and no RTC): the write is ignored.
     let (out, json) = run_json(&["--payload", "s3wake", "--timeout", "30"]);

@@ -23,6 +23,8 @@ fn every_wrong_flag_is_one_line_and_leaves_nothing_behind() {
     std::fs::create_dir(&jails).unwrap();
     let j = jails.to_str().unwrap();
     let (nd, ln) = (not_a_dir.to_str().unwrap(), link.to_str().unwrap());
+    // A cgroup id of this run's own: cgroups are the host's, shared with any other run.
+    let id = format!("flags-{}", std::process::id());
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--id", "a/b"], "--id: Invalid instance ID: Invalid char (/) at position 1"),
         (vec!["--id", ".."], "--id: Invalid instance ID: Invalid char (.) at position 0"),
@@ -54,8 +56,7 @@ fn every_wrong_flag_is_one_line_and_leaves_nothing_behind() {
         (vec!["--id", "x", "--id", "y"], "cannot be used multiple times"),
     ];
     for (wrong, words) in cases {
-        let mut args =
-            vec!["--id", "flags", "--exec-file", exec, "--uid", "4242", "--gid", "4242", "--chroot-base-dir", j];
+        let mut args = vec!["--id", &id, "--exec-file", exec, "--uid", "4242", "--gid", "4242", "--chroot-base-dir", j];
         // The wrong flag replaces the right one.
         match args.iter().position(|a| *a == wrong[0]).filter(|_| wrong.len() == 2) {
             Some(i) => args[i + 1] = wrong[1],
@@ -70,7 +71,7 @@ fn every_wrong_flag_is_one_line_and_leaves_nothing_behind() {
         assert!(left.is_empty(), "{wrong:?} left {left:?}");
         for hierarchy in ["cpuset", "pids", "unified"] {
             let cgroup = Path::new("/sys/fs/cgroup").join(hierarchy).join("exitless");
-            assert!(!cgroup.join("flags").exists(), "{wrong:?} left {}", cgroup.display());
+            assert!(!cgroup.join(&id).exists(), "{wrong:?} left {}", cgroup.display());
         }
     }
     // --version and --help win over everything, as Firecracker's parser has it.
@@ -78,7 +79,7 @@ fn every_wrong_flag_is_one_line_and_leaves_nothing_behind() {
     assert_eq!((out.status.code(), String::from_utf8_lossy(&out.stdout).as_ref()), (Some(0), "Jailer v1.16.1\n\n"));
     let out = Command::new(JAILER).arg("--help").output().unwrap();
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("--chroot-base-dir"));
-    remove_cgroups("exitless", "flags");
+    remove_cgroups("exitless", &id);
     std::fs::remove_file(&link).unwrap();
     std::fs::remove_dir_all(&base).unwrap();
 }

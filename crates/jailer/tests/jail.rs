@@ -45,12 +45,15 @@ fn a_jailed_exitless_is_held_as_the_flags_say_and_runs_a_guest() {
     }
     let exitless = built("exitless");
     let base = tempdir("held");
-    let netns = Netns::new("exitless-jail-held");
+    // Names of this run's own: the namespace and cgroups are the host's, shared with any
+    // other run of these tests.
+    let netns = Netns::new(&format!("exitless-jail-held-{}", std::process::id()));
+    let ids = ["held-v1", "held-v2"].map(|id| format!("{id}-{}", std::process::id()));
     // cgroups v1 in a new PID namespace; v2 daemonized (Kata's way: the jailer's caller
     // sees it end at once, the VMM goes on in a session of its own, stdio on /dev/null).
     for (version, cgroups, id, mode) in [
-        ("1", vec!["cpuset.mems=0", "cpuset.cpus=0", "pids.max=64"], "held-v1", "--new-pid-ns"),
-        ("2", vec!["hugetlb.2MB.max=4194304"], "held-v2", "--daemonize"),
+        ("1", vec!["cpuset.mems=0", "cpuset.cpus=0", "pids.max=64"], ids[0].as_str(), "--new-pid-ns"),
+        ("2", vec!["hugetlb.2MB.max=4194304"], ids[1].as_str(), "--daemonize"),
     ] {
         let mut args = vec!["--id", id, "--exec-file", exitless.to_str().unwrap()];
         let uid = UID.to_string();
@@ -179,13 +182,14 @@ fn the_jail_holds_against_a_program_that_tries_to_get_out() {
     let escape = Path::new(JAILER).with_file_name("examples").join("jail_escape");
     assert!(escape.exists(), "{} is not built: cargo test builds examples", escape.display());
     let base = tempdir("escape");
-    let netns = Netns::new("exitless-jail-escape");
+    let netns = Netns::new(&format!("exitless-jail-escape-{}", std::process::id()));
+    let id = format!("escape-{}", std::process::id());
     // A process outside the jail to signal and trace.
     let mut outside = Command::new("sleep").arg("60").spawn().unwrap();
     let host_pid = outside.id().to_string();
     let uid = UID.to_string();
     let out = Command::new(JAILER)
-        .args(["--id", "escape", "--exec-file", escape.to_str().unwrap(), "--uid", &uid, "--gid", &uid])
+        .args(["--id", &id, "--exec-file", escape.to_str().unwrap(), "--uid", &uid, "--gid", &uid])
         .args(["--chroot-base-dir", base.to_str().unwrap(), "--netns", netns.path().to_str().unwrap()])
         .args(["--", "--host-pid", &host_pid])
         .output()

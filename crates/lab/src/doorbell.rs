@@ -11,6 +11,7 @@ use crate::devices::doorbell::{Doorbell, EventfdWorker};
 use crate::report::{targets_json, targets_text, Outputs, Target, WriteError};
 use crate::stats::median;
 use exitless_payloads::abi::*;
+use exitless_vmm::guest_memory::GuestMemoryMmap;
 use exitless_vmm::ioeventfd::IoeventfdKey;
 use exitless_vmm::machine::{read_result, shared_slot};
 use exitless_vmm::poll::PollMode;
@@ -23,7 +24,7 @@ use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vm_memory::{Bytes, GuestMemoryMmap};
+use vm_memory::Bytes;
 use vmm_sys_util::eventfd::EventFd;
 
 /// How a ring reaches the doorbell.

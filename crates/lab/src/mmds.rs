@@ -96,7 +96,7 @@ fn run_one(
     store.version = version;
     // The document is the lab's own: it is well under the limit.
     let _ = store.put(metadata(SEED, opts.value_len));
-    let tap = format!("exm{}", std::process::id() % 1_000_000);
+    let tap = crate::netns::unique_ifname("exm");
     let net = NetConfig {
         mmds: Some((Arc::new(Mutex::new(store)), DEFAULT_ADDRESS)),
         ..NetConfig::on_tap(tap.clone(), LAB_MAC)
@@ -133,7 +133,7 @@ fn run_one(
 }
 
 pub fn measure(opts: &Options) -> Result<Vec<Row>, MmdsBenchError> {
-    let netns = Netns::create(&format!("exitless-mmds-{}", std::process::id()))?;
+    let netns = Netns::create("mmds")?;
     let tsc_khz = f64::from(guest_tsc_khz()?);
     let mut rows = Vec::new();
     for &version in &opts.versions {

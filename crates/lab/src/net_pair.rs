@@ -13,8 +13,9 @@ use std::time::Duration;
 
 /// What each tap's sink saw, the first NIC's first.
 pub fn two_nics(frames: u64, size: usize, timeout: Duration) -> Result<[SinkReport; 2], NetBenchError> {
-    let netns = Netns::create(&format!("exitless-pair-{}", std::process::id()))?;
-    let taps = ["a", "b"].map(|s| format!("exp{}{s}", std::process::id() % 1_000_000));
+    let netns = Netns::create("pair")?;
+    let base = crate::netns::unique_ifname("exp");
+    let taps = ["a", "b"].map(|s| format!("{base}{s}"));
     let mac = |i: usize| {
         let mut mac = LAB_MAC;
         mac[5] += i as u8;
@@ -35,7 +36,9 @@ pub fn two_nics(frames: u64, size: usize, timeout: Duration) -> Result<[SinkRepo
     if let Some(why) = payload_failure(&machine) {
         return Err(NetBenchError::Guest(why));
     }
-    let mut reports = sinks.into_iter().map(|s| s.finish(frames, Duration::from_secs(2)));
+    // The guest sent every frame before it ended; a loaded host's sinks may read the last
+    // ones well after that (they stop waiting once every frame came).
+    let mut reports = sinks.into_iter().map(|s| s.finish(frames, Duration::from_secs(30)));
     match (reports.next(), reports.next()) {
         (Some(a), Some(b)) => Ok([a, b]),
         _ => Err(NetBenchError::Missing("sinks")),

@@ -51,7 +51,7 @@ fn gso_frame(seq: u64) -> Vec<u8> {
 /// Sends `frames` GSO frames to a `netecho` guest in GSO mode; how many it checked
 /// whole, and its console.
 pub fn gso_into_guest(frames: u64, timeout: Duration) -> Result<(u64, String), NetBenchError> {
-    let netns = Netns::create(&format!("exitless-gso-{}", std::process::id()))?;
+    let netns = Netns::create("gso")?;
     let console = Console::default();
     let params = vec![frames, 2];
     let booted = boot_with(

@@ -42,8 +42,9 @@ fn ns_cmd(netns: &Netns, args: &[&str]) -> Result<(), NetnsError> {
 /// Sends `frames` frames of `size` bytes (TSO4 above one MSS, else a partial checksum
 /// only) from an `nettx` guest and checks what the kernel made of them.
 pub fn offloads_on_the_wire(size: usize, frames: u64, timeout: Duration) -> Result<WireReport, NetBenchError> {
-    let netns = Netns::create(&format!("exitless-wire-{}", std::process::id()))?;
-    let [guest_tap, egress] = ["g", "e"].map(|s| format!("exw{}{s}", std::process::id() % 1_000_000));
+    let netns = Netns::create("wire")?;
+    let taps = crate::netns::unique_ifname("exw");
+    let [guest_tap, egress] = ["g", "e"].map(|s| format!("{taps}{s}"));
     let net = NetConfig::on_tap(guest_tap.clone(), LAB_MAC);
     let host_mac = HOST_MAC.iter().fold(0u64, |acc, &b| acc << 8 | u64::from(b));
     let params = vec![size as u64, frames, 0, 0, 0, 0, 1, host_mac, 0x0a09_0002];
@@ -76,14 +77,15 @@ pub fn offloads_on_the_wire(size: usize, frames: u64, timeout: Duration) -> Resu
     Ok(read_segments(&tap, size, frames))
 }
 
-/// Reads the egress tap until every segment expected came or it stays quiet for 2 s.
+/// Reads the egress tap until every segment expected came or it stays quiet for 30 s (the
+/// guest sent them all before it ended; a loaded host may route the last ones late).
 fn read_segments(tap: &Tap, size: usize, frames: u64) -> WireReport {
     let payload = size - 54;
     let expected = frames * payload.div_ceil(MSS) as u64;
     let mut report = WireReport::default();
     let mut buf = vec![0u8; 65536 + VNET_HDR];
     let mut quiet_since = Instant::now();
-    while report.segments < expected && quiet_since.elapsed() < Duration::from_secs(2) {
+    while report.segments < expected && quiet_since.elapsed() < Duration::from_secs(30) {
         let Ok(n) = tap.read_frame(&mut buf) else {
             std::thread::sleep(Duration::from_millis(1));
             continue;

@@ -4,6 +4,7 @@
 
 use std::os::fd::AsRawFd;
 use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
@@ -31,14 +32,49 @@ pub struct Netns {
     _on_signal: exitless_vmm::termination::Registration,
 }
 
-/// Removes namespaces named `exitless-<pid>` or `exitless-echo-<pid>` whose process is gone
-/// (left by a run that was killed with SIGKILL).
+/// A number this process has not put in a name before: labs that run at once in one
+/// process (tests run in parallel) never share a namespace or a tap.
+fn next_serial() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `exitless-<kind>-<pid>-<n>`: a namespace name no other call makes, which
+/// [`remove_stale`] removes once the process is gone (`kind` is a word of letters).
+pub fn unique_name(kind: &str) -> String {
+    format!("exitless-{kind}-{}-{}", std::process::id(), next_serial())
+}
+
+/// `<prefix><pid>-<n>`: a tap name no other call makes. With a `prefix` of at most 3
+/// characters it is at most 14 long, leaving room for one more under IFNAMSIZ (15).
+pub fn unique_ifname(prefix: &str) -> String {
+    debug_assert!(prefix.len() <= 3, "{prefix}");
+    // A pid has at most 7 digits (pid_max is at most 2^22); the serial wraps below 1000.
+    format!("{prefix}{}-{}", std::process::id(), next_serial() % 1000)
+}
+
+/// The pid in a lab namespace's name: `exitless-[<kind>-]<pid>[-<n>]` (the names
+/// [`unique_name`] makes, and those of earlier versions).
+pub fn owner(name: &str) -> Option<u32> {
+    let mut parts = name.strip_prefix("exitless-")?.split('-').peekable();
+    if parts.next_if(|p| p.bytes().all(|b| b.is_ascii_alphabetic())).is_some_and(str::is_empty) {
+        return None;
+    }
+    let pid = parts.next()?.parse().ok()?;
+    match (parts.next(), parts.next()) {
+        (None, _) => Some(pid),
+        (Some(n), None) if n.parse::<u32>().is_ok() => Some(pid),
+        _ => None,
+    }
+}
+
+/// Removes lab namespaces ([`owner`]) whose process is gone (left by a run that was
+/// killed with SIGKILL).
 pub fn remove_stale() {
     let Ok(entries) = std::fs::read_dir("/var/run/netns") else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let pid = name.strip_prefix("exitless-echo-").or_else(|| name.strip_prefix("exitless-"));
-        let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Some(pid) = owner(&name) else { continue };
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             match ip(&["netns", "del", &name]) {
                 Ok(()) => eprintln!("exitless: removed network namespace {name} left by a killed run"),
@@ -60,11 +96,15 @@ fn remove_on_signal(name: &str) {
 }
 
 impl Netns {
-    pub fn create(name: &str) -> Result<Netns, NetnsError> {
+    /// A new namespace named by [`unique_name`] for `kind`.
+    pub fn create(kind: &str) -> Result<Netns, NetnsError> {
+        let name = &unique_name(kind);
         let owned = name.to_string();
         let on_signal = exitless_vmm::termination::on_signal(move |_| remove_on_signal(&owned));
         remove_stale();
-        let _ = ip(&["netns", "del", name]); // our own pid's leftover (a reused pid)
+        // A name of ours ([`unique_name`]) already there was left by a killed run whose pid
+        // this process now has: no live lab of ours holds it.
+        let _ = ip(&["netns", "del", name]);
         ip(&["netns", "add", name])?;
         Ok(Netns { name: name.into(), _on_signal: on_signal })
     }

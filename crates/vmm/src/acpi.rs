@@ -5,6 +5,7 @@
 //! control registers, a PM timer and a reset register, served by [`AcpiPm`](crate::devices::legacy::acpi_pm).
 //! MCFG points at the ECAM window, so Linux reads config space through it.
 
+use crate::guest_memory::GuestMemoryMmap;
 use crate::layout::{self, MemoryMap};
 use acpi_tables::aml::{self, AddressSpace, AddressSpaceCacheable, EISAName, Interrupt, Name, Package, Path, IO};
 use acpi_tables::fadt::{FADTBuilder, Flags};
@@ -15,7 +16,7 @@ use acpi_tables::rsdp::Rsdp;
 use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
 use acpi_tables::{facs::FACS, Aml, AmlSink};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use zerocopy::byteorder::{LE, U16, U32};
 use zerocopy::{Immutable, IntoBytes};
 
@@ -296,7 +297,7 @@ mod tests {
     #[test]
     fn tables_checksum_and_point_at_each_other() {
         let map = MemoryMap::new(256 << 20).unwrap();
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 256 << 20)]).unwrap();
+        let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 256 << 20)]).unwrap();
         let rsdp = write_tables(&mem, &map, 3, &[(0xc000_1000, 0x1000, 5)]).unwrap().rsdp;
         let read = |at: u64, len: usize| {
             let mut v = vec![0u8; len];

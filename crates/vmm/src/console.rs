@@ -2,8 +2,9 @@
 //! no flush under the UART lock) and a thread of its own writes it out. A consumer that
 //! stops reading fills the buffer; after that bytes are dropped and counted, so the guest
 //! never waits on the host's stdout. Output goes out a line at a time (one write(2) per
-//! line, as Firecracker's): a partial line waits at most [`PARTIAL_LINE_WAIT`], and a
-//! drain writes everything, so the last bytes of a crashing guest are not lost.
+//! line, as Firecracker's): a partial line waits at most [`PARTIAL_LINE_WAIT`] (the
+//! serial port's; [`ConsoleOut::spawn`] takes it), and a drain writes everything, so the
+//! last bytes of a crashing guest are not lost.
 
 use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex};
@@ -49,8 +50,9 @@ pub struct ConsoleOut {
 }
 
 impl ConsoleOut {
-    /// Starts the thread that writes to `out`.
-    pub fn spawn(mut out: Box<dyn Write + Send>) -> std::io::Result<ConsoleOut> {
+    /// Starts the thread that writes to `out`, where a line without its newline waits
+    /// `partial_line_wait` for the rest.
+    pub fn spawn(mut out: Box<dyn Write + Send>, partial_line_wait: Duration) -> std::io::Result<ConsoleOut> {
         let queue = Arc::new(Queue::default());
         let q = queue.clone();
         std::thread::Builder::new().name("console-out".into()).spawn(move || {
@@ -68,7 +70,7 @@ impl ConsoleOut {
                         }
                         // A partial line: the rest, a newline or the timeout, whichever first.
                         let (guard, waited) =
-                            q.ready.wait_timeout(p, PARTIAL_LINE_WAIT).unwrap_or_else(|e| e.into_inner());
+                            q.ready.wait_timeout(p, partial_line_wait).unwrap_or_else(|e| e.into_inner());
                         p = guard;
                         if waited.timed_out() {
                             break;
@@ -181,25 +183,43 @@ pub(crate) mod tests {
         }
     }
 
+    impl Sink {
+        /// Waits until the sink holds `want` (or 30 s pass); how many writes brought it.
+        pub fn wait_for(&self, want: &[u8]) -> u32 {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while self.0.lock().unwrap().as_slice() != want && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(self.0.lock().unwrap().as_slice(), want);
+            *self.1.lock().unwrap()
+        }
+    }
+
     #[test]
     fn a_line_is_one_write_and_a_partial_line_still_arrives() {
+        // A partial line waits far longer than any preemption: the line's bytes, written one
+        // at a time, go out together whenever the writer thread runs.
         let sink = Sink::default();
-        let mut out = ConsoleOut::spawn(Box::new(sink.clone())).unwrap();
+        let mut out = ConsoleOut::spawn(Box::new(sink.clone()), Duration::from_secs(3600)).unwrap();
         for &b in b"booting...\n" {
             out.write_all(&[b]).unwrap();
         }
-        std::thread::sleep(PARTIAL_LINE_WAIT * 5);
-        assert_eq!(*sink.1.lock().unwrap(), 1, "eleven bytes, one write");
+        assert_eq!(sink.wait_for(b"booting...\n"), 1, "eleven bytes, one write");
+        // A drain does not wait for the newline.
+        out.write_all(b"drained").unwrap();
+        assert!(out.drain(Duration::from_secs(30)));
+        assert_eq!(sink.wait_for(b"booting...\ndrained"), 2, "one write per line, one for the drain");
+        // With the serial port's wait, a partial line arrives without a drain.
+        let sink = Sink::default();
+        let mut out = ConsoleOut::spawn(Box::new(sink.clone()), PARTIAL_LINE_WAIT).unwrap();
         out.write_all(b"no newline yet").unwrap();
-        std::thread::sleep(PARTIAL_LINE_WAIT * 10);
-        assert_eq!(sink.0.lock().unwrap().as_slice(), b"booting...\nno newline yet", "without a drain");
-        assert_eq!(*sink.1.lock().unwrap(), 2, "one write per line, one for the partial line");
+        assert_eq!(sink.wait_for(b"no newline yet"), 1, "the partial line in one write");
     }
 
     #[test]
     fn everything_written_arrives_in_order_after_drain() {
         let sink = Sink::default();
-        let mut out = ConsoleOut::spawn(Box::new(sink.clone())).unwrap();
+        let mut out = ConsoleOut::spawn(Box::new(sink.clone()), PARTIAL_LINE_WAIT).unwrap();
         let text: Vec<u8> = (0..100_000u32).map(|i| b'a' + (i % 26) as u8).collect();
         for chunk in text.chunks(7) {
             out.write_all(chunk).unwrap();
@@ -212,7 +232,7 @@ pub(crate) mod tests {
     #[test]
     fn a_consumer_that_stops_reading_does_not_stop_the_writer() {
         let (unblock, stuck) = mpsc::channel();
-        let mut out = ConsoleOut::spawn(Box::new(Stuck(stuck))).unwrap();
+        let mut out = ConsoleOut::spawn(Box::new(Stuck(stuck)), PARTIAL_LINE_WAIT).unwrap();
         let (done, finished) = mpsc::channel();
         let guest = std::thread::spawn(move || {
             for _ in 0..3 * CAPACITY / 4096 {

@@ -5,6 +5,7 @@
 
 use crate::boot::{self, BootSpec};
 use crate::bus::{BusDevice, BusSet, DeviceId, SharedBuses};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry};
 use crate::irq::GsiRouter;
 use crate::layout::MemoryMap;
@@ -18,7 +19,7 @@ use crate::virtio::blk::request::{self, Parser};
 use crate::virtio::{Activation, ActiveQueue, Interrupt};
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 /// A fuzz target's entry point.
@@ -43,7 +44,7 @@ pub const TARGETS: &[(&str, Target)] = &[
 
 /// Fuzzed guest memory: 64 KiB at 0 holding the input (zeros past it).
 fn guest_memory(data: &[u8]) -> Option<GuestMemoryMmap> {
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).ok()?;
+    let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 0x10000)]).ok()?;
     mem.write_slice(&data[..data.len().min(0x10000)], GuestAddress(0)).ok()?;
     Some(mem)
 }
@@ -65,7 +66,7 @@ fn queue_at(base: u64) -> Option<Queue> {
 pub fn loader(data: &[u8]) {
     let Ok(map) = MemoryMap::new(16 << 20) else { return };
     let regions: Vec<_> = map.ram_regions().iter().map(|&(s, n)| (GuestAddress(s), n as usize)).collect();
-    let Ok(mem) = GuestMemoryMmap::<()>::from_ranges(&regions) else { return };
+    let Ok(mem) = crate::guest_memory::anonymous(&regions) else { return };
     let spec = BootSpec { cmdline: "console=ttyS0", initrd: Some(b"initrd"), rsdp: 0xe0000 };
     let _ = boot::load(&mem, &map, data, &spec);
 }
@@ -209,12 +210,18 @@ pub fn virtio_pmem(data: &[u8]) {
     process_once(mapping.clone(), ActiveQueue { queue, kick }, activation);
 }
 
-/// virtio-mem's requests: the input is guest memory holding its queue (0x0), whatever the
-/// descriptors point at, and the hotpluggable region (0x8000, 8 blocks of 4 KiB); its last
-/// eight bytes are the size the host asked for. Every request is answered; nothing outside
-/// the region is plugged, unplugged or discarded.
+/// virtio-mem's requests: the input is guest memory holding its queue (0x0) and whatever
+/// the descriptors point at, below the hotpluggable region (0x8000, 8 blocks of 4 KiB,
+/// nothing plugged); its last eight bytes are the size the host asked for. Every request
+/// is answered; nothing outside the region is plugged, unplugged or discarded, and no
+/// descriptor reaches a block that is not plugged.
 pub fn virtio_mem(data: &[u8]) {
-    let (Some(mem), Some(queue)) = (guest_memory(data), queue_at(0)) else { return };
+    let ram = || {
+        let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 0x8000)]).ok()?;
+        mem.write_slice(&data[..data.len().min(0x8000)], GuestAddress(0)).ok()?;
+        crate::guest_memory::with_hotplug(&mem, GuestAddress(0x8000), 0x8000, 0x1000, 0x4000).ok()
+    };
+    let (Some(mem), Some(queue)) = (ram(), queue_at(0)) else { return };
     let Some((activation, kicks)) = activation(mem, 1) else { return };
     let Some(kick) = kicks.into_iter().next() else { return };
     let requested =

@@ -145,14 +145,15 @@ impl Deliveries {
         self.count.load(Ordering::Acquire)
     }
 
-    /// Waits until more than `seen` interrupts were delivered, or `timeout`; returns the count.
-    pub fn wait_beyond(&self, seen: u64, timeout: Duration) -> u64 {
+    /// Waits until more than `seen` interrupts were delivered, or `timeout`; returns the
+    /// count, and whether the timeout (not an interrupt) ended the wait.
+    pub fn wait_beyond(&self, seen: u64, timeout: Duration) -> (u64, bool) {
         self.waiters.fetch_add(1, Ordering::AcqRel);
         let guard = crate::sync::lock(&self.lock);
         let waited = self.delivery.wait_timeout_while(guard, timeout, |_| self.count.load(Ordering::Acquire) <= seen);
-        drop(waited);
+        let timed_out = waited.map_or_else(|e| e.into_inner().1, |(_, r)| r).timed_out();
         self.waiters.fetch_sub(1, Ordering::AcqRel);
-        self.count()
+        (self.count(), timed_out)
     }
 }
 

@@ -23,8 +23,8 @@ pub enum Reach {
     Read,
     /// Everything Landlock controls: read, write, create, remove, truncate.
     Write,
-    /// Remove the entries of a directory and make sockets in it (an API socket's
-    /// directory: the socket is removed when the VMM ends).
+    /// Remove the entries of a directory and make sockets in it (a vsock device's
+    /// directory: it binds its socket there, and removes it when dropped).
     Entries,
 }
 

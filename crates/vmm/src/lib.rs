@@ -7,10 +7,13 @@ pub mod acpi;
 pub mod boot;
 pub mod bus;
 pub mod console;
+pub mod cpu_template;
 pub mod device_manager;
 pub mod devices;
+pub mod files;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod guest_memory;
 pub mod host;
 pub mod ioeventfd;
 pub mod irq;

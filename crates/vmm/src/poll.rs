@@ -227,8 +227,13 @@ impl PollWindow {
     /// The thread woke with work: a sleep shorter than the largest window is one polling
     /// would have saved, so the adaptive window grows.
     pub fn woke(&mut self, mode: PollMode, stats: &PollStats) {
-        PollStats::add(&stats.wakeups, 1);
         let slept = self.slept_at.take().map(|t| t.elapsed());
+        self.woke_after(slept, mode, stats);
+    }
+
+    /// [`PollWindow::woke`] after a sleep of `slept` (None: it never went to sleep).
+    fn woke_after(&mut self, slept: Option<Duration>, mode: PollMode, stats: &PollStats) {
+        PollStats::add(&stats.wakeups, 1);
         if mode == PollMode::Adaptive && slept.is_some_and(|s| s <= MAX_WINDOW) {
             self.adaptive_ns = (self.adaptive_ns * 2).clamp(START_NS, MAX_WINDOW.as_nanos() as u64);
         }
@@ -274,10 +279,11 @@ mod tests {
     #[test]
     fn the_adaptive_window_grows_with_work_and_shrinks_to_zero_when_idle() {
         let (mut w, stats) = (PollWindow::default(), PollStats::default());
-        // Starts at zero: no polling before a sleep showed that work comes quickly.
+        // Starts at zero: no polling before a sleep showed that work comes quickly (a
+        // sleep of 10 us, given rather than timed: a preempted test would sleep longer).
         assert!(!w.poll(PollMode::Adaptive, &stats, || true));
         w.sleeping(&stats);
-        w.woke(PollMode::Adaptive, &stats);
+        w.woke_after(Some(Duration::from_micros(10)), PollMode::Adaptive, &stats);
         assert_eq!(w.adaptive_window(), Duration::from_nanos(START_NS));
         // Work found while polling doubles it, up to the bound.
         for _ in 0..10 {

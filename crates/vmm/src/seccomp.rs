@@ -203,7 +203,7 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         ],
         // Joining threads, kicking vCPUs, reading /proc/self for the report, writing the
         // JSON report, restoring the terminal (ioctl TCSETS), dropping KVM objects.
-        // unlink: the API's machine thread removes the socket when the guest stops.
+        // unlink: a vsock device dropped with the machine removes its socket.
         ThreadKind::Main => &[
             libc::SYS_unlink,
             libc::SYS_tgkill,

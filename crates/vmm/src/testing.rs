@@ -1,5 +1,6 @@
 //! Stand-ins for KVM in unit tests: they record what would have been asked of it.
 
+use crate::guest_memory::GuestMemoryMmap;
 use crate::ioeventfd::{IoeventfdKey, IoeventfdSink};
 use crate::irq::GsiRouter;
 use crate::irq::{IrqError, IrqLevel, IrqSink, MsiMessage, Route};
@@ -12,7 +13,7 @@ use crate::virtio::{ActivateError, Activation, ActiveQueue, VirtioDevice, VIRTIO
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use virtio_queue::QueueT;
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Address, Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 /// True where /dev/kvm works; otherwise says loudly that the calling test is skipped, or

@@ -124,7 +124,8 @@ pub fn init(default: &str, id: &str) {
     let filter = filter_from_env().unwrap_or_else(|| parse_filter(default).unwrap_or_default());
     let (filter, handle) = reload::Layer::new(filter);
     let fmt = tracing_subscriber::fmt::layer().with_writer(|| Sink).with_ansi(false).event_format(FirecrackerLine);
-    if tracing_subscriber::registry().with(filter).with(fmt).try_init().is_ok() {
+    let limits = super::log_rate::PerCallsite::default();
+    if tracing_subscriber::registry().with(filter).with(limits).with(fmt).try_init().is_ok() {
         let _ = FILTER.set(handle);
     }
 }

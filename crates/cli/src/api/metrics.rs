@@ -309,6 +309,8 @@ impl Metrics {
         sample.count("logger", "missed_metrics_count", self.missed_lines.load(Ordering::Relaxed));
         sample.count("logger", "metrics_fails", self.failed_writes.load(Ordering::Relaxed));
         sample.count("logger", "missed_log_count", super::logging::MISSED_LINES.load(Ordering::Relaxed));
+        sample.count("uart", "rate_limiter_dropped_bytes", super::serial::DROPPED_BYTES.load(Ordering::Relaxed));
+        sample.count("logger", "rate_limited_log_count", super::log_rate::RATE_LIMITED.load(Ordering::Relaxed));
         for (&(group, field), &n) in exitless_vmm::sync::lock(&self.requests).iter() {
             sample.count(group, field, n);
         }

@@ -9,15 +9,18 @@
 //! Unlike Firecracker, exitless also ends when its socket is removed under it
 //! (`socket_watch`): an orchestrator tearing a VM down whose VMM it lost track of.
 
+mod cpu_config;
 mod devices;
 pub mod fuzzing;
 mod landlock;
+pub mod log_rate;
 pub mod logging;
 mod metrics;
 mod mmds;
 pub mod model;
 mod request;
 mod routes;
+mod serial;
 mod server;
 mod sink;
 mod snapshot;
@@ -38,6 +41,8 @@ struct Shared {
     vm: Mutex<Vm>,
     metrics: Metrics,
     socket: Option<PathBuf>,
+    /// What removes the socket when the guest stops (socket_watch::Ender).
+    ender: Option<socket_watch::Ender>,
 }
 
 /// Firecracker's exit code after SIGHUP (`FcExitCode::SIGHUP`).
@@ -76,6 +81,9 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     // Before any thread starts, so that every thread leaves the termination signals to
     // the one that removes the socket.
     exitless_vmm::termination::watch();
+    // As Firecracker: SIGHUP exits 156 (SIGINT and SIGTERM end the process by the signal),
+    // from the start: a signal that comes before the API answers ends it the same way.
+    exitless_vmm::termination::exit_with(libc::SIGHUP, SIGHUP_EXIT);
     logging::set_format(logging::Format {
         show_level: args.show_level,
         show_origin: args.show_log_origin,
@@ -92,32 +100,16 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mmds_limit = args.mmds_size_limit.unwrap_or(args.http_api_max_payload_size);
     vm.mmds = Arc::new(Mutex::new(exitless_vmm::net::mmds::Mmds::load(mmds_limit, args.metadata.as_deref())?));
     vm.landlock = !args.no_landlock;
-    // The process's own files: its log and metrics; the API socket's directory (the
-    // socket is removed from it at the end); and a jail's root (the jailer passes the
-    // start time), everything in which was made for this microVM. What a client names
-    // later is opened by the API threads, which Landlock does not hold.
-    for path in [&args.log_path, &args.metrics_path].into_iter().flatten() {
-        vm.landlock_rules.push((path.clone(), exitless_vmm::landlock::Reach::Write));
-    }
-    if let Some(path) = &socket {
-        vm.landlock_rules.push((landlock::directory_of(path), exitless_vmm::landlock::Reach::Write));
-    }
-    if args.start_time_us.is_some() {
-        vm.landlock_rules.push(("/".into(), exitless_vmm::landlock::Reach::Write));
-    }
-    vm.landlock_rules.extend(args.landlock_rule.iter().cloned());
-    let shared = Arc::new(Shared { vm: Mutex::new(vm), metrics: Metrics::default(), socket });
-    if let Some(path) = &args.metrics_path {
-        shared.metrics.open(&path.to_string_lossy())?;
-    }
-    let limits = server::Limits::new(args.http_api_max_payload_size);
-    let server = match &shared.socket {
-        Some(path) => Some(server::Server::new(bind(path)?, limits).map_err(|e| format!("cannot serve the API: {e}"))?),
+    vm.landlock_rules = landlock::process_rules(&args);
+    // Before any machine is built (and Landlock set): the API socket's removal at the
+    // end is this thread's, so nothing Landlock holds needs a right in its directory.
+    let ender = match &socket {
+        Some(path) => Some(socket_watch::Ender::start(path)?),
         None => None,
     };
-    // As Firecracker: SIGHUP writes the metrics once more (counting it) and exits 156;
-    // SIGINT and SIGTERM end the process by the signal. Each removes the socket first.
-    exitless_vmm::termination::exit_with(libc::SIGHUP, SIGHUP_EXIT);
+    let shared = Arc::new(Shared { vm: Mutex::new(vm), metrics: Metrics::default(), socket, ender });
+    // SIGHUP writes the metrics once more (counting it); each signal removes the socket
+    // first. Registered before the bind: a client that sees the socket may signal at once.
     let _on_signal = {
         let shared = shared.clone();
         exitless_vmm::termination::on_signal(move |sig| {
@@ -130,6 +122,17 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 socket_watch::remove_own(path);
             }
         })
+    };
+    if let Some(path) = &args.metrics_path {
+        shared.metrics.open(&path.to_string_lossy())?;
+    }
+    let limits = server::Limits::new(args.http_api_max_payload_size);
+    let server = match &shared.socket {
+        Some(path) => Some(
+            server::Server::new(socket_watch::bind_own(path)?, limits)
+                .map_err(|e| format!("cannot serve the API: {e}"))?,
+        ),
+        None => None,
     };
     if let Some(path) = &shared.socket {
         if let Err(e) = socket_watch::start(path) {
@@ -159,24 +162,17 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     }
 }
 
+/// The most a `--config-file` may hold: it names a machine's resources in a few KiB.
+const MAX_CONFIG_FILE: u64 = 4 << 20;
+
 /// `--config-file`: its resources, then the machine started.
 fn run_config_file(shared: &Arc<Shared>, file: &Path) -> Result<(), String> {
-    let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    let config: model::VmConfig = model::from_json(text.as_bytes())
-        .map_err(|e| format!("{} is not a Firecracker config file: {e}", file.display()))?;
+    // A regular file, read to a bound: a FIFO or /dev/zero would hold the VMM forever.
+    let text = exitless_vmm::files::read_regular_bounded(file, MAX_CONFIG_FILE).map_err(|e| e.to_string())?;
+    let config: model::VmConfig =
+        model::from_json(&text).map_err(|e| format!("{} is not a Firecracker config file: {e}", file.display()))?;
     let machine = configure(shared, config).map_err(|vm::Fault(m)| format!("{}: {m}", file.display()))?;
     start(shared, machine)
-}
-
-/// The socket, refusing to take over a path that exists (another VMM may be serving it).
-fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, String> {
-    if path.exists() {
-        return Err(format!(
-            "cannot serve the API on {}: the path exists (remove a stale socket first)",
-            path.display()
-        ));
-    }
-    std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("cannot serve the API on {}: {e}", path.display()))
 }
 
 /// Each request: routed under the microVM's lock, then what it asks done.
@@ -210,8 +206,8 @@ fn handler(shared: Arc<Shared>) -> server::Handler {
 
 /// A config file's resources, in Firecracker's order, then the machine built from them.
 fn configure(shared: &Shared, mut c: model::VmConfig) -> Result<exitless_vmm::Machine, vm::Fault> {
-    if let Some(what) = c.unsupported() {
-        return Err(vm::Fault(format!("exitless does not support {what}.")));
+    if let Some(e) = c.too_many() {
+        return Err(vm::Fault(format!("it lists {e}.")));
     }
     let mut vm = exitless_vmm::sync::lock(&shared.vm);
     if let Some(l) = c.logger.take() {
@@ -221,7 +217,14 @@ fn configure(shared: &Shared, mut c: model::VmConfig) -> Result<exitless_vmm::Ma
         vm.set_metrics(m, &shared.metrics)?;
     }
     vm.set_machine_config(c.machine_config.clone())?;
+    // After the machine-config, as Firecracker: a custom template replaces a static one.
+    if let Some(section) = c.cpu_config.take() {
+        vm.set_cpu_config_section(section)?;
+    }
     vm.set_boot_source(c.boot_source.take().ok_or_else(|| vm::Fault("boot-source is missing".into()))?)?;
+    if let Some(s) = c.serial.take() {
+        vm.set_serial(s)?;
+    }
     for d in std::mem::take(&mut c.drives) {
         let id = d.drive_id.clone();
         vm.set_drive(&id, d)?;
@@ -300,10 +303,8 @@ fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), Str
             flush_metrics(&shared);
         }
         exitless_vmm::sync::lock(&shared.vm).state = State::Exited;
-        if let Some(path) = &shared.socket {
-            socket_watch::remove_own(path);
-        }
-        std::process::exit(status);
+        // Landlock holds this thread: the socket goes by a thread it does not hold.
+        socket_watch::Ender::end(shared.ender.as_ref(), shared.socket.as_deref(), status);
     });
     if let Err(e) = spawned {
         eprintln!("exitless: cannot start the vmm thread: {e}");

@@ -405,8 +405,8 @@ pub struct Vm {
 }
 
 /// `--config-file` and `GET /vm/config`: the whole pre-boot configuration. Every key of
-/// Firecracker's file parses; the sections for devices exitless lacks are kept as given
-/// and refused, naming the device, when not null or empty.
+/// Firecracker's file parses. `cpu-config` is kept as JSON: a file's path or a template
+/// when read, the template itself once configured (crate::api::cpu_config).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct VmConfig {
@@ -436,19 +436,44 @@ pub struct VmConfig {
     pub pmem: Vec<Pmem>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_hotplug: Option<MemoryHotplug>,
+    /// Firecracker's `PUT /serial` (its config file has no such section; exitless takes
+    /// one, as it takes every other PUT's body).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub serial: Option<serde_json::Value>,
+    pub serial: Option<Serial>,
 }
 
+/// `PUT /serial`: where the guest's console goes and a byte rate limit on it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Serial {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial_out_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<TokenBucket>,
+}
+
+/// The most devices of one kind a machine holds: a PCI bus has 32 slots (MMIO fewer lines).
+pub const MAX_DEVICES: usize = 32;
+/// At most this many network interfaces (each takes a PCI slot and a device thread).
+pub const MAX_NICS: u8 = 8;
+
 impl VmConfig {
-    /// The first section naming a device or feature exitless does not have, if any.
-    pub fn unsupported(&self) -> Option<&'static str> {
+    /// A list longer than any machine holds, if one is: named. Such a configuration can
+    /// never be built, and its lists are searched by id for each other's entries (MMDS
+    /// interfaces, network overrides): a crafted state file listing millions would cost
+    /// their product before the build refused it. Network interfaces are held to the
+    /// API's own limit (PUT /network-interfaces), which a state file skipped.
+    pub fn too_many(&self) -> Option<String> {
+        let mmds = self.mmds_config.as_ref().map_or(0, |m| m.network_interfaces.len());
         [
-            (self.cpu_config.is_some(), "cpu-config: custom CPU templates"),
-            (self.serial.is_some(), "serial: serial output redirection"),
+            ("drives", self.drives.len(), MAX_DEVICES),
+            ("network-interfaces", self.network_interfaces.len(), usize::from(MAX_NICS)),
+            ("pmem devices", self.pmem.len(), MAX_DEVICES),
+            ("MMDS network interfaces", mmds, MAX_DEVICES),
         ]
         .into_iter()
-        .find_map(|(present, what)| present.then_some(what))
+        .find(|&(_, n, most)| n > most)
+        .map(|(what, n, most)| format!("{n} {what}, where a microVM holds at most {most}"))
     }
 }
 
@@ -463,7 +488,18 @@ where
 
 /// The keys whose values are lists in Firecracker's schema; everywhere else a list is
 /// refused. serde would otherwise take `[1, 64]` for `{"vcpu_count": 1, "mem_size_mib": 64}`.
-const LIST_KEYS: &[&str] = &["drives", "network-interfaces", "network_interfaces", "pmem", "network_overrides"];
+const LIST_KEYS: &[&str] = &[
+    "drives",
+    "network-interfaces",
+    "network_interfaces",
+    "pmem",
+    "network_overrides",
+    // A CPU template's (`cpu-config`).
+    "kvm_capabilities",
+    "cpuid_modifiers",
+    "modifiers",
+    "msr_modifiers",
+];
 
 /// Checks that `value` is an object whose objects are objects: a list only under a key
 /// that holds one (LIST_KEYS), and only of objects or strings.

@@ -39,8 +39,6 @@ pub enum Then {
 
 /// Paths of Firecracker's API exitless refuses, by their first components.
 const NOT_SUPPORTED: &[(&[&str], &str)] = &[
-    (&["cpu-config"], "custom CPU templates"),
-    (&["serial"], "serial output redirection"),
     // Memory hotplug is served; device hotplug (/hotplug/<device>) is not.
     (&["hotplug"], "device hotplug"),
 ];
@@ -87,6 +85,9 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PUT", ["machine-config"]) => done(vm.set_machine_config(parse(body)?)),
         ("PATCH", ["machine-config"]) => done(vm.update_machine_config(parse(body)?)),
         ("PUT", ["boot-source"]) => done(vm.set_boot_source(parse(body)?)),
+        ("PUT", ["cpu-config"]) => {
+            done(vm.set_cpu_config(exitless_vmm::cpu_template::CustomTemplate::from_json(body).map_err(body_fault)?))
+        }
         ("PUT", ["drives", id]) => done(vm.set_drive(check_id(id)?, parse(body)?)),
         ("PUT", ["network-interfaces", id]) => done(vm.set_network_interface(check_id(id)?, parse(body)?)),
         ("PATCH", ["drives", id]) => done(vm.update_drive(check_id(id)?, parse(body)?)),
@@ -94,6 +95,7 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PUT", ["logger"]) => done(vm.set_logger(parse(body)?)),
         ("PUT", ["metrics"]) => done(vm.set_metrics(parse(body)?, metrics)),
         ("PUT", ["entropy"]) => done(vm.set_entropy(parse(body)?)),
+        ("PUT", ["serial"]) => done(vm.set_serial(parse(body)?)),
         ("PUT", ["vsock"]) => done(vm.set_vsock(parse(body)?)),
         ("PUT", ["snapshot", "create"]) => done(vm.create_snapshot(parse(body)?)),
         ("PUT", ["snapshot", "load"]) => {

@@ -20,13 +20,9 @@ impl Vm {
         }
         // Without track_dirty_pages a Diff holds every resident page, as in Firecracker.
         let diff = c.snapshot_type == Some(SnapshotType::Diff);
-        let mut memory = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&c.mem_file_path)
-            .map_err(|e| Fault(format!("Cannot create the memory file {}: {e}.", c.mem_file_path)))?;
+        // A regular file (a FIFO or device there is refused, not waited on or written).
+        let mut memory = exitless_vmm::files::create_regular(c.mem_file_path.as_ref(), true)
+            .map_err(|e| Fault(format!("Cannot create the memory file: {e}.")))?;
         let state =
             machine.snapshot(&mut memory, diff).map_err(|e| Fault(format!("Cannot create a snapshot: {e}.")))?;
         let config = serde_json::to_value(&self.config)?;
@@ -51,6 +47,9 @@ impl Vm {
         let file = SnapshotFile::read(l.snapshot_path.as_ref()).map_err(|e| Fault(format!("{e}.")))?;
         let config: VmConfig = serde_json::from_value(file.config)
             .map_err(|e| Fault(format!("{}: its configuration is not Firecracker's: {e}.", l.snapshot_path)))?;
+        if let Some(e) = config.too_many() {
+            return Err(Fault(format!("{}: its configuration lists {e}.", l.snapshot_path)));
+        }
         // This VMM's own logging and metrics, not the snapshotted one's; dirty pages tracked
         // as the load asks (for Diff snapshots of the restored guest).
         let mut config = VmConfig { logger, metrics, ..config };
@@ -63,8 +62,12 @@ impl Vm {
         config.machine_config.track_dirty_pages = l.track_dirty_pages.or(l.enable_diff_snapshots).unwrap_or(false);
         let path = &backend.backend_path;
         let memory = match backend.backend_type {
+            // Opened without waiting on a FIFO; a regular file of the RAM's size is
+            // checked on this descriptor before it is mapped (check_restore).
             MemBackendType::File => MemoryBackend::File(
-                std::fs::File::open(path).map_err(|e| Fault(format!("Cannot open the memory file {path}: {e}.")))?,
+                exitless_vmm::files::open_regular(path.as_ref(), false)
+                    .map_err(|e| Fault(format!("Cannot open the memory file: {e}.")))?
+                    .0,
             ),
             MemBackendType::Uffd => MemoryBackend::Uffd(path.into()),
         };
@@ -97,9 +100,67 @@ impl Vm {
 fn remove_stale_socket(path: &std::path::Path) {
     use std::os::unix::fs::FileTypeExt;
     let is_socket = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());
-    let refused = |e: std::io::Error| e.kind() == std::io::ErrorKind::ConnectionRefused;
-    if is_socket && std::os::unix::net::UnixStream::connect(path).is_err_and(refused) {
+    if is_socket && nobody_listens(path) {
         tracing::info!("removing {}: a vsock socket nothing listens on (left by the snapshotted VMM)", path.display());
         let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Whether a connection to the Unix socket at `path` is refused. The connect does not
+/// block: the path comes from the state file, and a listener that never accepts (its
+/// backlog full) would hold the API thread for good.
+fn nobody_listens(path: &std::path::Path) -> bool {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: sockaddr_un is plain data, for which all zeros is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let bytes = path.as_os_str().as_encoded_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return false; // no socket can be bound there either
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (to, &b) in addr.sun_path.iter_mut().zip(bytes) {
+        *to = b as libc::c_char;
+    }
+    // SAFETY: socket(2) takes no memory; the descriptor is owned below.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: connect reads `len` bytes of `addr`, a sockaddr_un on our stack.
+    let r = unsafe { libc::connect(fd.as_raw_fd(), (&raw const addr).cast(), len) };
+    r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECONNREFUSED)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::time::Duration;
+
+    #[test]
+    fn a_stale_socket_goes_and_a_listener_that_never_accepts_holds_nobody() {
+        let dir = std::env::temp_dir().join(format!("exitless-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (stale, busy) = (dir.join("stale.sock"), dir.join("busy.sock"));
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        let listener = std::os::unix::net::UnixListener::bind(&busy).unwrap();
+        // SAFETY: listen(2) again on our own socket: a backlog of 0, so one connection
+        // nobody accepts fills it and the next blocking connect would wait.
+        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+        let _queued = std::os::unix::net::UnixStream::connect(&busy).unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        let (s, b) = (stale.clone(), busy.clone());
+        std::thread::spawn(move || {
+            super::remove_stale_socket(&s);
+            super::remove_stale_socket(&b);
+            let _ = done.send(());
+        });
+        assert!(finished.recv_timeout(Duration::from_secs(10)).is_ok(), "the check waited on a full backlog");
+        assert!(!stale.exists(), "nothing listened: removed");
+        assert!(busy.exists(), "a listener: kept");
+        drop(listener);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -10,17 +10,105 @@
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 /// Set once the process removes its own socket (it is ending): the watch then stays quiet
 /// rather than race the ending with a SIGTERM of its own.
 static REMOVED_BY_US: AtomicBool = AtomicBool::new(false);
 
-/// Removes the process's own API socket, as it ends.
+/// Whether this process bound its socket, and whether it is ending. A signal's cleanup
+/// may run before the bind (the path may then be another VMM's: it is left alone) or
+/// during it (the lock orders the two: the socket is removed, or never made).
+struct Own {
+    bound: bool,
+    ending: bool,
+}
+
+static OWN: Mutex<Own> = Mutex::new(Own { bound: false, ending: false });
+
+/// Binds the API socket at `path`, refusing to take over a path that exists (another VMM
+/// may be serving it). Once the process is ending it never returns: the thread that
+/// removes the socket ends the process.
+pub fn bind_own(path: &Path) -> Result<UnixListener, String> {
+    let mut own = exitless_vmm::sync::lock(&OWN);
+    if own.ending {
+        drop(own);
+        loop {
+            std::thread::park();
+        }
+    }
+    if path.exists() {
+        return Err(format!(
+            "cannot serve the API on {}: the path exists (remove a stale socket first)",
+            path.display()
+        ));
+    }
+    let listener = UnixListener::bind(path).map_err(|e| format!("cannot serve the API on {}: {e}", path.display()))?;
+    own.bound = true;
+    Ok(listener)
+}
+
+/// Removes the process's own API socket (if it bound one), as it ends.
 pub fn remove_own(path: &Path) {
+    let mut own = exitless_vmm::sync::lock(&OWN);
+    own.ending = true;
     REMOVED_BY_US.store(true, Ordering::SeqCst);
-    let _ = std::fs::remove_file(path);
+    if own.bound {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Ends the process once the guest stops: removes the socket, then exits with the
+/// guest's status. A thread of its own, started before Landlock holds any thread, does
+/// it: the thread that ran the machine is held, and is given no right at all in the
+/// socket's directory (removing the socket needs the right to remove any entry beneath
+/// it: all of /run for the default socket).
+pub struct Ender(std::sync::mpsc::SyncSender<i32>);
+
+impl Ender {
+    /// Starts the thread for `socket`; returns once it is confined (under Landlock it
+    /// would be held, and could remove nothing).
+    pub fn start(socket: &Path) -> Result<Ender, String> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<i32>(1);
+        let (ready_tx, ready) = std::sync::mpsc::channel::<bool>();
+        let socket = socket.to_path_buf();
+        std::thread::Builder::new()
+            .name("api-end".into())
+            .spawn(move || {
+                // The signal thread's filter: its cleanup is this one's (unlink the socket).
+                let confined = exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Signals);
+                let _ = ready_tx.send(confined);
+                if !confined {
+                    return;
+                }
+                if let Ok(status) = rx.recv() {
+                    remove_own(&socket);
+                    std::process::exit(status);
+                }
+            })
+            .map_err(|e| format!("cannot start the thread that ends the VMM: {e}"))?;
+        match ready.recv() {
+            Ok(true) => Ok(Ender(tx)),
+            _ => Err("the thread that ends the VMM could not be confined".into()),
+        }
+    }
+
+    /// Hands the exit to the thread; if it is gone, removes the socket (Landlock may
+    /// refuse that) and exits here.
+    pub fn end(ender: Option<&Ender>, socket: Option<&Path>, status: i32) -> ! {
+        if ender.is_some_and(|e| e.0.send(status).is_ok()) {
+            loop {
+                std::thread::park();
+            }
+        }
+        if let Some(path) = socket {
+            remove_own(path);
+        }
+        std::process::exit(status);
+    }
 }
 
 /// Starts the watch for `socket` (already bound). An error leaves the VMM running as it

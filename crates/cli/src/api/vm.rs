@@ -91,7 +91,7 @@ impl Vm {
         }
     }
 
-    pub fn set_machine_config(&mut self, c: MachineConfig) -> Result<(), Fault> {
+    pub fn set_machine_config(&mut self, mut c: MachineConfig) -> Result<(), Fault> {
         self.pre_boot()?;
         if c.vcpu_count == 0 || c.vcpu_count > MAX_VCPUS {
             return Err(Fault(format!("Invalid vCPU count: it must be between 1 and {MAX_VCPUS}.")));
@@ -99,9 +99,6 @@ impl Vm {
         // Firecracker's rule: with SMT, vCPUs come in pairs (one vCPU is a lone thread).
         if c.smt && c.vcpu_count > 1 && c.vcpu_count % 2 == 1 {
             return Err(Fault("The number of vCPUs must be 1 or an even number when SMT is enabled.".into()));
-        }
-        if c.cpu_template.as_deref().is_some_and(|t| t != "None") {
-            return Err(Fault("cpu_template: exitless offers no CPU templates.".into()));
         }
         let huge = huge_pages(c.huge_pages.as_deref())?;
         if c.mem_size_mib == 0 || c.mem_size_mib > 1 << 20 {
@@ -118,6 +115,8 @@ impl Vm {
                     .into(),
             ));
         }
+        // Last: it may drop a custom template, which nothing above may then refuse to.
+        self.take_cpu_template(&mut c)?;
         self.config.machine_config = c;
         Ok(())
     }
@@ -129,7 +128,7 @@ impl Vm {
             mem_size_mib: u.mem_size_mib.unwrap_or(c.mem_size_mib),
             smt: u.smt.unwrap_or(c.smt),
             track_dirty_pages: u.track_dirty_pages.unwrap_or(c.track_dirty_pages),
-            cpu_template: u.cpu_template.or(c.cpu_template),
+            cpu_template: u.cpu_template,
             huge_pages: u.huge_pages.or(c.huge_pages),
         })
     }
@@ -188,8 +187,9 @@ impl Vm {
         if n.guest_mac.is_some() && others.clone().any(|o| o.guest_mac == n.guest_mac) {
             return Err(Fault("The guest MAC address is already used by another interface.".into()));
         }
-        if others.count() >= usize::from(MAX_NICS) {
-            return Err(Fault(format!("exitless offers at most {MAX_NICS} network interfaces per microVM.")));
+        if others.count() >= usize::from(super::model::MAX_NICS) {
+            let most = super::model::MAX_NICS;
+            return Err(Fault(format!("exitless offers at most {most} network interfaces per microVM.")));
         }
         match self.config.network_interfaces.iter_mut().find(|o| o.iface_id == id) {
             Some(old) => *old = n,
@@ -246,6 +246,17 @@ impl Vm {
             return Err(Fault("The vsock's uds_path is empty.".into()));
         }
         self.config.vsock = Some(v);
+        Ok(())
+    }
+
+    /// `PUT /serial`: the console's output path and byte rate limit, before boot (and before
+    /// a snapshot load, whose console it also sets, as Firecracker's does).
+    pub fn set_serial(&mut self, s: super::model::Serial) -> Result<(), Fault> {
+        self.pre_boot()?;
+        if s.serial_out_path.as_deref() == Some("") {
+            return Err(Fault("The serial_out_path is empty.".into()));
+        }
+        self.config.serial = Some(s);
         Ok(())
     }
 
@@ -392,6 +403,7 @@ impl Vm {
         });
         devices.extend(vsock.map(|v| virtio::vsock::attach(v, poll)));
         devices.extend(more_devices);
+        let (serial_out, serial_in) = super::serial::console(self.config.serial.as_ref()).map_err(Fault)?;
         let config = exitless_vmm::MachineConfig {
             mem_size: mem,
             vcpus: mc.vcpu_count,
@@ -401,18 +413,20 @@ impl Vm {
             devices: exitless_vmm::DeviceConfig {
                 boot_timer: self.boot_timer,
                 transport,
-                serial_in: crate::terminal::console_input(),
-                serial_out: Box::new(crate::LiveStdout),
+                serial_in,
+                serial_out,
                 allocated: devices,
                 ..Default::default()
             },
             // The thread that runs the machine waits under the main thread's filter; when the
-            // guest stops it writes metrics and removes the socket, which that filter allows.
+            // guest stops it writes metrics, and hands the socket's removal to a thread
+            // Landlock does not hold (api::socket_watch::Ender).
             run: exitless_vmm::RunOptions { confine_caller: true, ..Default::default() },
             host: self.host_profile,
             track_dirty_pages: self.config.machine_config.track_dirty_pages,
             huge_pages: huge_pages(self.config.machine_config.huge_pages.as_deref())?,
             memory_hotplug: self.memory_hotplug(),
+            cpu_template: self.cpu_template()?,
             restore,
             ..exitless_vmm::MachineConfig::new(image)
         };
@@ -500,6 +514,7 @@ impl Vm {
                 ("state_count", &c.state_requests),
                 ("invalid_reqs_count", &c.refused),
                 ("queue_event_fails", &c.bad_chains),
+                ("unplug_discard_fails", &c.discard_failures),
             ] {
                 sample.count("memory_hotplug", field, n.load(Relaxed));
             }
@@ -559,6 +574,3 @@ fn same_id(path: &str, body: &str) -> Result<(), Fault> {
 fn default_mac(index: usize) -> [u8; 6] {
     [0x06, 0x00, 0xac, 0x10, 0x00, 0x02 + (index as u8)]
 }
-
-/// At most this many network interfaces (each takes a PCI slot and a device thread).
-const MAX_NICS: u8 = 8;

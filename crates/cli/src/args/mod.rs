@@ -329,6 +329,10 @@ pub struct RunArgs {
     /// completion, the LSTAR watch) or `native` (none). See docs/architecture.md.
     #[arg(long, value_name = "auto|nested|native", default_value = "auto")]
     pub host_profile: exitless_vmm::host::ProfileChoice,
+    /// A CPU template: Firecracker's C3, T2, T2S, T2CL (Intel) or T2A (AMD), or a custom
+    /// template's JSON file (Firecracker's schema, as `PUT /cpu-config` takes it).
+    #[arg(long, value_name = "NAME|FILE", value_parser = crate::cpu_template::parse_arg)]
+    pub cpu_template: Option<exitless_vmm::cpu_template::CpuTemplate>,
     /// Run without seccomp filters (for debugging: every thread may then make any call).
     #[arg(long)]
     pub no_seccomp: bool,
@@ -400,23 +404,25 @@ pub struct RunArgs {
     pub guest_symbols: Option<PathBuf>,
 }
 
-/// Reads a file the guest is given, refusing one larger than guest RAM before reading it
-/// all (a file like /dev/zero never ends).
+/// Reads a file the guest is given: a regular file (a FIFO would hang the reader, a file
+/// like /dev/zero never ends), refused if larger than guest RAM before it is read all.
 pub fn read_bounded(what: &str, path: &std::path::Path, limit: u64) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
-    let mut bytes = Vec::new();
-    file.take(limit + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
-    if bytes.len() as u64 > limit {
-        return Err(format!("{what} {} is larger than the guest's {} MiB of RAM", path.display(), limit >> 20));
-    }
-    Ok(bytes)
+    use exitless_vmm::files::FileError;
+    exitless_vmm::files::read_regular_bounded(path, limit).map_err(|e| match e {
+        FileError::TooLarge { .. } => {
+            format!("{what} {} is larger than the guest's {} MiB of RAM", path.display(), limit >> 20)
+        }
+        e => format!("{what}: {e}"),
+    })
 }
 
 impl RunArgs {
     pub fn guest_symbols(&self) -> Result<exitless_vmm::vcpu::samples::Symbols, String> {
         let Some(path) = &self.guest_symbols else { return Ok(Default::default()) };
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        // A regular file of at most 256 MiB: a System.map is a few.
+        let bytes =
+            exitless_vmm::files::read_regular_bounded(path, 256 << 20).map_err(|e| format!("--guest-symbols: {e}"))?;
+        let text = String::from_utf8(bytes).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let symbols = exitless_vmm::vcpu::samples::Symbols::parse(&text);
         if symbols.is_empty() {
             return Err(format!("{} names no functions (expected System.map lines: ADDRESS T NAME)", path.display()));

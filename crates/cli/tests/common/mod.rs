@@ -123,24 +123,29 @@ fn seccomp_modes(pid: u32) -> Vec<(String, String)> {
 }
 
 /// Checks that every thread of process `pid` runs with seccomp mode `want` and that the
-/// threads `named` are there, once `vcpus` vCPU threads run and have settled (a new
-/// thread carries its parent's name until it names itself, and confines itself first).
+/// threads `named` are there, once `vcpus` vCPU threads run. A new thread carries its
+/// parent's name until it names itself, and confines itself first: the threads are read
+/// until all of them are there and confined, or 30 s pass.
 pub fn assert_every_thread_confined(pid: u32, vcpus: usize, named: &[&str], want: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while seccomp_modes(pid).iter().filter(|(n, _)| n.starts_with("vcpu")).count() < vcpus
-        && std::time::Instant::now() < deadline
-    {
+    // KVM's own worker (kvm-nx-lpage-recovery) shows up among a VM's tasks; it is a
+    // kernel thread, not ours to filter.
+    let settled = |modes: &[(String, String)]| {
+        modes.iter().filter(|(n, _)| n.starts_with("vcpu")).count() >= vcpus
+            && named.iter().all(|name| modes.iter().any(|(n, _)| n == name))
+            && modes.iter().filter(|(n, _)| !n.starts_with("kvm-")).all(|(_, m)| m == want)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut modes = seccomp_modes(pid);
+    while !settled(&modes) && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(20));
+        modes = seccomp_modes(pid);
     }
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let modes = seccomp_modes(pid);
     for name in named {
         assert!(modes.iter().any(|(n, _)| n == name), "{name} missing: {modes:?}");
     }
-    // KVM's own worker (kvm-nx-lpage-recovery) shows up among a VM's tasks; it is a
-    // kernel thread, not ours to filter.
     let ours = modes.iter().filter(|(n, _)| !n.starts_with("kvm-"));
     assert!(ours.clone().all(|(_, m)| m == want), "want {want}: {modes:?}");
+    assert!(modes.iter().filter(|(n, _)| n.starts_with("vcpu")).count() >= vcpus, "{vcpus} vCPUs: {modes:?}");
 }
 
 /// The built-in payloads written out as files under `dir` (what the API boots).
@@ -162,7 +167,7 @@ impl Drop for RemoveLinks {
 }
 
 /// `exitless --api-sock SOCK --enable-pci`, its stdout as given, once its API answers (or
-/// 10 s pass): the payloads' virtio driver finds its devices on PCI.
+/// 30 s pass): the payloads' virtio driver finds its devices on PCI.
 pub fn api_process(sock: &std::path::Path, stdout: std::process::Stdio) -> std::process::Child {
     api_process_with(sock, stdout, &["--enable-pci"])
 }
@@ -178,24 +183,36 @@ pub fn api_process_with(sock: &std::path::Path, stdout: std::process::Stdio, ext
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("run exitless");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::os::unix::net::UnixStream::connect(sock).is_err() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     child
 }
 
-/// Raw bytes on a connection; what comes back before the server closes it (or 5 s pass).
+/// Raw bytes on a connection; what comes back: one whole reply (its head and
+/// Content-Length bytes), or less if the server closes first or 30 s pass.
 pub fn raw(sock: &std::path::Path, bytes: &[u8], then_close: bool) -> String {
     let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
-    s.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
     use std::io::{Read, Write};
     s.write_all(bytes).unwrap();
     if then_close {
         s.shutdown(std::net::Shutdown::Write).unwrap();
     }
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
+    let whole = |out: &[u8]| {
+        let Some(at) = out.windows(4).position(|w| w == b"\r\n\r\n") else { return false };
+        let head = String::from_utf8_lossy(&out[..at]).to_ascii_lowercase();
+        let len = head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok());
+        out.len() >= at + 4 + len.unwrap_or(0usize)
+    };
+    let (mut out, mut chunk) = (Vec::new(), [0u8; 4096]);
+    while !whole(&out) {
+        match s.read(&mut chunk) {
+            Ok(n) if n > 0 => out.extend_from_slice(&chunk[..n]),
+            _ => break,
+        }
+    }
     String::from_utf8_lossy(&out).into_owned()
 }
 

@@ -213,7 +213,7 @@ mod tests {
         let fd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
         worker.watch(&fd).unwrap();
         fd.write(3).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while bell.count() != 3 && std::time::Instant::now() < deadline {
             std::thread::yield_now();
         }
@@ -245,7 +245,7 @@ mod tests {
     }
 
     fn wait_for(bell: &Doorbell, n: u64) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while bell.rings.load(Ordering::Relaxed) != n && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
@@ -263,6 +263,12 @@ mod tests {
             // Counted by the worker alone (not `count`, which would read the eventfd itself).
             wait_for(&bell, n);
             assert_eq!(bell.rings.load(Ordering::Relaxed), n, "{mode:?}");
+            // Past the last ring's window the worker sleeps again (a loaded host may hold
+            // it up; then it took many rings in one read).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while worker.poll_stats.counts().sleeps < 2 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             let c = worker.poll_stats.counts();
             assert!(c.sleeps > 1 && c.wakeups > 0, "{mode:?}: {c:?}");
             if mode == PollMode::Off {
@@ -281,22 +287,27 @@ mod tests {
     #[test]
     fn a_ring_during_the_poll_window_is_found_without_a_wakeup() {
         let bell = Arc::new(Doorbell::default());
-        let worker =
-            EventfdWorker::spawn(bell.clone(), PollMode::Fixed(std::time::Duration::from_millis(500))).unwrap();
+        // A window no preemption outlasts: the second ring lands in it however late.
+        let worker = EventfdWorker::spawn(bell.clone(), PollMode::Fixed(std::time::Duration::from_secs(60))).unwrap();
         let fd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
         worker.watch(&fd).unwrap();
-        fd.write(1).unwrap(); // wakes it; it then polls for 500 ms
+        fd.write(1).unwrap(); // wakes it; it then polls for 60 s
         wait_for(&bell, 1);
         std::thread::sleep(std::time::Duration::from_millis(20));
         fd.write(1).unwrap(); // lands in the window
         wait_for(&bell, 2);
         // The poller counts what it found just after handling it: on a loaded host the
         // second ring can be visible before its count is.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while worker.poll_stats.counts().polls_found_work == 0 && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         let c = worker.poll_stats.counts();
         assert_eq!((bell.rings.load(Ordering::Relaxed), c.polls_found_work, c.wakeups), (2, 1, 1), "{c:?}");
+        // The worker polls on, and looks at its stop flag only between windows: a last
+        // ring ends this one, so that dropping it does not wait out the minute.
+        worker.poll_mode.set(PollMode::Off);
+        fd.write(1).unwrap();
+        wait_for(&bell, 3);
     }
 }

@@ -43,12 +43,23 @@ impl BusDevice for Idle {
         if offset != 0 || data.len() != 4 {
             return;
         }
-        let us = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
-        let timeout = Duration::from_micros(u64::from(us)).min(MAX_WAIT);
+        self.wait(u32::from_le_bytes([data[0], data[1], data[2], data[3]]));
+    }
+}
+
+impl Idle {
+    /// How long a guest that asks for `us` microseconds may sleep.
+    fn timeout(us: u32) -> Duration {
+        Duration::from_micros(u64::from(us)).min(MAX_WAIT)
+    }
+
+    /// The calling vCPU's wait of `us` microseconds; whether the timeout ended it.
+    fn wait(&self, us: u32) -> bool {
         let me = std::thread::current().id();
         let seen = *lock(&self.seen).get(&me).unwrap_or(&self.initial);
-        let now = self.deliveries.wait_beyond(seen, timeout);
+        let (now, timed_out) = self.deliveries.wait_beyond(seen, Idle::timeout(us));
         lock(&self.seen).insert(me, now);
+        timed_out
     }
 }
 
@@ -63,16 +74,14 @@ mod tests {
         let router = Arc::new(GsiRouter::new(Arc::new(FakeKvm::default())));
         let idle = Idle::new(&router);
         let start = Instant::now();
-        idle.write(0, &5000u32.to_le_bytes());
+        assert!(idle.wait(5000), "no interrupt: the timeout ends it");
         assert!(start.elapsed() >= Duration::from_millis(5), "no interrupt: the whole timeout");
-        let huge = Instant::now();
-        idle.write(0, &u32::MAX.to_le_bytes());
-        assert!(huge.elapsed() < Duration::from_secs(1), "a guest cannot ask for more than 10 ms");
-        // An interrupt delivered before the wait started still ends it at once.
+        // A guest cannot ask for more than 10 ms; that wait too ends by its timeout.
+        assert_eq!(Idle::timeout(u32::MAX), MAX_WAIT);
+        assert!(idle.wait(u32::MAX));
+        // An interrupt delivered before the wait started still ends it, not the timeout.
         router.delivered();
-        let quick = Instant::now();
-        idle.write(0, &1_000_000u32.to_le_bytes());
-        assert!(quick.elapsed() < MAX_WAIT);
+        assert!(!idle.wait(1_000_000));
         idle.write(0, &[1, 2]); // wrong size: ignored, no wait
     }
 
@@ -82,14 +91,10 @@ mod tests {
         let idle = Arc::new(Idle::new(&router));
         router.delivered();
         // vCPU A takes the interrupt...
-        idle.write(0, &1_000_000u32.to_le_bytes());
+        assert!(!idle.wait(1_000_000));
         // ...and vCPU B, which has not waited since, still sees it and does not sleep.
         let other = idle.clone();
-        let quick = std::thread::spawn(move || {
-            let start = Instant::now();
-            other.write(0, &1_000_000u32.to_le_bytes());
-            start.elapsed()
-        });
-        assert!(quick.join().unwrap() < MAX_WAIT);
+        let b = std::thread::spawn(move || other.wait(1_000_000));
+        assert!(!b.join().unwrap(), "B slept to its timeout");
     }
 }

@@ -26,6 +26,9 @@ pub struct IoSample {
     /// The guest's userspace exits (port and MMIO) per request or frame, over the whole
     /// run (its setup included), where the VMM writes Firecracker's metrics.
     pub exits_per_request: Option<f64>,
+    /// Those exits in all: setup and console only where kicks do not exit, so as many
+    /// however many requests the run's time let the guest make.
+    pub userspace_exits: Option<u64>,
 }
 
 impl IoSample {
@@ -66,10 +69,15 @@ fn metrics_path(vmm: Vmm, dir: &Path, what: &str, transport: Transport) -> Optio
     (vmm != Vmm::CloudHypervisor).then(|| dir.join(format!("{}-{what}-{}.metrics", vmm.name(), transport.name())))
 }
 
-/// The run's userspace exits per request, from its metrics file if it has one.
-fn exits_per(vm: &mut Running, metrics: &Option<PathBuf>, requests: u64) -> Result<Option<f64>, String> {
-    let Some(path) = metrics else { return Ok(None) };
-    Ok(Some(vm.userspace_exits(path)? as f64 / requests.max(1) as f64))
+/// The run's userspace exits, from its metrics file if it has one.
+fn exits_of(vm: &mut Running, metrics: &Option<PathBuf>) -> Result<Option<u64>, String> {
+    metrics.as_ref().map(|path| vm.userspace_exits(path)).transpose()
+}
+
+/// `sample` with the run's `exits` over its `n` requests or frames.
+fn with_exits(sample: IoSample, exits: Option<u64>, n: u64) -> IoSample {
+    let exits_per_request = exits.map(|e| e as f64 / n.max(1) as f64);
+    IoSample { exits_per_request, userspace_exits: exits, ..sample }
 }
 
 /// blkbench randread 4 KiB at depth 32 for `opts.io_seconds`, on `disk`, over `transport`.
@@ -104,8 +112,8 @@ pub fn blk(
     if !line.contains(" 0 failed, 0 bad sectors") {
         return Err(format!("the guest saw errors: {}", line.trim()));
     }
-    let exits = exits_per(&mut vm, &guest.metrics, requests)?;
-    Ok(IoSample { transport, exits_per_request: exits, ..sample(requests, 4096, cycles, tsc_khz, cpu) })
+    let exits = exits_of(&mut vm, &guest.metrics)?;
+    Ok(with_exits(IoSample { transport, ..sample(requests, 4096, cycles, tsc_khz, cpu) }, exits, requests))
 }
 
 /// nettx 64 KiB frames for `opts.io_seconds` through `tap`, over `transport`.
@@ -136,8 +144,8 @@ pub fn net(
     let cpu = vm.cpu_outside_vcpus();
     let (frames, cycles) =
         word_before(&line, "frames").zip(word_after(&line, "in")).ok_or_else(|| format!("unexpected line {line:?}"))?;
-    let exits = exits_per(&mut vm, &guest.metrics, frames)?;
-    Ok(IoSample { transport, exits_per_request: exits, ..sample(frames, NET_FRAME, cycles, tsc_khz, cpu) })
+    let exits = exits_of(&mut vm, &guest.metrics)?;
+    Ok(with_exits(IoSample { transport, ..sample(frames, NET_FRAME, cycles, tsc_khz, cpu) }, exits, frames))
 }
 
 /// "nettx: N frames of S bytes in C cycles": the number just before or after `word`.
@@ -162,6 +170,7 @@ fn sample(n: u64, bytes: u64, cycles: u64, tsc_khz: u64, cpu: Duration) -> IoSam
         seconds,
         transport: Transport::Pci,
         exits_per_request: None,
+        userspace_exits: None,
     }
 }
 

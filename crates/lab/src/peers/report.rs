@@ -310,6 +310,7 @@ impl Report {
                         "per_second": value(&|s| Some(s.per_second)),
                         "gbps": value(&|s| Some(s.bytes_per_second * 8.0 / 1e9)),
                         "userspace_exits_per_request": value(&|s| s.exits_per_request),
+                        "userspace_exits": value(&|s| s.userspace_exits.map(|e| e as f64)),
                     }));
                 }
             }

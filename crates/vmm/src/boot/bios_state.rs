@@ -5,10 +5,11 @@
 //! kvm-unit-tests' `realmode` halts with interrupts on and waits for the timer to wake it.
 //! Other boot protocols (Linux, PVH) program the PICs and the PIT themselves.
 
+use crate::guest_memory::GuestMemoryMmap;
 use crate::layout;
 use kvm_bindings::{kvm_irqchip, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE};
 use kvm_ioctls::VmFd;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryError};
 
 /// Where the BIOS vectors the master's and the slave's lines (IRQ 0-7, 8-15).
 pub const MASTER_VECTORS: u8 = 0x08;
@@ -88,7 +89,7 @@ mod tests {
 
     #[test]
     fn every_vector_points_at_a_handler_and_irqs_acknowledge_their_pics() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 1 << 20)]).unwrap();
         write_ivt(&mem).unwrap();
         let handler = |vector: u64| {
             let (offset, segment): (u16, u16) =

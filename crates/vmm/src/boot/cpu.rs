@@ -1,6 +1,6 @@
 //! Per-vCPU platform state a kernel expects from firmware: CPUID (APIC IDs, topology, a
-//! hypervisor leaf, the host profile's masks), MSRs, FPU and local
-//! APIC, after Firecracker's x86 setup.
+//! hypervisor leaf, the host profile's masks, then Firecracker's normalization:
+//! super::cpuid_normalize), MSRs, FPU and local APIC, after Firecracker's x86 setup.
 
 use crate::host::cpuid::Masks;
 use kvm_bindings::{kvm_fpu, kvm_msr_entry, CpuId, Msrs};
@@ -23,7 +23,6 @@ fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> CpuError {
 }
 
 const ECX_HYPERVISOR: u32 = 1 << 31;
-const EDX_HTT: u32 = 1 << 28;
 /// KVM's feature leaf.
 const KVM_LEAF_FEATURES: u32 = 0x4000_0001;
 
@@ -40,9 +39,9 @@ pub fn cpuid_for(supported: &CpuId, id: u8, count: u8, threads: u8, masks: &Mask
         match e.function {
             1 => {
                 e.ecx = (e.ecx & !masks.leaf1_ecx) | ECX_HYPERVISOR;
-                e.edx = (e.edx & !masks.leaf1_edx) | EDX_HTT;
-                // Initial APIC ID, logical processors per package, CLFLUSH size 64.
-                e.ebx = (u32::from(id) << 24) | (u32::from(count) << 16) | (8 << 8) | (e.ebx & 0xff);
+                e.edx &= !masks.leaf1_edx;
+                // Initial APIC ID and CLFLUSH size 64 (IDs per package and HTT: normalization).
+                e.ebx = (u32::from(id) << 24) | (8 << 8) | (e.ebx & 0xff);
             }
             // Deterministic cache parameters: cores in the package, and threads sharing a
             // cache (a core's for L1 and L2, the package's for L3).
@@ -69,6 +68,7 @@ pub fn cpuid_for(supported: &CpuId, id: u8, count: u8, threads: u8, masks: &Mask
             _ => {}
         }
     }
+    super::cpuid_normalize::normalize(&mut cpuid, count, &super::cpuid_normalize::HostLeaves::read());
     cpuid
 }
 

@@ -6,6 +6,7 @@
 
 pub mod bios_state;
 pub mod cpu;
+pub mod cpuid_normalize;
 pub mod image;
 pub mod mptable;
 pub mod multiboot;
@@ -13,13 +14,14 @@ pub mod pvh;
 pub mod regs;
 pub mod zero_page;
 
+use crate::guest_memory::GuestMemoryMmap;
 use crate::layout::{self, MemoryMap};
 use image::Kind;
 use linux_loader::loader::bzimage::BzImage;
 use linux_loader::loader::elf::{Elf, PvhBootCapability};
 use linux_loader::loader::KernelLoader;
 use std::io::Cursor;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 /// The command line a guest gets when none is given.
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=1";

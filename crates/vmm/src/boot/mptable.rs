@@ -5,8 +5,9 @@
 //! IOAPIC, an interrupt entry for each of its 24 pins (ISA IRQ n on pin n, as the MADT and
 //! KVM's routing have them; the ACPI SCI level-triggered) and the local interrupts.
 
+use crate::guest_memory::GuestMemoryMmap;
 use crate::layout;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 const LAPIC_VERSION: u8 = 0x14;
 const IOAPIC_VERSION: u8 = 0x11;
@@ -80,7 +81,7 @@ mod tests {
 
     #[test]
     fn the_table_is_found_and_sums_to_zero_with_every_vcpu() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 1 << 20)]).unwrap();
         write(&mem, 3).unwrap();
         let mut pointer = [0u8; 16];
         mem.read_slice(&mut pointer, GuestAddress(layout::MPTABLE_GPA)).unwrap();

@@ -5,8 +5,9 @@
 //! the command line, and the initrd as the one module (the suite passes its environment
 //! that way).
 
+use crate::guest_memory::GuestMemoryMmap;
 use crate::layout::{self, MemoryMap};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 const HEADER_MAGIC: u32 = 0x1bad_b002;
 /// What a multiboot loader leaves in `%eax`.

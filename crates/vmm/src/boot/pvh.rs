@@ -3,11 +3,12 @@
 
 use super::zero_page::Boot;
 use super::LoadError;
+use crate::guest_memory::GuestMemoryMmap;
 use crate::layout;
 use linux_loader::configurator::pvh::PvhBootConfigurator;
 use linux_loader::configurator::{BootConfigurator, BootParams};
 use linux_loader::loader::elf::start_info::{hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 
 /// XEN's PVH start info magic, "xEn3" with bit 31 flipped.
 const HVM_START_MAGIC: u32 = 0x336e_c578;

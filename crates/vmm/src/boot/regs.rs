@@ -1,10 +1,11 @@
 //! Register state for the two entry points.
 
 use super::EntryPoint;
+use crate::guest_memory::GuestMemoryMmap;
 use crate::layout::*;
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use kvm_ioctls::VcpuFd;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 const CR0_PE: u64 = 1;
 const CR0_ET: u64 = 1 << 4;

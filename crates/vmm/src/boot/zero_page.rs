@@ -2,11 +2,12 @@
 //! linux-loader's configurator.
 
 use super::{LoadError, Placed};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::layout::{self, MemoryMap};
 use linux_loader::configurator::linux::LinuxBootConfigurator;
 use linux_loader::configurator::{BootConfigurator, BootParams};
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 
 /// "Undefined" boot loader: no registered loader ID.
 const LOADER_TYPE_UNDEFINED: u8 = 0xff;

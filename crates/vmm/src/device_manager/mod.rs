@@ -24,6 +24,7 @@ pub use allocators::{AllocError, Allocators};
 pub use virtio::{TransportKind, VirtioTransport};
 
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry, IoeventfdSink};
 use crate::irq::{GsiRouter, IrqError, IrqLevel, IrqSink};
 use crate::kvm::MemslotSink;
@@ -34,7 +35,6 @@ use crate::pci::ecam_device::EcamDevice;
 use crate::pci::{EcamMode, PciError, PciFunction, PciRoot};
 use crate::virtio::mmio::RegisterMode;
 use std::sync::Arc;
-use vm_memory::GuestMemoryMmap;
 
 /// The host bridge and the config access mechanisms: the PCI root's own.
 pub const PCI_HOST_BRIDGE: DeviceKind = DeviceKind("pci-host-bridge");

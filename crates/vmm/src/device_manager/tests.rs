@@ -21,7 +21,7 @@ pub(super) struct Built {
 pub(super) fn manager(transport: TransportKind, mmio_registers: RegisterMode) -> Built {
     let kvm = Arc::new(FakeKvm::default());
     let map = MemoryMap::new(64 << 20).unwrap();
-    let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let memory = crate::guest_memory::anonymous(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let memslots = Arc::new(Memslots::new(512));
     assert_eq!(memslots.take(RAM_SLOTS).unwrap(), 0..RAM_SLOTS);
     let config = DeviceManagerConfig {

@@ -3,9 +3,9 @@
 //! native host profile has no `NestedExits`, and these exits end its run as faults.
 
 use super::emulate::{self, syscall};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::stats::{Completed, ExitKind, ExitStats};
 use kvm_ioctls::VcpuFd;
-use vm_memory::GuestMemoryMmap;
 
 /// What KVM answers an unknown hypercall (include/uapi/linux/kvm_para.h).
 const KVM_ENOSYS: i64 = 1000;

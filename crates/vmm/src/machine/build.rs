@@ -7,6 +7,7 @@ use super::{join_lstar_watch, load, map_guest_ram, sleep, LstarWatch, Machine, M
 use crate::boot::EntryPoint;
 use crate::device_manager::{Allocators, DeviceManager, DeviceManagerConfig, DeviceTree};
 use crate::devices::legacy::{cmos_rtc::CmosRtc, AcpiPm};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::host::HostProfile;
 use crate::kvm;
 use crate::layout::{self, MemoryMap};
@@ -20,7 +21,6 @@ use kvm_bindings::{kvm_pit_config, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER
 use kvm_ioctls::{Kvm, VmFd};
 use std::sync::Arc;
 use std::time::Instant;
-use vm_memory::GuestMemoryMmap;
 
 /// What every machine has before a guest is booted into it or restored onto it.
 struct Platform {
@@ -34,6 +34,7 @@ struct Platform {
     pm: Arc<AcpiPm>,
     rtc: Option<Arc<CmosRtc>>,
     supported_cpuid: CpuId,
+    template_msrs: Vec<crate::cpu_template::schema::MsrModifier>,
     lstar_watch: Option<LstarWatch>,
     ram_slots: Vec<u32>,
     uffd: Option<std::os::fd::OwnedFd>,
@@ -101,6 +102,15 @@ impl Platform {
         }
         let supported_cpuid =
             kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
+        // The template is checked against this host before anything else is built.
+        let (supported_cpuid, template_msrs) = match &config.cpu_template {
+            Some(t) => {
+                let applied = t.resolve(&kvm, &supported_cpuid, &host)?;
+                tracing::info!("CPU template {} applied", t.describe());
+                (applied.cpuid, applied.msrs)
+            }
+            None => (supported_cpuid, Vec::new()),
+        };
         // Before the VM: see EcamPages.
         let ecam_pages = crate::pci::ecam::EcamPages::new().map_err(|e| MachineError::Memory(e.into()))?;
         let vm = Arc::new(kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?);
@@ -187,6 +197,7 @@ impl Platform {
             pm,
             rtc,
             supported_cpuid,
+            template_msrs,
             lstar_watch,
             ram_slots,
             uffd,
@@ -210,7 +221,13 @@ impl Platform {
             map: p.map,
             memory: p.memory,
             devices: p.devices,
-            vcpus: VcpuPlan { count: config.vcpus, threads_per_core, supported_cpuid: p.supported_cpuid, entry },
+            vcpus: VcpuPlan {
+                count: config.vcpus,
+                threads_per_core,
+                supported_cpuid: p.supported_cpuid,
+                template_msrs: p.template_msrs,
+                entry,
+            },
             host: p.host,
             control: p.control,
             run: std::mem::take(&mut config.run),

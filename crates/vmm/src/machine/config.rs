@@ -32,6 +32,9 @@ pub struct MachineConfig {
     pub huge_pages: HugePages,
     /// Hotpluggable memory, a virtio-mem device's (Firecracker's `/hotplug/memory`).
     pub memory_hotplug: Option<MemoryHotplug>,
+    /// The CPU template the vCPUs' CPUID and MSRs go through (Firecracker's
+    /// `cpu_template` and `/cpu-config`); a restore takes its snapshot's.
+    pub cpu_template: Option<crate::cpu_template::CpuTemplate>,
 }
 
 /// Firecracker's `/hotplug/memory`, in MiB: the region's size, the driver's block and the
@@ -147,6 +150,7 @@ impl MachineConfig {
             track_dirty_pages: false,
             huge_pages: HugePages::None,
             memory_hotplug: None,
+            cpu_template: None,
         }
     }
 }

@@ -7,10 +7,10 @@ use super::ram::write_shared_page;
 use super::{ioctl, MachineError};
 use crate::acpi;
 use crate::boot::{self, BootSpec, EntryPoint};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::layout::MemoryMap;
 use kvm_ioctls::VmFd;
 use std::fmt::Write;
-use vm_memory::GuestMemoryMmap;
 
 pub(super) struct GuestBoot<'a> {
     pub image: &'a [u8],

@@ -21,9 +21,10 @@ use crate::{acpi, kvm};
 use kvm_bindings::CpuId;
 use kvm_ioctls::{Kvm, VmFd};
 
+use crate::guest_memory::GuestMemoryMmap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::GuestMemoryBackend;
 
 pub use crate::virtio::net::NetConfig;
 pub use config::{AttachFixed, DeviceConfig, HugePages, MachineConfig, MemoryHotplug, RunOptions};
@@ -85,6 +86,8 @@ pub enum MachineError {
     VcpuPanicked(u8),
     #[error(transparent)]
     Snapshot(#[from] crate::snapshot::SnapshotError),
+    #[error(transparent)]
+    CpuTemplate(#[from] crate::cpu_template::TemplateError),
 }
 
 fn ioctl(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> MachineError {
@@ -133,6 +136,8 @@ struct VcpuPlan {
     /// vCPUs per core in the CPUID topology: 1, or 2 with SMT.
     threads_per_core: u8,
     supported_cpuid: CpuId,
+    /// The CPU template's MSRs, each vCPU's put through its bitmap.
+    template_msrs: Vec<crate::cpu_template::schema::MsrModifier>,
     /// Where vCPU 0 starts; None when the vCPUs' states come from a snapshot.
     entry: Option<EntryPoint>,
 }
@@ -231,6 +236,9 @@ impl Machine {
             }
             (None, Some(entry)) if id == 0 => regs::setup(&fd, &self.memory, entry)?,
             _ => {}
+        }
+        if self.restored.is_none() {
+            crate::cpu_template::apply::set_msrs(&fd, &plan.template_msrs)?;
         }
         let run_size = self.kvm.get_vcpu_mmap_size().map_err(ioctl("KVM_GET_VCPU_MMAP_SIZE"))?;
         let mut nested = self.host.nested().then(|| NestedExits::new(self.memory.clone()));
@@ -340,7 +348,7 @@ impl Machine {
     pub fn report(&self, stats: ExitStats, vcpus: Vec<ExitStats>) -> RunReport {
         let elapsed = self.started.0.elapsed();
         let tsc_hz = (cycles() - self.started.1) as f64 / elapsed.as_secs_f64();
-        let guest_start = self.memory.get_host_address(GuestAddress(0)).ok().map(|p| p as usize);
+        let guest: Vec<_> = self.memory.iter().map(|r| r.host_range()).collect();
         RunReport {
             exit_status: self.control.exit_status().unwrap_or(0),
             stop: self.control.guest_stopped(),
@@ -349,7 +357,7 @@ impl Machine {
             devices: self.devices.bus_names().to_vec(),
             elapsed,
             tsc_hz,
-            vmm_memory: guest_start.and_then(vmm_memory_kib),
+            vmm_memory: vmm_memory_kib(&guest),
             nets: self.devices.nets().map(|n| (n.tap_name.clone(), n.stats.snapshot())).collect(),
             drives: self.devices.drives().map(|d| (d.name.clone(), d.id.clone(), d.stats.snapshot())).collect(),
             samples: Vec::new(),
@@ -374,24 +382,27 @@ impl Drop for Machine {
     }
 }
 
-/// Process RSS minus the resident part of the guest RAM mapping that starts at `guest_start`.
-fn vmm_memory_kib(guest_start: usize) -> Option<VmmMemory> {
+/// Process RSS minus the resident part of guest memory: every mapping inside one of
+/// `guest`'s host ranges (a region is several once pages of it were discarded or
+/// protected apart).
+fn vmm_memory_kib(guest: &[std::ops::Range<u64>]) -> Option<VmmMemory> {
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
     let kib = |v: &str| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok();
-    let (mut all, mut guest) = (VmmMemory::default(), VmmMemory::default());
+    let (mut all, mut in_guest_memory) = (VmmMemory::default(), VmmMemory::default());
     let mut in_guest = false;
     for line in smaps.lines() {
         if let Some((range, _)) = line.split_once(' ').filter(|(r, _)| r.contains('-') && !r.ends_with(':')) {
-            in_guest = usize::from_str_radix(range.split('-').next()?, 16).ok() == Some(guest_start);
+            let start = u64::from_str_radix(range.split('-').next()?, 16).ok()?;
+            in_guest = guest.iter().any(|g| g.contains(&start));
         } else if let Some(v) = line.strip_prefix("Rss:") {
             let n = kib(v)?;
             all.rss_kib += n;
-            guest.rss_kib += if in_guest { n } else { 0 };
+            in_guest_memory.rss_kib += if in_guest { n } else { 0 };
         } else if let Some(v) = line.strip_prefix("Pss:") {
             let n = kib(v)?;
             all.pss_kib += n;
-            guest.pss_kib += if in_guest { n } else { 0 };
+            in_guest_memory.pss_kib += if in_guest { n } else { 0 };
         }
     }
-    Some(VmmMemory { rss_kib: all.rss_kib - guest.rss_kib, pss_kib: all.pss_kib - guest.pss_kib })
+    Some(VmmMemory { rss_kib: all.rss_kib - in_guest_memory.rss_kib, pss_kib: all.pss_kib - in_guest_memory.pss_kib })
 }

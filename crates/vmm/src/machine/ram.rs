@@ -4,6 +4,7 @@
 
 use super::HugePages;
 use super::{ioctl, MachineError};
+use crate::guest_memory::{self, GuestMemoryMmap, GuestRegion};
 use crate::layout::MemoryMap;
 use crate::memslots::Memslots;
 use crate::snapshot::MemoryBackend;
@@ -13,7 +14,7 @@ use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 /// What guest RAM is made from: a snapshot's memory or nothing, in 4 KiB or 2 MiB pages.
 pub(super) struct Backing<'a> {
@@ -44,7 +45,7 @@ pub(super) fn map_guest_ram(
         }
         (None, HugePages::Hugetlbfs2M) => (map_hugetlbfs(&regions)?, None),
         (None, HugePages::None) => {
-            (GuestMemoryMmap::<()>::from_ranges(&regions).map_err(|e| MachineError::Memory(e.into()))?, None)
+            (crate::guest_memory::anonymous(&regions).map_err(|e| MachineError::Memory(e.into()))?, None)
         }
     };
     let slots: Vec<u32> = memslots.take(memory.num_regions() as u32)?.collect();
@@ -78,33 +79,21 @@ fn map_hugetlbfs(regions: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, M
                 start.0
             )));
         }
-        let region = vm_memory::mmap::MmapRegionBuilder::new(size)
-            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
-            .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_HUGE_2MB)
-            .build()
-            .map_err(|e| {
-                MachineError::HugePages(format!("huge_pages 2M: cannot map {size} bytes of huge pages: {e}"))
-            })?;
-        mapped.push(
-            GuestRegionMmap::new(region, start).ok_or_else(|| MachineError::Memory("a region overflows".into()))?,
-        );
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_HUGE_2MB;
+        let region = guest_memory::map(start, size, libc::PROT_READ | libc::PROT_WRITE, flags, None)
+            .map_err(|e| MachineError::HugePages(format!("huge_pages 2M: {e}")))?;
+        mapped.push(GuestRegion::ram(region));
     }
-    GuestMemoryMmap::from_regions(mapped).map_err(|e| MachineError::Memory(e.into()))
+    guest_memory::from_regions(mapped).map_err(|e| MachineError::Memory(e.into()))
 }
 
-/// Hotpluggable memory: the region `geometry` places, mapped anonymous and unreserved
-/// (nothing is resident until the guest plugs and touches it), added to guest memory so
-/// every device reaches it; no memory slot yet (virtio-mem adds one per plugged slot).
+/// Hotpluggable memory: the region `geometry` places, mapped anonymous, unreserved and
+/// PROT_NONE (nothing is the guest's until it plugs a block), added to guest memory with
+/// the record of its plugged blocks, which every device's translation reads; no memory
+/// slot yet (virtio-mem adds one per slot holding a plugged block).
 pub(super) fn add_hotplug_region(memory: GuestMemoryMmap, g: &Geometry) -> Result<GuestMemoryMmap, MachineError> {
-    let failed =
-        |e: String| MachineError::MemoryHotplug(format!("cannot map {} MiB at {:#x}: {e}", g.size >> 20, g.start));
-    let region = vm_memory::mmap::MmapRegionBuilder::new(g.size as usize)
-        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
-        .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE)
-        .build()
-        .map_err(|e| failed(e.to_string()))?;
-    let region = GuestRegionMmap::new(region, GuestAddress(g.start)).ok_or_else(|| failed("it overflows".into()))?;
-    memory.insert_region(Arc::new(region)).map_err(|e| failed(e.to_string()))
+    guest_memory::with_hotplug(&memory, GuestAddress(g.start), g.size as usize, g.block_size, g.slot_size)
+        .map_err(|e| MachineError::MemoryHotplug(format!("cannot map {} MiB at {:#x}: {e}", g.size >> 20, g.start)))
 }
 
 fn register(vm: &VmFd, memory: &GuestMemoryMmap, slots: &[u32], log_dirty: bool) -> Result<(), MachineError> {

@@ -10,12 +10,13 @@
 use crate::devices::legacy::acpi_pm::{RTC_EN, RTC_STS, WAK_STS};
 use crate::devices::legacy::cmos_rtc::CmosRtc;
 use crate::devices::legacy::AcpiPm;
+use crate::guest_memory::GuestMemoryMmap;
 use crate::run_control::{GuestStop, RunControl};
 use kvm_bindings::{kvm_dtable, kvm_mp_state, kvm_regs, kvm_segment, KVM_MP_STATE_INIT_RECEIVED};
 use kvm_ioctls::VcpuFd;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 /// The FACS's 32-bit waking vector, a real-mode address, is at this offset.
 const FACS_WAKING_VECTOR: u64 = 12;

@@ -9,9 +9,10 @@ use super::iommu::IntelIommu;
 use super::root::ConfigHook;
 use super::PciFunction;
 use crate::bus::{BusDevice, DeviceId};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::irq::{GsiRouter, IrqLevel, MsiMessage};
 use std::sync::{Arc, Mutex};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 const VENDOR_QEMU: u16 = 0x1234;
@@ -276,7 +277,7 @@ mod tests {
     use crate::testing::FakeKvm;
 
     fn edu() -> (Arc<Edu>, Arc<FakeKvm>, GuestMemoryMmap) {
-        let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
+        let memory = crate::guest_memory::anonymous(&[(GuestAddress(0), 16 << 20)]).unwrap();
         let kvm = Arc::new(FakeKvm::default());
         let iommu = Arc::new(IntelIommu::new(memory.clone()));
         let router = Arc::new(GsiRouter::new(kvm.clone()));

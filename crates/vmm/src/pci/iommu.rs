@@ -9,9 +9,10 @@
 //! guest finds it where kvm-unit-tests looks, at the fixed address.
 
 use crate::bus::BusDevice;
+use crate::guest_memory::GuestMemoryMmap;
 use crate::irq::MsiMessage;
 use std::sync::Mutex;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 pub const IOMMU_LEN: u64 = 0x1000;
 
@@ -255,7 +256,7 @@ mod tests {
     use super::*;
 
     fn mem() -> GuestMemoryMmap {
-        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap()
+        crate::guest_memory::anonymous(&[(GuestAddress(0), 16 << 20)]).unwrap()
     }
 
     fn write64(iommu: &IntelIommu, offset: u64, v: u64) {

@@ -4,22 +4,29 @@
 //! privately: pages come in on first touch and the guest's writes never reach the file.
 
 use super::SnapshotError;
+use crate::guest_memory::{self, GuestMemoryMmap, GuestRegion};
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
-use vm_memory::mmap::MmapRegionBuilder;
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 const PAGE: usize = 4096;
+
+/// The RAM regions, in order: a snapshot holds RAM only (hotpluggable memory, where a
+/// microVM has it, is refused before anything is written; machine/snapshot.rs), and never
+/// reads an unplugged block.
+fn ram(memory: &GuestMemoryMmap) -> impl Iterator<Item = &GuestRegion> {
+    memory.iter().filter(|r| r.is_ram())
+}
 
 /// Writes every region of `memory` to `file` (truncated first); its length is the sum of
 /// the regions' sizes. Returns the bytes actually written (all but the zero pages).
 pub fn write_full(memory: &GuestMemoryMmap, file: &mut File) -> std::io::Result<u64> {
     file.set_len(0)?;
-    let total: u64 = memory.iter().map(|r| r.len()).sum();
+    let total: u64 = ram(memory).map(|r| r.len()).sum();
     file.set_len(total)?;
     let (mut at, mut written) = (0u64, 0u64);
-    for region in memory.iter() {
+    for region in ram(memory) {
         let slice = region
             .get_slice(vm_memory::MemoryRegionAddress(0), region.len() as usize)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -60,10 +67,10 @@ pub fn write_dirty(
     file: &mut File,
 ) -> std::io::Result<u64> {
     file.set_len(0)?;
-    let total: u64 = memory.iter().map(|r| r.len()).sum();
+    let total: u64 = ram(memory).map(|r| r.len()).sum();
     file.set_len(total)?;
     let (mut at, mut written) = (0u64, 0u64);
-    for (index, region) in memory.iter().enumerate() {
+    for (index, region) in ram(memory).enumerate() {
         let slice = region
             .get_slice(vm_memory::MemoryRegionAddress(0), region.len() as usize)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -115,7 +122,7 @@ fn resident(bytes: &[u8]) -> std::io::Result<Vec<u64>> {
 
 /// Reads (and so clears) the dirty log: the next Diff holds what is written from now.
 pub fn clear_dirty_log(vm: &kvm_ioctls::VmFd, memory: &GuestMemoryMmap, slots: &[u32]) -> std::io::Result<()> {
-    for (region, &slot) in memory.iter().zip(slots) {
+    for (region, &slot) in ram(memory).zip(slots) {
         vm.get_dirty_log(slot, region.len() as usize)
             .map_err(|e| std::io::Error::other(format!("KVM_GET_DIRTY_LOG: {e}")))?;
     }
@@ -153,9 +160,14 @@ pub fn rebase(base: &File, diff: &File) -> std::io::Result<u64> {
     Ok(laid)
 }
 
-/// The file's length, which must equal the RAM it is to back.
+/// The file (its descriptor, as mapped) is a regular file whose length equals the RAM it
+/// is to back: a device's or a FIFO's length of 0 says nothing of what mapping it gives.
 pub fn check_length(file: &File, ram: u64) -> Result<(), String> {
-    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.file_type().is_file() {
+        return Err(format!("the memory file is {}, not a regular file", crate::files::kind(&meta)));
+    }
+    let len = meta.len();
     if len != ram {
         return Err(format!("the memory file holds {len} bytes; the microVM has {ram} bytes of RAM"));
     }
@@ -170,14 +182,10 @@ pub fn map_private(file: &File, regions: &[(GuestAddress, usize)]) -> Result<Gue
     let mut mapped = Vec::with_capacity(regions.len());
     for &(start, size) in regions {
         let offset = FileOffset::new(file.try_clone().map_err(|e| fail(e.to_string()))?, at);
-        let region = MmapRegionBuilder::new(size)
-            .with_file_offset(offset)
-            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
-            .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
-            .build()
-            .map_err(|e| fail(e.to_string()))?;
-        mapped.push(GuestRegionMmap::new(region, start).ok_or_else(|| fail("a region overflows".into()))?);
+        let (prot, flags) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_NORESERVE);
+        let region = guest_memory::map(start, size, prot, flags, Some(offset)).map_err(|e| fail(e.to_string()))?;
+        mapped.push(GuestRegion::ram(region));
         at += size as u64;
     }
-    GuestMemoryMmap::from_regions(mapped).map_err(|e| fail(e.to_string()))
+    guest_memory::from_regions(mapped).map_err(|e| fail(e.to_string()))
 }

@@ -46,6 +46,9 @@ pub enum SnapshotError {
     Refused(String),
     #[error("{0}")]
     Persist(#[from] crate::persist::PersistError),
+    /// A state file that cannot be read or written, is not a regular file, or is too large.
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
 }
 
 impl From<(&'static str, kvm_ioctls::Error)> for SnapshotError {
@@ -151,23 +154,17 @@ impl SnapshotFile {
             checksum,
         };
         let bytes = serde_json::to_vec(&written).map_err(json)?;
-        std::fs::write(path, bytes).map_err(|e| io("write", e))
+        // A FIFO or device at the path is refused, not waited on.
+        let mut file = crate::files::create_regular(path, false)?;
+        std::io::Write::write_all(&mut file, &bytes).map_err(|e| io("write", e))
     }
 
     /// Reads and checks a state file: nothing is built from one that fails.
     pub fn read(path: &std::path::Path) -> Result<SnapshotFile, SnapshotError> {
-        let name = path.display().to_string();
-        let io = |source| SnapshotError::Io { what: "read", path: name.clone(), source };
-        let file = std::fs::File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
-        if len > MAX_STATE_FILE {
-            return Err(SnapshotError::Format(
-                name,
-                format!("{len} bytes is over the {MAX_STATE_FILE} a state file may be"),
-            ));
-        }
-        let bytes = std::fs::read(path).map_err(io)?;
-        Self::parse(&name, &bytes)
+        // A regular file, read from the descriptor checked and never past the cap: a
+        // FIFO or /dev/zero (length 0 to stat) would hang or exhaust the API thread.
+        let bytes = crate::files::read_regular_bounded(path, MAX_STATE_FILE)?;
+        Self::parse(&path.display().to_string(), &bytes)
     }
 
     /// [`SnapshotFile::read`] on bytes already read (the fuzz target's entry).

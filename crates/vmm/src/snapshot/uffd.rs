@@ -4,14 +4,18 @@
 //! the VMM connects to the handler's Unix socket and sends, in one message, the JSON list
 //! of the regions (`base_host_virt_addr`, `size`, `offset` in the memory file,
 //! `page_size`, and the deprecated `page_size_kib`, in bytes too) with the userfaultfd
-//! attached (SCM_RIGHTS). Nothing more passes on that socket. The few ioctls are written
-//! here (the `userfaultfd` crate builds its bindings with libclang at compile time).
+//! attached (SCM_RIGHTS). Nothing more passes on that socket. The userfaultfd reports
+//! REMOVE events, as Firecracker's does: a range the VMM discards (guest_memory's
+//! discard: MADV_DONTNEED) must read zeros afterwards, which only the handler can make
+//! so. The few ioctls are written here (the `userfaultfd` crate builds its bindings with
+//! libclang at compile time).
 
 use super::SnapshotError;
+use crate::guest_memory::GuestMemoryMmap;
 use serde::Serialize;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 const UFFD_API: u64 = 0xaa;
@@ -21,6 +25,10 @@ const UFFDIO_REGISTER: u64 = 0xc020_aa00;
 /// _IO(0xaa, 0x00) on /dev/userfaultfd.
 const USERFAULTFD_IOC_NEW: u64 = 0xaa00;
 const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
+/// The handler hears of every range the VMM discards (balloon, free page reporting), so
+/// that it serves zeros there from then on rather than the snapshot's bytes, as
+/// Firecracker requires of a handler.
+pub const UFFD_FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 
 #[repr(C)]
 #[derive(Default)]
@@ -57,7 +65,7 @@ pub fn map_anonymous(
     regions: &[(GuestAddress, usize)],
 ) -> Result<(GuestMemoryMmap, OwnedFd), SnapshotError> {
     let fail = |what: &str, e: std::io::Error| SnapshotError::Refused(format!("the Uffd backend: {what}: {e}"));
-    let memory = GuestMemoryMmap::<()>::from_ranges(regions)
+    let memory = crate::guest_memory::anonymous(regions)
         .map_err(|e| fail("cannot map guest memory", std::io::Error::other(e.to_string())))?;
     let uffd = create().map_err(|e| fail("cannot create a userfaultfd", e))?;
     let mut mappings = Vec::new();
@@ -108,10 +116,11 @@ fn create() -> std::io::Result<OwnedFd> {
     }
     // SAFETY: a fresh fd, owned by nobody else.
     let uffd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut api = UffdioApi { api: UFFD_API, ..Default::default() };
+    let mut api = UffdioApi { api: UFFD_API, features: UFFD_FEATURE_EVENT_REMOVE, ..Default::default() };
     // SAFETY: UFFDIO_API with a struct of the kernel's layout.
     if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_API as _, &mut api) } != 0 {
-        return Err(std::io::Error::last_os_error());
+        let e = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(e.kind(), format!("UFFDIO_API with UFFD_FEATURE_EVENT_REMOVE: {e}")));
     }
     Ok(uffd)
 }

@@ -1,9 +1,12 @@
 //! Turning a guest's descriptor chain into host memory segments, distrusting all of it:
-//! every buffer must lie inside guest memory, the chain must end (no loop, no broken
-//! table), its total length is bounded, and each buffer must point the expected way.
+//! every buffer must lie inside guest memory (the guest's: hotpluggable memory it has not
+//! plugged is refused like an address past RAM, guest_memory), the chain must end (no
+//! loop, no broken table), its total length is bounded, and each buffer must point the
+//! expected way.
 
+use crate::guest_memory::GuestMemoryMmap;
 use virtio_queue::DescriptorChain;
-use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestMemoryBackend};
 
 /// One buffer of a chain, checked to lie inside guest memory. It holds the guest address,
 /// not a host pointer: a host pointer is taken only where guest memory is borrowed (see
@@ -71,7 +74,9 @@ pub fn walk(
 }
 
 /// The segments as iovecs into `mem`'s mapping, valid while `mem` is borrowed; `None` if
-/// one is no longer inside guest memory or there are more than `iov` holds.
+/// one is no longer inside guest memory or there are more than `iov` holds. For system
+/// calls only: the pointers hold no pin, and a block unplugged meanwhile makes the kernel
+/// fail the call (EFAULT) where a copy in the VMM would fault.
 pub fn host_iovecs(mem: &GuestMemoryMmap, segs: &[Segment], iov: &mut [libc::iovec]) -> Option<usize> {
     if segs.len() > iov.len() {
         return None;

@@ -18,12 +18,12 @@ pub mod vsock;
 
 pub use thread::QueuePosition;
 
+use crate::guest_memory::GuestMemoryMmap;
 use crate::pci::msix::Msix;
 use crate::persist::{Saved, StateFault};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 pub const VIRTIO_F_INDIRECT_DESC: u64 = 1 << 28;

@@ -9,12 +9,12 @@ use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use crate::device_manager::{Attach, DeviceError, DeviceKind, DeviceManager};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
 use crate::seccomp::ThreadKind;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 const QUEUE_SIZE: u16 = 256;
@@ -272,5 +272,40 @@ mod tests {
         rng.read_config(0, &mut config);
         assert_eq!(config, [0; 8]);
         assert_ne!(rng.features() & VIRTIO_F_VERSION_1, 0);
+    }
+
+    /// Issue 53, item 3: a buffer in hotpluggable memory the guest never plugged is a bad
+    /// chain: used with nothing written, counted, and the next buffer is served.
+    #[test]
+    fn a_buffer_in_unplugged_memory_is_refused_counted_and_the_device_goes_on() {
+        use crate::testing::{activation, DriverQueue};
+        use vm_memory::{Bytes, GuestAddress};
+        const HP: u64 = 16 << 20;
+        let ram = crate::guest_memory::anonymous(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let mem = crate::guest_memory::with_hotplug(&ram, GuestAddress(HP), 2 << 20, 64 << 10, 1 << 20).unwrap();
+        let mut q = DriverQueue::new(0);
+        q.post(&mem, &[(HP, 4096, true)]);
+        q.post(&mem, &[(0x30000, 64, true), (HP + (1 << 20), 64, true)]);
+        q.post(&mem, &[(0x30000, 64, true)]);
+        let a = activation(&mem);
+        let stats = Arc::new(RngStats::default());
+        let mut worker = Worker {
+            queue: q.device_queue(),
+            kick: Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()),
+            mem: mem.clone(),
+            interrupt: a.interrupt,
+            status: a.status,
+            stats: stats.clone(),
+            throttle: Throttle::new(Arc::new(LimiterSlot::new(Limits::default()))),
+            segs: Vec::new(),
+            broken: false,
+        };
+        worker.process();
+        assert_eq!(q.used(&mem), 3, "every chain used");
+        // The used ring's lengths (DriverQueue 0's used ring is at 0x11000).
+        let len = |i: u64| mem.read_obj::<u32>(GuestAddress(0x11000 + 4 + 8 * i + 4)).unwrap();
+        assert_eq!([len(0), len(1), len(2)], [0, 0, 64]);
+        assert_eq!(stats.bad_chains.load(Ordering::Relaxed), 2);
+        assert!(!worker.broken, "the device goes on");
     }
 }

@@ -65,7 +65,9 @@ impl crate::persist::DeviceState for SerialRegs {
 impl Serial {
     /// A UART whose output goes to `out` from a thread of its own.
     pub fn new(out: Box<dyn Write + Send>, irq: IrqLine) -> std::io::Result<Self> {
-        Ok(Serial { uart: Mutex::new(vm_superio::Serial::new(irq, ConsoleOut::spawn(out)?)) })
+        Ok(Serial {
+            uart: Mutex::new(vm_superio::Serial::new(irq, ConsoleOut::spawn(out, crate::console::PARTIAL_LINE_WAIT)?)),
+        })
     }
 
     pub fn drain_output(&self, timeout: Duration) -> bool {
@@ -196,7 +198,8 @@ mod tests {
         serial.write(1, &[1]); // IER: received data available
         serial.spawn_input(Box::new(std::io::Cursor::new(b"ok".to_vec()))).unwrap();
         let mut got = Vec::new();
-        for _ in 0..1000 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
             let mut lsr = [0u8];
             serial.read(5, &mut lsr);
             if lsr[0] & 1 != 0 {

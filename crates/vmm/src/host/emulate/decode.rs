@@ -2,10 +2,10 @@
 //! to guest memory. Built with the `nested-host` feature only: a native host never needs it.
 
 use super::{fail, guest_access, sse, syscall, Completed, NotCompleted, Result};
+use crate::guest_memory::GuestMemoryMmap;
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::VcpuFd;
-use vm_memory::GuestMemoryMmap;
 
 const RFLAGS_CF: u64 = 1;
 const RFLAGS_ZF: u64 = 1 << 6;

@@ -13,8 +13,9 @@ mod decode;
 mod sse;
 pub mod syscall;
 
+use crate::guest_memory::GuestMemoryMmap;
 use kvm_ioctls::VcpuFd;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 pub use crate::stats::Completed;
 

@@ -17,12 +17,12 @@
 //! which only a debugger inside the guest would notice.
 
 use super::guest_access;
+use crate::guest_memory::GuestMemoryMmap;
 use kvm_bindings::{
     kvm_enable_cap, kvm_guest_debug, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, Msrs, KVM_CAP_X86_USER_SPACE_MSR,
     KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_GUESTDBG_USE_HW_BP, KVM_MSR_EXIT_REASON_FILTER,
 };
 use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuFd, VmFd};
-use vm_memory::GuestMemoryMmap;
 
 pub const MSR_LSTAR: u32 = 0xc000_0082;
 const MSR_STAR: u32 = 0xc000_0081;

@@ -4,6 +4,9 @@
 use super::token::Tokens;
 use serde_json::{Map, Value};
 
+/// The most `--metadata` may hold when the store's limit is smaller.
+const MAX_METADATA_FILE: u64 = 64 << 20;
+
 /// How the guest must ask: V1 answers any GET; V2 wants a session token first.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Version {
@@ -67,7 +70,10 @@ impl Mmds {
     pub fn load(limit: usize, metadata: Option<&std::path::Path>) -> Result<Mmds, String> {
         let mut mmds = Mmds::new(limit);
         if let Some(path) = metadata {
-            let text = std::fs::read(path).map_err(|e| format!("--metadata: cannot read {}: {e}", path.display()))?;
+            // A regular file read to a bound (a FIFO or /dev/zero would hold the VMM's start
+            // forever): the store's limit, or more for an indented file of a small store.
+            let max = (limit as u64).max(MAX_METADATA_FILE);
+            let text = crate::files::read_regular_bounded(path, max).map_err(|e| format!("--metadata: {e}"))?;
             let value: Value = serde_json::from_slice(&text)
                 .map_err(|e| format!("--metadata: {} is not JSON: {e}", path.display()))?;
             mmds.put(value).map_err(|e| format!("--metadata: {}: {e}", path.display()))?;

@@ -1,55 +1,10 @@
-//! Giving guest pages back to the host, and the record of what the balloon holds. A
-//! discarded page leaves the VMM's resident memory at once (MADV_DONTNEED); the guest's
-//! next touch faults in a zeroed page (anonymous memory) or the snapshot's page (a
-//! snapshot's private file mapping), either of which a driver that gave the page up must
-//! accept.
+//! The record of what the balloon holds, and its pages folded into runs. Giving the pages
+//! back to the host is guest_memory's one discard routine (virtio-mem's too): a discarded
+//! page leaves the VMM's resident memory at once and reads zeros on the guest's next
+//! touch, whatever the memory is made of (a restored snapshot's file included).
 
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
-
-/// Why a range was not discarded.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum DiscardError {
-    #[error("{0:#x}+{1:#x} is not inside guest RAM")]
-    OutsideRam(u64, u64),
-    #[error("madvise(MADV_DONTNEED) on {0:#x}+{1:#x} failed: errno {2}")]
-    Madvise(u64, u64, i32),
-}
-
-/// Discards `[addr, addr + len)` of guest RAM, which must lie wholly inside it (across
-/// regions if need be); nothing is discarded if any of it does not.
-pub fn discard(mem: &GuestMemoryMmap, addr: u64, len: u64) -> Result<(), DiscardError> {
-    let outside = || DiscardError::OutsideRam(addr, len);
-    let end = addr.checked_add(len).ok_or_else(outside)?;
-    if len == 0 || !covered(mem, addr, end) {
-        return Err(outside());
-    }
-    for region in mem.iter() {
-        let (start, stop) = (region.start_addr().0, region.start_addr().0 + region.len());
-        let (from, to) = (addr.max(start), end.min(stop));
-        if from >= to {
-            continue;
-        }
-        let slice = mem.get_slice(GuestAddress(from), (to - from) as usize).map_err(|_| outside())?;
-        let host = slice.ptr_guard_mut().as_ptr();
-        // SAFETY: `host` is this region's mapping for exactly `to - from` bytes, owned by
-        // `mem`; MADV_DONTNEED only drops the pages' contents (the guest gave them up), the
-        // mapping stays.
-        if unsafe { libc::madvise(host.cast(), (to - from) as usize, libc::MADV_DONTNEED) } != 0 {
-            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-            return Err(DiscardError::Madvise(from, to - from, errno));
-        }
-    }
-    Ok(())
-}
-
-/// Whether guest RAM holds every byte of `[addr, end)`.
-fn covered(mem: &GuestMemoryMmap, mut addr: u64, end: u64) -> bool {
-    while addr < end {
-        let Some(region) = mem.find_region(GuestAddress(addr)) else { return false };
-        addr = region.start_addr().0 + region.len();
-    }
-    true
-}
+use crate::guest_memory::GuestMemoryMmap;
+use vm_memory::GuestMemoryBackend;
 
 /// The pages the balloon holds, one bit per 4 KiB page of guest physical addresses up to
 /// the end of RAM: a page given twice, or taken back though never given, is the
@@ -119,19 +74,45 @@ impl Ballooned {
         runs
     }
 
-    /// Holds the pages of `runs` (a snapshot's); false if any lies beyond the end of RAM.
-    pub fn hold_runs(&mut self, runs: &[(u64, u64)]) -> bool {
+    /// Holds the pages of `runs` (a snapshot's, as [`Ballooned::runs`] writes them: in
+    /// order, none empty, none overlapping the one before), a word of 64 pages at a time:
+    /// a state file is checksummed but can be crafted, and page by page its runs would
+    /// cost their total length (80,000 copies of the whole of RAM: hours). Checked whole
+    /// first, so a refused list holds nothing; the work is then linear in the runs plus
+    /// guest RAM. Returns the words written.
+    pub fn hold_runs(&mut self, runs: &[(u64, u64)]) -> Result<u64, RunsError> {
         let limit = self.bits.len() as u64 * 64;
-        if runs.iter().any(|&(first, count)| first.checked_add(count).is_none_or(|end| end > limit)) {
-            return false;
-        }
+        let mut end_of_last = 0;
         for &(first, count) in runs {
-            for pfn in first..first + count {
-                self.take(pfn);
+            let end = first.checked_add(count).filter(|&end| end <= limit).ok_or(RunsError::BeyondRam)?;
+            if count == 0 || first < end_of_last {
+                return Err(RunsError::Disordered);
+            }
+            end_of_last = end;
+        }
+        let mut words = 0;
+        for &(first, count) in runs {
+            let (mut pfn, end) = (first, first + count);
+            while pfn < end {
+                let n = (64 - pfn % 64).min(end - pfn);
+                let mask = if n == 64 { u64::MAX } else { ((1u64 << n) - 1) << (pfn % 64) };
+                let word = &mut self.bits[(pfn / 64) as usize];
+                self.held += u64::from((mask & !*word).count_ones());
+                *word |= mask;
+                (pfn, words) = (pfn + n, words + 1);
             }
         }
-        true
+        Ok(words)
     }
+}
+
+/// Why a snapshot's runs of held pages were refused.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RunsError {
+    #[error("it holds pages beyond the end of guest RAM")]
+    BeyondRam,
+    #[error("its runs of pages are empty, overlap or are out of order (the file was not written as saved)")]
+    Disordered,
 }
 
 /// Consecutive page numbers folded into ranges, so one madvise covers each run.

@@ -197,7 +197,7 @@ fn roles(config: BalloonConfig) -> Vec<Role> {
     roles
 }
 
-fn new_shared(config: BalloonConfig, mem: &vm_memory::GuestMemoryMmap) -> BalloonShared {
+fn new_shared(config: BalloonConfig, mem: &crate::guest_memory::GuestMemoryMmap) -> BalloonShared {
     BalloonShared {
         target_pages: AtomicU32::new(mib_to_pages(config.amount_mib)),
         stats_interval_s: AtomicU32::new(u32::from(config.stats_polling_interval_s)),
@@ -210,7 +210,7 @@ fn new_shared(config: BalloonConfig, mem: &vm_memory::GuestMemoryMmap) -> Balloo
 impl VirtioBalloon {
     /// A balloon aiming at `config.amount_mib` in guest memory `mem`; its thread starts
     /// now, idle until the driver activates it.
-    pub fn new(config: BalloonConfig, mem: &vm_memory::GuestMemoryMmap) -> std::io::Result<Self> {
+    pub fn new(config: BalloonConfig, mem: &crate::guest_memory::GuestMemoryMmap) -> std::io::Result<Self> {
         let (roles, shared) = (roles(config), Arc::new(new_shared(config, mem)));
         Ok(VirtioBalloon { config, roles, shared, thread: DeviceThread::spawn("virtio-balloon", ThreadKind::Balloon)? })
     }
@@ -315,8 +315,8 @@ impl VirtioDevice for VirtioBalloon {
         let s = &self.shared;
         let mut ballooned = crate::sync::lock(&s.ballooned);
         ballooned.clear();
-        if !ballooned.hold_runs(&state.ballooned) {
-            return Err(StateFault::invalid("ballooned", "it holds pages beyond the end of guest RAM"));
+        if let Err(e) = ballooned.hold_runs(&state.ballooned) {
+            return Err(StateFault::invalid("ballooned", e.to_string()));
         }
         drop(ballooned);
         s.target_pages.store(state.target_pages, Ordering::Release);

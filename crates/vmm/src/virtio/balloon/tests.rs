@@ -4,14 +4,15 @@
 use super::discard::{page_runs, Ballooned};
 use super::worker::Worker;
 use super::*;
+use crate::guest_memory::GuestMemoryMmap;
 use crate::testing::{activation, DriverQueue};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 const MEM: usize = 1 << 20;
 const PAGE: u64 = 4096;
 fn memory() -> GuestMemoryMmap {
-    GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM)]).unwrap()
+    crate::guest_memory::anonymous(&[(GuestAddress(0), MEM)]).unwrap()
 }
 
 fn worker(config: BalloonConfig, mem: &GuestMemoryMmap, drivers: &[DriverQueue]) -> (Worker, Arc<BalloonShared>) {
@@ -57,6 +58,28 @@ fn inflate_discards_pages_and_refuses_outside_twice_and_unheld() {
     assert_eq!(c.bad_pages.load(Ordering::Relaxed), 3, "twice, outside RAM, never given");
     assert_eq!(crate::sync::lock(&shared.ballooned).held(), 2);
     assert_eq!((q[0].used(&mem), q[1].used(&mem)), (1, 1), "both buffers used");
+}
+
+/// Issue 53, item 10: a restored guest's memory is the snapshot's file mapped privately.
+/// A page it inflates must read zeros afterwards, not the snapshot's bytes again.
+#[test]
+fn inflate_on_a_guest_restored_from_a_file_gives_zeros_not_the_snapshot() {
+    use std::os::unix::fs::FileExt;
+    let path = std::env::temp_dir().join(format!("exitless-balloon-restored-{}", std::process::id()));
+    let file = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    file.set_len(MEM as u64).unwrap();
+    file.write_all_at(&[0xcc; 2 * 4096], 64 * PAGE).unwrap();
+    let mem = crate::snapshot::memory::map_private(&file, &[(GuestAddress(0), MEM)]).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(page_byte(&mem, 64), 0xcc, "the snapshot's page");
+    let mut q = [DriverQueue::new(0), DriverQueue::new(1)];
+    mem.write_slice(&pfns(&[64]), GuestAddress(0x8000)).unwrap();
+    q[0].post(&mem, &[(0x8000, 4, false)]);
+    let (mut w, shared) = worker(BalloonConfig::default(), &mem, &q);
+    w.process_all();
+    assert_eq!(shared.counters.inflated_pages.load(Ordering::Relaxed), 1);
+    assert_eq!(page_byte(&mem, 64), 0, "inflated: zeros, not the snapshot's bytes");
+    assert_eq!(page_byte(&mem, 65), 0xcc, "not inflated: the snapshot's");
 }
 
 #[test]
@@ -219,4 +242,49 @@ fn held_pages_fold_into_runs_and_page_numbers_into_ranges() {
     assert!(!held.give(6), "never given");
     assert_eq!(held.runs(), [(3, 3), (9, 1), (255, 1)]);
     assert_eq!(page_runs(&mut [7, 5, 6, 6, 20]), [(5, 3), (20, 1)]);
+}
+
+/// A state file is checksummed, but the checksum can be recomputed: 20,000 copies of the
+/// whole of a 64 MiB guest's RAM were 327 million pages marked one by one. Refused as
+/// soon as the second run overlaps the first, holding nothing.
+#[test]
+fn a_crafted_state_of_overlapping_runs_is_refused_at_once() {
+    let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 64 << 20)]).unwrap();
+    let pages = (64u64 << 20) / PAGE;
+    let mut state = VirtioBalloon::new(BalloonConfig::default(), &mem).unwrap().save_state().unwrap().unwrap();
+    state.state["ballooned"] = serde_json::json!(vec![[0, pages]; 20_000]);
+    let mut b = VirtioBalloon::new(BalloonConfig::default(), &mem).unwrap();
+    let started = std::time::Instant::now();
+    let e = b.restore_state(Some(&state)).unwrap_err().to_string();
+    // Generous: the refusal reads each run once; the old loop took seconds here.
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(e.contains("overlap"), "{e}");
+    assert_eq!(crate::sync::lock(&b.shared.ballooned).held(), 0);
+}
+
+/// Runs are laid a word of 64 pages at a time: whatever the file lists, the work is
+/// bounded by the runs plus guest RAM's words, never by the runs' total length.
+#[test]
+fn runs_are_held_a_word_at_a_time_and_only_in_order() {
+    let mem = memory();
+    let pages = MEM as u64 / PAGE;
+    let mut held = Ballooned::for_memory(&mem);
+    assert_eq!(held.hold_runs(&[(0, pages)]), Ok(pages / 64), "one run of all RAM: a word per 64 pages");
+    assert_eq!(held.held(), pages);
+    // Every other page, a run each (the most runs RAM allows): a word per run at most.
+    held.clear();
+    let alternate: Vec<(u64, u64)> = (0..pages / 2).map(|i| (2 * i, 1)).collect();
+    let words = held.hold_runs(&alternate).unwrap();
+    assert!(words <= alternate.len() as u64 + pages / 64, "{words}");
+    assert_eq!((held.held(), held.runs()), (pages / 2, alternate.clone()));
+    // Runs straddling words, end to end: the same pages as one run.
+    let mut straddling = Ballooned::for_memory(&mem);
+    assert_eq!(straddling.hold_runs(&[(3, 70), (73, 100), (173, 83)]), Ok(2 + 2 + 2));
+    assert_eq!((straddling.held(), straddling.runs()), (253, vec![(3, 253)]));
+    // Overlapping, out of order, empty, beyond RAM: refused whole, nothing held.
+    for bad in [&[(0, 10), (5, 10)][..], &[(20, 1), (10, 1)], &[(4, 0)], &[(pages - 1, 2)], &[(u64::MAX, 2)]] {
+        let mut fresh = Ballooned::for_memory(&mem);
+        assert!(fresh.hold_runs(bad).is_err(), "{bad:?}");
+        assert_eq!(fresh.held(), 0, "{bad:?}");
+    }
 }

@@ -2,9 +2,10 @@
 //! chain is used in the pass that takes it, but the statistics buffer, which the device
 //! holds until the next interval (giving it back is the request for new statistics).
 
-use super::discard::{self, page_runs};
+use super::discard::page_runs;
 use super::stats::{self, BalloonStats};
 use super::{BalloonShared, Role, HINT_CMD_DONE, HINT_CMD_STOP, PAGE_SHIFT};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::virtio::chain::{self, Segment};
 use crate::virtio::event_loop::{self, EventSource};
 use crate::virtio::thread::{DeviceJob, QueuePosition};
@@ -14,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -191,7 +192,7 @@ impl Worker {
     }
 
     fn discard(&mut self, addr: u64, len: u64) -> bool {
-        match discard::discard(&self.mem, addr, len) {
+        match crate::guest_memory::discard(&self.mem, addr, len) {
             Ok(()) => true,
             Err(e) => {
                 self.shared.counters.bad_pages.fetch_add(len >> PAGE_SHIFT, Ordering::Relaxed);

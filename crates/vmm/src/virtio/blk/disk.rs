@@ -3,9 +3,9 @@
 //! every request whose buffers and offset meet the file's direct-I/O alignment.
 
 use super::request::{ID_LEN, SECTOR_SIZE};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::PathBuf;
 
 /// `--drive path=FILE[,readonly=on][,id=NAME][,direct=on]`.
@@ -77,15 +77,16 @@ impl Disk {
     /// it already has: the lock held by the old descriptor would refuse the new one).
     pub fn open_locking(config: &DriveConfig, lock: bool) -> Result<Disk, DiskError> {
         let path = &config.path;
+        // Without waiting on a FIFO (a read-only open of one blocks until a writer comes):
+        // the type is checked on the descriptor, which then blocks as usual.
         let open = |direct: bool| {
-            OpenOptions::new()
-                .read(true)
-                .write(!config.readonly)
-                .custom_flags(if direct { libc::O_DIRECT } else { 0 })
-                .open(path)
+            crate::files::open_nonblocking(path, !config.readonly, if direct { libc::O_DIRECT } else { 0 })
         };
-        let file = open(false).map_err(|e| DiskError::Open(path.clone(), e))?;
-        let kind = file.metadata().map_err(|e| DiskError::Open(path.clone(), e))?.file_type();
+        let (file, meta) = open(false).map_err(|e| match e {
+            crate::files::FileError::Open { source, .. } => DiskError::Open(path.clone(), source),
+            e => DiskError::Open(path.clone(), std::io::Error::other(e)),
+        })?;
+        let kind = meta.file_type();
         if !kind.is_file() && !kind.is_block_device() {
             return Err(DiskError::NotAFile(path.clone()));
         }
@@ -99,8 +100,13 @@ impl Disk {
         // A file of size 0 is a drive of 0 sectors (Kata's spare drives), swapped later.
         let capacity = (size.max(0) as u64) / SECTOR_SIZE * SECTOR_SIZE;
         let direct = match config.direct {
+            // The same file as the one checked, or none (the path may name another by now).
             true => match open(true) {
-                Ok(f) => Some(f),
+                Ok((f, m)) if (m.dev(), m.ino()) == (meta.dev(), meta.ino()) => Some(f),
+                Ok(_) => {
+                    tracing::warn!("drive {}: the file changed while opened; using the page cache", path.display());
+                    None
+                }
                 Err(e) => {
                     tracing::warn!("drive {}: no O_DIRECT here ({e}); using the page cache", path.display());
                     None

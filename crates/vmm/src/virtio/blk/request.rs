@@ -3,9 +3,10 @@
 //! a status byte the device may write, all inside guest memory. Nothing here does I/O;
 //! the worker acts only on what `parse` accepted.
 
+use crate::guest_memory::GuestMemoryMmap;
 use crate::virtio::chain::{self, ChainError, Segment};
 use virtio_queue::DescriptorChain;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 pub const SECTOR_SIZE: u64 = 512;
 pub const HEADER_LEN: usize = 16;

@@ -8,6 +8,7 @@ use super::engine::{Completion, Engine, Op};
 use super::request::{self, Kind, Parser, Range, Request, RequestError, SECTOR_SIZE};
 use super::slot::DiskSlot;
 use super::{BlkStats, QUEUE_SIZE, SEG_MAX};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::poll::{PollMode, PollStats};
 use crate::rate_limiter::{LimiterSlot, Throttle};
 use crate::virtio::event_loop::{self, EventSource};
@@ -17,7 +18,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 

@@ -1,12 +1,11 @@
 //! The virtio-mem device over hotpluggable memory (already part of guest memory, placed by
-//! the machine): attached like every virtio device, then reached by the API for its
-//! requested size and status.
+//! the machine, with the record of its plugged blocks that translation reads): attached
+//! like every virtio device, then reached by the API for its requested size and status.
 
 use super::{Geometry, MemError, MemShared, MemStatus, VirtioMem};
 use crate::device_manager::{DeviceError, DeviceKind, DeviceManager, Saves};
 use crate::virtio::STATUS_DRIVER_OK;
 use std::sync::Arc;
-use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 pub const KIND: DeviceKind = DeviceKind("virtio-mem");
 
@@ -16,16 +15,16 @@ pub struct MemHandle {
 }
 
 impl DeviceManager {
-    /// A virtio-mem device over `geometry`, a region of guest memory; one KVM memory slot
-    /// number per slot, taken now, used as the driver plugs.
+    /// A virtio-mem device over `geometry`, guest memory's hotpluggable region; one KVM
+    /// memory slot number per slot, taken now, used as the driver plugs.
     pub fn attach_virtio_mem(&mut self, geometry: Geometry) -> Result<(), DeviceError> {
         let setup = |source| DeviceError::Setup { name: "virtio-mem".into(), source };
-        let host = self
-            .memory()
-            .get_host_address(GuestAddress(geometry.start))
-            .map_err(|e| setup(std::io::Error::other(e.to_string())))?;
+        if crate::virtio::mem::plugs_of(self.memory(), &geometry).is_none() {
+            let why = format!("no hotpluggable region at {:#x}+{:#x}", geometry.start, geometry.size);
+            return Err(setup(std::io::Error::other(why)));
+        }
         let memslots = self.memslots().take(geometry.slots() as u32)?;
-        let device = VirtioMem::new(geometry, host as u64, memslots, self.vm().clone()).map_err(setup)?;
+        let device = VirtioMem::new(geometry, memslots, self.vm().clone()).map_err(setup)?;
         tracing::info!(
             "virtio-mem: {} MiB of hotpluggable memory at {:#x} ({} MiB blocks, {} MiB slots)",
             geometry.size >> 20,

@@ -39,8 +39,8 @@ pub enum RangeState {
     Mixed = 2,
 }
 
-/// Why a request was refused: the driver's error, except `TooBig`, the host's "not now"
-/// (NACK).
+/// Why a request was refused: the driver's error, except `TooBig` and `Host`, the host's
+/// "not now" (NACK).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error("the range {addr:#x}+{blocks} blocks is not aligned or not inside the usable region")]
@@ -51,6 +51,8 @@ pub enum Refusal {
     TooBig { blocks: u16 },
     #[error("request type {0} is not one virtio-mem knows")]
     Unknown(u16),
+    #[error("the host could not open {blocks} blocks to the guest")]
+    Host { blocks: u16 },
 }
 
 /// What a plug or unplug changed: the blocks (as a guest address range) and the slots

@@ -1,14 +1,13 @@
 //! virtio-mem (type 24), as Firecracker's `/hotplug/memory`: a region of guest physical
-//! memory past the 64-bit PCI window, part of guest memory from the start (every device
-//! reaches a buffer the guest puts there), that the driver plugs and unplugs in blocks
-//! when the host changes the requested size. The host's unit is the slot: a KVM memory
-//! slot is mapped while any of its blocks is plugged and removed with the last, so the
-//! guest's vCPUs cannot touch a slot it never plugged; unplugged blocks are discarded
-//! (MADV_DONTNEED): their memory goes back to the host at once.
-//!
-//! Unlike Firecracker, unplugged memory is not mprotect-ed: a device the guest points at
-//! it reads zeros rather than the VMM ending on SIGSEGV (hostile input must not end the
-//! VMM), and what such a write dirties is discarded again at the next unplug.
+//! memory past the 64-bit PCI window that the driver plugs and unplugs in blocks when the
+//! host changes the requested size. Only plugged blocks are the guest's, to its vCPUs and
+//! to every device: a block is open to translation (guest_memory's `Plugs`) and readable
+//! and writable while plugged, refused otherwise. The host's unit for the vCPUs is the
+//! slot, a KVM memory slot mapped while any of its blocks is plugged and removed with the
+//! last; an unplugged block of a mapped slot is read-only zeros, every block of an
+//! unmapped slot PROT_NONE. An unplugged block's memory goes back to the host at once (the
+//! fresh mapping over it holds nothing), so the requested size caps what the guest can
+//! make the host commit, whatever it points its vCPUs or its devices at.
 
 mod attach;
 mod blocks;
@@ -20,11 +19,13 @@ pub use worker::process_once;
 
 use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, VirtioDevice, VIRTIO_F_VERSION_1};
+use crate::guest_memory::{GuestMemoryMmap, PlugError, Plugs};
 use crate::kvm::MemslotSink;
 use crate::seccomp::ThreadKind;
 use std::ops::Range;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
+use vm_memory::GuestMemoryBackend;
 use worker::Worker;
 
 pub const DEVICE_TYPE: u16 = 24;
@@ -34,7 +35,7 @@ pub const DEFAULT_SLOT_SIZE_MIB: u64 = 128;
 /// Where the region starts: a Linux memory block (128 MiB on x86) is added whole.
 pub const ALIGNMENT: u64 = DEFAULT_SLOT_SIZE_MIB << 20;
 /// The driver must not touch unplugged memory (virtio 1.2 5.15.3): what lets the host
-/// remove the slots it never plugged.
+/// remove the slots it never plugged and protect the blocks it unplugged.
 const F_UNPLUGGED_INACCESSIBLE: u64 = 1 << 1;
 const QUEUE_SIZE: u16 = 128;
 /// block_size, node_id and padding, addr, region_size, usable_region_size, plugged_size,
@@ -54,6 +55,11 @@ pub struct MemStats {
     pub bad_chains: AtomicU64,
     /// Memory slots KVM would not add or remove.
     pub slot_failures: AtomicU64,
+    /// Plugs whose blocks' memory could not be opened to the guest (answered "not now").
+    pub open_failures: AtomicU64,
+    /// Unplugs whose blocks' memory could not be discarded (Firecracker's
+    /// `unplug_discard_fails`); translation refuses the blocks all the same.
+    pub discard_failures: AtomicU64,
     pub kicks: AtomicU64,
     pub irqs: AtomicU64,
 }
@@ -75,8 +81,6 @@ pub enum MemError {
 pub struct MemShared {
     pub blocks: Mutex<Blocks>,
     pub stats: MemStats,
-    /// The region's host mapping (part of guest memory, which outlives the device).
-    host: u64,
     /// The region's memory slots, one per slot in order.
     memslots: Range<u32>,
     sink: Arc<dyn MemslotSink>,
@@ -116,28 +120,31 @@ impl MemShared {
 
     /// Slot `slot` mapped into the guest (`plugged`) or removed. A failure is logged,
     /// counted and remembered: the slot stays as KVM has it.
-    fn map_slot(&self, b: &mut Blocks, slot: usize, plugged: bool) {
+    fn map_slot(&self, plugs: &Plugs, b: &mut Blocks, slot: usize, plugged: bool) {
         let g = b.geometry;
         let offset = slot as u64 * g.slot_size;
         let size = if plugged { g.slot_size } else { 0 };
         let memslot = self.memslots.start + slot as u32;
-        if let Err(e) = self.sink.set_slot(memslot, g.start + offset, size, self.host + offset, false) {
+        let host = plugs.host_of(g.start + offset).unwrap_or(0);
+        if let Err(e) = self.sink.set_slot(memslot, g.start + offset, size, host, false) {
             self.stats.slot_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!("virtio-mem: KVM would not {} slot {slot}: {e}", if plugged { "add" } else { "remove" });
             b.slot_failed(slot, !plugged);
         }
     }
 
-    /// Gives the pages of `range` (unplugged) back to the host.
-    fn discard(&self, b: &Blocks, range: &Range<u64>) {
-        let host = self.host + (range.start - b.geometry.start);
-        // SAFETY: the range lies inside the region (Blocks only returns such), which guest
-        // memory keeps mapped; the guest unplugged it, so nothing of the VMM's lives there.
-        let r = unsafe {
-            libc::madvise(host as *mut libc::c_void, (range.end - range.start) as usize, libc::MADV_DONTNEED)
-        };
-        if r != 0 {
-            tracing::warn!("virtio-mem: cannot discard {range:#x?}: {}", std::io::Error::last_os_error());
+    /// The blocks of `range` opened to the guest (before the driver hears of it).
+    fn open(&self, plugs: &Plugs, range: &Range<u64>) -> Result<(), PlugError> {
+        plugs.plug(range.clone())
+    }
+
+    /// The blocks of `range` closed to the guest and their memory given back to the host
+    /// (guest_memory's one discard routine: a fresh PROT_NONE mapping). A failure is
+    /// logged and counted; translation refuses the blocks whatever happens.
+    fn close(&self, plugs: &Plugs, range: &Range<u64>) {
+        if let Err(e) = plugs.unplug(range.clone()) {
+            self.stats.discard_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!("virtio-mem: {e}");
         }
     }
 }
@@ -172,18 +179,20 @@ pub struct VirtioMem {
 }
 
 impl VirtioMem {
-    /// The device over `geometry`, whose host mapping starts at `host`; `memslots` holds
-    /// one KVM slot number per slot. Nothing is plugged: no slot is mapped yet.
-    pub fn new(
-        geometry: Geometry,
-        host: u64,
-        memslots: Range<u32>,
-        sink: Arc<dyn MemslotSink>,
-    ) -> std::io::Result<VirtioMem> {
+    /// The device over `geometry`, guest memory's hotpluggable region (which its thread
+    /// reaches through the memory it is activated with); `memslots` holds one KVM slot
+    /// number per slot. Nothing is plugged: no slot is mapped yet.
+    pub fn new(geometry: Geometry, memslots: Range<u32>, sink: Arc<dyn MemslotSink>) -> std::io::Result<VirtioMem> {
         let shared =
-            MemShared { blocks: Mutex::new(Blocks::new(geometry)), stats: MemStats::default(), host, memslots, sink };
+            MemShared { blocks: Mutex::new(Blocks::new(geometry)), stats: MemStats::default(), memslots, sink };
         Ok(VirtioMem { shared: Arc::new(shared), thread: DeviceThread::spawn("virtio-mem", ThreadKind::Mem)? })
     }
+}
+
+/// The plug state of `memory`'s hotpluggable region over `geometry`, if it has one there.
+pub fn plugs_of<'a>(memory: &'a GuestMemoryMmap, geometry: &Geometry) -> Option<&'a Plugs> {
+    let region = memory.find_region(vm_memory::GuestAddress(geometry.start))?;
+    region.plugs().filter(|p| p.range() == (geometry.start..geometry.start + geometry.size))
 }
 
 impl VirtioDevice for VirtioMem {

@@ -4,9 +4,10 @@
 
 use super::worker::Worker;
 use super::*;
+use crate::guest_memory::GuestMemoryMmap;
 use crate::testing::{activation, DriverQueue, FakeKvm};
 use std::sync::atomic::Ordering;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 const MIB: u64 = 1 << 20;
@@ -16,12 +17,15 @@ const START: u64 = MIB;
 const REQ: u64 = 0x8000;
 const RESP: u64 = 0x9000;
 
+/// RAM below the region and above it (the requests and responses live in the first).
 fn setup(requested: u64) -> (GuestMemoryMmap, Arc<MemShared>, Arc<FakeKvm>) {
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+    let ram = crate::guest_memory::anonymous(&[(GuestAddress(0), MIB as usize), (GuestAddress(3 * MIB), MIB as usize)]);
+    let mem = crate::guest_memory::with_hotplug(&ram.unwrap(), GuestAddress(START), 2 * MIB as usize, BLOCK, MIB);
+    let mem = mem.unwrap();
     let kvm = Arc::new(FakeKvm::default());
     let geometry = Geometry { start: START, size: 2 * MIB, block_size: BLOCK, slot_size: MIB };
-    let host = mem.get_host_address(GuestAddress(START)).unwrap() as u64;
-    let device = VirtioMem::new(geometry, host, 40..42, kvm.clone()).unwrap();
+    assert!(plugs_of(&mem, &geometry).is_some());
+    let device = VirtioMem::new(geometry, 40..42, kvm.clone()).unwrap();
     device.shared.request(requested).unwrap();
     (mem, device.shared.clone(), kvm)
 }
@@ -71,9 +75,47 @@ fn plugging_maps_the_slot_and_unplugging_the_last_block_removes_and_discards_it(
     let answers = drive(&mem, &shared, &[(UNPLUG, START, 1), (UNPLUG, START + BLOCK, 1)]);
     assert_eq!(answers, [(ACK, 0), (ACK, 0)]);
     assert!(kvm.slots.lock().unwrap().is_empty(), "the last block unplugged: the slot is removed");
-    assert_eq!(mem.read_obj::<u8>(GuestAddress(START)).unwrap(), 0, "discarded");
+    assert!(mem.read_obj::<u8>(GuestAddress(START)).is_err(), "unplugged: not the guest's");
     assert_eq!(shared.stats.plugs.load(Ordering::Relaxed), 1);
     assert_eq!(shared.stats.unplugs.load(Ordering::Relaxed), 2);
+    assert_eq!(drive(&mem, &shared, &[(PLUG, START, 1)]), [(ACK, 0)]);
+    assert_eq!(mem.read_obj::<u8>(GuestAddress(START)).unwrap(), 0, "plugged again: discarded");
+}
+
+/// Issue 53, item 3, at the device: a chain into a block is walked only while the block
+/// is plugged; before and after, it is a bad chain (outside guest memory), and so is one
+/// that runs from a plugged block into one that is not.
+#[test]
+fn a_device_reaches_a_block_only_while_the_driver_has_it_plugged() {
+    let (mem, shared, _) = setup(2 * BLOCK);
+    let walk = |bufs: &[(u64, u32, bool)]| {
+        let mut q = DriverQueue::new(1);
+        q.post(&mem, bufs);
+        let mut queue = q.device_queue();
+        let chain = virtio_queue::QueueT::pop_descriptor_chain(&mut queue, &mem).unwrap();
+        crate::virtio::chain::walk(chain, &mem, usize::MAX, &mut Vec::new())
+    };
+    let into_block = [(START + BLOCK, 4096, true)];
+    assert!(matches!(walk(&into_block), Err(crate::virtio::chain::ChainError::OutsideMemory(..))));
+    assert_eq!(drive(&mem, &shared, &[(PLUG, START + BLOCK, 1)]), [(ACK, 0)]);
+    assert_eq!(walk(&into_block), Ok(4096));
+    assert!(walk(&[(START + 2 * BLOCK - 64, 128, true)]).is_err(), "into the next block, not plugged");
+    assert!(walk(&[(0x30000, 64, true), (START, 64, true)]).is_err(), "RAM, then a block not plugged");
+    assert_eq!(drive(&mem, &shared, &[(UNPLUG, START + BLOCK, 1)]), [(ACK, 0)]);
+    assert!(walk(&into_block).is_err());
+}
+
+/// UNPLUG_ALL closes every block, across slots, to every device.
+#[test]
+fn unplug_all_closes_the_whole_region() {
+    let (mem, shared, kvm) = setup(2 * MIB);
+    assert_eq!(drive(&mem, &shared, &[(PLUG, START, 4), (PLUG, START + MIB, 1)]), [(ACK, 0), (ACK, 0)]);
+    assert_eq!(kvm.slots.lock().unwrap().len(), 2);
+    assert_eq!(drive(&mem, &shared, &[(UNPLUG_ALL, 0, 0)]), [(ACK, 0)]);
+    for at in [START, START + 3 * BLOCK, START + MIB] {
+        assert!(mem.read_obj::<u8>(GuestAddress(at)).is_err(), "{at:#x}");
+    }
+    assert_eq!(shared.stats.discard_failures.load(Ordering::Relaxed), 0);
 }
 
 #[test]

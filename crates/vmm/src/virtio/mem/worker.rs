@@ -5,6 +5,7 @@
 
 use super::blocks::{Change, Refusal};
 use super::{MemShared, MemStats};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
 use crate::virtio::chain::{self, Segment};
 use crate::virtio::event_loop;
@@ -12,7 +13,7 @@ use crate::virtio::{Activation, ActiveQueue, Interrupt};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 const REQ_PLUG: u16 = 0;
@@ -25,19 +26,16 @@ const RESP_ERROR: u16 = 3;
 const REQUEST_LEN: usize = 24;
 const RESPONSE_LEN: usize = 10;
 
-/// One pass over a queue the fuzzer set up, with a device of its own over the 32 KiB past
-/// 32 KiB of `a.mem` (slots of 16 KiB, blocks of 4 KiB, no KVM) and `requested` bytes asked
-/// for (rounded down to blocks); what the device counted, or None if `a.mem` does not hold
-/// the region.
+/// One pass over a queue the fuzzer set up, with a device of its own over `a.mem`'s
+/// hotpluggable region at 32 KiB (32 KiB of it: slots of 16 KiB, blocks of 4 KiB, no KVM)
+/// and `requested` bytes asked for (rounded down to blocks); what the device counted, or
+/// None if `a.mem` has no such region.
 pub fn process_once(q: ActiveQueue, a: Activation, requested: u64) -> Option<Arc<MemShared>> {
     let geometry = super::Geometry { start: 0x8000, size: 0x8000, block_size: 0x1000, slot_size: 0x4000 };
-    // The region must be guest memory: it is what an unplug discards.
-    a.mem.get_slice(GuestAddress(geometry.start), geometry.size as usize).ok()?;
-    let host = a.mem.get_host_address(GuestAddress(geometry.start)).ok()? as u64;
+    super::plugs_of(&a.mem, &geometry)?;
     let shared = Arc::new(MemShared {
         blocks: std::sync::Mutex::new(super::Blocks::new(geometry)),
         stats: MemStats::default(),
-        host,
         memslots: 0..2,
         sink: Arc::new(NoKvm),
     });
@@ -157,7 +155,8 @@ impl Worker {
             Err(refusal) => {
                 self.stats().refused.fetch_add(1, Ordering::Relaxed);
                 self.warn_once(&refusal.to_string());
-                (if matches!(refusal, Refusal::TooBig { .. }) { RESP_NACK } else { RESP_ERROR }, 0)
+                let not_now = matches!(refusal, Refusal::TooBig { .. } | Refusal::Host { .. });
+                (if not_now { RESP_NACK } else { RESP_ERROR }, 0)
             }
         };
         let mut bytes = [0u8; RESPONSE_LEN];
@@ -167,18 +166,35 @@ impl Worker {
         Some(RESPONSE_LEN as u32)
     }
 
-    /// The request applied; the state a STATE request asked for (0 for the others).
+    /// The request applied; the state a STATE request asked for (0 for the others). A
+    /// plug opens its blocks to the guest before the memory slot is mapped and the driver
+    /// told; an unplug removes the slots, then closes the blocks and gives their memory
+    /// back, before the driver may plug them again.
     fn carry_out(&mut self, kind: u16, addr: u64, count: u16) -> Result<u16, Refusal> {
         let shared = self.shared.clone();
         let mut blocks = crate::sync::lock(&shared.blocks);
-        let (change, unplugged) = match kind {
+        // The region's record, through the memory this thread holds: alive while we use it.
+        let Some(plugs) = super::plugs_of(&self.mem, &blocks.geometry) else {
+            return Err(Refusal::Host { blocks: count });
+        };
+        let change = match kind {
             REQ_STATE => {
                 self.stats().state_requests.fetch_add(1, Ordering::Relaxed);
                 return blocks.state(addr, count).map(|s| s as u16);
             }
-            REQ_PLUG => (blocks.plug(addr, count)?, false),
-            REQ_UNPLUG => (blocks.unplug(addr, count)?, true),
-            REQ_UNPLUG_ALL => (blocks.unplug_all(), true),
+            REQ_PLUG => {
+                let change = blocks.plug(addr, count)?;
+                if let Err(e) = shared.open(plugs, &change.range) {
+                    // Not the guest's after all: the record as it was, and "not now".
+                    let _ = blocks.unplug(addr, count);
+                    self.stats().open_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("virtio-mem: {e}");
+                    return Err(Refusal::Host { blocks: count });
+                }
+                change
+            }
+            REQ_UNPLUG => blocks.unplug(addr, count)?,
+            REQ_UNPLUG_ALL => blocks.unplug_all(),
             _ => return Err(Refusal::Unknown(kind)),
         };
         let counter = match kind {
@@ -189,10 +205,10 @@ impl Worker {
         counter.fetch_add(1, Ordering::Relaxed);
         let Change { range, slots } = change;
         for (slot, plugged) in slots {
-            shared.map_slot(&mut blocks, slot, plugged);
+            shared.map_slot(plugs, &mut blocks, slot, plugged);
         }
-        if unplugged {
-            shared.discard(&blocks, &range);
+        if kind != REQ_PLUG {
+            shared.close(plugs, &range);
         }
         Ok(0)
     }

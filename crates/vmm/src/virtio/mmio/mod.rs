@@ -31,11 +31,11 @@ pub use super::transport::TransportState;
 use super::transport::{Core, Lines, Link, Mirror, Transport};
 use super::{VirtioDevice, ISR_QUEUE};
 use crate::bus::BusDevice;
+use crate::guest_memory::GuestMemoryMmap;
 use crate::ioeventfd::IoeventfdKey;
 use page::RegisterPage;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 /// One device's window.

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU64;
 use vm_memory::GuestAddress;
 
 fn transport(mode: RegisterMode) -> (Arc<VirtioMmio>, Arc<AtomicU64>, Arc<EventFd>) {
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 1 << 20)]).unwrap();
     crate::testing::virtio_mmio_transport(mem, mode)
 }
 

@@ -4,13 +4,13 @@
 use super::header::{complete_checksum, VnetHdr, GSO_NONE, NEEDS_CSUM};
 use super::stats::NetStats;
 use super::{TxMode, COPY_BELOW, MAX_FRAME, MAX_IOVECS};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::net::mmds::{self, MmdsStack};
 use crate::net::tap::{Tap, VNET_HDR_LEN};
 use crate::virtio::chain::{self, ChainError, Segment};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use vm_memory::GuestMemoryMmap;
 
 /// The tap and the scratch space frames pass through (apart from the queues, so a chain
 /// that borrows guest memory can be handed to it).

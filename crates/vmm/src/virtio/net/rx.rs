@@ -11,12 +11,12 @@
 use super::features::VIRTIO_NET_F_MRG_RXBUF;
 use super::frame_io::FrameIo;
 use super::MAX_FRAME;
+use crate::guest_memory::GuestMemoryMmap;
 use crate::net::tap::VNET_HDR_LEN;
 use crate::rate_limiter::Throttle;
 use crate::virtio::chain::{self, Segment};
 use std::sync::atomic::Ordering;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::GuestMemoryMmap;
 
 /// The most buffers (descriptors) one frame is read into.
 const MAX_SEGMENTS: usize = 128;

@@ -5,6 +5,7 @@
 use super::frame_io::{FrameIo, SendError};
 use super::rx::Rx;
 use super::{RX, TX};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::net::tap::VNET_HDR_LEN;
 use crate::poll::{PollMode, PollStats};
 use crate::rate_limiter::Throttle;
@@ -16,7 +17,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 

@@ -9,6 +9,7 @@ use super::transport::{Core, Lines, Transport};
 pub use super::transport::{QueueState, TransportState};
 use super::{VirtioDevice, NO_VECTOR};
 use crate::bus::{BusDevice, DeviceId};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::ioeventfd::IoeventfdKey;
 use crate::pci::config::{COMMAND, COMMAND_MEMORY};
 use crate::pci::msix::Msix;
@@ -16,7 +17,6 @@ use crate::pci::{BarKind, BarSpec, ConfigHook, ConfigSpace, PciFunction, PciIds}
 use crate::persist::StateFault;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 pub const BAR_SIZE: u64 = 0x8000;

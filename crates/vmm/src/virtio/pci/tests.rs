@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicU64;
 use vm_memory::GuestAddress;
 
 fn transport() -> (Arc<VirtioPci>, Arc<AtomicU64>) {
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 1 << 20)]).unwrap();
     crate::testing::virtio_transport(mem)
 }
 
@@ -182,7 +182,7 @@ fn any_access_anywhere_in_bar0_is_safe() {
 #[test]
 fn a_saved_transport_restores_onto_a_new_one_and_starts_where_its_queues_stood() {
     use crate::testing::RecordingDevice;
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let recording = || {
         let device = RecordingDevice::default();
         let (activations, started_at) = (device.activations.clone(), device.started_at.clone());

@@ -13,13 +13,14 @@ use super::chain::{self, Segment};
 use super::event_loop;
 use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice, VIRTIO_F_VERSION_1};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
 use crate::seccomp::ThreadKind;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 /// The guest sees the file in whole 2 MiB pages, at a 2 MiB boundary (virtio 1.2 5.19).
@@ -36,6 +37,8 @@ pub enum PmemError {
     Open(String, #[source] std::io::Error),
     #[error("{0} is empty: a pmem device needs a file of at least one byte")]
     Empty(String),
+    #[error("{0} is {1}: a pmem device needs a regular file")]
+    NotAFile(String, &'static str),
     #[error("cannot map {0}")]
     Map(String, #[source] std::io::Error),
 }
@@ -65,12 +68,13 @@ unsafe impl Sync for PmemMapping {}
 impl PmemMapping {
     pub fn open(path: &std::path::Path, read_only: bool) -> Result<PmemMapping, PmemError> {
         let name = path.display().to_string();
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .open(path)
-            .map_err(|e| PmemError::Open(name.clone(), e))?;
-        let file_len = file.metadata().map_err(|e| PmemError::Open(name.clone(), e))?.len();
+        // A regular file, checked on the descriptor mapped (a read-only open of a FIFO
+        // would wait for a writer; a device's length says nothing of its mapping).
+        let (file, file_len) = crate::files::open_regular(path, !read_only).map_err(|e| match e {
+            crate::files::FileError::NotRegular { kind, .. } => PmemError::NotAFile(name.clone(), kind),
+            crate::files::FileError::Open { source, .. } => PmemError::Open(name.clone(), source),
+            e => PmemError::Open(name.clone(), std::io::Error::other(e)),
+        })?;
         if file_len == 0 {
             return Err(PmemError::Empty(name));
         }

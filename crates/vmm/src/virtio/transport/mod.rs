@@ -8,11 +8,11 @@
 use super::{ActivateError, Activation, ActiveQueue, DeviceStatus, Interrupt, InterruptMirror, QueuePosition};
 use super::{VirtioDevice, NO_VECTOR};
 use super::{STATUS_DRIVER_OK, STATUS_FEATURES_OK, STATUS_NEEDS_RESET, VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::pci::msix::Msix;
 use std::sync::atomic::{AtomicU64, AtomicU8};
 use std::sync::{Arc, Mutex};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 /// What the driver wrote for one queue.

@@ -4,12 +4,12 @@
 //! it said it consumed. Bytes move between guest memory and the socket with readv/writev;
 //! only what the socket refuses is copied, into a buffer the credit bounds.
 
-use super::packet::{Header, OP_CREDIT_UPDATE};
+use super::packet::Header;
+use crate::guest_memory::GuestMemoryMmap;
 use crate::virtio::chain::{self, Segment};
 use std::io::{ErrorKind, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use vm_memory::GuestMemoryMmap;
 
 /// What we let the guest have in flight to one connection.
 pub const BUF_ALLOC: u32 = 256 << 10;
@@ -51,6 +51,8 @@ pub struct Conn {
     /// The guest asked for credit (CREDIT_REQUEST): the next byte the socket takes is
     /// worth a CREDIT_UPDATE, however few (the guest may be stopped until it hears).
     pub credit_requested: bool,
+    /// Control packets this connection owes the guest (muxer/control.rs).
+    pub replies: u8,
 }
 
 /// What a read from the socket into the guest's buffer gave.
@@ -78,6 +80,7 @@ impl Conn {
             host_closed: false,
             waiting_for_credit: false,
             credit_requested: false,
+            replies: 0,
         }
     }
 
@@ -109,9 +112,12 @@ impl Conn {
         freed >= CREDIT_UPDATE_AFTER || (self.credit_requested && freed > 0)
     }
 
-    pub fn credit_update(&mut self, guest_cid: u64) -> Header {
-        self.credit_requested = false;
-        self.header(guest_cid, OP_CREDIT_UPDATE, 0)
+    /// A CREDIT_UPDATE goes out now: a request for credit is answered once one brings
+    /// some the guest has not heard of.
+    pub fn credit_told(&mut self) {
+        if self.fwd_cnt != self.fwd_cnt_sent {
+            self.credit_requested = false;
+        }
     }
 
     /// The guest's payload (`segs`, `len` bytes): written to the socket from guest memory,
@@ -187,6 +193,43 @@ impl Conn {
     }
 }
 
+/// Connects to the host's Unix socket `path` without blocking; the stream is
+/// non-blocking. Linux completes or refuses a Unix-socket connect within the call: a
+/// listener whose backlog is full answers EAGAIN at once (EINPROGRESS is TCP's answer),
+/// where a blocking connect held the device thread, and with it a reset, a snapshot's
+/// pause and shutdown, until the host accepted (issue 53, item 9).
+pub fn connect(path: &std::ffi::OsStr) -> std::io::Result<UnixStream> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_bytes();
+    // SAFETY: sockaddr_un is plain data, for which all zeros is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    // The path and its NUL must fit, as std's connect requires.
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(ErrorKind::InvalidInput.into());
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (to, &from) in addr.sun_path.iter_mut().zip(bytes) {
+        *to = from as libc::c_char;
+    }
+    let kind = libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+    // SAFETY: makes a descriptor; no memory is passed.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, kind, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just made and nothing else owns it; the stream closes it.
+    let stream = unsafe { UnixStream::from_raw_fd(fd) };
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + bytes.len() + 1;
+    // SAFETY: `addr` lives through the call and `len` covers its family and the path with
+    // its NUL (checked to fit above).
+    let r = unsafe { libc::connect(fd, (&raw const addr).cast(), len as libc::socklen_t) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(stream)
+}
+
 /// The iovecs cut to `len` bytes in all.
 fn trim(iov: &mut [libc::iovec], len: usize) -> &[libc::iovec] {
     let mut left = len;
@@ -218,6 +261,35 @@ mod tests {
         c.rx_cnt = 10;
         c.peer_credit_from(&Header { buf_alloc: 1000, fwd_cnt: u32::MAX - 9, ..Header::default() });
         assert_eq!(c.peer_credit(), 980);
+    }
+
+    #[test]
+    fn a_full_backlog_refuses_at_once_and_a_free_one_connects() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = std::env::temp_dir().join(format!("exitless-vsock-connect-{}", std::process::id()));
+        let _ = std::fs::create_dir(&dir);
+        let path = dir.join("l_1");
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        // Backlog 0: one connection waits, the next finds it full.
+        // SAFETY: listen on a descriptor the listener owns.
+        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+        let mut held = Vec::new();
+        let refused = loop {
+            match connect(path.as_os_str()) {
+                Ok(s) => held.push(s),
+                Err(e) => break e,
+            }
+            assert!(held.len() < 64, "the backlog never filled");
+        };
+        assert_eq!(refused.kind(), ErrorKind::WouldBlock, "{refused}");
+        assert!(!held.is_empty(), "a listener with room connects");
+        // A path that does not fit sockaddr_un, and one nobody listens on.
+        let long = std::ffi::OsStr::from_bytes(&[b'x'; 200]);
+        assert_eq!(connect(long).unwrap_err().kind(), ErrorKind::InvalidInput);
+        assert!(connect(dir.join("none").as_os_str()).is_err());
+        drop(listener);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

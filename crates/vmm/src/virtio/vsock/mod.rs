@@ -41,6 +41,8 @@ pub struct VsockStats {
     /// Packets from the guest refused (bad header, unknown connection, beyond credit).
     pub bad_packets: AtomicU64,
     pub resets: AtomicU64,
+    /// RSTs not sent: the guest left too many waiting (muxer/control.rs).
+    pub resets_dropped: AtomicU64,
     pub kicks: AtomicU64,
     pub irqs: AtomicU64,
     pub connections: AtomicU64,

@@ -5,17 +5,20 @@
 //! (in the order they arose), then data from the streams in turn, one packet per stream
 //! per turn, so that no stream starves another.
 
+mod control;
 mod event;
 mod rx;
 mod tx;
 
-use super::conn::{Conn, Read, State};
-use super::packet::{self, Header, HEADER_LEN};
+use super::conn::{self, Conn, Read, State};
+use super::packet::HEADER_LEN;
 use super::{VsockConfig, VsockStats};
+use crate::guest_memory::GuestMemoryMmap;
 use crate::virtio::chain::Segment;
 use crate::virtio::event_loop::{self, EventSource};
 use crate::virtio::thread::{DeviceJob, QueuePosition};
 use crate::virtio::{Activation, ActiveQueue, DeviceStatus, Interrupt};
+use control::{Control, REPLY_CREDIT_UPDATE, REPLY_REQUEST, REPLY_RESPONSE};
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read as _};
 use std::os::fd::AsRawFd;
@@ -24,7 +27,6 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -71,9 +73,9 @@ pub struct Muxer {
     tokens: HashMap<u64, Entry>,
     next_token: u64,
     next_local_port: u32,
-    /// Packets for the guest without payload, in order.
-    control: VecDeque<Header>,
-    /// Streams with data for the guest, in turn.
+    /// Packets for the guest without payload, in order, bounded (control.rs).
+    control: Control,
+    /// Streams with data for the guest, in turn; each at most once (`Conn::readable`).
     ready: VecDeque<Key>,
     /// Host-initiated streams waiting for the guest's RESPONSE, oldest first.
     connecting: VecDeque<(std::time::Instant, Key)>,
@@ -196,7 +198,7 @@ impl Muxer {
             tokens: HashMap::new(),
             next_token: FIRST_TOKEN,
             next_local_port: FIRST_LOCAL_PORT,
-            control: VecDeque::new(),
+            control: Control::default(),
             ready: VecDeque::new(),
             connecting: VecDeque::new(),
             segs: Vec::with_capacity(16),
@@ -281,8 +283,7 @@ impl Muxer {
                     conn.flush();
                     // What the socket took is credit the guest may be waiting for.
                     if conn.credit_update_due() {
-                        let update = conn.credit_update(self.guest_cid);
-                        self.control.push_back(update);
+                        self.control.reply(key, conn, REPLY_CREDIT_UPDATE);
                     }
                 }
                 if events.intersects(EventSet::IN | EventSet::READ_HANG_UP | EventSet::HANG_UP) && !conn.readable {
@@ -304,11 +305,18 @@ impl Muxer {
             return; // closed: not a request this device understands
         };
         let local_port = self.free_local_port(peer_port);
+        let key = (local_port, peer_port);
         let mut conn = Conn::new(c.stream, local_port, peer_port, State::Connecting);
-        self.control.push_back(conn.header(self.guest_cid, packet::OP_REQUEST, 0));
-        self.tokens.insert(token, Entry::Conn((local_port, peer_port)));
-        self.conns.insert((local_port, peer_port), (token, conn));
-        self.connecting.push_back((std::time::Instant::now(), (local_port, peer_port)));
+        self.control.reply(key, &mut conn, REPLY_REQUEST);
+        self.tokens.insert(token, Entry::Conn(key));
+        self.conns.insert(key, (token, conn));
+        // Entries outlive their connections until they expire: a host that connects and
+        // leaves quickly must not grow the list, so the stale ones go when it is long.
+        if self.connecting.len() >= MAX_CONNECTIONS {
+            let conns = &self.conns;
+            self.connecting.retain(|(_, k)| conns.get(k).is_some_and(|(_, c)| c.state == State::Connecting));
+        }
+        self.connecting.push_back((std::time::Instant::now(), key));
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -331,6 +339,13 @@ impl Muxer {
             Some(Entry::Conn(key)) => {
                 if let Some((_, conn)) = self.conns.remove(&key) {
                     let _ = epoll.ctl(ControlOperation::Delete, conn.stream.as_raw_fd(), EpollEvent::default());
+                    // What it owed or had ready goes with it: a guest that opens and
+                    // resets connections while taking no packets must not grow either
+                    // queue (each holds a connection at most once, so this is short).
+                    self.control.forget(key, &conn);
+                    if conn.readable {
+                        self.ready.retain(|k| *k != key);
+                    }
                 }
             }
             None => {}
@@ -343,7 +358,7 @@ impl Muxer {
             self.forget(epoll, token);
         }
         self.stats.resets.fetch_add(1, Ordering::Relaxed);
-        self.control.push_back(Header::to_guest(self.guest_cid, key.0, key.1, packet::OP_RST));
+        self.push_rst(key);
     }
 
     /// The guest connects to the host's port P: `<uds_path>_P`.
@@ -353,16 +368,19 @@ impl Muxer {
         }
         let mut path = self.uds_path.clone().into_os_string();
         path.push(format!("_{}", key.0));
-        let stream = match UnixStream::connect(&path) {
-            Ok(s) if s.set_nonblocking(true).is_ok() => s,
-            _ => return self.reset(epoll, key),
+        // Never blocks: a host listener with a full backlog (EAGAIN) is a refusal.
+        let stream = match conn::connect(&path) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!("virtio-vsock: cannot connect to {}: {e}", path.to_string_lossy());
+                return self.reset(epoll, key);
+            }
         };
         let mut conn = Conn::new(stream, key.0, key.1, State::Established);
-        let response = conn.header(self.guest_cid, packet::OP_RESPONSE, 0);
         let fd = conn.stream.as_raw_fd();
         let Some(token) = self.watch(epoll, fd, Entry::Conn(key)) else { return self.reset(epoll, key) };
+        self.control.reply(key, &mut conn, REPLY_RESPONSE);
         self.conns.insert(key, (token, conn));
-        self.control.push_back(response);
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -383,16 +401,4 @@ impl Muxer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::virtio::chain;
-
-    #[test]
-    fn skips_the_header_across_segments() {
-        let s = |addr, len| Segment { addr, len, writable: true };
-        let out = chain::skip(&[s(0x1000, 16), s(0x2000, 100)], HEADER_LEN);
-        assert_eq!(out.len(), 1);
-        assert_eq!((out[0].addr, out[0].len), (0x2000 + 28, 72));
-        assert!(chain::skip(&[s(0x1000, 44)], HEADER_LEN).is_empty());
-    }
-}
+mod tests;

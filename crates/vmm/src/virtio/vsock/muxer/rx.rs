@@ -33,7 +33,7 @@ impl Muxer {
                 self.put_rx(head, 0);
                 continue;
             }
-            match self.control.pop_front() {
+            match self.next_control() {
                 Some(h) => {
                     let len = self.write_header(&self.segs, &h).unwrap_or(0);
                     self.put_rx(head, len);

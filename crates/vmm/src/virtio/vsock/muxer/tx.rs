@@ -116,8 +116,11 @@ impl Muxer {
             // Every packet carries the guest's credit: a stream that stopped for it goes on.
             if conn.waiting_for_credit && conn.peer_credit() > 0 {
                 conn.waiting_for_credit = false;
-                conn.readable = true;
-                self.ready.push_back(key);
+                // Unless the socket put it back already: a stream is in `ready` once.
+                if !conn.readable {
+                    conn.readable = true;
+                    self.ready.push_back(key);
+                }
             }
         }
         if data {
@@ -142,9 +145,9 @@ impl Muxer {
             packet::OP_RW => self.reset(epoll, key),
             packet::OP_CREDIT_REQUEST => match self.conns.get_mut(&key) {
                 Some((_, conn)) => {
-                    let update = conn.credit_update(self.guest_cid);
-                    self.control.push_back(update);
-                    // If that freed nothing, the next byte the socket takes will be told.
+                    // One answer however often it asks before the answer goes out.
+                    self.control.reply(key, conn, super::REPLY_CREDIT_UPDATE);
+                    // If that frees nothing, the next byte the socket takes will be told.
                     conn.credit_requested = true;
                 }
                 None => self.reset(epoll, key),
@@ -189,8 +192,9 @@ impl Muxer {
         let bytes = self.tx_batch.bytes;
         let written = match self.conns.get_mut(&key) {
             Some((_, conn)) => conn.write_guest_bytes(&self.mem, &self.tx_batch.segs, bytes).map(|()| {
-                let update = conn.credit_update_due().then(|| conn.credit_update(self.guest_cid));
-                self.control.extend(update);
+                if conn.credit_update_due() {
+                    self.control.reply(key, conn, super::REPLY_CREDIT_UPDATE);
+                }
             }),
             None => Err(()),
         };

@@ -1,0 +1,113 @@
+//! The handler's checks (regions that wrap or pass the file, peers of another user) and a
+//! whole round in one process: a peer of another uid refused, the VMM's memory served
+//! from the file, and a page the VMM discards reading zeros afterwards, not the file's.
+
+use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use vm_memory::{Bytes, GuestAddress};
+
+fn mapping(base: u64, size: usize, offset: u64) -> UffdMapping {
+    UffdMapping { base_host_virt_addr: base, size, offset, page_size: 4096, page_size_kib: 4096 }
+}
+
+#[test]
+fn regions_that_wrap_pass_the_file_or_are_not_whole_pages_are_refused() {
+    let len = 1 << 20;
+    assert_eq!(check_mappings(&[mapping(0x10000, 1 << 20, 0)], len), Ok(()));
+    for (m, why) in [
+        // offset + size wraps to a small number: once accepted, then copied from far past
+        // the handler's mapping of the file.
+        (mapping(0x10000, 8192, u64::MAX - 4095), "wraps"),
+        (mapping(0x10000, 8192, len - 4096), "passes the file"),
+        (mapping(0x10000, 4096 + 1, 0), "not whole pages"),
+        (mapping(0x10001, 4096, 0), "base unaligned"),
+        (mapping(0x10000, 4096, 1), "offset unaligned"),
+        (mapping(0x10000, 0, 0), "empty"),
+        (mapping(!4095, 8192, 0), "base + size wraps"),
+        (UffdMapping { page_size: 2 << 20, ..mapping(0, 4096, 0) }, "huge pages"),
+    ] {
+        assert!(check_mappings(&[mapping(0, 4096, 0), m], len).is_err(), "{why}");
+    }
+}
+
+#[test]
+fn only_the_handlers_own_user_or_root_may_hand_it_memory() {
+    assert!(allowed(1000, 1000));
+    assert!(allowed(0, 1000), "root");
+    assert!(allowed(0, 0));
+    assert!(!allowed(1001, 1000));
+    assert!(!allowed(1000, 0), "a user's VMM is not served by root's handler");
+}
+
+/// Connects to `socket` from a child process of uid and gid 12345 and waits for it to end;
+/// whether the connection was made.
+fn connect_as_another_user(socket: &Path) -> bool {
+    let mut addr = libc::sockaddr_un { sun_family: libc::AF_UNIX as libc::sa_family_t, sun_path: [0; 108] };
+    let path = socket.as_os_str().as_encoded_bytes();
+    for (to, &from) in addr.sun_path.iter_mut().zip(path) {
+        *to = from as libc::c_char;
+    }
+    // SAFETY: the child makes only system calls (async-signal-safe) and ends with _exit;
+    // the parent waits for it.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+            let ok = libc::setgid(12345) == 0
+                && libc::setuid(12345) == 0
+                && libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), size_of::<libc::sockaddr_un>() as u32)
+                    == 0;
+            // Held until the handler has refused it: a read that ends when it closes.
+            let mut byte = 0u8;
+            libc::read(fd, (&mut byte as *mut u8).cast(), 1);
+            libc::_exit(if ok { 0 } else { 1 });
+        }
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, 0);
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+    }
+}
+
+#[test]
+fn a_peer_of_another_user_is_refused_and_a_discarded_page_reads_zeros() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return eprintln!("skipped: needs root to connect as another user");
+    }
+    let dir = std::env::temp_dir().join(format!("exitless-uffd-handler-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (socket, file) = (dir.join("uffd.sock"), dir.join("mem"));
+    // The snapshot's memory: every page holds its number plus one (none is zero).
+    let pages = 16u64;
+    let bytes: Vec<u8> = (0..pages * 4096).map(|i| (i / 4096 + 1) as u8).collect();
+    std::fs::write(&file, &bytes).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let handler = {
+        let (socket, file, stop) = (socket.clone(), file.clone(), stop.clone());
+        std::thread::spawn(move || {
+            serve_until(&socket, &file, || ready_tx.send(()).unwrap(), |_| stop.load(Ordering::SeqCst)).unwrap()
+        })
+    };
+    ready_rx.recv().unwrap();
+    // The socket open to anyone: only the credentials check stands in the way.
+    std::fs::set_permissions(&socket, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    assert!(connect_as_another_user(&socket), "the child could not connect at all");
+
+    let regions = [(GuestAddress(0), (pages * 4096) as usize)];
+    let (mem, _uffd) = crate::snapshot::uffd::map_anonymous(&socket, &regions).unwrap();
+    let byte = |page: u64| mem.read_obj::<u8>(GuestAddress(page * 4096 + 100)).unwrap();
+    assert_eq!([byte(3), byte(4)], [4, 5], "served from the file");
+    crate::guest_memory::discard(&mem, 3 * 4096, 4096).unwrap();
+    assert_eq!(byte(3), 0, "a discarded page reads zeros, not the snapshot's bytes");
+    assert_eq!(byte(4), 5, "its neighbour is untouched");
+    mem.write_obj(7u8, GuestAddress(3 * 4096)).unwrap();
+    assert_eq!(mem.read_obj::<u8>(GuestAddress(3 * 4096)).unwrap(), 7, "and holds what the guest writes");
+    stop.store(true, Ordering::SeqCst);
+    let served = handler.join().unwrap();
+    assert_eq!(served.refused_peers, 1);
+    assert!(served.removed >= 1 && served.pages >= 2, "{served:?}");
+    drop(mem);
+    let _ = std::fs::remove_dir_all(&dir);
+}
