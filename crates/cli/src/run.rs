@@ -9,6 +9,18 @@ use std::process::ExitCode;
 
 /// Boots `args`' guest with the `fixed` devices besides the configured ones and runs it to
 /// its end; the process status is the guest's.
+/// The devices `args` asks for, each made by its own module, in the order they are
+/// placed: NICs, drives, the entropy device, vsock.
+fn devices(args: &RunArgs) -> Result<Vec<exitless_vmm::device_manager::Attach>, String> {
+    use exitless_vmm::virtio::{blk, net, rng, vsock};
+    let poll = args.poll_us;
+    let mut devices: Vec<_> = args.nets()?.into_iter().map(|n| net::attach(n, poll)).collect();
+    devices.extend(args.drive.iter().map(|d| blk::attach(d.clone(), poll)));
+    devices.extend(args.entropy.then(|| rng::attach(Default::default())));
+    devices.extend(args.vsock.clone().map(|v| vsock::attach(v, poll)));
+    Ok(devices)
+}
+
 pub fn run(args: RunArgs, fixed: Vec<AttachFixed>) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if let Some(path) = &args.json {
         // A path that cannot be written is found now, not after the run.
@@ -43,11 +55,7 @@ pub fn run(args: RunArgs, fixed: Vec<AttachFixed>) -> Result<ExitCode, Box<dyn s
             mmio_registers: args.mmio_registers,
             test_devices: args.testdevs,
             test_iommu: args.testdev_iommu,
-            nets: args.nets()?,
-            poll: args.poll_us,
-            drives: args.drive.clone(),
-            entropy: args.entropy.then(Default::default),
-            vsock: args.vsock.clone(),
+            allocated: devices(&args)?,
             fixed,
             ..Default::default()
         },

@@ -3,7 +3,9 @@
 mod common;
 use common::*;
 use exitless_vmm::device_manager::DeviceKind;
-use exitless_vmm::virtio::{ActivateError, Activation, ActiveQueue, QueuePosition, VirtioDevice, VIRTIO_F_VERSION_1};
+use exitless_vmm::virtio::{
+    self, ActivateError, Activation, ActiveQueue, QueuePosition, VirtioDevice, VIRTIO_F_VERSION_1,
+};
 use exitless_vmm::{DeviceConfig, Machine, MachineConfig};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -61,11 +63,11 @@ fn two_virtio_functions_get_their_own_slot_bar_and_vectors() {
     let config = MachineConfig { params: vec![10], devices, ..MachineConfig::new(pciscan) };
     let mut machine = Machine::new(config).unwrap();
     let dm = machine.devices_mut();
-    let net = dm.attach_virtio("virtio-net", DeviceKind::VirtioNet, Box::new(Inert(1)), ()).unwrap();
-    let blk = dm.attach_virtio("virtio-blk", DeviceKind::VirtioBlock, Box::new(Inert(2)), ()).unwrap();
+    let net = dm.attach_virtio("virtio-net", virtio::net::KIND, Box::new(Inert(1)), ()).unwrap();
+    let blk = dm.attach_virtio("virtio-blk", virtio::blk::KIND, Box::new(Inert(2)), ()).unwrap();
     let names: Vec<_> = dm.devices().iter().map(|d| (d.name.as_str(), d.kind)).collect();
-    assert!(names.contains(&("virtio-blk", DeviceKind::VirtioBlock)), "the device manager lists it: {names:?}");
-    assert!(names.contains(&("serial", DeviceKind::Serial)), "{names:?}");
+    assert!(names.contains(&("virtio-blk", virtio::blk::KIND)), "the device manager lists it: {names:?}");
+    assert!(names.contains(&("serial", DeviceKind("serial"))), "{names:?}");
     let gsis = |t: &exitless_vmm::device_manager::VirtioTransport| match t {
         exitless_vmm::device_manager::VirtioTransport::Pci(p) => p.vector_gsis(),
         _ => panic!("the default transport is PCI"),

@@ -92,7 +92,7 @@ fn a_snapshot_puts_pmem_back_where_it_was_or_refuses_a_file_that_changed_size() 
     std::fs::write(&image, vec![1u8; (2 << 20) + 1]).unwrap();
     let mut child = api_process_with(&restored, std::process::Stdio::null(), &[]);
     let why = fault(&restored, "PUT", "/snapshot/load", load);
-    assert!(why.contains("device memory") || why.contains("virtio-pmem0"), "{why}");
+    assert!(why.contains("device memory") || why.contains("virtio-pmem/p0"), "{why}");
     let _ = child.kill();
     let _ = child.wait();
 }

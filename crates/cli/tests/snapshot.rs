@@ -253,6 +253,19 @@ fn bad_snapshots_and_bad_timing_are_refused_and_the_vmm_serves_on() {
         refused.contains("the snapshot has devices [") && refused.contains("virtio-rng], this machine ["),
         "{refused}"
     );
+    // A device's state of another version, or with a damaged field: one line naming both.
+    for (id, field, value, said) in [
+        ("virtio-rng", "version", json!(9), "virtio-rng: its state is version 9; this exitless reads version 1"),
+        ("serial", "lcr", json!("x"), "serial: its state's field `lcr` does not parse: invalid type"),
+    ] {
+        let mut edited: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let state = &mut edited["machine"]["devices"]["devices"][id]["state"];
+        *if field == "version" { &mut state[field] } else { &mut state["state"][field] } = value;
+        let spoilt = spoiled("device.json", resealed(&edited.to_string()));
+        let body = json!({"snapshot_path": spoilt, "mem_backend": {"backend_type": "File", "backend_path": c_mem}});
+        let refused = fault(&sock, "PUT", "/snapshot/load", body);
+        assert!(refused.contains(said) && !refused.contains('\n'), "{refused}");
+    }
     let _ = d.child.kill();
 }
 
@@ -481,7 +494,14 @@ fn restore_hops(first: &[&str]) {
     let (dir, sink, disk) = (&host.dir, &host.sink, &host.disk);
     let sender = sink.sender();
     let sock = dir.join("a.sock");
-    let mut vmm = host.boot(&sock, first, &[("/entropy", json!({}))]);
+    // A second NIC, attached after eth0 (the guest's) and sorted before it, on a tap of its
+    // own; each restore moves it to another tap by iface_id, eth0 staying on the sink's.
+    let aux: Vec<String> = (0..2).map(|n| format!("exbx{n}{}", std::process::id() % 100_000)).collect();
+    let _remove = RemoveLinks(aux.clone());
+    let ip = |args: &[&str]| std::process::Command::new("ip").args(args).status().unwrap().success();
+    assert!(aux.iter().all(|t| ip(&["tuntap", "add", "dev", t, "mode", "tap"]) && ip(&["link", "set", t, "up"])));
+    let nic = json!({"iface_id": "aux", "host_dev_name": aux[0], "guest_mac": "06:00:ac:10:00:09"});
+    let mut vmm = host.boot(&sock, first, &[("/entropy", json!({})), ("/network-interfaces/aux", nic)]);
     vmm.wait_for_ticks(5);
     expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
     let (mut state, mut mem) = snapshot(&sock, dir, 0);
@@ -490,7 +510,13 @@ fn restore_hops(first: &[&str]) {
         let _ = vmm.child.wait();
         let sock = dir.join(format!("v{hop}.sock"));
         vmm = Vmm::start_with(&sock, flags);
-        load(&sock, &state, &mem);
+        let overrides = json!([{"iface_id": "aux", "host_dev_name": aux[hop as usize % 2]},
+                               {"iface_id": "eth0", "host_dev_name": host.tap}]);
+        let body = json!({"snapshot_path": state, "mem_backend": {"backend_type": "File", "backend_path": mem},
+                          "resume_vm": true, "network_overrides": overrides});
+        expect_ok(&sock, "PUT", "/snapshot/load", Some(&body)).unwrap();
+        let config = request(&sock, "GET", "/vm/config", None).unwrap().body.unwrap();
+        assert_eq!(config["network-interfaces"][1]["host_dev_name"], aux[hop as usize % 2], "{config}");
         sender.send(&exitless_lab::sink::frame([2, 0, 0, 0, 0, 1], FRAME, u64::from(hop))).unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         while sink.frames() < u64::from(hop) && Instant::now() < deadline {

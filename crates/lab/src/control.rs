@@ -3,7 +3,7 @@
 
 use exitless_payloads::abi::LAB_CONTROL_PORT;
 use exitless_vmm::bus::BusDevice;
-use exitless_vmm::device_manager::{DeviceHandle, DeviceKind};
+use exitless_vmm::device_manager::DeviceHandle;
 use exitless_vmm::seccomp::ThreadKind;
 use exitless_vmm::vcpu::watchdog::Watchdog;
 use exitless_vmm::vcpu::{Step, Vcpu, VcpuError};
@@ -167,8 +167,8 @@ pub fn lab_machine(
     config(&mut machine_config);
     let mut machine = Machine::new(machine_config)?;
     let control = Arc::new(LabControl::default());
-    let (port, handle) = (LAB_CONTROL_PORT as u16, DeviceHandle::Bus);
-    machine.devices_mut().attach_pio("lab-control", DeviceKind::Lab, port, 4, control.clone(), handle)?;
+    let (port, handle) = (LAB_CONTROL_PORT as u16, DeviceHandle::bus());
+    machine.devices_mut().attach_pio("lab-control", crate::devices::KIND, port, 4, control.clone(), handle)?;
     // Tells the guest a lab answers on the control port.
     let lab_slot = exitless_vmm::machine::shared_slot(exitless_payloads::abi::SHARED_LAB_SLOT);
     vm_memory::Bytes::write_obj(machine.memory(), 1u64, lab_slot).map_err(|e| MachineError::Memory(e.into()))?;

@@ -104,8 +104,7 @@ fn run_one(
     let v = if version == Version::V2 { 2 } else { 1 };
     let params = vec![v, SEED, opts.value_len as u64, u64::from(opts.sessions), 0];
     let LabMachine { machine, control, .. } = lab_machine("mmdsget", params, |c| {
-        c.devices.nets = vec![net];
-        c.devices.poll = poll;
+        c.devices.allocated = vec![exitless_vmm::virtio::net::attach(net, poll)];
     })?;
     netns.adopt(&tap)?;
     let mut lab = Window::<Snapshot, MmdsBenchError>::new(snapshot);

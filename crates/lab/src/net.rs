@@ -154,8 +154,7 @@ pub(crate) fn boot_with(
     // Plain TCP rows run on a NIC without offloads: "offloads off" for comparison.
     let net = NetConfig { tx, offloads: kind != FrameKind::Plain, ..NetConfig::on_tap(tap.clone(), LAB_MAC) };
     let LabMachine { machine, control, .. } = lab_machine(payload, params, |c| {
-        c.devices.nets = vec![net];
-        c.devices.poll = poll;
+        c.devices.allocated = vec![exitless_vmm::virtio::net::attach(net, poll)];
         if let Some(console) = console {
             c.devices.serial_out = Box::new(console);
         }
@@ -337,7 +336,7 @@ pub fn echo(frames: u64, size: usize, mergeable: bool, timeout: Duration) -> Res
     if let Some(why) = payload_failure(&machine) {
         return Err(NetBenchError::Guest(why));
     }
-    let nic = machine.devices().virtio_of::<exitless_vmm::device_manager::NetHandle>().next();
+    let nic = machine.devices().virtio_of::<exitless_vmm::virtio::net::NetHandle>().next();
     let interrupts = nic.map_or(0, |(_, transport)| transport.core().interrupts_signalled());
     // The guest echoed every frame before it ended; on a loaded host the sink may read
     // the last ones well after that.

@@ -23,8 +23,8 @@ pub fn two_nics(frames: u64, size: usize, timeout: Duration) -> Result<[SinkRepo
     };
     let nic = |i: usize| NetConfig::on_tap(taps[i].clone(), mac(i));
     let LabMachine { machine, control, .. } = lab_machine("netpair", vec![frames, size as u64], |c| {
-        c.devices.nets = vec![nic(0), nic(1)];
-        c.devices.poll = PollMode::Off;
+        let attach = |n| exitless_vmm::virtio::net::attach(n, PollMode::Off);
+        c.devices.allocated = vec![attach(nic(0)), attach(nic(1))];
     })?;
     let mut sinks = Vec::new();
     for tap in &taps {

@@ -49,8 +49,7 @@ pub fn offloads_on_the_wire(size: usize, frames: u64, timeout: Duration) -> Resu
     let host_mac = HOST_MAC.iter().fold(0u64, |acc, &b| acc << 8 | u64::from(b));
     let params = vec![size as u64, frames, 0, 0, 0, 0, 1, host_mac, 0x0a09_0002];
     let LabMachine { machine, control, .. } = lab_machine("nettx", params, |c| {
-        c.devices.nets = vec![net];
-        c.devices.poll = PollMode::Off;
+        c.devices.allocated = vec![exitless_vmm::virtio::net::attach(net, PollMode::Off)];
     })?;
     netns.adopt(&guest_tap)?;
     let mac = HOST_MAC.map(|b| format!("{b:02x}")).join(":");

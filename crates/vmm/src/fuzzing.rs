@@ -166,7 +166,7 @@ pub fn vsock_packet(data: &[u8]) {
     let mut kicks = kicks.into_iter();
     let mut active = |queue| kicks.next().map(|kick| ActiveQueue { queue, kick });
     let (Some(rx), Some(tx), Some(evt)) = (active(rx), active(tx), active(evt)) else { return };
-    process_once(&VsockConfig { guest_cid: 3, uds_path }, listener, [rx, tx, evt], activation);
+    process_once(&VsockConfig { guest_cid: 3, uds_path, id: None }, listener, [rx, tx, evt], activation);
 }
 
 /// virtio-balloon's queues: the input is guest memory holding the inflate (0x0), deflate

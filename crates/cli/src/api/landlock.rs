@@ -19,9 +19,7 @@ impl Vm {
             let reach = if d.is_read_only == Some(true) { Reach::Read } else { Reach::Write };
             rules.push((PathBuf::from(&d.path_on_host), reach));
         }
-        for p in &c.pmem {
-            rules.push((PathBuf::from(&p.path_on_host), if p.read_only { Reach::Read } else { Reach::Write }));
-        }
+        rules.extend(self.device_files());
         // Not the vsock socket's directory either: the socket is bound while the machine
         // is built, by the API thread, and no held thread makes or removes one (the device
         // removes it when dropped, which a running API VMM never is: it exits).

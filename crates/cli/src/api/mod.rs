@@ -9,17 +9,16 @@
 //! Unlike Firecracker, exitless also ends when its socket is removed under it
 //! (`socket_watch`): an orchestrator tearing a VM down whose VMM it lost track of.
 
-mod balloon;
 mod cpu_config;
+mod devices;
 pub mod fuzzing;
-mod hotplug;
 mod landlock;
 pub mod log_rate;
 pub mod logging;
 mod metrics;
 mod mmds;
 pub mod model;
-mod pmem;
+mod request;
 mod routes;
 mod serial;
 mod server;
@@ -206,48 +205,43 @@ fn handler(shared: Arc<Shared>) -> server::Handler {
 }
 
 /// A config file's resources, in Firecracker's order, then the machine built from them.
-fn configure(shared: &Shared, c: model::VmConfig) -> Result<exitless_vmm::Machine, vm::Fault> {
+fn configure(shared: &Shared, mut c: model::VmConfig) -> Result<exitless_vmm::Machine, vm::Fault> {
     if let Some(e) = c.too_many() {
         return Err(vm::Fault(format!("it lists {e}.")));
     }
     let mut vm = exitless_vmm::sync::lock(&shared.vm);
-    if let Some(l) = c.logger {
+    if let Some(l) = c.logger.take() {
         vm.set_logger(l)?;
     }
-    if let Some(m) = c.metrics {
+    if let Some(m) = c.metrics.take() {
         vm.set_metrics(m, &shared.metrics)?;
     }
-    vm.set_machine_config(c.machine_config)?;
+    vm.set_machine_config(c.machine_config.clone())?;
     // After the machine-config, as Firecracker: a custom template replaces a static one.
-    if let Some(section) = c.cpu_config {
+    if let Some(section) = c.cpu_config.take() {
         vm.set_cpu_config_section(section)?;
     }
-    vm.set_boot_source(c.boot_source.ok_or_else(|| vm::Fault("boot-source is missing".into()))?)?;
-    for d in c.drives {
+    vm.set_boot_source(c.boot_source.take().ok_or_else(|| vm::Fault("boot-source is missing".into()))?)?;
+    if let Some(s) = c.serial.take() {
+        vm.set_serial(s)?;
+    }
+    for d in std::mem::take(&mut c.drives) {
         let id = d.drive_id.clone();
         vm.set_drive(&id, d)?;
     }
-    for n in c.network_interfaces {
+    for n in std::mem::take(&mut c.network_interfaces) {
         let id = n.iface_id.clone();
         vm.set_network_interface(&id, n)?;
     }
-    if let Some(e) = c.entropy {
+    if let Some(e) = c.entropy.take() {
         vm.set_entropy(e)?;
     }
-    if let Some(v) = c.vsock {
+    if let Some(v) = c.vsock.take() {
         vm.set_vsock(v)?;
     }
-    if let Some(b) = c.balloon {
-        vm.set_balloon(b)?;
-    }
-    for p in c.pmem {
-        let id = p.id.clone();
-        vm.set_pmem(&id, p)?;
-    }
-    if let Some(m) = c.memory_hotplug {
-        vm.set_memory_hotplug(m)?;
-    }
-    if let Some(m) = c.mmds_config {
+    // The balloon, pmem and memory hotplug: api/devices/.
+    vm.configure_devices(&mut c)?;
+    if let Some(m) = c.mmds_config.take() {
         vm.set_mmds_config(m)?;
     }
     vm.build(None)

@@ -5,9 +5,9 @@
 
 use super::metrics::Metrics;
 use super::model::{self, ActionType};
+use super::request::{body_fault, check_id, parse};
 use super::vm::{Fault, State, Vm};
 use crate::args::FIRECRACKER_API;
-use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 /// What goes back: a status and, unless 204, a JSON body.
@@ -43,23 +43,6 @@ const NOT_SUPPORTED: &[(&[&str], &str)] = &[
     (&["hotplug"], "device hotplug"),
 ];
 
-/// Resource ids as Firecracker allows them: letters, digits and '_', at most 64.
-fn check_id(id: &str) -> Result<&str, Fault> {
-    if id.is_empty() || id.len() > 64 || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(Fault(format!("Invalid ID: '{id}' must be 1 to 64 letters, digits or underscores.")));
-    }
-    Ok(id)
-}
-
-fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, Fault> {
-    model::from_json(body).map_err(body_fault)
-}
-
-/// Firecracker's words for a body it cannot deserialize.
-fn body_fault(e: impl std::fmt::Display) -> Fault {
-    Fault(format!("An error occurred when deserializing the json body of a request: {e}."))
-}
-
 /// MMDS's document: any JSON value, lists anywhere (SSH keys), as Firecracker takes it;
 /// the shape check is for the API's own bodies.
 fn parse_metadata(body: &[u8]) -> Result<Value, Fault> {
@@ -80,6 +63,10 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
     let refused = NOT_SUPPORTED.iter().find(|(prefix, _)| parts.starts_with(prefix) && parts != ["hotplug", "memory"]);
     if let Some((prefix, what)) = refused {
         return Err(Fault(format!("exitless does not support {what} (/{}).", prefix.join("/"))));
+    }
+    // The endpoints of the devices in files of their own (api/devices/).
+    if let Some(answer) = super::devices::route(vm, method, &parts, body) {
+        return answer.map(|body| (body.map_or_else(Reply::no_content, Reply::ok), Then::Nothing));
     }
     match (method, parts.as_slice()) {
         ("GET", [""]) => Ok((
@@ -110,25 +97,6 @@ fn route(vm: &mut Vm, metrics: &Metrics, method: &str, path: &str, body: &[u8]) 
         ("PUT", ["entropy"]) => done(vm.set_entropy(parse(body)?)),
         ("PUT", ["serial"]) => done(vm.set_serial(parse(body)?)),
         ("PUT", ["vsock"]) => done(vm.set_vsock(parse(body)?)),
-        ("PUT", ["pmem", id]) => done(vm.set_pmem(check_id(id)?, parse(body)?)),
-        ("PATCH", ["pmem", id]) => done(vm.update_pmem(check_id(id)?, parse(body)?)),
-        ("PUT", ["hotplug", "memory"]) => done(vm.set_memory_hotplug(parse(body)?)),
-        ("GET", ["hotplug", "memory"]) => Ok((Reply::ok(vm.memory_hotplug_status()?), Then::Nothing)),
-        ("PATCH", ["hotplug", "memory"]) => done(vm.update_memory_hotplug(parse(body)?)),
-        ("PUT", ["balloon"]) => done(vm.set_balloon(parse(body)?)),
-        ("GET", ["balloon"]) => Ok((Reply::ok(serde_json::to_value(vm.balloon_config()?)?), Then::Nothing)),
-        ("PATCH", ["balloon"]) => done(vm.update_balloon(parse(body)?)),
-        ("GET", ["balloon", "statistics"]) => Ok((Reply::ok(vm.balloon_statistics()?), Then::Nothing)),
-        ("PATCH", ["balloon", "statistics"]) => done(vm.update_balloon_statistics(parse(body)?)),
-        ("PATCH", ["balloon", "hinting", "start"]) => {
-            let start = match body.iter().all(u8::is_ascii_whitespace) {
-                true => model::StartHinting { acknowledge_on_stop: true },
-                false => parse(body)?,
-            };
-            done(vm.start_balloon_hinting(start))
-        }
-        ("GET", ["balloon", "hinting", "status"]) => Ok((Reply::ok(vm.balloon_hinting_status()?), Then::Nothing)),
-        ("PATCH", ["balloon", "hinting", "stop"]) => done(vm.stop_balloon_hinting()),
         ("PUT", ["snapshot", "create"]) => done(vm.create_snapshot(parse(body)?)),
         ("PUT", ["snapshot", "load"]) => {
             let (machine, paused) = vm.load_snapshot(parse(body)?)?;

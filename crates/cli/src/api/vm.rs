@@ -8,6 +8,7 @@ use super::model::{
 };
 use crate::report;
 use exitless_vmm::device_manager::TransportKind;
+use exitless_vmm::virtio;
 use exitless_vmm::virtio::blk::DriveConfig;
 use exitless_vmm::{HugePages, Machine, NetConfig};
 use std::sync::Arc;
@@ -374,22 +375,34 @@ impl Vm {
             Some(root) => format!("{cmdline} {}", root_args(root)),
             None => cmdline,
         };
-        let (pmems, pmem_root) = self.pmem_devices();
-        let cmdline = match pmem_root.filter(|_| restore.is_none()) {
-            Some(root) => format!("{cmdline} {root}"),
-            None => cmdline,
+        // The devices in files of their own (api/devices/) and their command-line words.
+        let (more_devices, words) = self.device_attaches();
+        let cmdline = match restore {
+            None => words.iter().fold(cmdline, |line, word| format!("{line} {word}")),
+            Some(_) => cmdline,
         };
-        let drives = drives
-            .into_iter()
-            .map(|d| DriveConfig {
-                readonly: d.is_read_only.unwrap_or(false),
-                id: Some(d.drive_id.chars().take(exitless_vmm::virtio::blk::request::ID_LEN).collect()),
-                config_id: Some(d.drive_id.clone()),
-                thread_pool: d.io_engine.as_deref() == Some("Sync"),
-                limits: super::model::limits(d.rate_limiter.as_ref()),
-                ..DriveConfig::new(&d.path_on_host)
-            })
-            .collect();
+        let drives = drives.into_iter().map(|d| DriveConfig {
+            readonly: d.is_read_only.unwrap_or(false),
+            id: Some(d.drive_id.chars().take(exitless_vmm::virtio::blk::request::ID_LEN).collect()),
+            config_id: Some(d.drive_id.clone()),
+            thread_pool: d.io_engine.as_deref() == Some("Sync"),
+            limits: super::model::limits(d.rate_limiter.as_ref()),
+            ..DriveConfig::new(&d.path_on_host)
+        });
+        // Each device made by its own module, in the order they are placed (a restore puts
+        // each where its snapshot had it, whatever the order).
+        let poll = exitless_vmm::poll::PollMode::Adaptive;
+        let mut devices: Vec<_> = nets.into_iter().map(|n| virtio::net::attach(n, poll)).collect();
+        devices.extend(drives.map(|d| virtio::blk::attach(d, poll)));
+        let entropy = self.config.entropy.map(|e| super::model::limits(e.rate_limiter.as_ref()));
+        devices.extend(entropy.map(virtio::rng::attach));
+        let vsock = self.config.vsock.as_ref().map(|v| virtio::vsock::VsockConfig {
+            guest_cid: u64::from(v.guest_cid),
+            uds_path: v.uds_path.clone().into(),
+            id: v.vsock_id.clone(),
+        });
+        devices.extend(vsock.map(|v| virtio::vsock::attach(v, poll)));
+        devices.extend(more_devices);
         let (serial_out, serial_in) = super::serial::console(self.config.serial.as_ref()).map_err(Fault)?;
         let config = exitless_vmm::MachineConfig {
             mem_size: mem,
@@ -402,15 +415,7 @@ impl Vm {
                 transport,
                 serial_in,
                 serial_out,
-                nets,
-                drives,
-                entropy: self.config.entropy.map(|e| super::model::limits(e.rate_limiter.as_ref())),
-                balloon: self.balloon_device(),
-                pmems,
-                vsock: self.config.vsock.as_ref().map(|v| exitless_vmm::virtio::vsock::VsockConfig {
-                    guest_cid: u64::from(v.guest_cid),
-                    uds_path: v.uds_path.clone().into(),
-                }),
+                allocated: devices,
                 ..Default::default()
             },
             // The thread that runs the machine waits under the main thread's filter; when the
@@ -498,7 +503,7 @@ impl Vm {
                 sample.count("balloon", field, n.load(Relaxed));
             }
         }
-        if let Some((mem, _)) = machine.devices().virtio_of::<exitless_vmm::device_manager::MemHandle>().next() {
+        if let Some((mem, _)) = machine.devices().virtio_of::<virtio::mem::MemHandle>().next() {
             use std::sync::atomic::Ordering::Relaxed;
             let c = &mem.shared.stats;
             for (field, n) in [

@@ -42,7 +42,7 @@ pub fn parse_vsock(s: &str) -> Result<exitless_vmm::virtio::vsock::VsockConfig, 
         }
     }
     let guest_cid = cid.ok_or("--vsock needs cid=N")?;
-    Ok(exitless_vmm::virtio::vsock::VsockConfig { guest_cid, uds_path: uds.ok_or("--vsock needs uds=PATH")? })
+    Ok(exitless_vmm::virtio::vsock::VsockConfig { guest_cid, uds_path: uds.ok_or("--vsock needs uds=PATH")?, id: None })
 }
 
 pub fn parse_drive(s: &str) -> Result<exitless_vmm::virtio::blk::DriveConfig, String> {

@@ -61,8 +61,7 @@ pub fn run(g: &GuestRun) -> Result<RunResult, BlkBenchError> {
     ];
     let drive_config = DriveConfig { direct: true, limits: g.limits, ..DriveConfig::new(g.file) };
     let LabMachine { machine, control, .. } = lab_machine("blkbench", params, |c| {
-        c.devices.drives = vec![drive_config];
-        c.devices.poll = g.device_poll;
+        c.devices.allocated = vec![exitless_vmm::virtio::blk::attach(drive_config, g.device_poll)];
     })?;
     let mut steps = Window::<Snapshot, BlkBenchError>::new(snapshot);
     drive(&machine, &control, g.timeout, &mut steps)?;

@@ -11,6 +11,10 @@ use exitless_vmm::device_manager::{BarRequest, DeviceError, DeviceHandle, Device
 use exitless_vmm::machine::AttachFixed;
 use std::sync::Arc;
 
+/// The lab's devices (doorbell, idle port, lab control), a kind of the lab's own: the
+/// VMM knows no such kind.
+pub const KIND: DeviceKind = DeviceKind("lab");
+
 /// What attaches the lab's devices as a machine is built (they sit at fixed places:
 /// [`exitless_vmm::DeviceConfig::fixed`]), and the doorbell it will attach.
 pub fn plug() -> (AttachFixed, Arc<Doorbell>) {
@@ -22,14 +26,14 @@ pub fn plug() -> (AttachFixed, Arc<Doorbell>) {
 /// Attaches the idle port and `bell` at 00:01.0.
 fn attach(devices: &mut DeviceManager, bell: Arc<Doorbell>) -> Result<(), DeviceError> {
     let idle = Arc::new(idle::Idle::new(devices.gsi_router()));
-    devices.attach_pio("idle", DeviceKind::Lab, abi::IDLE_PORT as u16, idle::IDLE_LEN, idle, DeviceHandle::Bus)?;
+    devices.attach_pio("idle", KIND, abi::IDLE_PORT as u16, idle::IDLE_LEN, idle, DeviceHandle::bus())?;
     let bars = [
         BarRequest { label: "mmio", spec: doorbell::MMIO_BAR, at: Some(abi::DOORBELL_MMIO_GPA) },
         BarRequest { label: "pio", spec: doorbell::PIO_BAR, at: Some(abi::DOORBELL_PIO_PORT) },
     ];
     let slot = Some(abi::DOORBELL_PCI_DEVICE as u8);
-    devices.attach_pci("doorbell", DeviceKind::Lab, slot, &bars, |p| {
-        Ok((doorbell::pci_function(bell, p.bars[0], p.bars[1]), DeviceHandle::Bus))
+    devices.attach_pci("doorbell", KIND, slot, &bars, |p| {
+        Ok((doorbell::pci_function(bell, p.bars[0], p.bars[1]), DeviceHandle::bus()))
     })?;
     Ok(())
 }

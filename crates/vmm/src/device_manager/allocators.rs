@@ -35,6 +35,8 @@ pub enum AllocError {
     Window(std::ops::Range<u64>, #[source] vm_allocator::Error),
     #[error("no room for {0:#x} bytes of device memory")]
     DeviceMemory(u64, #[source] vm_allocator::Error),
+    #[error("interrupt line {0} is taken or not one for virtio-mmio")]
+    LineTaken(u32),
 }
 
 pub struct Allocators {
@@ -49,10 +51,10 @@ pub struct Allocators {
     /// Every range handed out, per window (I/O, 32-bit, 64-bit): vm-allocator 0.1.4's
     /// exact-address allocation does not check that the range is still free.
     taken: [Vec<std::ops::Range<u64>>; 3],
-    /// IOAPIC pins for PCI INTx still free.
-    intx_pins: std::ops::RangeInclusive<u32>,
-    /// ISA lines for virtio-mmio devices still free.
-    mmio_irqs: std::array::IntoIter<u32, 9>,
+    /// IOAPIC pins for PCI INTx still free, lowest first.
+    intx_pins: Vec<u32>,
+    /// ISA lines for virtio-mmio devices still free, in the order they are handed out.
+    mmio_irqs: Vec<u32>,
 }
 
 /// What the allocators have handed out: a snapshot's record of it, and what a machine
@@ -61,43 +63,48 @@ pub struct Allocators {
 pub struct AllocatorState {
     /// PCI device numbers taken on bus 0 (bit n: device n).
     pub pci_slots: u32,
-    /// The ranges taken in the I/O, 32-bit and 64-bit windows, in the order taken.
+    /// The ranges taken in the I/O, 32-bit and 64-bit windows, lowest first (a restore
+    /// takes them in the order its devices are attached).
     pub io: Vec<Range<u64>>,
     pub mmio32: Vec<Range<u64>>,
     pub mmio64: Vec<Range<u64>>,
-    /// The device memory ranges taken (virtio-pmem), in the order taken.
-    #[serde(default)]
+    /// The device memory ranges taken (virtio-pmem), lowest first.
     pub device_memory: Vec<Range<u64>>,
     /// The IOAPIC pins for INTx and the ISA lines for virtio-mmio still free.
     pub free_intx_pins: Vec<u32>,
     pub free_mmio_lines: Vec<u32>,
 }
 
-/// A restore builds the same devices in the same order, so its allocators must stand
-/// where the snapshot's stood: checked, not applied. A difference means some placement
-/// was not reproduced, and the restore fails whole with the first difference.
+/// A restore builds the same devices, each where the snapshot had it, so its allocators
+/// must stand where the snapshot's stood: checked, not applied. A difference means some
+/// placement was not reproduced, and the restore fails whole with the first difference.
 impl Persist<'_> for Allocators {
     type State = AllocatorState;
     type SaveArgs = ();
     type RestoreArgs = ();
 
     fn save(&self, (): ()) -> Result<AllocatorState, PersistError> {
-        let [io, mmio32, mmio64] = self.taken.clone();
+        let sorted = |ranges: &[Range<u64>]| {
+            let mut ranges = ranges.to_vec();
+            ranges.sort_by_key(|r| r.start);
+            ranges
+        };
+        let [io, mmio32, mmio64] = [&self.taken[0], &self.taken[1], &self.taken[2]].map(|t| sorted(t));
         Ok(AllocatorState {
             pci_slots: self.slots,
             io,
             mmio32,
             mmio64,
-            device_memory: self.device_memory_taken.clone(),
-            free_intx_pins: self.intx_pins.clone().collect(),
-            free_mmio_lines: self.mmio_irqs.as_slice().to_vec(),
+            device_memory: sorted(&self.device_memory_taken),
+            free_intx_pins: self.intx_pins.clone(),
+            free_mmio_lines: self.mmio_irqs.clone(),
         })
     }
 
     fn restore(&self, (): (), saved: &AllocatorState) -> Result<(), PersistError> {
         let here = self.save(())?;
         let differs = |what: &str, there: &dyn std::fmt::Debug, here: &dyn std::fmt::Debug| {
-            Err(PersistError(format!("the snapshot's machine had {what} {there:x?}, this one {here:x?}")))
+            Err(PersistError::Refused(format!("the snapshot's machine had {what} {there:x?}, this one {here:x?}")))
         };
         match () {
             _ if saved.pci_slots != here.pci_slots => differs("PCI slots", &saved.pci_slots, &here.pci_slots),
@@ -132,8 +139,8 @@ impl Allocators {
             device_memory: range(windows.device_memory.clone())?,
             device_memory_taken: Vec::new(),
             taken: Default::default(),
-            intx_pins: crate::layout::PCI_INTX_PINS,
-            mmio_irqs: crate::layout::MMIO_IRQS.into_iter(),
+            intx_pins: crate::layout::PCI_INTX_PINS.collect(),
+            mmio_irqs: crate::layout::MMIO_IRQS.to_vec(),
         };
         // The 32-bit window's first page is Firecracker's boot timer's, whether or not it
         // is attached (`--boot-timer`): the rest lands alike either way, so a snapshot taken
@@ -145,7 +152,10 @@ impl Allocators {
 
     /// An IOAPIC pin of its own for a PCI function's INTx.
     pub fn intx_pin(&mut self) -> Result<u32, AllocError> {
-        self.intx_pins.next().ok_or(AllocError::NoIntxPin)
+        match self.intx_pins.is_empty() {
+            true => Err(AllocError::NoIntxPin),
+            false => Ok(self.intx_pins.remove(0)),
+        }
     }
 
     /// The next page-aligned window of `len` bytes for a virtio-mmio device: from the
@@ -168,10 +178,22 @@ impl Allocators {
     /// first (so a guest without an IOAPIC, `noapic`, reaches them through the PIC), then
     /// the IOAPIC's upper pins.
     pub fn mmio_irq(&mut self) -> Result<u32, AllocError> {
-        match self.mmio_irqs.next() {
-            Some(irq) => Ok(irq),
-            None => self.intx_pin(),
+        match self.mmio_irqs.is_empty() {
+            false => Ok(self.mmio_irqs.remove(0)),
+            true => self.intx_pin(),
         }
+    }
+
+    /// Takes line `gsi` for a virtio-mmio device (where a snapshot had it), if it is free
+    /// and one [`Allocators::mmio_irq`] hands out.
+    pub fn reserve_mmio_irq(&mut self, gsi: u32) -> Result<(), AllocError> {
+        for free in [&mut self.mmio_irqs, &mut self.intx_pins] {
+            if let Some(at) = free.iter().position(|&l| l == gsi) {
+                free.remove(at);
+                return Ok(());
+            }
+        }
+        Err(AllocError::LineTaken(gsi))
     }
 
     /// The lowest free device number on bus 0.
@@ -195,9 +217,17 @@ impl Allocators {
         self.take(bar.kind, bar.size, bar.size, AllocPolicy::FirstMatch)
     }
 
-    /// `size` bytes of device memory, `align`ed (a virtio-pmem file's region).
-    pub fn device_memory(&mut self, size: u64, align: u64) -> Result<u64, AllocError> {
-        let range = self.device_memory.allocate(size, align, AllocPolicy::FirstMatch);
+    /// `size` bytes of device memory, `align`ed (a virtio-pmem file's region): at `at` if
+    /// given (where a snapshot had it), else the lowest free.
+    pub fn device_memory(&mut self, size: u64, align: u64, at: Option<u64>) -> Result<u64, AllocError> {
+        let policy = match at {
+            Some(at) if self.device_memory_taken.iter().any(|r| r.start < at.saturating_add(size) && at < r.end) => {
+                return Err(AllocError::DeviceMemory(size, vm_allocator::Error::ResourceNotAvailable))
+            }
+            Some(at) => AllocPolicy::ExactMatch(at),
+            None => AllocPolicy::FirstMatch,
+        };
+        let range = self.device_memory.allocate(size, align, policy);
         let start = range.map_err(|e| AllocError::DeviceMemory(size, e))?.start();
         self.device_memory_taken.push(start..start + size);
         Ok(start)

@@ -1,31 +1,29 @@
 //! The device manager: the one owner of the buses, the PCI root, every allocator (PCI
 //! slots, BAR windows, ports, IOAPIC pins, memory slots; GSIs through the router), the
 //! ioeventfd registry, and the list of every device with its name, kind, resources and
-//! handle. Each device kind has one `attach_*` (legacy.rs, virtio.rs, qemu_test.rs);
-//! snapshots, hot-swap and the API reach devices through [`DeviceManager::devices`].
+//! handle. It knows no device type by name: each device's own module attaches it through
+//! the generic calls here (`attach_pio`, `attach_mmio`, `attach_pci`, `attach_virtio`),
+//! names its kind and hands over what its users reach it by and its part of a snapshot
+//! (device.rs); snapshots, hot-swap and the API reach devices through
+//! [`DeviceManager::devices`], [`DeviceManager::find`] and [`DeviceManager::virtio_of`].
 
 pub mod allocators;
-mod balloon;
-mod legacy;
-mod mem;
+mod device;
 mod persist;
-mod pmem;
-mod qemu_test;
+#[cfg(test)]
+mod state_tests;
 #[cfg(test)]
 mod tests;
 mod virtio;
 
-pub use persist::{DeviceRecord, DeviceState, DeviceTree};
+pub use device::{BarRequest, Device, DeviceHandle, DeviceKind, DeviceName, PciPlacement, Resource, Saves};
+pub use persist::{DeviceRecord, DeviceTree};
 
 use crate::memslots::{Memslots, NoMemslots};
 pub use allocators::{AllocError, Allocators};
-pub use balloon::{BalloonError, BalloonHandle};
-pub use mem::MemHandle;
-pub use pmem::{PmemConfig, PmemHandle};
-pub use virtio::{DriveHandle, EntropyHandle, NetConfig, NetHandle, TransportKind, VirtioTransport, VsockHandle};
+pub use virtio::{TransportKind, VirtioTransport};
 
 use crate::bus::{BusDevice, BusError, BusSet, DeviceId, MmioAddress, PioAddress, SharedBuses};
-use crate::devices::legacy::{AcpiPm, Serial, I8042};
 use crate::guest_memory::GuestMemoryMmap;
 use crate::ioeventfd::{IoeventfdLimits, IoeventfdRegistry, IoeventfdSink};
 use crate::irq::{GsiRouter, IrqError, IrqLevel, IrqSink};
@@ -34,9 +32,17 @@ use crate::layout::{self, MemoryMap};
 use crate::pci::cf8::{Cf8Device, CF8_LEN, CF8_PORT};
 use crate::pci::ecam::{EcamPages, EcamShadow, ECAM_SIZE, SHADOW_MAX_SLOTS};
 use crate::pci::ecam_device::EcamDevice;
-use crate::pci::{BarSpec, EcamMode, PciError, PciFunction, PciRoot};
+use crate::pci::{EcamMode, PciError, PciFunction, PciRoot};
 use crate::virtio::mmio::RegisterMode;
 use std::sync::Arc;
+
+/// The host bridge and the config access mechanisms: the PCI root's own.
+pub const PCI_HOST_BRIDGE: DeviceKind = DeviceKind("pci-host-bridge");
+pub const PCI_CONFIG_ACCESS: DeviceKind = DeviceKind("pci-config-access");
+
+/// Attaches one device as a machine is built, made by the device's own module from its
+/// configuration (`virtio::net::attach`) or by a lab (its devices at fixed places).
+pub type Attach = Box<dyn FnOnce(&mut DeviceManager) -> Result<(), DeviceError>>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
@@ -46,8 +52,6 @@ pub enum DeviceError {
         #[source]
         source: BusError,
     },
-    #[error("cannot set up virtio-vsock")]
-    Vsock(#[from] crate::virtio::vsock::VsockError),
     #[error("cannot set up device {name}")]
     Setup {
         name: String,
@@ -71,105 +75,26 @@ pub enum DeviceError {
     Ioeventfd(#[from] crate::ioeventfd::IoeventfdError),
     #[error(transparent)]
     Pci(#[from] PciError),
+    /// What a device's own module refused (its tap, disk or file), in its words.
     #[error(transparent)]
-    Tap(#[from] crate::net::tap::TapError),
-    #[error(transparent)]
-    Drive(#[from] crate::virtio::blk::DiskError),
-    #[error("the machine has no drive {0}")]
-    NoDrive(String),
-    #[error("the machine has no network interface {0}")]
-    NoNic(String),
-    #[error("the machine has no pmem device {0}")]
-    NoPmem(String),
-    #[error(transparent)]
-    Pmem(#[from] crate::virtio::pmem::PmemError),
-}
-
-/// What a device is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum DeviceKind {
-    Serial,
-    Keyboard,
-    DebugExit,
-    PowerManagement,
-    Rtc,
-    BootTimer,
-    PciHostBridge,
-    PciConfigAccess,
-    VirtioNet,
-    VirtioBlock,
-    VirtioRng,
-    VirtioVsock,
-    VirtioBalloon,
-    VirtioPmem,
-    VirtioMem,
-    /// QEMU's devices for kvm-unit-tests (`--testdevs`).
-    QemuTest,
-    /// The lab's own devices (doorbell, idle port, lab control): only in a build for the
-    /// labs (the `lab` feature), so the VMM's binary has no such kind.
-    #[cfg(feature = "lab")]
-    Lab,
-}
-
-/// Where a device answers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Resource {
-    Ports {
-        base: u16,
-        len: u64,
+    Backend(Box<dyn std::error::Error + Send + Sync>),
+    /// What a device's own module refused, whose words do not name the device.
+    #[error("cannot set up {name}")]
+    Device {
+        name: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
-    Mmio {
-        base: u64,
-        len: u64,
-    },
-    PciSlot(u8),
-    /// A BAR's first placement (the guest may move it).
-    Bar {
-        index: u8,
-        base: u64,
-    },
-    Irq(u32),
+    /// The API named a device the machine does not have (`what`: "drive").
+    #[error("the machine has no {what} {id}")]
+    NoSuch { what: &'static str, id: String },
 }
 
-/// How the VMM reaches a device besides the buses.
-pub enum DeviceHandle {
-    /// Only through the buses.
-    Bus,
-    Serial(Arc<Serial>),
-    Keyboard(Arc<I8042>),
-    Power(Arc<AcpiPm>),
-    /// Every virtio device, whatever its type: the manager needs only its transport.
-    Virtio(VirtioHandle),
-}
-
-/// A virtio device: its transport, and what its users reach it by (a [`NetHandle`], a
-/// [`DriveHandle`], ...), found by type with [`DeviceManager::virtio_of`]: a new virtio
-/// device type needs no new variant of [`DeviceHandle`] (its [`DeviceKind`] still names it).
-pub struct VirtioHandle {
-    pub transport: VirtioTransport,
-    device: Box<dyn std::any::Any + Send + Sync>,
-}
-
-/// One attached device.
-pub struct Device {
-    pub name: String,
-    pub kind: DeviceKind,
-    pub resources: Vec<Resource>,
-    pub handle: DeviceHandle,
-}
-
-/// A PCI function's place: its slot and, per BAR asked for, the bus id and address.
-pub struct PciPlacement {
-    pub slot: u8,
-    pub bars: Vec<(DeviceId, u64)>,
-}
-
-/// A BAR a PCI device asks for: anywhere in its window, or at an address its guest knows.
-pub struct BarRequest {
-    /// What the exit profile calls accesses to it (the device's name if empty).
-    pub label: &'static str,
-    pub spec: BarSpec,
-    pub at: Option<u64>,
+impl DeviceError {
+    /// What a device's module refused, its cause kept.
+    pub fn backend(e: impl std::error::Error + Send + Sync + 'static) -> DeviceError {
+        DeviceError::Backend(Box::new(e))
+    }
 }
 
 /// What the device manager asks of the VM: GSI routes and irqfds, line levels, ioeventfds
@@ -211,6 +136,9 @@ pub struct DeviceManager {
     /// What the vCPUs consult when KVM_RUN fails with EFAULT (device memory that lost its
     /// host pages).
     fault_repairs: Arc<crate::kvm::FaultRepairs>,
+    /// Where a snapshot had each device, by [`DeviceName::id`]: a restored machine's
+    /// devices are placed there, whatever order they are attached in.
+    plan: std::collections::BTreeMap<String, Vec<Resource>>,
 }
 
 impl DeviceManager {
@@ -244,22 +172,55 @@ impl DeviceManager {
             mmio_registers: config.mmio_registers,
             memslots: config.memslots,
             fault_repairs: Arc::default(),
+            plan: Default::default(),
         };
         if config.pci_config_io {
             let cf8 = Arc::new(Cf8Device::new(&pci));
-            dm.attach_pio("pci-cf8", DeviceKind::PciConfigAccess, CF8_PORT, CF8_LEN, cf8, DeviceHandle::Bus)?;
+            dm.attach_pio("pci-cf8", PCI_CONFIG_ACCESS, CF8_PORT, CF8_LEN, cf8, DeviceHandle::bus())?;
         }
         let ecam = Arc::new(EcamDevice::new(&pci));
-        let kind = DeviceKind::PciConfigAccess;
-        dm.attach_mmio("pci-ecam", kind, layout::ECAM_GPA, ECAM_SIZE, ecam, DeviceHandle::Bus)?;
+        dm.attach_mmio("pci-ecam", PCI_CONFIG_ACCESS, layout::ECAM_GPA, ECAM_SIZE, ecam, DeviceHandle::bus())?;
         pci.add(0, 0, crate::pci::host_bridge())?;
-        dm.push("host-bridge", DeviceKind::PciHostBridge, vec![Resource::PciSlot(0)], DeviceHandle::Bus);
+        dm.push("host-bridge".into(), PCI_HOST_BRIDGE, vec![Resource::PciSlot(0)], DeviceHandle::bus());
         Ok(dm)
+    }
+
+    /// Devices attached from here on are placed where `tree` (a snapshot's) had the device
+    /// of the same id, rather than where the allocators would put them.
+    pub fn plan_restore(&mut self, tree: &DeviceTree) {
+        self.plan = tree.devices.iter().map(|(id, r)| (id.clone(), r.placement.clone())).collect();
+    }
+
+    /// Where the snapshot being restored had device `id` (nothing if none): a device that
+    /// takes a place of a kind of its own (device memory) takes it there.
+    pub fn planned(&self, id: &str) -> &[Resource] {
+        self.plan.get(id).map_or(&[], Vec::as_slice)
     }
 
     /// Every attached device, in the order attached.
     pub fn devices(&self) -> &[Device] {
         &self.devices
+    }
+
+    /// The device a snapshot calls `id`, to record what its module adds (a place of its
+    /// own, what a snapshot does with it).
+    pub fn device_mut(&mut self, id: &str) -> Option<&mut Device> {
+        self.devices.iter_mut().find(|d| d.id == id)
+    }
+
+    /// The VM the devices' interrupts, ioeventfds and memory slots are asked of.
+    pub fn vm(&self) -> &Arc<dyn VmDevices> {
+        &self.vm
+    }
+
+    /// Guest memory, which devices read and write.
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.memory
+    }
+
+    /// KVM memory slot numbers, for a device that maps memory of its own.
+    pub fn memslots(&self) -> &Arc<Memslots> {
+        &self.memslots
     }
 
     /// What the exit profile calls each bus entry, by [`DeviceId`].
@@ -296,16 +257,17 @@ impl DeviceManager {
     /// fall in it.
     pub fn attach_pio(
         &mut self,
-        name: &str,
+        name: impl Into<DeviceName>,
         kind: DeviceKind,
         port: u16,
         len: u64,
         device: Arc<dyn BusDevice>,
         handle: DeviceHandle,
     ) -> Result<DeviceId, DeviceError> {
+        let name = name.into();
         self.allocators.reserve_ports(port, len)?;
-        tracing::debug!("{name}: ports {port:#x}..{:#x}", u64::from(port) + len);
-        let id = self.insert(name, |b, id| b.pio.insert(PioAddress(port), len, id, device))?;
+        tracing::debug!("{}: ports {port:#x}..{:#x}", name.label, u64::from(port) + len);
+        let id = self.insert(&name.label, |b, id| b.pio.insert(PioAddress(port), len, id, device))?;
         self.push(name, kind, vec![Resource::Ports { base: port, len }], handle);
         Ok(id)
     }
@@ -313,40 +275,64 @@ impl DeviceManager {
     /// A device on the MMIO bus.
     pub fn attach_mmio(
         &mut self,
-        name: &str,
+        name: impl Into<DeviceName>,
         kind: DeviceKind,
         addr: u64,
         len: u64,
         device: Arc<dyn BusDevice>,
         handle: DeviceHandle,
     ) -> Result<DeviceId, DeviceError> {
-        tracing::debug!("{name}: MMIO {addr:#x}..{:#x}", addr + len);
-        let id = self.insert(name, |b, id| b.mmio.insert(MmioAddress(addr), len, id, device))?;
+        let name = name.into();
+        let id = self.place_mmio(&name.label, addr, len, device)?;
         self.push(name, kind, vec![Resource::Mmio { base: addr, len }], handle);
         Ok(id)
     }
 
-    /// A PCI function: a slot (`slot`, or the lowest free), its BARs placed by the
-    /// allocators, then `build` makes the function for that placement.
+    /// A bus entry on the MMIO bus for a device that is recorded otherwise (a device's
+    /// second window): named `label` in the exit profile.
+    pub fn place_mmio(
+        &mut self,
+        label: &str,
+        addr: u64,
+        len: u64,
+        device: Arc<dyn BusDevice>,
+    ) -> Result<DeviceId, DeviceError> {
+        tracing::debug!("{label}: MMIO {addr:#x}..{:#x}", addr + len);
+        self.insert(label, |b, id| b.mmio.insert(MmioAddress(addr), len, id, device))
+    }
+
+    /// A PCI function: a slot (`slot`, or where a restored snapshot had it, or the lowest
+    /// free), its BARs placed likewise, then `build` makes the function for that placement.
     pub fn attach_pci(
         &mut self,
-        name: &str,
+        name: impl Into<DeviceName>,
         kind: DeviceKind,
         slot: Option<u8>,
         bars: &[BarRequest],
         build: impl FnOnce(&PciPlacement) -> Result<(PciFunction, DeviceHandle), DeviceError>,
     ) -> Result<PciPlacement, DeviceError> {
-        let slot = match slot {
+        let name = name.into();
+        let planned = self.planned(&name.id).to_vec();
+        let planned_slot = planned.iter().find_map(|r| match r {
+            Resource::PciSlot(s) => Some(*s),
+            _ => None,
+        });
+        let slot = match slot.or(planned_slot) {
             Some(n) => self.allocators.reserve_slot(n).map(|()| n)?,
             None => self.allocators.slot()?,
         };
         let mut placement = PciPlacement { slot, bars: Vec::new() };
         let mut resources = vec![Resource::PciSlot(slot)];
         for (index, bar) in bars.iter().enumerate() {
-            let base = match bar.at {
+            let planned_bar = planned.iter().find_map(|r| match r {
+                Resource::Bar { index: i, base } if usize::from(*i) == index => Some(*base),
+                _ => None,
+            });
+            let base = match bar.at.or(planned_bar) {
                 Some(at) => self.allocators.reserve_bar(bar.spec, at).map(|()| at)?,
                 None => self.allocators.bar(bar.spec)?,
             };
+            let name = &name.label;
             let label = if bar.label.is_empty() { name.to_string() } else { format!("{name}-{}", bar.label) };
             placement.bars.push((self.name_bus_entry(&label), base));
             resources.push(Resource::Bar { index: index as u8, base });
@@ -354,7 +340,8 @@ impl DeviceManager {
         let (function, handle) = build(&placement)?;
         self.pci.add(slot, 0, function)?;
         tracing::debug!(
-            "{name}: PCI 00:{slot:02x}.0, BARs {:#x?}",
+            "{}: PCI 00:{slot:02x}.0, BARs {:#x?}",
+            name.label,
             placement.bars.iter().map(|b| b.1).collect::<Vec<_>>()
         );
         self.push(name, kind, resources, handle);
@@ -378,53 +365,36 @@ impl DeviceManager {
         Ok(id)
     }
 
-    fn push(&mut self, name: &str, kind: DeviceKind, resources: Vec<Resource>, handle: DeviceHandle) {
-        self.devices.push(Device { name: name.to_string(), kind, resources, handle });
+    fn push(&mut self, name: DeviceName, kind: DeviceKind, resources: Vec<Resource>, handle: DeviceHandle) {
+        self.devices.push(Device { name: name.label, id: name.id, kind, resources, handle });
     }
 
-    /// COM1, whose queued output is drained before a run returns.
-    pub fn serial(&self) -> Option<&Arc<Serial>> {
-        self.devices.iter().find_map(|d| match &d.handle {
-            DeviceHandle::Serial(s) => Some(s),
-            _ => None,
-        })
+    /// What its users reach the devices reached by a `T` by, in the order attached.
+    pub fn all<T: 'static>(&self) -> impl Iterator<Item = &T> {
+        self.devices.iter().filter_map(|d| d.handle.users::<T>())
     }
 
-    /// The PS/2 controller, through which the API sends Ctrl-Alt-Del.
-    pub fn keyboard(&self) -> Option<&Arc<I8042>> {
-        self.devices.iter().find_map(|d| match &d.handle {
-            DeviceHandle::Keyboard(k) => Some(k),
-            _ => None,
-        })
+    /// The first device reached by a `T` (COM1's `Arc<Serial>`).
+    pub fn find<T: 'static>(&self) -> Option<&T> {
+        self.all().next()
     }
 
-    /// The ACPI PM registers and timer.
-    pub fn power(&self) -> Option<&Arc<AcpiPm>> {
-        self.devices.iter().find_map(|d| match &d.handle {
-            DeviceHandle::Power(p) => Some(p),
-            _ => None,
-        })
-    }
-
-    /// The virtio-net devices, in the order attached.
-    pub fn nets(&self) -> impl Iterator<Item = &NetHandle> {
-        self.virtio_of::<NetHandle>().map(|(n, _)| n)
-    }
-
-    /// The virtio devices whose handle is a `T`, in the order attached, with their
-    /// transports.
+    /// The virtio devices reached by a `T` (a `NetHandle`), in the order attached, with
+    /// their transports.
     pub fn virtio_of<T: 'static>(&self) -> impl Iterator<Item = (&T, &VirtioTransport)> {
-        self.devices.iter().filter_map(|d| match &d.handle {
-            DeviceHandle::Virtio(v) => v.device.downcast_ref::<T>().map(|t| (t, &v.transport)),
-            _ => None,
-        })
+        self.devices.iter().filter_map(|d| Some((d.handle.users::<T>()?, d.handle.transport()?)))
     }
 
     /// Every virtio device, in the order attached: its name, where it is (a PCI slot, or
     /// an MMIO window and line) and its transport.
     pub fn virtio_devices(&self) -> impl Iterator<Item = (&str, &[Resource], &VirtioTransport)> {
-        self.devices.iter().filter_map(|d| match &d.handle {
-            DeviceHandle::Virtio(v) => Some((d.name.as_str(), d.resources.as_slice(), &v.transport)),
+        self.devices.iter().filter_map(|d| Some((d.name.as_str(), d.resources.as_slice(), d.handle.transport()?)))
+    }
+
+    /// The first device a snapshot of this machine cannot hold, and why.
+    pub fn unsaved(&self) -> Option<(&str, &'static str)> {
+        self.devices.iter().find_map(|d| match d.handle.saves() {
+            Saves::Refused(why) => Some((d.name.as_str(), *why)),
             _ => None,
         })
     }
@@ -453,20 +423,5 @@ impl DeviceManager {
         for (_, _, transport) in self.virtio_devices() {
             transport.core().start_restored();
         }
-    }
-
-    /// The vsock device, if there is one.
-    pub fn vsock(&self) -> Option<&VsockHandle> {
-        self.virtio_of::<VsockHandle>().next().map(|(v, _)| v)
-    }
-
-    /// The entropy device, if there is one.
-    pub fn entropy(&self) -> Option<&EntropyHandle> {
-        self.virtio_of::<EntropyHandle>().next().map(|(e, _)| e)
-    }
-
-    /// The virtio-blk devices, in the order attached.
-    pub fn drives(&self) -> impl Iterator<Item = &DriveHandle> {
-        self.virtio_of::<DriveHandle>().map(|(d, _)| d)
     }
 }

@@ -1,54 +1,47 @@
-//! The device manager's part of a snapshot: every device by its name, with where it is
-//! (its placements: ports, windows, slot, BARs, lines) and what it holds. A restore is
-//! checked whole before anything is put back: the same devices by name, each where the
-//! snapshot had it; then PCI config spaces (BARs where the guest moved them) and each
-//! device's state, through its own [`Persist`].
+//! The device manager's part of a snapshot: every device by its id (the API's ids:
+//! `virtio-net/eth0`, `virtio-blk/rootfs`; fixed names for the rest), with where it is (its
+//! placements: ports, windows, slot, BARs, lines, device memory) and its state, typed and
+//! versioned by the device ([`crate::persist::DeviceSnapshot`]). A restore places each
+//! device where the snapshot had it ([`DeviceManager::plan_restore`]), whatever order it
+//! is attached in, and is checked whole before anything is put back: the same devices by
+//! id, each where the snapshot had it; then PCI config spaces (BARs where the guest moved
+//! them) and each device's state, read back through [`crate::persist::Saved::decode`].
 
 use super::allocators::AllocatorState;
-use super::{Device, DeviceHandle, DeviceKind, DeviceManager, Resource, TransportKind};
-use crate::devices::legacy::{acpi_pm::PmState, i8042, serial::SerialRegs};
-use crate::persist::{Pausable, Persist, PersistError};
-use crate::virtio::transport::TransportState;
+use super::{Device, DeviceManager, Resource, Saves, TransportKind};
+use crate::persist::{DeviceSnapshot, Pausable, Persist, PersistError, Saved, StateFault};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// The devices by name, and what the allocators had handed out for them.
+/// The devices by id, and what the allocators had handed out for them.
 #[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DeviceTree {
     pub devices: BTreeMap<String, DeviceRecord>,
     pub allocators: AllocatorState,
+    /// The transport the virtio devices were on (none: there were none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<TransportKind>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DeviceRecord {
-    pub kind: DeviceKind,
+    /// Its kind, as its module names it (`virtio-net`).
+    pub kind: String,
     pub placement: Vec<Resource>,
-    /// What the device holds (none for a device with no state of its own).
+    /// What the device holds, at its version (none for a device with no state of its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<DeviceState>,
+    pub state: Option<Saved>,
     /// A PCI function's 4 KiB of config space, in hex (BARs where the guest put them).
     #[serde(default, skip_serializing_if = "Vec::is_empty", with = "hex_bytes")]
     pub config: Vec<u8>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DeviceState {
-    Serial(SerialRegs),
-    Keyboard(i8042::State),
-    Power(PmState),
-    Virtio(TransportState),
-}
-
 impl DeviceTree {
     /// The transport the snapshotted machine's virtio devices were on (None: it had none).
     pub fn transport(&self) -> Option<TransportKind> {
-        let virtio = self.devices.values().filter(|r| matches!(r.state, Some(DeviceState::Virtio(_))));
-        let mut kinds = virtio.map(|r| match pci_slot(&r.placement) {
-            Some(_) => TransportKind::Pci,
-            None => TransportKind::Mmio,
-        });
-        kinds.next()
+        self.transport
     }
 }
 
@@ -63,7 +56,7 @@ impl Pausable for DeviceManager {
         for (name, _, transport) in self.virtio_devices() {
             if let Err(e) = transport.resume() {
                 tracing::error!("{name}: cannot go on after the snapshot: {e}");
-                first = first.and(Err(PersistError(format!("{name}: {e}"))));
+                first = first.and(Err(e.named(name)));
             }
         }
         first
@@ -79,20 +72,21 @@ impl Persist<'_> for DeviceManager {
     fn save(&self, (): ()) -> Result<DeviceTree, PersistError> {
         let mut tree = BTreeMap::new();
         for device in self.devices().iter().filter(|d| in_snapshot(d)) {
-            let named = |e: PersistError| PersistError(format!("{}: {e}", device.name));
-            let state = state_of(device).map_err(named)?;
-            let config = match (&device.handle, pci_slot(&device.resources)) {
-                (DeviceHandle::Virtio(_), Some(slot)) => {
+            let state = snapshot_part(device).map(|p| p.save_state(&device.id)).transpose()?;
+            let config = match (device.handle.transport(), pci_slot(&device.resources)) {
+                (Some(_), Some(slot)) => {
                     self.pci().config_snapshot(usize::from(slot) << 3).map_or_else(Vec::new, |c| c.to_vec())
                 }
                 _ => Vec::new(),
             };
-            let record = DeviceRecord { kind: device.kind, placement: device.resources.clone(), state, config };
-            if tree.insert(device.name.clone(), record).is_some() {
-                return Err(PersistError(format!("two devices are called {}", device.name)));
+            let kind = device.kind.0.to_string();
+            let record = DeviceRecord { kind, placement: device.resources.clone(), state, config };
+            if tree.insert(device.id.clone(), record).is_some() {
+                return Err(PersistError::Refused(format!("two devices are called {}", device.id)));
             }
         }
-        Ok(DeviceTree { devices: tree, allocators: self.allocators.save(())? })
+        let transport = self.virtio_devices().next().map(|_| self.transport);
+        Ok(DeviceTree { devices: tree, allocators: self.allocators.save(())?, transport })
     }
 
     /// Onto the devices this machine was built with, which must be the snapshot's, each
@@ -101,17 +95,18 @@ impl Persist<'_> for DeviceManager {
     fn restore(&self, (): (), tree: &DeviceTree) -> Result<(), PersistError> {
         let names = |n: &mut dyn Iterator<Item = &String>| n.map(String::as_str).collect::<Vec<_>>().join(", ");
         let mut here: Vec<&Device> = self.devices().iter().filter(|d| in_snapshot(d)).collect();
-        here.sort_by(|a, b| a.name.cmp(&b.name));
-        let (there_names, here_names) = (names(&mut tree.devices.keys()), names(&mut here.iter().map(|d| &d.name)));
+        here.sort_by(|a, b| a.id.cmp(&b.id));
+        let (there_names, here_names) = (names(&mut tree.devices.keys()), names(&mut here.iter().map(|d| &d.id)));
         if there_names != here_names {
-            return Err(PersistError(format!("the snapshot has devices [{there_names}], this machine [{here_names}]")));
+            let why = format!("the snapshot has devices [{there_names}], this machine [{here_names}]");
+            return Err(PersistError::Refused(why));
         }
         for device in &here {
-            let saved = &tree.devices[&device.name];
-            if saved.kind != device.kind || placed(&saved.placement) != placed(&device.resources) {
-                return Err(PersistError(format!(
-                    "{} is a {:?} at {:?} in the snapshot, a {:?} at {:?} here",
-                    device.name, saved.kind, saved.placement, device.kind, device.resources
+            let saved = &tree.devices[&device.id];
+            if saved.kind != device.kind.0 || placed(&saved.placement) != placed(&device.resources) {
+                return Err(PersistError::Refused(format!(
+                    "{} is a {} at {:?} in the snapshot, a {} at {:?} here",
+                    device.id, saved.kind, saved.placement, device.kind, device.resources
                 )));
             }
         }
@@ -122,47 +117,39 @@ impl Persist<'_> for DeviceManager {
         // where the guest moved them) go back and place them again.
         let functions: Vec<usize> = here
             .iter()
-            .filter(|d| !tree.devices[&d.name].config.is_empty())
+            .filter(|d| !tree.devices[&d.id].config.is_empty())
             .filter_map(|d| pci_slot(&d.resources))
             .map(|slot| usize::from(slot) << 3)
             .collect();
         self.pci().unplace_bars(&functions);
         for device in here {
-            let saved = &tree.devices[&device.name];
-            let named = |e: PersistError| PersistError(format!("{}: {e}", device.name));
+            let saved = &tree.devices[&device.id];
             if let (false, Some(slot)) = (saved.config.is_empty(), pci_slot(&device.resources)) {
-                self.pci().restore_config(usize::from(slot) << 3, &saved.config).map_err(|e| named(e.into()))?;
+                let config = self.pci().restore_config(usize::from(slot) << 3, &saved.config);
+                config.map_err(|e| PersistError::from(e).named(&device.id))?;
             }
-            restore_state(device, saved.state.as_ref()).map_err(named)?;
+            match (snapshot_part(device), &saved.state) {
+                (None, None) => {}
+                (Some(part), Some(state)) => part.restore_state(&device.id, state)?,
+                (Some(_), None) => return Err(StateFault::Missing.of(&device.id).into()),
+                (None, Some(_)) => return Err(StateFault::Unexpected.of(&device.id).into()),
+            }
         }
         Ok(())
     }
 }
 
-/// Whether a device is part of the machine a snapshot saves: Firecracker's boot timer is
-/// the VMM's own stopwatch (`--boot-timer`), there or not in either process alike.
+/// Whether a device is part of the machine a snapshot saves (not, for one that is there
+/// or not in either process alike: Firecracker's boot timer, the VMM's own stopwatch).
 fn in_snapshot(device: &Device) -> bool {
-    device.kind != DeviceKind::BootTimer
+    !matches!(device.handle.saves(), Saves::Excluded)
 }
 
-fn state_of(device: &Device) -> Result<Option<DeviceState>, PersistError> {
-    Ok(Some(match &device.handle {
-        DeviceHandle::Bus => return Ok(None),
-        DeviceHandle::Serial(s) => DeviceState::Serial(s.save(())?),
-        DeviceHandle::Keyboard(k) => DeviceState::Keyboard(k.save(())?),
-        DeviceHandle::Power(p) => DeviceState::Power(p.save(())?),
-        DeviceHandle::Virtio(v) => DeviceState::Virtio(v.transport.save(())?),
-    }))
-}
-
-fn restore_state(device: &Device, state: Option<&DeviceState>) -> Result<(), PersistError> {
-    match (&device.handle, state) {
-        (DeviceHandle::Bus, None) => Ok(()),
-        (DeviceHandle::Serial(s), Some(DeviceState::Serial(r))) => s.restore((), r),
-        (DeviceHandle::Keyboard(k), Some(DeviceState::Keyboard(r))) => k.restore((), r),
-        (DeviceHandle::Power(p), Some(DeviceState::Power(r))) => p.restore((), r),
-        (DeviceHandle::Virtio(v), Some(DeviceState::Virtio(t))) => v.transport.restore((), t),
-        (_, state) => Err(PersistError(format!("its saved state ({state:?}) is not this device's"))),
+/// A device's part of a snapshot (None: it keeps no state of its own).
+fn snapshot_part(device: &Device) -> Option<&dyn DeviceSnapshot> {
+    match device.handle.saves() {
+        Saves::State(part) => Some(&**part),
+        Saves::Nothing | Saves::Excluded | Saves::Refused(_) => None,
     }
 }
 

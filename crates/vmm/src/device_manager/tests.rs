@@ -13,12 +13,12 @@ use vm_memory::GuestAddress;
 /// Slots a machine's RAM would have taken first.
 const RAM_SLOTS: u32 = 2;
 
-struct Built {
-    dm: DeviceManager,
-    kvm: Arc<FakeKvm>,
+pub(super) struct Built {
+    pub dm: DeviceManager,
+    pub kvm: Arc<FakeKvm>,
 }
 
-fn manager(transport: TransportKind, mmio_registers: RegisterMode) -> Built {
+pub(super) fn manager(transport: TransportKind, mmio_registers: RegisterMode) -> Built {
     let kvm = Arc::new(FakeKvm::default());
     let map = MemoryMap::new(64 << 20).unwrap();
     let memory = crate::guest_memory::anonymous(&[(GuestAddress(0), 1 << 20)]).unwrap();
@@ -39,10 +39,10 @@ fn manager(transport: TransportKind, mmio_registers: RegisterMode) -> Built {
 }
 
 fn attach(dm: &mut DeviceManager, name: &str) -> Result<VirtioTransport, DeviceError> {
-    dm.attach_virtio(name, DeviceKind::VirtioRng, Box::<RecordingDevice>::default(), ())
+    dm.attach_virtio(name, DeviceKind("virtio-test"), Box::<RecordingDevice>::default(), ())
 }
 
-fn resources<'a>(dm: &'a DeviceManager, name: &str) -> &'a [Resource] {
+pub(super) fn resources<'a>(dm: &'a DeviceManager, name: &str) -> &'a [Resource] {
     &dm.devices().iter().find(|d| d.name == name).unwrap_or_else(|| panic!("no {name}")).resources
 }
 
@@ -158,9 +158,20 @@ fn a_restore_takes_the_same_build_and_refuses_another_naming_the_device() {
     build(&["a", "b"]).dm.restore((), &saved).unwrap();
     let missing = build(&["a"]).dm.restore((), &saved).unwrap_err().to_string();
     assert!(missing.contains("[a, b") || missing.contains("a, b,"), "{missing}");
-    // The same names attached the other way round: each in the other's window.
+    // The same names attached the other way round, unplanned: each in the other's window.
     let swapped = build(&["b", "a"]).dm.restore((), &saved).unwrap_err().to_string();
     assert!(swapped.starts_with("a is a") || swapped.starts_with("b is a"), "{swapped}");
+    // Planned from the snapshot (as a restored machine is): each where the snapshot had it.
+    let mut planned = manager(TransportKind::Mmio, RegisterMode::Mapped);
+    planned.dm.plan_restore(&saved);
+    for n in ["b", "a"] {
+        attach(&mut planned.dm, n).unwrap();
+    }
+    planned.dm.restore((), &saved).unwrap();
+    let first = build(&["a", "b"]);
+    for n in ["a", "b"] {
+        assert_eq!(resources(&planned.dm, n), resources(&first.dm, n), "{n}");
+    }
     // A snapshot's JSON survives the trip through the state file's format.
     let text = serde_json::to_string(&saved).unwrap();
     let back: persist::DeviceTree = serde_json::from_str(&text).unwrap();
@@ -176,7 +187,7 @@ fn the_allocators_save_what_they_handed_out_and_refuse_a_machine_that_differs() 
     assert_eq!(saved.mmio32.len(), 2, "the boot timer's page and a's window: {saved:?}");
     dm.allocators().restore((), &saved).unwrap();
     // One more BAR taken here than in the snapshot: refused, saying what differs.
-    dm.allocators().bar(BarSpec { kind: crate::pci::BarKind::Memory64, size: 1 << 20 }).unwrap();
+    dm.allocators().bar(crate::pci::BarSpec { kind: crate::pci::BarKind::Memory64, size: 1 << 20 }).unwrap();
     let e = dm.allocators().restore((), &saved).unwrap_err().to_string();
     assert!(e.contains("64-bit MMIO ranges"), "{e}");
 }

@@ -5,7 +5,7 @@
 use super::{ioctl, MachineConfig, MAX_VCPUS};
 use super::{join_lstar_watch, load, map_guest_ram, sleep, LstarWatch, Machine, MachineError, VcpuPlan};
 use crate::boot::EntryPoint;
-use crate::device_manager::{Allocators, DeviceManager, DeviceManagerConfig};
+use crate::device_manager::{Allocators, DeviceManager, DeviceManagerConfig, DeviceTree};
 use crate::devices::legacy::{cmos_rtc::CmosRtc, AcpiPm};
 use crate::guest_memory::GuestMemoryMmap;
 use crate::host::HostProfile;
@@ -54,7 +54,7 @@ impl Machine {
     /// A guest booted from `config.image`: its tables, command line and image written
     /// once the devices are placed (the tables and command line name them).
     fn booted(mut config: MachineConfig) -> Result<Machine, MachineError> {
-        let mut p = Platform::build(&mut config, None)?;
+        let mut p = Platform::build(&mut config, None, None)?;
         let boot = load::GuestBoot {
             image: &config.image,
             cmdline: &config.cmdline,
@@ -75,7 +75,7 @@ impl Machine {
     /// theirs as they are created.
     fn restored(mut config: MachineConfig, r: Restore) -> Result<Machine, MachineError> {
         crate::snapshot::check_restore(&r, config.vcpus, config.mem_size, config.devices.test_devices)?;
-        let p = Platform::build(&mut config, Some(&r.memory))?;
+        let p = Platform::build(&mut config, Some(&r.memory), Some(&r.state.devices))?;
         p.vm.restore(r.clock_realtime, &r.state.vm).map_err(SnapshotError::from)?;
         p.devices.restore((), &r.state.devices).map_err(SnapshotError::from)?;
         // The guest wrote LSTAR in another VMM (its watch starts from the saved value), so
@@ -85,7 +85,12 @@ impl Machine {
 }
 
 impl Platform {
-    fn build(config: &mut MachineConfig, memory_from: Option<&MemoryBackend>) -> Result<Platform, MachineError> {
+    /// With `placed` (a snapshot's devices), each device where the snapshot had it.
+    fn build(
+        config: &mut MachineConfig,
+        memory_from: Option<&MemoryBackend>,
+        placed: Option<&DeviceTree>,
+    ) -> Result<Platform, MachineError> {
         let started = (Instant::now(), cycles());
         let host = HostProfile::choose(config.host);
         tracing::info!("host profile: {}", host.describe());
@@ -146,6 +151,9 @@ impl Platform {
             memslots,
         };
         let mut devices = DeviceManager::new(vm.clone(), memory.clone(), &map, allocators, dm_config)?;
+        if let Some(tree) = placed {
+            devices.plan_restore(tree);
+        }
         // Every device from here on routes interrupts (irqfds, GSI routes): the irqchip first.
         vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
         let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
@@ -171,24 +179,10 @@ impl Platform {
         if d.boot_timer && memory_from.is_none() {
             devices.attach_boot_timer(started.0)?;
         }
-        for net in &d.nets {
-            devices.attach_net(net, d.poll)?;
+        for attach in d.allocated {
+            attach(&mut devices)?;
         }
-        for drive in &d.drives {
-            devices.attach_blk(drive, d.poll)?;
-        }
-        if let Some(limits) = d.entropy {
-            devices.attach_rng(limits)?;
-        }
-        if let Some(vsock) = &d.vsock {
-            devices.attach_vsock(vsock, d.poll)?;
-        }
-        for pmem in &d.pmems {
-            devices.attach_pmem(pmem)?;
-        }
-        if let Some(balloon) = d.balloon {
-            devices.attach_balloon(balloon)?;
-        }
+        // Hotpluggable memory is the machine's own (its guest memory, placed above).
         if let Some(g) = hotplug {
             devices.attach_virtio_mem(g)?;
         }
@@ -256,7 +250,7 @@ fn hotplug_geometry(allocators: &mut Allocators, h: super::MemoryHotplug) -> Res
         mib.checked_mul(1 << 20).ok_or_else(|| MachineError::MemoryHotplug(format!("{mib} MiB is too large")))
     };
     let (size, block_size, slot_size) = (bytes(h.total_size_mib)?, bytes(h.block_size_mib)?, bytes(h.slot_size_mib)?);
-    let start = allocators.device_memory(size, crate::virtio::mem::ALIGNMENT).map_err(|e| {
+    let start = allocators.device_memory(size, crate::virtio::mem::ALIGNMENT, None).map_err(|e| {
         MachineError::MemoryHotplug(format!("no room for {} MiB of hotpluggable memory: {e}", h.total_size_mib))
     })?;
     Ok(Geometry { start, size, block_size, slot_size })

@@ -1,11 +1,10 @@
 //! What a machine is built from: the image, RAM and vCPUs, its devices, how it runs.
 
 use crate::boot;
-use crate::device_manager::{DeviceError, DeviceManager, NetConfig};
+use crate::device_manager::Attach;
 use crate::host::ProfileChoice;
 use crate::ioeventfd::IoeventfdLimits;
 use crate::pci::EcamMode;
-use crate::virtio::blk::DriveConfig;
 use std::io::{Read, Write};
 use std::time::Duration;
 
@@ -98,18 +97,6 @@ pub struct DeviceConfig {
     pub pci_config_io: bool,
     /// The transport virtio devices are attached over (PCI unless asked).
     pub transport: crate::device_manager::TransportKind,
-    /// virtio-net devices, one per tap, in order.
-    pub nets: Vec<NetConfig>,
-    /// virtio-blk devices, one per drive, in order.
-    pub drives: Vec<DriveConfig>,
-    /// A virtio-vsock device (Firecracker's `PUT /vsock`).
-    pub vsock: Option<crate::virtio::vsock::VsockConfig>,
-    /// A virtio-rng device and its rate limits (Firecracker's `PUT /entropy`).
-    pub entropy: Option<crate::rate_limiter::Limits>,
-    /// virtio-pmem devices, in order (Firecracker's `PUT /pmem/{id}`).
-    pub pmems: Vec<crate::device_manager::PmemConfig>,
-    /// A virtio-balloon device (Firecracker's `PUT /balloon`).
-    pub balloon: Option<crate::virtio::balloon::BalloonConfig>,
     /// Firecracker's boot-timer device (`--boot-timer`): logs the time until the guest
     /// writes 123 to it.
     pub boot_timer: bool,
@@ -119,15 +106,17 @@ pub struct DeviceConfig {
     /// With `test_devices`: QEMU's edu device behind a VT-d model (`--testdev-iommu`), for
     /// kvm-unit-tests' `intel_iommu`.
     pub test_iommu: bool,
-    /// How long device threads poll for work before they sleep (`--poll-us`, crate::poll).
-    pub poll: crate::poll::PollMode,
     /// Devices at places their guest knows (the lab's doorbell at 00:01.0), attached
     /// before any device whose place is allocated so that nothing takes their place.
     pub fixed: Vec<AttachFixed>,
+    /// The devices whose place the allocators choose, in order, each made by its own
+    /// module from its configuration (`virtio::net::attach(config, poll)`,
+    /// `virtio::blk::attach`, ...): the machine knows none of them by name.
+    pub allocated: Vec<Attach>,
 }
 
 /// Attaches a device at a fixed place (see [`DeviceConfig::fixed`]).
-pub type AttachFixed = Box<dyn FnOnce(&mut DeviceManager) -> Result<(), DeviceError>>;
+pub type AttachFixed = Attach;
 
 /// How a run is watched.
 #[derive(Default)]
@@ -176,17 +165,11 @@ impl Default for DeviceConfig {
             mmio_registers: Default::default(),
             pci_config_io: true,
             transport: Default::default(),
-            nets: Vec::new(),
-            drives: Vec::new(),
-            entropy: None,
-            balloon: None,
-            pmems: Vec::new(),
-            vsock: None,
             boot_timer: false,
             test_devices: false,
             test_iommu: false,
-            poll: crate::poll::PollMode::Adaptive,
             fixed: Vec::new(),
+            allocated: Vec::new(),
         }
     }
 }

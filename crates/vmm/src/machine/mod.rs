@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vm_memory::GuestMemoryBackend;
 
-pub use crate::device_manager::NetConfig;
+pub use crate::virtio::net::NetConfig;
 pub use config::{AttachFixed, DeviceConfig, HugePages, MachineConfig, MemoryHotplug, RunOptions};
 pub use ram::{read_result, shared_slot};
 

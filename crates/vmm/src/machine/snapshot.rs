@@ -14,20 +14,9 @@ impl Machine {
     /// devices, whose state is not saved: better no snapshot than one that resumes a guest
     /// whose devices forgot what it told them.
     pub fn snapshot(&self, memory: &mut std::fs::File, diff: bool) -> Result<MachineState, SnapshotError> {
-        use crate::device_manager::DeviceKind;
-        let unsaved = self.devices().devices().iter().find(|d| d.kind == DeviceKind::QemuTest);
-        if let Some(d) = unsaved {
-            return Err(SnapshotError::Refused(format!(
-                "exitless cannot snapshot a microVM with {}: its state is not saved",
-                d.name
-            )));
-        }
-        // The memory file holds boot RAM only (Firecracker writes hotpluggable memory as
-        // holes after it; exitless's restore maps boot RAM only).
-        if self.devices().devices().iter().any(|d| d.kind == DeviceKind::VirtioMem) {
-            return Err(SnapshotError::Refused(
-                "exitless cannot snapshot a microVM with hotpluggable memory (virtio-mem) yet".into(),
-            ));
+        // A device says so itself (the test devices, virtio-mem's hotpluggable memory).
+        if let Some((name, why)) = self.devices().unsaved() {
+            return Err(SnapshotError::Refused(format!("exitless cannot snapshot a microVM with {name}: {why}")));
         }
         // A Diff writes the pages each RAM memslot logged as dirty, or without dirty
         // tracking every resident page (Firecracker's fallback).

@@ -5,7 +5,7 @@
 //! Nothing is saved by pointer: every piece is KVM's own structure, read through its
 //! ioctls. A state file is checked whole before anything is built from it (format
 //! version, counts, sizes, this host's CPU), so a bad one is refused with one line.
-//! Virtio devices are paused first (nothing in flight, devices.rs), so the rings in the
+//! Virtio devices are paused first (nothing in flight, machine/snapshot.rs), so the rings in the
 //! memory file agree with the queue positions saved, and go on once the file is written.
 
 pub mod memory;
@@ -24,7 +24,9 @@ const MAGIC: &str = "exitless-snapshot";
 /// meaning): a file of another version is refused by name, never half-read.
 /// 2: devices as a tree keyed by name, with placements (crate::persist); a checksum.
 /// 3: what the device allocators handed out, beside the devices.
-pub const FORMAT_VERSION: u32 = 3;
+/// 4: devices keyed by the API's ids (`virtio-net/eth0`), each device's state typed with a
+///    version of its own (crate::persist::Saved), placements and kinds by name.
+pub const FORMAT_VERSION: u32 = 4;
 /// A state file is a few hundred KiB (the XSAVE areas are the largest part).
 const MAX_STATE_FILE: u64 = 64 << 20;
 
@@ -187,7 +189,9 @@ impl SnapshotFile {
         if sum != written.checksum {
             return Err(bad(format!("its checksum is {}, its contents' {sum}: it was damaged", written.checksum)));
         }
-        let machine: MachineState = serde_json::from_value(written.machine).map_err(|e| bad(e.to_string()))?;
+        // A field that does not parse is named by its path (`devices.devices.serial.kind`).
+        let machine: MachineState = serde_path_to_error::deserialize(&written.machine)
+            .map_err(|e| bad(format!("its field `{}` does not parse: {}", e.path(), e.inner())))?;
         machine.check().map_err(bad)?;
         let Written { magic, format, exitless, config, .. } = written;
         Ok(SnapshotFile { magic, format, exitless, machine, config })
@@ -274,7 +278,6 @@ pub fn check_restore(r: &Restore, vcpus: u8, mem_size: u64, test_devices: bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device_manager::DeviceState;
 
     fn corpus(name: &str) -> Vec<u8> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/snapshot_loader");
@@ -286,28 +289,29 @@ mod tests {
         let good = SnapshotFile::parse("s", &corpus("counter-1vcpu")).unwrap();
         assert_eq!((good.machine.vcpu_count, good.machine.mem_size), (1, 64 << 20));
         assert!(matches!(SnapshotFile::parse("s", &corpus("truncated")), Err(SnapshotError::Format(..))));
-        assert!(matches!(SnapshotFile::parse("s", &corpus("format-4")), Err(SnapshotError::Version(_, 4, _))));
+        // A file of the format before (devices by attach order, untyped device state).
+        assert!(matches!(SnapshotFile::parse("s", &corpus("format-3")), Err(SnapshotError::Version(_, 3, _))));
         let mut wrong = good;
         wrong.machine.vcpu_count = 2;
         assert!(wrong.machine.check().unwrap_err().contains("1 vCPU states for 2 vCPUs"));
         wrong.machine.vcpu_count = 1;
         wrong.machine.mem_size = 3;
         assert!(wrong.machine.check().is_err());
-        // Devices by name, each with its placement; virtio ones with config space and transport.
+        // Devices by id, each with its placement; virtio ones with config space and transport.
         let devices = SnapshotFile::parse("s", &corpus("vsock-rng-devices")).unwrap().machine.devices;
         let virtio: Vec<_> = devices
             .devices
             .iter()
-            .filter_map(|(name, r)| match &r.state {
-                Some(DeviceState::Virtio(t)) => Some((name.as_str(), r.config.len(), t)),
-                _ => None,
-            })
+            .filter(|(_, r)| !r.config.is_empty())
+            .map(|(name, r)| (name.as_str(), r.config.len(), r.state.as_ref().unwrap().decode().unwrap()))
             .collect();
         let names: Vec<_> = virtio.iter().map(|v| (v.0, v.1)).collect();
-        assert_eq!(names, [("virtio-rng", 4096), ("virtio-vsock", 4096)]);
-        assert!(virtio[1].2.active && virtio[1].2.queues.len() == 3);
+        assert_eq!(names, [("virtio-rng", 4096), ("virtio-vsock/vsock0", 4096)]);
+        let vsock: &crate::virtio::transport::TransportState = &virtio[1].2;
+        assert!(vsock.active && vsock.queues.len() == 3);
         assert!(devices.devices.values().all(|r| !r.placement.is_empty()), "every device says where it is");
-        assert!(matches!(devices.devices["serial"].state, Some(DeviceState::Serial(_))));
+        let serial = devices.devices["serial"].state.as_ref().unwrap();
+        assert_eq!(serial.decode::<crate::devices::legacy::serial::SerialRegs>().unwrap().lcr, 3);
         // A byte changed after writing: the checksum says so.
         let text = String::from_utf8(corpus("vsock-rng-devices")).unwrap();
         let damaged = text.replacen("\"mem_size\":67108864", "\"mem_size\":67108865", 1);

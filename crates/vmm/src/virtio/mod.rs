@@ -20,6 +20,7 @@ pub use thread::QueuePosition;
 
 use crate::guest_memory::GuestMemoryMmap;
 use crate::pci::msix::Msix;
+use crate::persist::{Saved, StateFault};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use virtio_queue::Queue;
@@ -66,14 +67,18 @@ pub trait VirtioDevice: Send {
     /// Goes on after [`VirtioDevice::pause`] where it stopped.
     fn resume(&mut self) -> Result<(), ActivateError>;
     /// What the device holds beyond its queues' positions, for a snapshot taken paused
-    /// (None: nothing).
-    fn save_state(&self) -> Option<serde_json::Value> {
-        None
+    /// (None: nothing): a typed, versioned state ([`crate::persist::DeviceState`]).
+    fn save_state(&self) -> Result<Option<Saved>, StateFault> {
+        Ok(None)
     }
-    /// Puts a snapshot's [`VirtioDevice::save_state`] back before the restored activation;
-    /// refused, saying why, if it does not fit this device.
-    fn restore_state(&mut self, _state: &serde_json::Value) -> Result<(), String> {
-        Err("this device keeps no state of its own".into())
+    /// Puts a snapshot's [`VirtioDevice::save_state`] back before the restored activation
+    /// (None: the snapshot saved none), read with [`Saved::decode`]; refused, naming the
+    /// field, if it does not fit this device. A device that keeps state refuses None.
+    fn restore_state(&mut self, state: Option<&Saved>) -> Result<(), StateFault> {
+        match state {
+            None => Ok(()),
+            Some(_) => Err(StateFault::Unexpected),
+        }
     }
 }
 

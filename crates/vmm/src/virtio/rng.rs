@@ -8,6 +8,7 @@ use super::event_loop;
 use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, Interrupt, VirtioDevice};
 use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
+use crate::device_manager::{Attach, DeviceError, DeviceKind, DeviceManager};
 use crate::guest_memory::GuestMemoryMmap;
 use crate::rate_limiter::{LimiterSlot, Limits, Throttle};
 use crate::seccomp::ThreadKind;
@@ -20,6 +21,8 @@ const QUEUE_SIZE: u16 = 256;
 /// The most one request is given (Firecracker fills at most 64 KiB per buffer too): a
 /// guest asking for more gets this much, as the spec allows.
 pub const MAX_REQUEST: usize = 64 << 10;
+
+pub const KIND: DeviceKind = DeviceKind("virtio-rng");
 const MAX_SEGMENTS: usize = 16;
 
 /// What the report and the API read while the device runs.
@@ -226,6 +229,33 @@ impl Worker {
             }
         }
         u32::try_from(written).unwrap_or(0)
+    }
+}
+
+/// The virtio-rng device, for the API and the report.
+pub struct EntropyHandle {
+    pub stats: Arc<RngStats>,
+    pub limits: Arc<LimiterSlot>,
+}
+
+/// An entropy device held to `limits`, attached as the machine is built.
+pub fn attach(limits: Limits) -> Attach {
+    Box::new(move |dm| dm.attach_rng(limits))
+}
+
+impl DeviceManager {
+    /// A virtio-rng device (Firecracker's `PUT /entropy`), held to `limits`.
+    pub fn attach_rng(&mut self, limits: Limits) -> Result<(), DeviceError> {
+        let setup = |source| DeviceError::Setup { name: "virtio-rng".into(), source };
+        let device = VirtioRng::new(limits).map_err(setup)?;
+        let (stats, limits) = (device.stats.clone(), device.limiter_slot());
+        let handle = EntropyHandle { stats, limits };
+        self.attach_virtio("virtio-rng", KIND, Box::new(device), handle).map(drop)
+    }
+
+    /// The entropy device, if there is one.
+    pub fn entropy(&self) -> Option<&EntropyHandle> {
+        self.find()
     }
 }
 

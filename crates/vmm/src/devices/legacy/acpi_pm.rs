@@ -32,11 +32,16 @@ const RESET: u64 = (layout::ACPI_RESET - layout::ACPI_PM_PORT) as u64;
 
 /// PM1 status, enable and control, and the PM timer, as a snapshot keeps them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PmState {
     pub status: u16,
     pub enable: u16,
     pub cnt: u16,
     pub timer: u32,
+}
+
+impl crate::persist::DeviceState for PmState {
+    const VERSION: u32 = 1;
 }
 
 pub struct AcpiPm {

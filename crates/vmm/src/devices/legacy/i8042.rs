@@ -51,7 +51,9 @@ pub const CTRL_ALT_DEL: [u8; 4] = [0x14, 0x11, 0xe0, 0x71];
 /// slow driver, and the bound keeps a guest that never reads from growing it.
 const BUFFER: usize = 16;
 
+/// The controller's registers and queued bytes, as a snapshot keeps them.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct State {
     out: VecDeque<u8>,
     command_byte: u8,
@@ -60,6 +62,10 @@ pub struct State {
     /// A keyboard command waiting for its parameter byte (LEDs, scan code set, rate).
     keyboard_param: bool,
     last_was_command: bool,
+}
+
+impl crate::persist::DeviceState for State {
+    const VERSION: u32 = 1;
 }
 
 pub struct I8042 {

@@ -3,6 +3,7 @@
 //! debug-exit port and Firecracker's boot timer).
 
 pub mod acpi_pm;
+pub mod attach;
 pub mod boot_timer;
 pub mod cmos_rtc;
 pub mod debug_exit;

@@ -48,6 +48,7 @@ pub struct Serial {
 
 /// The UART's guest-visible registers and unread input, for a snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SerialRegs {
     pub divisor: [u8; 2],
     pub ier: u8,
@@ -55,6 +56,10 @@ pub struct SerialRegs {
     pub mcr: u8,
     pub scratch: u8,
     pub input: Vec<u8>,
+}
+
+impl crate::persist::DeviceState for SerialRegs {
+    const VERSION: u32 = 1;
 }
 
 impl Serial {

@@ -8,15 +8,18 @@
 //! The queues the driver sets up are compacted: inflate, deflate, then only those whose
 //! feature is offered (statistics, hinting, reporting), in that order.
 
+mod attach;
 mod discard;
 mod stats;
 mod worker;
 
+pub use attach::{attach, BalloonError, BalloonHandle, KIND};
 pub use discard::Ballooned;
 pub use stats::{BalloonStats, STAT_TAGS};
 
 use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, VirtioDevice, VIRTIO_F_VERSION_1};
+use crate::persist::{DeviceState, Saved, StateFault};
 use crate::seccomp::ThreadKind;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -140,6 +143,7 @@ pub struct HintState {
 
 /// What a balloon keeps in a snapshot beyond its transport.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BalloonState {
     pub target_pages: u32,
     pub actual_pages: u32,
@@ -148,6 +152,10 @@ pub struct BalloonState {
     pub hint: HintState,
     /// The pages the balloon holds, as runs (first page number, count).
     pub ballooned: Vec<(u64, u64)>,
+}
+
+impl DeviceState for BalloonState {
+    const VERSION: u32 = 1;
 }
 
 pub struct VirtioBalloon {
@@ -280,7 +288,7 @@ impl VirtioDevice for VirtioBalloon {
         self.thread.resume()
     }
 
-    fn save_state(&self) -> Option<serde_json::Value> {
+    fn save_state(&self) -> Result<Option<Saved>, StateFault> {
         let s = &self.shared;
         let head = s.stats_head.load(Ordering::Acquire);
         let state = BalloonState {
@@ -291,23 +299,24 @@ impl VirtioDevice for VirtioBalloon {
             hint: *crate::sync::lock(&s.hint),
             ballooned: crate::sync::lock(&s.ballooned).runs(),
         };
-        serde_json::to_value(state).ok()
+        Saved::encode(&state).map(Some)
     }
 
-    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), String> {
-        // Read from the value in place: a crafted file's runs need not be copied first.
-        let state = BalloonState::deserialize(state).map_err(|e| format!("balloon state: {e}"))?;
+    fn restore_state(&mut self, state: Option<&Saved>) -> Result<(), StateFault> {
+        let state: BalloonState = state.ok_or(StateFault::Missing)?.decode()?;
         if state.stats_head.is_some_and(|h| h >= QUEUE_SIZE) {
-            return Err(format!("balloon state: statistics buffer {:?} is not in a queue", state.stats_head));
+            let why = format!("statistics buffer {:?} is not in a queue", state.stats_head);
+            return Err(StateFault::invalid("stats_head", why));
         }
         if state.stats_interval_s > 0 && self.config.stats_polling_interval_s == 0 {
-            return Err("balloon state: statistics polled, but the device has no statistics queue".into());
+            let why = "statistics polled, but the device has no statistics queue";
+            return Err(StateFault::invalid("stats_interval_s", why));
         }
         let s = &self.shared;
         let mut ballooned = crate::sync::lock(&s.ballooned);
         ballooned.clear();
         if let Err(e) = ballooned.hold_runs(&state.ballooned) {
-            return Err(format!("balloon state: {e}"));
+            return Err(StateFault::invalid("ballooned", e.to_string()));
         }
         drop(ballooned);
         s.target_pages.store(state.target_pages, Ordering::Release);

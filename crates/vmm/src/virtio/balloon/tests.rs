@@ -205,23 +205,29 @@ fn a_snapshot_state_round_trips_and_a_hostile_one_is_refused() {
     b.shared.actual_pages.store(42, Ordering::Relaxed);
     b.shared.stats_head.store(3, Ordering::Relaxed);
     crate::sync::lock(&b.shared.ballooned).take(70);
-    let saved = b.save_state().unwrap();
+    let saved = b.save_state().unwrap().unwrap();
     let mut other = VirtioBalloon::new(config, &mem).unwrap();
-    other.restore_state(&saved).unwrap();
-    assert_eq!(other.save_state().unwrap(), saved);
+    other.restore_state(Some(&saved)).unwrap();
+    assert_eq!(other.save_state().unwrap().unwrap(), saved);
     let bad = |f: &dyn Fn(&mut serde_json::Value)| {
         let mut v = saved.clone();
-        f(&mut v);
-        VirtioBalloon::new(config, &mem).unwrap().restore_state(&v)
+        f(&mut v.state);
+        VirtioBalloon::new(config, &mem).unwrap().restore_state(Some(&v)).unwrap_err().to_string()
     };
-    assert!(bad(&|v| v["stats_head"] = 999.into()).is_err(), "a head beyond the queue");
-    assert!(bad(&|v| v["ballooned"] = serde_json::json!([[1u64 << 40, 2]])).is_err(), "pages beyond RAM");
-    assert!(bad(&|v| v["ballooned"] = serde_json::json!([[u64::MAX, 2]])).is_err(), "an overflowing run");
-    assert!(bad(&|v| v["target_pages"] = "many".into()).is_err());
-    let no_stats = VirtioBalloon::new(BalloonConfig::default(), &mem).unwrap().save_state().unwrap();
+    assert!(bad(&|v| v["stats_head"] = 999.into()).contains("`stats_head`"), "a head beyond the queue");
+    let beyond = bad(&|v| v["ballooned"] = serde_json::json!([[1u64 << 40, 2]]));
+    assert!(beyond.contains("`ballooned`"), "pages beyond RAM: {beyond}");
+    assert!(bad(&|v| v["ballooned"] = serde_json::json!([[u64::MAX, 2]])).contains("`ballooned`"), "overflowing");
+    assert!(bad(&|v| v["target_pages"] = "many".into()).contains("`target_pages` does not parse"));
+    let no_stats = VirtioBalloon::new(BalloonConfig::default(), &mem).unwrap().save_state().unwrap().unwrap();
     let mut with_stats = no_stats.clone();
-    with_stats["stats_interval_s"] = 5.into();
-    assert!(VirtioBalloon::new(BalloonConfig::default(), &mem).unwrap().restore_state(&with_stats).is_err());
+    with_stats.state["stats_interval_s"] = 5.into();
+    assert!(VirtioBalloon::new(BalloonConfig::default(), &mem).unwrap().restore_state(Some(&with_stats)).is_err());
+    // A balloon keeps state: a snapshot without it, or of another version, is refused.
+    let mut balloon = VirtioBalloon::new(config, &mem).unwrap();
+    assert!(matches!(balloon.restore_state(None), Err(crate::persist::StateFault::Missing)));
+    let later = crate::persist::Saved { version: 2, ..saved.clone() };
+    assert!(balloon.restore_state(Some(&later)).unwrap_err().to_string().contains("version 2"));
 }
 
 #[test]
@@ -245,11 +251,11 @@ fn held_pages_fold_into_runs_and_page_numbers_into_ranges() {
 fn a_crafted_state_of_overlapping_runs_is_refused_at_once() {
     let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 64 << 20)]).unwrap();
     let pages = (64u64 << 20) / PAGE;
-    let mut state = VirtioBalloon::new(BalloonConfig::default(), &mem).unwrap().save_state().unwrap();
-    state["ballooned"] = serde_json::json!(vec![[0, pages]; 20_000]);
+    let mut state = VirtioBalloon::new(BalloonConfig::default(), &mem).unwrap().save_state().unwrap().unwrap();
+    state.state["ballooned"] = serde_json::json!(vec![[0, pages]; 20_000]);
     let mut b = VirtioBalloon::new(BalloonConfig::default(), &mem).unwrap();
     let started = std::time::Instant::now();
-    let e = b.restore_state(&state).unwrap_err();
+    let e = b.restore_state(Some(&state)).unwrap_err().to_string();
     // Generous: the refusal reads each run once; the old loop took seconds here.
     assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
     assert!(e.contains("overlap"), "{e}");

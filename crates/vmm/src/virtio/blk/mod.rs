@@ -3,6 +3,7 @@
 //! file straight from guest memory, many in flight at once (io_uring); each is put on the
 //! used ring, and the guest interrupted (EVENT_IDX permitting), when its I/O completes.
 
+mod attach;
 pub mod disk;
 pub mod engine;
 pub mod request;
@@ -15,6 +16,7 @@ use super::{VIRTIO_F_EVENT_IDX, VIRTIO_F_INDIRECT_DESC, VIRTIO_F_VERSION_1};
 use crate::poll::{PollCounts, PollMode, PollStats};
 use crate::rate_limiter::LimiterSlot;
 use crate::seccomp::ThreadKind;
+pub use attach::{attach, DriveHandle, KIND};
 pub use disk::{Disk, DiskError, DriveConfig};
 use engine::Engine;
 use request::SECTOR_SIZE;

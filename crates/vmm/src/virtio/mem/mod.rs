@@ -9,9 +9,11 @@
 //! fresh mapping over it holds nothing), so the requested size caps what the guest can
 //! make the host commit, whatever it points its vCPUs or its devices at.
 
+mod attach;
 mod blocks;
 mod worker;
 
+pub use attach::{MemHandle, KIND};
 pub use blocks::{Blocks, Geometry, RangeState, Refusal};
 pub use worker::process_once;
 

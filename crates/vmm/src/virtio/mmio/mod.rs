@@ -189,9 +189,9 @@ impl VirtioMmio {
 
     /// Puts a snapshot's state on this transport, built from the same configuration and
     /// never run; [`Core::start_restored`] starts the device.
-    pub fn restore(&self, s: &TransportState) -> Result<(), String> {
+    pub fn restore(&self, s: &TransportState) -> Result<(), crate::persist::StateFault> {
         if s.msix.is_some() {
-            return Err("a PCI device's state for an MMIO device".into());
+            return Err(crate::persist::StateFault::invalid("msix", "a PCI device's state for an MMIO device"));
         }
         self.core.restore(s, 0)
     }

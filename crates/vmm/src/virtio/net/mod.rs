@@ -13,6 +13,7 @@
 //! first), and the tap hands the guest what it negotiated. RX (rx.rs) reads straight into
 //! the guest's buffers, several per frame with MRG_RXBUF.
 
+mod attach;
 pub mod features;
 mod frame_io;
 pub mod header;
@@ -20,6 +21,7 @@ mod rx;
 mod stats;
 mod worker;
 
+pub use attach::{attach, NetConfig, NetHandle, KIND};
 pub use stats::{MmdsStats, NetCounters, NetStats};
 
 use super::thread::{DeviceThread, QueuePosition};

@@ -14,6 +14,7 @@ use crate::ioeventfd::IoeventfdKey;
 use crate::pci::config::{COMMAND, COMMAND_MEMORY};
 use crate::pci::msix::Msix;
 use crate::pci::{BarKind, BarSpec, ConfigHook, ConfigSpace, PciFunction, PciIds};
+use crate::persist::StateFault;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use vmm_sys_util::eventfd::EventFd;
@@ -336,7 +337,7 @@ impl ConfigHook for VirtioPci {
 
 impl VirtioPci {
     /// Reads the transport (of a paused device) with its MSI-X table.
-    pub fn save(&self) -> Result<TransportState, String> {
+    pub fn save(&self) -> Result<TransportState, crate::persist::PersistError> {
         let mut state = self.core.save()?;
         state.msix = Some(crate::sync::lock(&self.msix).save());
         Ok(state)
@@ -344,10 +345,11 @@ impl VirtioPci {
 
     /// Puts a snapshot's state on this transport, built from the same configuration and
     /// never run; [`Core::start_restored`] starts the device.
-    pub fn restore(&self, s: &TransportState) -> Result<(), String> {
-        let msix = s.msix.as_ref().ok_or("a PCI device saved without its MSI-X table")?;
+    pub fn restore(&self, s: &TransportState) -> Result<(), StateFault> {
+        let msix =
+            s.msix.as_ref().ok_or_else(|| StateFault::invalid("msix", "a PCI device saved without its MSI-X table"))?;
         self.core.restore(s, crate::sync::lock(&self.msix).len())?;
-        crate::sync::lock(&self.msix).restore(msix)
+        crate::sync::lock(&self.msix).restore(msix).map_err(|why| StateFault::invalid("msix", why))
     }
 }
 

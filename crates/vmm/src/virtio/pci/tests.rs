@@ -225,7 +225,7 @@ fn a_saved_transport_restores_onto_a_new_one_and_starts_where_its_queues_stood()
     let refused = |spoil: &dyn Fn(&mut TransportState)| {
         let mut s = saved.clone();
         spoil(&mut s);
-        recording().0.restore(&s).unwrap_err()
+        recording().0.restore(&s).unwrap_err().to_string()
     };
     assert!(refused(&|s| s.device_type = 2).contains("type 2 there, 1 here"));
     assert!(refused(&|s| s.queues.truncate(1)).contains("1 queues there, 2 here"));

@@ -131,7 +131,7 @@ impl Core {
     }
 
     /// Reads the transport: a device that runs must be paused first.
-    pub fn save(&self) -> Result<TransportState, String> {
+    pub fn save(&self) -> Result<TransportState, crate::persist::PersistError> {
         self.lock().save(&self.link)
     }
 
@@ -146,7 +146,7 @@ impl Core {
 
     /// Puts a snapshot's state on this transport (with `vectors` MSI-X vectors), built from
     /// the same configuration and never run; [`Core::start_restored`] starts the device.
-    pub fn restore(&self, s: &TransportState, vectors: usize) -> Result<(), String> {
+    pub fn restore(&self, s: &TransportState, vectors: usize) -> Result<(), crate::persist::StateFault> {
         let mut t = self.lock();
         let restored = t.restore(&self.link, s, vectors);
         self.link.refresh(&t);

@@ -4,9 +4,12 @@
 //! the guest connects to the host (CID 2) on that port. Three queues (rx, tx, event) on
 //! one device thread (muxer.rs) woken by their ioeventfds and by the sockets.
 
+mod attach;
 mod conn;
 mod muxer;
 pub mod packet;
+
+pub use attach::{attach, VsockHandle, KIND};
 
 use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, VirtioDevice};
@@ -24,6 +27,8 @@ const QUEUE_SIZE: u16 = 256;
 pub struct VsockConfig {
     pub guest_cid: u64,
     pub uds_path: PathBuf,
+    /// Its configuration's id (Firecracker's `vsock_id`), which a snapshot knows it by.
+    pub id: Option<String>,
 }
 
 /// Counters the report and the lab read while the device runs.

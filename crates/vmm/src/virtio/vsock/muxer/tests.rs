@@ -18,7 +18,7 @@ fn skips_the_header_across_segments() {
 /// them with buffers yet), its `uds_path` in `dir`.
 fn muxer(dir: &std::path::Path) -> (Muxer, GuestMemoryMmap, DriverQueue) {
     let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 0x40000)]).unwrap();
-    let config = VsockConfig { guest_cid: 3, uds_path: dir.join("v.sock") };
+    let config = VsockConfig { guest_cid: 3, uds_path: dir.join("v.sock"), id: None };
     let listener = Arc::new(UnixListener::bind(&config.uds_path).unwrap());
     let queues = [0, 1, 2].map(|i| crate::virtio::ActiveQueue {
         queue: DriverQueue::new(i).device_queue(),

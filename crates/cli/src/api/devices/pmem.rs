@@ -2,9 +2,51 @@
 //! devices before the start, their rate limiters after it; a root device puts
 //! `root=/dev/pmemN ro|rw` on the command line as Firecracker's builder does.
 
-use super::model::{Pmem, PmemUpdate};
-use super::vm::{Fault, Vm};
-use exitless_vmm::device_manager::PmemConfig;
+use super::Answer;
+use crate::api::model::{Pmem, PmemUpdate};
+use crate::api::request::{check_id, parse};
+use crate::api::vm::{Fault, Vm};
+use exitless_vmm::device_manager::Attach;
+use exitless_vmm::landlock::Reach;
+use exitless_vmm::virtio::pmem::PmemConfig;
+use std::path::PathBuf;
+
+/// The pmem devices' endpoints.
+pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
+    let done = |r: Result<(), Fault>| r.map(|()| None);
+    let id = match parts {
+        ["pmem", id] => *id,
+        _ => return None,
+    };
+    Some(match method {
+        "PUT" => check_id(id).and_then(|id| done(vm.set_pmem(id, parse(body)?))),
+        "PATCH" => check_id(id).and_then(|id| done(vm.update_pmem(id, parse(body)?))),
+        _ => return None,
+    })
+}
+
+/// The pmem devices the machine is built with, and the root device's command-line words.
+pub fn attach(vm: &Vm, devices: &mut Vec<Attach>, words: &mut Vec<String>) {
+    let (pmems, root) = vm.pmem_devices();
+    devices.extend(pmems.into_iter().map(exitless_vmm::virtio::pmem::attach));
+    words.extend(root);
+}
+
+/// Their files, for the Landlock policy.
+pub fn files(vm: &Vm, rules: &mut Vec<(PathBuf, Reach)>) {
+    for p in &vm.config.pmem {
+        rules.push((PathBuf::from(&p.path_on_host), if p.read_only { Reach::Read } else { Reach::Write }));
+    }
+}
+
+/// A configuration file's pmem devices, as their PUTs.
+pub fn configure(vm: &mut Vm, c: &mut crate::api::model::VmConfig) -> Result<(), Fault> {
+    for p in std::mem::take(&mut c.pmem) {
+        let id = p.id.clone();
+        vm.set_pmem(&id, p)?;
+    }
+    Ok(())
+}
 
 impl Vm {
     /// `PUT /pmem/{id}`: a device (again: its new settings), before boot. As in
@@ -43,7 +85,7 @@ impl Vm {
                 "Pmem config error: Unable to patch the pmem device: {e} Please verify the request arguments."
             ))
         })?;
-        pmem.limits.set(super::model::limits(u.rate_limiter.as_ref()));
+        pmem.limits.set(crate::api::model::limits(u.rate_limiter.as_ref()));
         if let Some(p) = self.config.pmem.iter_mut().find(|p| p.id == id) {
             p.rate_limiter = u.rate_limiter;
         }
@@ -51,7 +93,7 @@ impl Vm {
     }
 
     /// The pmem devices the machine is built with, and the command line's root words.
-    pub(super) fn pmem_devices(&self) -> (Vec<PmemConfig>, Option<String>) {
+    fn pmem_devices(&self) -> (Vec<PmemConfig>, Option<String>) {
         let root = self.config.pmem.iter().position(|p| p.root_device).map(|i| {
             let mode = if self.config.pmem[i].read_only { "ro" } else { "rw" };
             format!("root=/dev/pmem{i} {mode}")
@@ -64,7 +106,7 @@ impl Vm {
                 id: p.id.clone(),
                 path: p.path_on_host.clone().into(),
                 read_only: p.read_only,
-                limits: super::model::limits(p.rate_limiter.as_ref()),
+                limits: crate::api::model::limits(p.rate_limiter.as_ref()),
             })
             .collect();
         (devices, root)

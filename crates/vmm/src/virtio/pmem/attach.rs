@@ -2,11 +2,18 @@
 //! (a region from the allocators, a memory slot of its own), then attached like every
 //! virtio device.
 
-use super::{DeviceError, DeviceKind, DeviceManager};
+use super::{PmemMapping, PmemStats, PmemWindow, VirtioPmem, ALIGNMENT};
+use crate::device_manager::{Attach, DeviceError, DeviceKind, DeviceManager, DeviceName, Resource};
 use crate::rate_limiter::{LimiterSlot, Limits};
-use crate::virtio::pmem::{PmemMapping, PmemStats, PmemWindow, VirtioPmem, ALIGNMENT};
 use std::path::PathBuf;
 use std::sync::Arc;
+
+pub const KIND: DeviceKind = DeviceKind("virtio-pmem");
+
+/// A pmem device on `config`, attached as the machine is built.
+pub fn attach(config: PmemConfig) -> Attach {
+    Box::new(move |dm| dm.attach_pmem(&config))
+}
 
 /// `PUT /pmem/{id}`.
 #[derive(Clone, Debug)]
@@ -31,25 +38,25 @@ impl DeviceManager {
     /// A virtio-pmem device on `config.path`: mapped shared (read-only if asked, and then
     /// read-only to the guest too: a KVM_MEM_READONLY slot) where the guest finds it.
     pub fn attach_pmem(&mut self, config: &PmemConfig) -> Result<(), DeviceError> {
-        let name = format!("virtio-pmem{}", self.virtio_of::<PmemHandle>().count());
-        let mapping = PmemMapping::open(&config.path, config.read_only)?;
-        let start = self.allocators.device_memory(mapping.len(), ALIGNMENT)?;
-        let slot = self.memslots.take(1)?.start;
-        self.vm
+        let label = format!("virtio-pmem{}", self.virtio_of::<PmemHandle>().count());
+        let key = DeviceName::keyed(KIND, Some(&config.id), label);
+        let name = key.label.clone();
+        let mapping = PmemMapping::open(&config.path, config.read_only).map_err(DeviceError::backend)?;
+        // Where a restored snapshot had it, else the lowest free.
+        let planned = self.planned(&key.id).iter().find_map(|r| match r {
+            Resource::Memory { base, .. } => Some(*base),
+            _ => None,
+        });
+        let start = self.allocators().device_memory(mapping.len(), ALIGNMENT, planned)?;
+        let slot = self.memslots().take(1)?.start;
+        self.vm()
             .set_slot(slot, start, mapping.len(), mapping.host_address(), config.read_only)
             .map_err(|source| DeviceError::Setup { name: name.clone(), source })?;
         let (len, mapping) = (mapping.len(), Arc::new(mapping));
-        self.fault_repairs.register(mapping.clone());
+        self.fault_repairs().register(mapping.clone());
         // Behind the slot on the bus: what KVM cannot serve from it comes here.
         let window = Arc::new(PmemWindow::new(mapping.clone(), config.read_only));
-        self.attach_mmio(
-            &format!("{name}-memory"),
-            DeviceKind::VirtioPmem,
-            start,
-            len,
-            window,
-            super::DeviceHandle::Bus,
-        )?;
+        self.place_mmio(&format!("{name}-memory"), start, len, window)?;
         let device = VirtioPmem::new(mapping, start, config.limits)
             .map_err(|source| DeviceError::Setup { name: name.clone(), source })?;
         let handle = PmemHandle {
@@ -64,7 +71,13 @@ impl DeviceManager {
             config.path.display(),
             if config.read_only { ", read-only" } else { "" }
         );
-        self.attach_virtio(&name, DeviceKind::VirtioPmem, Box::new(device), handle).map(drop)
+        let id = key.id.clone();
+        self.attach_virtio(key, KIND, Box::new(device), handle)?;
+        // The device memory is where the device is too (a snapshot records it).
+        if let Some(device) = self.device_mut(&id) {
+            device.resources.push(Resource::Memory { base: start, len });
+        }
+        Ok(())
     }
 
     /// The pmem device its configuration calls `id`.
@@ -72,6 +85,6 @@ impl DeviceManager {
         self.virtio_of::<PmemHandle>()
             .map(|(p, _)| p)
             .find(|p| p.id == id)
-            .ok_or_else(|| DeviceError::NoPmem(id.into()))
+            .ok_or_else(|| DeviceError::NoSuch { what: "pmem device", id: id.into() })
     }
 }

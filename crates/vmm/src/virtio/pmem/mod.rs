@@ -5,6 +5,10 @@
 //! and guests mapping the same file share that cache. The one queue takes flush
 //! requests, answered after msync(2) of the file (one per pass, as Firecracker).
 
+mod attach;
+
+pub use attach::{attach, PmemConfig, PmemHandle, KIND};
+
 use super::chain::{self, Segment};
 use super::event_loop;
 use super::thread::{DeviceThread, QueuePosition};

@@ -2,10 +2,12 @@
 //! the machine, with the record of its plugged blocks that translation reads): attached
 //! like every virtio device, then reached by the API for its requested size and status.
 
-use super::{DeviceError, DeviceKind, DeviceManager};
-use crate::virtio::mem::{Geometry, MemError, MemShared, MemStatus, VirtioMem};
+use super::{Geometry, MemError, MemShared, MemStatus, VirtioMem};
+use crate::device_manager::{DeviceError, DeviceKind, DeviceManager, Saves};
 use crate::virtio::STATUS_DRIVER_OK;
 use std::sync::Arc;
+
+pub const KIND: DeviceKind = DeviceKind("virtio-mem");
 
 /// The virtio-mem device, for the API and the report.
 pub struct MemHandle {
@@ -17,12 +19,12 @@ impl DeviceManager {
     /// memory slot number per slot, taken now, used as the driver plugs.
     pub fn attach_virtio_mem(&mut self, geometry: Geometry) -> Result<(), DeviceError> {
         let setup = |source| DeviceError::Setup { name: "virtio-mem".into(), source };
-        if crate::virtio::mem::plugs_of(&self.memory, &geometry).is_none() {
+        if crate::virtio::mem::plugs_of(self.memory(), &geometry).is_none() {
             let why = format!("no hotpluggable region at {:#x}+{:#x}", geometry.start, geometry.size);
             return Err(setup(std::io::Error::other(why)));
         }
-        let memslots = self.memslots.take(geometry.slots() as u32)?;
-        let device = VirtioMem::new(geometry, memslots, self.vm.clone()).map_err(setup)?;
+        let memslots = self.memslots().take(geometry.slots() as u32)?;
+        let device = VirtioMem::new(geometry, memslots, self.vm().clone()).map_err(setup)?;
         tracing::info!(
             "virtio-mem: {} MiB of hotpluggable memory at {:#x} ({} MiB blocks, {} MiB slots)",
             geometry.size >> 20,
@@ -31,7 +33,13 @@ impl DeviceManager {
             geometry.slot_size >> 20
         );
         let handle = MemHandle { shared: device.shared.clone() };
-        self.attach_virtio("virtio-mem", DeviceKind::VirtioMem, Box::new(device), handle).map(drop)
+        self.attach_virtio("virtio-mem", KIND, Box::new(device), handle)?;
+        // The memory file holds boot RAM only (Firecracker writes hotpluggable memory as
+        // holes after it; exitless's restore maps boot RAM only).
+        if let Some(device) = self.device_mut("virtio-mem") {
+            device.handle.set_saves(Saves::Refused("hotpluggable memory is not saved in snapshots yet"));
+        }
+        Ok(())
     }
 
     /// The status `GET /hotplug/memory` reports.

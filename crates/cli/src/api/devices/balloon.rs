@@ -3,11 +3,46 @@
 //! the target, the statistics and their interval, and free page hinting runs on a
 //! running microVM.
 
-use super::model::{Balloon, BalloonStatsUpdate, BalloonUpdate, StartHinting};
-use super::vm::{Fault, State, Vm};
+use super::Answer;
+use crate::api::model::{Balloon, BalloonStatsUpdate, BalloonUpdate, StartHinting};
+use crate::api::request::parse;
+use crate::api::vm::{Fault, State, Vm};
+use exitless_vmm::device_manager::Attach;
 use exitless_vmm::virtio::balloon::{mib_to_pages, pages_to_mib, BalloonConfig};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
+
+/// The balloon's endpoints.
+pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
+    let done = |r: Result<(), Fault>| r.map(|()| None);
+    Some(match (method, parts) {
+        ("PUT", ["balloon"]) => parse(body).and_then(|b| done(vm.set_balloon(b))),
+        ("GET", ["balloon"]) => vm.balloon_config().and_then(|b| Ok(Some(serde_json::to_value(b)?))),
+        ("PATCH", ["balloon"]) => parse(body).and_then(|u| done(vm.update_balloon(u))),
+        ("GET", ["balloon", "statistics"]) => vm.balloon_statistics().map(Some),
+        ("PATCH", ["balloon", "statistics"]) => parse(body).and_then(|u| done(vm.update_balloon_statistics(u))),
+        ("PATCH", ["balloon", "hinting", "start"]) => {
+            let start = match body.iter().all(u8::is_ascii_whitespace) {
+                true => Ok(StartHinting { acknowledge_on_stop: true }),
+                false => parse(body),
+            };
+            start.and_then(|s| done(vm.start_balloon_hinting(s)))
+        }
+        ("GET", ["balloon", "hinting", "status"]) => vm.balloon_hinting_status().map(Some),
+        ("PATCH", ["balloon", "hinting", "stop"]) => done(vm.stop_balloon_hinting()),
+        _ => return None,
+    })
+}
+
+/// A configuration file's balloon, as its PUT.
+pub fn configure(vm: &mut Vm, c: &mut crate::api::model::VmConfig) -> Result<(), Fault> {
+    c.balloon.take().map_or(Ok(()), |b| vm.set_balloon(b))
+}
+
+/// The balloon the machine is built with.
+pub fn attach(vm: &Vm, devices: &mut Vec<Attach>) {
+    devices.extend(vm.balloon_device().map(exitless_vmm::virtio::balloon::attach));
+}
 
 impl Vm {
     /// `PUT /balloon`: the device (again: its new settings), before boot.
@@ -103,7 +138,7 @@ impl Vm {
     }
 
     /// The balloon the machine is built with.
-    pub(super) fn balloon_device(&self) -> Option<BalloonConfig> {
+    fn balloon_device(&self) -> Option<BalloonConfig> {
         self.config.balloon.map(|b| BalloonConfig {
             amount_mib: b.amount_mib,
             deflate_on_oom: b.deflate_on_oom,

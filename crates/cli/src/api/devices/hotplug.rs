@@ -2,10 +2,28 @@
 //! `rpc_interface.rs`): `PUT /hotplug/memory` before the start, `PATCH` (the requested
 //! size) and `GET` (the device's status) on a running microVM.
 
-use super::model::{MemoryHotplug, MemoryHotplugUpdate};
-use super::vm::{Fault, Vm};
+use super::Answer;
+use crate::api::model::{MemoryHotplug, MemoryHotplugUpdate};
+use crate::api::request::parse;
+use crate::api::vm::{Fault, Vm};
 use exitless_vmm::virtio::mem::MemError;
 use serde_json::{json, Value};
+
+/// A configuration file's hotpluggable memory, as its PUT.
+pub fn configure(vm: &mut Vm, c: &mut crate::api::model::VmConfig) -> Result<(), Fault> {
+    c.memory_hotplug.take().map_or(Ok(()), |m| vm.set_memory_hotplug(m))
+}
+
+/// The memory hotplug endpoints.
+pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
+    let done = |r: Result<(), Fault>| r.map(|()| None);
+    Some(match (method, parts) {
+        ("PUT", ["hotplug", "memory"]) => parse(body).and_then(|m| done(vm.set_memory_hotplug(m))),
+        ("GET", ["hotplug", "memory"]) => vm.memory_hotplug_status().map(Some),
+        ("PATCH", ["hotplug", "memory"]) => parse(body).and_then(|u| done(vm.update_memory_hotplug(u))),
+        _ => return None,
+    })
+}
 
 impl Vm {
     /// `PUT /hotplug/memory`: the region the guest may plug from, before boot.
@@ -43,7 +61,7 @@ impl Vm {
     }
 
     /// The hotpluggable memory the machine is built with.
-    pub(super) fn memory_hotplug(&self) -> Option<exitless_vmm::MemoryHotplug> {
+    pub(in crate::api) fn memory_hotplug(&self) -> Option<exitless_vmm::MemoryHotplug> {
         self.config.memory_hotplug.map(hotplug_device)
     }
 }

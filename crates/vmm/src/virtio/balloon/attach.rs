@@ -1,10 +1,17 @@
 //! The balloon device: attached like every virtio device, then reached by the API for
 //! its target, statistics interval and free page hinting runs.
 
-use super::{DeviceError, DeviceKind, DeviceManager, VirtioTransport};
-use crate::virtio::balloon::{BalloonConfig, BalloonShared, VirtioBalloon, HINT_CMD_DONE};
+use super::{BalloonConfig, BalloonShared, VirtioBalloon, HINT_CMD_DONE};
+use crate::device_manager::{Attach, DeviceError, DeviceKind, DeviceManager, VirtioTransport};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+pub const KIND: DeviceKind = DeviceKind("virtio-balloon");
+
+/// A balloon on `config`, attached as the machine is built.
+pub fn attach(config: BalloonConfig) -> Attach {
+    Box::new(move |dm| dm.attach_balloon(config))
+}
 
 /// The virtio-balloon device, for the API and the report.
 pub struct BalloonHandle {
@@ -30,9 +37,9 @@ impl DeviceManager {
     /// A virtio-balloon device (Firecracker's `PUT /balloon`).
     pub fn attach_balloon(&mut self, config: BalloonConfig) -> Result<(), DeviceError> {
         let setup = |source| DeviceError::Setup { name: "virtio-balloon".into(), source };
-        let device = VirtioBalloon::new(config, &self.memory).map_err(setup)?;
+        let device = VirtioBalloon::new(config, self.memory()).map_err(setup)?;
         let handle = BalloonHandle { config, shared: device.shared.clone() };
-        self.attach_virtio("virtio-balloon", DeviceKind::VirtioBalloon, Box::new(device), handle).map(drop)
+        self.attach_virtio("virtio-balloon", KIND, Box::new(device), handle).map(drop)
     }
 
     /// The balloon and its transport.
