@@ -585,7 +585,7 @@ fn every_start_mode_with_every_extra_answers_as_firecracker_and_ends_by_its_sign
             let status = vmm.signal(sig);
             assert_ne!(status.code(), Some(159), "{what}: seccomp killed the VMM");
             assert_ended_as_firecracker(status, sig, &what);
-            assert!(!sock.exists(), "{what}: the socket is left behind");
+            assert!(!sock.exists(), "{what}: the socket is left behind: {}", vmm.stderr());
         }
     }
     // A signal before anything is configured ends the VMM the same way.

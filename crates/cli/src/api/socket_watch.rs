@@ -57,7 +57,11 @@ pub fn remove_own(path: &Path) {
     own.ending = true;
     REMOVED_BY_US.store(true, Ordering::SeqCst);
     if own.bound {
-        let _ = std::fs::remove_file(path);
+        if let Err(e) = std::fs::remove_file(path) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!("exitless: cannot remove the API socket {}: {e}", path.display());
+            }
+        }
     }
 }
 
