@@ -4,8 +4,10 @@
  * 16 bytes at that address, then watches them at CPL3 and prints each new generation
  * with the PIC pair's request register (IRR, bit n: an edge seen on line n and not yet
  * taken: interrupts stay off), so a snapshot restored into a new VMM shows its new id
- * and that the GED's line was raised. Ends with 0 after `params[0]` new generations
- * (default 0: print the id and exit), 1 if the DSDT has no ADDR package.
+ * and that the GED's lines were raised. With each, the VMClock page (the VCLK device's
+ * QWord memory descriptor): its magic, disruption marker and VM generation counter.
+ * Ends with 0 after `params[0]` new generations (default 0: print the id and exit), 1 if
+ * the DSDT has no ADDR package.
  * Results: 0 = generations seen after the first, 1 = the id's address.
  */
 #include "runtime.h"
@@ -44,6 +46,36 @@ static u64 vgen_addr(void) {
 	return 0;
 }
 
+/* The VMClock page: the first QWord memory descriptor (0x8a, length 43) after the name
+ * _SB_VCLK; 0 if none. */
+static u64 vclk_addr(void) {
+	u64 fadt = acpi_table(acpi_rsdp(), "FACP");
+	if (!fadt) return 0;
+	u64 dsdt = *(volatile u64 *)(fadt + 140);
+	if (!dsdt) dsdt = *(volatile u32 *)(fadt + 40);
+	u32 len = *(volatile u32 *)(dsdt + 4), at = 36;
+	const volatile u8 *t = (const volatile u8 *)dsdt;
+	static const char name[] = "_SB_VCLK";
+	for (; at + 8 <= len; at++) {
+		u32 i = 0;
+		while (i < 8 && t[at + i] == (u8)name[i]) i++;
+		if (i == 8) break;
+	}
+	for (; at + 22 <= len; at++)
+		if (t[at] == 0x8a && t[at + 1] == 43 && t[at + 2] == 0) return *(const volatile u64 *)(t + at + 14);
+	return 0;
+}
+
+static void show_clock(u64 clock) {
+	if (!clock) {
+		print("vmclock: none\n");
+		return;
+	}
+	const volatile u8 *c = (const volatile u8 *)clock;
+	print("vmclock: magic %x seq %u marker %lu gen %lu\n", *(const volatile u32 *)c, *(const volatile u32 *)(c + 12),
+	      *(const volatile u64 *)(c + 16), *(const volatile u64 *)(c + 104));
+}
+
 static void show(const char *what, const volatile u8 *id, u32 irr) {
 	print("vmgenid: %s ", what);
 	for (u32 i = 0; i < 16; i++) print("%02x", id[i]);
@@ -64,7 +96,9 @@ int main(void) {
 	const volatile u8 *id = (const volatile u8 *)addr;
 	u8 last[16];
 	for (u32 i = 0; i < 16; i++) last[i] = id[i];
-	print("vmgenid: at %lx\n", addr);
+	u64 clock = vclk_addr();
+	print("vmgenid: at %lx, vmclock at %lx\n", addr, clock);
+	show_clock(clock);
 	show("id", last, pic_irr());
 	while (seen < want) {
 		int changed = 0;
@@ -73,6 +107,7 @@ int main(void) {
 		for (u32 i = 0; i < 16; i++) last[i] = id[i];
 		seen++;
 		set_result(0, seen);
+		show_clock(clock);
 		show("new", last, pic_irr());
 	}
 	return 0;

@@ -190,7 +190,7 @@ impl Platform {
             devices.attach_virtio_mem(g)?;
         }
         // Firecracker's ACPI devices, after every other (their lines are the next ones).
-        devices.attach_vmgenid(placed.is_some())?;
+        devices.attach_acpi_devices(placed.is_some())?;
         Ok(Platform {
             kvm,
             vm,

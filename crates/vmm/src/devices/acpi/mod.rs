@@ -1,50 +1,72 @@
 //! The ACPI devices Firecracker gives every microVM, each described only in the DSDT (no
 //! bus entry: the guest reads its memory and takes its interrupt): VMGenID (vmgenid.rs),
-//! and the Generic Event Device (ACPI0013) whose `_EVT` method turns each device's
-//! interrupt line into a Notify (0x80) of that device, as Linux's `evged` driver runs it.
-//! Each device takes its line from the allocators after every other allocated device
-//! (Firecracker's order: its first legacy line past the virtio-mmio devices').
+//! VMClock (vmclock.rs), and the Generic Event Device (ACPI0013) whose `_EVT` method
+//! turns each device's interrupt line into a Notify (0x80) of that device, as Linux's
+//! `evged` driver runs it. Each device takes its line from the allocators after every
+//! other allocated device (Firecracker's order: its next legacy lines past the
+//! virtio-mmio devices').
 
+pub mod vmclock;
 pub mod vmgenid;
 
 use crate::device_manager::{DeviceError, DeviceHandle, DeviceKind, DeviceManager, Resource, Saves};
 use acpi_tables::aml::{self, Arg, Equal, If, Interrupt, Method, Name, Notify, Path, ResourceTemplate};
 use acpi_tables::Aml;
 use std::sync::Arc;
+use vmclock::{VmClock, VMCLOCK_LEN, VMCLOCK_PATH};
 use vmgenid::{VmGenId, VMGENID_LEN, VMGENID_PATH};
 use vmm_sys_util::eventfd::EventFd;
 
 pub const VMGENID: DeviceKind = DeviceKind("vmgenid");
-/// What a snapshot calls it.
-const VMGENID_ID: &str = "vmgenid";
+pub const VMCLOCK: DeviceKind = DeviceKind("vmclock");
+
+/// A device's line (where the snapshot had it, or the allocators' next) and an irqfd on
+/// it; None when restoring a snapshot whose machine did not have the device (one taken
+/// before exitless had it), which keeps a machine without it.
+fn device_error(name: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> DeviceError {
+    DeviceError::Device { name, source: Box::new(e) }
+}
+
+fn line_for(dm: &mut DeviceManager, id: &'static str, restoring: bool) -> Result<Option<(u32, EventFd)>, DeviceError> {
+    let planned = dm.planned(id).to_vec();
+    if restoring && planned.is_empty() {
+        tracing::info!("{id}: the snapshot's machine had none, nor has this one");
+        return Ok(None);
+    }
+    let line = match planned.iter().find_map(|r| match r {
+        Resource::Irq(line) => Some(*line),
+        _ => None,
+    }) {
+        Some(line) => dm.allocators().reserve_mmio_irq(line).map(|()| line)?,
+        None => dm.allocators().mmio_irq()?,
+    };
+    let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| DeviceError::Setup { name: id.into(), source })?;
+    dm.vm().register_irqfd(&irq, line)?;
+    Ok(Some((line, irq)))
+}
 
 impl DeviceManager {
-    /// VMGenID with a new generation id (on by default, as in Firecracker). Restoring
-    /// (`restoring`), it goes where the snapshot had it, and a snapshot taken before
-    /// exitless had it keeps a machine without it.
-    pub fn attach_vmgenid(&mut self, restoring: bool) -> Result<(), DeviceError> {
-        let planned = self.planned(VMGENID_ID).to_vec();
-        if restoring && planned.is_empty() {
-            tracing::info!("vmgenid: the snapshot's machine had none, nor has this one");
-            return Ok(());
+    /// Firecracker's ACPI devices, on by default as there: VMGenID with a new generation
+    /// id, then VMClock. Restoring (`restoring`), each goes where the snapshot had it.
+    pub fn attach_acpi_devices(&mut self, restoring: bool) -> Result<(), DeviceError> {
+        if let Some((line, irq)) = line_for(self, "vmgenid", restoring)? {
+            let addr = crate::layout::VMGENID_GPA;
+            let device =
+                VmGenId::new(self.memory().clone(), addr, line, irq).map_err(|e| device_error("vmgenid", e))?;
+            let device = Arc::new(device);
+            let handle = DeviceHandle::reached_by(device.clone()).saving(Saves::State(device));
+            let resources = vec![Resource::Memory { base: addr, len: VMGENID_LEN }, Resource::Irq(line)];
+            self.record("vmgenid".into(), VMGENID, resources, handle);
         }
-        let line = match planned.iter().find_map(|r| match r {
-            Resource::Irq(line) => Some(*line),
-            _ => None,
-        }) {
-            Some(line) => self.allocators().reserve_mmio_irq(line).map(|()| line)?,
-            None => self.allocators().mmio_irq()?,
-        };
-        let setup = |source| DeviceError::Setup { name: VMGENID_ID.into(), source };
-        let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(setup)?;
-        self.vm().register_irqfd(&irq, line)?;
-        let addr = crate::layout::VMGENID_GPA;
-        let device = VmGenId::new(self.memory().clone(), addr, line, irq)
-            .map_err(|e| DeviceError::Device { name: VMGENID_ID, source: Box::new(e) })?;
-        let device = Arc::new(device);
-        let handle = DeviceHandle::reached_by(device.clone()).saving(Saves::State(device));
-        let resources = vec![Resource::Memory { base: addr, len: VMGENID_LEN }, Resource::Irq(line)];
-        self.record(VMGENID_ID.into(), VMGENID, resources, handle);
+        if let Some((line, irq)) = line_for(self, "vmclock", restoring)? {
+            let addr = crate::layout::VMCLOCK_GPA;
+            let device = VmClock::new(self.memory().clone(), addr, line, irq, !restoring)
+                .map_err(|e| device_error("vmclock", e))?;
+            let device = Arc::new(device);
+            let handle = DeviceHandle::reached_by(device.clone()).saving(Saves::State(device));
+            let resources = vec![Resource::Memory { base: addr, len: VMCLOCK_LEN }, Resource::Irq(line)];
+            self.record("vmclock".into(), VMCLOCK, resources, handle);
+        }
         Ok(())
     }
 
@@ -52,20 +74,35 @@ impl DeviceManager {
     pub fn vmgenid(&self) -> Option<&Arc<VmGenId>> {
         self.find()
     }
+
+    /// The VMClock device, if the machine has one.
+    pub fn vmclock(&self) -> Option<&Arc<VmClock>> {
+        self.find()
+    }
+}
+
+/// Each ACPI device's line and DSDT path, then its AML.
+fn devices(dm: &DeviceManager) -> Vec<((u32, &'static str), Vec<u8>)> {
+    let vmgenid = dm.vmgenid().map(|d| ((d.line(), VMGENID_PATH), d.aml()));
+    let vmclock = dm.vmclock().map(|d| ((d.line(), VMCLOCK_PATH), d.aml()));
+    vmgenid.into_iter().chain(vmclock).collect()
 }
 
 /// The interrupt lines the ACPI devices raise (the GED's), which a guest must reach.
 pub fn lines(dm: &DeviceManager) -> Vec<u32> {
-    dm.vmgenid().map(|g| g.line()).into_iter().collect()
+    devices(dm).iter().map(|((line, _), _)| *line).collect()
 }
 
 /// What the ACPI devices add to the DSDT: each device, then the GED that notifies them
 /// (nothing if the machine has none).
 pub fn dsdt(dm: &DeviceManager) -> Vec<u8> {
-    let mut v = Vec::new();
-    let Some(vmgenid) = dm.vmgenid() else { return v };
-    v.extend(vmgenid.aml());
-    ged(&[(vmgenid.line(), VMGENID_PATH)]).to_aml_bytes(&mut v);
+    let devices = devices(dm);
+    if devices.is_empty() {
+        return Vec::new();
+    }
+    let mut v: Vec<u8> = devices.iter().flat_map(|(_, aml)| aml.iter().copied()).collect();
+    let lines: Vec<(u32, &str)> = devices.iter().map(|(line, _)| *line).collect();
+    ged(&lines).to_aml_bytes(&mut v);
     v
 }
 
