@@ -26,6 +26,10 @@ const PAYLOADS: &[(&str, &str)] = &[
     ("mmdsget", "an MMDS client: ARP, TCP and HTTP to 169.254.169.254, token, three keys checked byte for byte"),
     ("vsockecho", "a vsock echo server on a port (and optionally a client of the host), every byte within credit"),
     ("vsockflood", "a hostile vsock driver: no receive buffers, its transmit ring full of packets each answered RST"),
+    (
+        "vmgenid",
+        "prints the VMGenID id the DSDT's ADDR names, then each new generation with the PIC's IRR (--params N: wait for N)",
+    ),
     ("rngread", "reads entropy from virtio-rng: every buffer filled, no two alike, a read-only buffer refused"),
     (
         "memdma",

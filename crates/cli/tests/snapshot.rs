@@ -250,7 +250,8 @@ fn bad_snapshots_and_bad_timing_are_refused_and_the_vmm_serves_on() {
     let body = json!({"snapshot_path": no_rng, "mem_backend": {"backend_type": "File", "backend_path": c_mem}});
     let refused = fault(&sock, "PUT", "/snapshot/load", body);
     assert!(
-        refused.contains("the snapshot has devices [") && refused.contains("virtio-rng], this machine ["),
+        refused.contains("the snapshot has devices [")
+            && refused.contains("virtio-rng, vmclock, vmgenid], this machine ["),
         "{refused}"
     );
     // A device's state of another version, or with a damaged field: one line naming both.

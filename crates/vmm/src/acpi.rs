@@ -76,10 +76,11 @@ fn bytes(table: &dyn Aml) -> Vec<u8> {
     v
 }
 
-/// The DSDT: the PCI host bridge with its windows, COM1, the PS/2 keyboard, and the S5
-/// (soft-off) sleep type.
+/// The DSDT: the PCI host bridge with its windows, COM1, the PS/2 keyboard, what the ACPI
+/// devices add (`devices`: VMGenID and the GED, devices/acpi), and the S5 (soft-off)
+/// sleep type.
 /// (Each object is built and serialized in one statement: AML objects borrow their parts.)
-fn dsdt(map: &MemoryMap, mmio_windows: &[(u64, u64, u32)]) -> Vec<u8> {
+fn dsdt(map: &MemoryMap, mmio_windows: &[(u64, u64, u32)], devices: &[u8]) -> Vec<u8> {
     let (mmio64, mmio64_size) = map.pci_mmio64();
     let mut dsdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     aml::Device::new(
@@ -186,6 +187,7 @@ fn dsdt(map: &MemoryMap, mmio_windows: &[(u64, u64, u32)]) -> Vec<u8> {
         ],
     )
     .to_aml_bytes(&mut dsdt);
+    dsdt.append_slice(devices);
     Name::new(Path::new("_S5_"), &Package::new(vec![&5u8, &0u8, &0u8, &0u8])).to_aml_bytes(&mut dsdt);
     dsdt.as_slice().to_vec()
 }
@@ -251,12 +253,14 @@ pub struct Placed {
     pub facs: u64,
 }
 
-/// Writes every table into the ACPI area.
+/// Writes every table into the ACPI area; `devices` is the AML the ACPI devices add to
+/// the DSDT.
 pub fn write_tables(
     mem: &GuestMemoryMmap,
     map: &MemoryMap,
     vcpus: u8,
     mmio_windows: &[(u64, u64, u32)],
+    devices: &[u8],
 ) -> Result<Placed, AcpiError> {
     let mut area: Vec<u8> = Vec::new();
     let mut place = |table: &[u8], align: usize| -> u64 {
@@ -267,7 +271,7 @@ pub fn write_tables(
     };
     let rsdp_at = place(&[0; 36], 16);
     let facs = place(&bytes(&FACS::new()), 64);
-    let dsdt = place(&dsdt(map, mmio_windows), 16);
+    let dsdt = place(&dsdt(map, mmio_windows, devices), 16);
     let fadt = place(&fadt(dsdt, facs), 16);
     let madt = place(&madt(vcpus), 16);
     let mcfg = place(&mcfg(), 16);
@@ -298,7 +302,7 @@ mod tests {
     fn tables_checksum_and_point_at_each_other() {
         let map = MemoryMap::new(256 << 20).unwrap();
         let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 256 << 20)]).unwrap();
-        let rsdp = write_tables(&mem, &map, 3, &[(0xc000_1000, 0x1000, 5)]).unwrap().rsdp;
+        let rsdp = write_tables(&mem, &map, 3, &[(0xc000_1000, 0x1000, 5)], b"\x10\x05_SB_").unwrap().rsdp;
         let read = |at: u64, len: usize| {
             let mut v = vec![0u8; len];
             mem.read_slice(&mut v, GuestAddress(at)).unwrap();
@@ -334,7 +338,7 @@ mod tests {
 
     #[test]
     fn the_ecam_window_is_a_motherboard_resource() {
-        let dsdt = dsdt(&MemoryMap::new(256 << 20).unwrap(), &[]);
+        let dsdt = dsdt(&MemoryMap::new(256 << 20).unwrap(), &[], &[]);
         // PNP0C02 as an EISA ID, then a Memory32Fixed descriptor (0x86) for the window.
         assert!(dsdt.windows(4).any(|w| w == [0x41, 0xd0, 0x0c, 0x02]), "no PNP0C02 device");
         let mut fixed = vec![0x86, 9, 0, 0];

@@ -4,8 +4,9 @@
 //!
 //! ```text
 //! 0x0000_0000  RAM (low memory: boot structures below 1 MiB, see the constants below)
-//! 0x0009_fc00  reserved (EBDA, VGA hole, BIOS area: real-mode handlers at 0xd0000, ACPI
-//!              tables at 0xe0000, the MP table at 0xf0000)
+//! 0x0009_fc00  reserved (EBDA, VGA hole, BIOS area: real-mode handlers at 0xd0000, the
+//!              VMGenID id at 0xd1000, the VMClock page at 0xd2000, ACPI tables at
+//!              0xe0000, the MP table at 0xf0000)
 //! 0x0010_0000  RAM: kernel, then the rest up to min(RAM, 3 GiB)
 //! 0xc000_0000  32-bit PCI MMIO window (BARs)
 //! 0xe000_0000  ECAM, bus 0 (reserved)
@@ -52,6 +53,12 @@ pub const LOW_RAM_END: u64 = 0x9_fc00;
 /// The real-mode interrupt handlers a multiboot image finds from its "BIOS"
 /// (boot::bios_state), in the reserved area; the vector table itself is at 0.
 pub const BIOS_STUBS_GPA: u64 = 0xd_0000;
+/// The VMGenID device's 16-byte generation id (devices/acpi), in the reserved BIOS area,
+/// which the DSDT names and no boot structure touches; a page of its own, 8-byte aligned
+/// as the VMGenID spec asks.
+pub const VMGENID_GPA: u64 = 0xd_1000;
+/// The VMClock device's page (devices/acpi), likewise.
+pub const VMCLOCK_GPA: u64 = 0xd_2000;
 /// ACPI tables: the RSDP first (where a BIOS would put it), then the others.
 pub const ACPI_START: u64 = 0xe_0000;
 pub const ACPI_END: u64 = 0xf_0000;
@@ -115,6 +122,8 @@ const _: () = assert!(ECAM_GPA + ECAM_SIZE <= IOAPIC_GPA && IOAPIC_GPA < LAPIC_G
 const _: () = assert!(IOAPIC_GPA + 0x1000 <= IOMMU_GPA && IOMMU_GPA + 0x1000 <= LAPIC_GPA);
 const _: () = assert!(AP_TRAMPOLINE_GPA + 0x1000 <= START_INFO_GPA && MEMMAP_GPA + 0x200 <= ZERO_PAGE_GPA);
 const _: () = assert!(BIOS_STUBS_GPA >= LOW_RAM_END && BIOS_STUBS_GPA + 0x1000 <= ACPI_START);
+const _: () = assert!(VMGENID_GPA >= BIOS_STUBS_GPA + 0x1000 && VMGENID_GPA + 0x1000 <= VMCLOCK_GPA);
+const _: () = assert!(VMCLOCK_GPA + 0x1000 <= ACPI_START);
 const _: () = assert!(ZERO_PAGE_GPA + 0x1000 <= SHARED_PAGE_GPA && SHARED_PAGE_GPA + 0x1000 <= PML4_GPA);
 
 /// What a range of the e820 (and PVH) memory map is.

@@ -348,6 +348,13 @@ impl DeviceManager {
         Ok(placement)
     }
 
+    /// A device on no bus, which the guest finds in its ACPI tables only (VMGenID): its
+    /// places in guest memory and its line, as its module took them.
+    pub fn record(&mut self, name: DeviceName, kind: DeviceKind, resources: Vec<Resource>, handle: DeviceHandle) {
+        tracing::debug!("{}: {resources:x?}", name.label);
+        self.push(name, kind, resources, handle);
+    }
+
     /// Names a bus entry for the exit profile and returns its id.
     fn name_bus_entry(&mut self, name: &str) -> DeviceId {
         self.bus_names.push(name.to_string());
@@ -417,11 +424,19 @@ impl DeviceManager {
         windows.collect()
     }
 
-    /// Starts the virtio devices a snapshot restored, where their queues stood (once the
-    /// vCPUs' interrupt state is back, so no interrupt is lost).
+    /// Starts the virtio devices a snapshot restored, where their queues stood, and lets
+    /// every restored device do what it does then (VMGenID notifies its new generation):
+    /// once the vCPUs' interrupt state is back, so no interrupt is lost.
     pub fn start_restored(&self) {
         for (_, _, transport) in self.virtio_devices() {
             transport.core().start_restored();
+        }
+        for device in &self.devices {
+            if let Saves::State(part) = device.handle.saves() {
+                if let Err(e) = part.start_restored(&device.id) {
+                    tracing::error!("{}: after the restore: {e}", device.name);
+                }
+            }
         }
     }
 }

@@ -120,3 +120,41 @@ fn two_nics_come_back_by_their_ids_whatever_order_they_are_attached_in() {
         assert!(said.contains("virtio-net/eth1], this machine [") && said.ends_with("virtio-net/eth2]"), "{said}");
     }
 }
+
+#[test]
+fn the_acpi_devices_come_back_on_their_lines_renewed_and_an_older_snapshot_gets_none() {
+    let build = |plan: Option<&DeviceTree>| {
+        let Built { mut dm, .. } = manager(TransportKind::Mmio, RegisterMode::Trapped);
+        if let Some(tree) = plan {
+            dm.plan_restore(tree);
+        }
+        nic(&mut dm, "eth0");
+        dm.attach_acpi_devices(plan.is_some()).unwrap();
+        dm
+    };
+    let first = build(None);
+    let (gsi, id) = (first.vmgenid().unwrap().line(), first.vmgenid().unwrap().id());
+    // Firecracker's order: the next ISA lines after the virtio-mmio devices' (eth0 took 5).
+    assert_eq!((gsi, first.vmclock().unwrap().line()), (6, 7));
+    let saved = first.save(()).unwrap();
+    let text = serde_json::to_string(&saved).unwrap();
+    let tree = || serde_json::from_str::<DeviceTree>(&text).unwrap();
+    let second = build(Some(&tree()));
+    second.restore((), &tree()).unwrap();
+    assert_eq!(second.vmgenid().unwrap().line(), gsi);
+    assert_ne!(second.vmgenid().unwrap().id(), id, "a restored machine kept the snapshot's generation");
+    assert_eq!(second.vmclock().unwrap().counters().disruption_marker, 1);
+    // A snapshot taken before exitless had them: its machine restores without them.
+    let mut older = tree();
+    older.devices.remove("vmgenid");
+    older.devices.remove("vmclock");
+    older.allocators.free_mmio_lines.splice(0..0, [6, 7]);
+    let third = build(Some(&older));
+    assert!(third.vmgenid().is_none() && third.vmclock().is_none());
+    third.restore((), &older).unwrap();
+    // A state whose line is not this machine's is refused naming the device and field.
+    let mut moved = tree();
+    moved.devices.get_mut("vmgenid").unwrap().state.as_mut().unwrap().state["line"] = 7.into();
+    let said = line(&build(Some(&tree())).restore((), &moved).unwrap_err());
+    assert!(said.starts_with("vmgenid: its state's field `line` does not fit this device"), "{said}");
+}

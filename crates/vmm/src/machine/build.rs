@@ -55,6 +55,8 @@ impl Machine {
     /// once the devices are placed (the tables and command line name them).
     fn booted(mut config: MachineConfig) -> Result<Machine, MachineError> {
         let mut p = Platform::build(&mut config, None, None)?;
+        let acpi_devices = crate::devices::acpi::dsdt(&p.devices);
+        let acpi_lines = crate::devices::acpi::lines(&p.devices);
         let boot = load::GuestBoot {
             image: &config.image,
             cmdline: &config.cmdline,
@@ -62,6 +64,7 @@ impl Machine {
             params: &config.params,
             vcpus: config.vcpus,
             mmio_windows: &p.devices.mmio_windows(),
+            acpi_devices: (&acpi_devices, &acpi_lines),
             host_linux_args: p.host.linux_args(),
         };
         let (entry, facs) = boot.load(&p.vm, &p.memory, &p.map)?;
@@ -186,6 +189,8 @@ impl Platform {
         if let Some(g) = hotplug {
             devices.attach_virtio_mem(g)?;
         }
+        // Firecracker's ACPI devices, after every other (their lines are the next ones).
+        devices.attach_acpi_devices(placed.is_some())?;
         Ok(Platform {
             kvm,
             vm,

@@ -1,5 +1,5 @@
 //! A booting guest's memory, written once its devices are placed, so that what names
-//! them can: the ACPI tables with each virtio-mmio device, the MP table (for `acpi=off`),
+//! them can: the ACPI tables with each virtio-mmio device and ACPI device, the MP table (for `acpi=off`),
 //! the command line with each device as `virtio_mmio.device=`, the shared page, then the
 //! image.
 
@@ -20,6 +20,8 @@ pub(super) struct GuestBoot<'a> {
     pub vcpus: u8,
     /// Each virtio-mmio device's window (base, length) and interrupt line.
     pub mmio_windows: &'a [(u64, u64, u32)],
+    /// What the ACPI devices add to the DSDT, and their interrupt lines (devices/acpi).
+    pub acpi_devices: (&'a [u8], &'a [u32]),
     /// What a Linux guest needs on this host (`HostProfile::linux_args`).
     pub host_linux_args: &'a [&'a str],
 }
@@ -32,7 +34,8 @@ impl GuestBoot<'_> {
         memory: &GuestMemoryMmap,
         map: &MemoryMap,
     ) -> Result<(EntryPoint, u64), MachineError> {
-        let tables = acpi::write_tables(memory, map, self.vcpus, self.mmio_windows)?;
+        let (acpi_devices, acpi_lines) = self.acpi_devices;
+        let tables = acpi::write_tables(memory, map, self.vcpus, self.mmio_windows, acpi_devices)?;
         boot::mptable::write(memory, self.vcpus).map_err(|e| MachineError::Memory(e.into()))?;
         let beyond_pic = lines_beyond_pic(self.cmdline, self.mmio_windows);
         if !beyond_pic.is_empty() {
@@ -40,6 +43,15 @@ impl GuestBoot<'_> {
                 "the command line has noapic, so the guest has only its PIC's interrupt lines (up to 15): \
                  the virtio-mmio devices on lines {beyond_pic:?} will not probe (Linux: \"IRQ index 0 not found\"); \
                  attach fewer devices or drop noapic"
+            );
+        }
+        let windows: Vec<_> = acpi_lines.iter().map(|&line| (0, 0, line)).collect();
+        let beyond_pic = lines_beyond_pic(self.cmdline, &windows);
+        if !beyond_pic.is_empty() {
+            tracing::warn!(
+                "the command line has noapic, so the guest has only its PIC's interrupt lines (up to 15): \
+                 the ACPI devices' GED on lines {beyond_pic:?} will not be notified (VMGenID after a restore); \
+                 attach fewer virtio-mmio devices or drop noapic"
             );
         }
         let cmdline = with_mmio_devices(self.cmdline, self.mmio_windows);

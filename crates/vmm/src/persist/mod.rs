@@ -76,6 +76,13 @@ pub trait Persist<'a> {
     /// Puts `state` back; a state that contradicts this part is refused whole, with one
     /// line, before anything of it is applied where the part can check it first.
     fn restore(&self, args: Self::RestoreArgs, state: &Self::State) -> Result<(), PersistError>;
+
+    /// What a restored part does once the vCPUs hold their state again and before they run
+    /// (an interrupt raised earlier would be lost under their restored local APICs):
+    /// nothing, for most.
+    fn start_restored(&self) -> Result<(), PersistError> {
+        Ok(())
+    }
 }
 
 /// A device's part of a snapshot as the device manager sees it, whatever the device: its
@@ -85,6 +92,8 @@ pub trait Persist<'a> {
 pub trait DeviceSnapshot: Send + Sync {
     fn save_state(&self, device: &str) -> Result<Saved, PersistError>;
     fn restore_state(&self, device: &str, saved: &Saved) -> Result<(), PersistError>;
+    /// [`Persist::start_restored`].
+    fn start_restored(&self, device: &str) -> Result<(), PersistError>;
 }
 
 impl<T> DeviceSnapshot for T
@@ -100,6 +109,10 @@ where
     fn restore_state(&self, device: &str, saved: &Saved) -> Result<(), PersistError> {
         let state = saved.decode().map_err(|fault| fault.of(device))?;
         self.restore((), &state).map_err(|e| e.named(device))
+    }
+
+    fn start_restored(&self, device: &str) -> Result<(), PersistError> {
+        Persist::start_restored(self).map_err(|e| e.named(device))
     }
 }
 
