@@ -420,7 +420,11 @@ fn install(kind: ThreadKind, nested: bool) -> Result<(), SeccompError> {
     // they open what the socket's client names (PATCH /drives' next file, a snapshot's
     // files: firecracker-containerd's snapshots, Kata's loop devices), as Firecracker's
     // API thread alone may open files; what a guest reaches (vCPUs, devices) is held.
-    if kind != ThreadKind::Api {
+    // Nor the threads that end the process (the signals thread, the API's ender): they
+    // remove the API socket, to which no held thread has a right, and reach nothing a
+    // guest gives them. The signals thread starts before any policy, but under load it
+    // may first run after one was set: it must not be held by a race.
+    if !matches!(kind, ThreadKind::Api | ThreadKind::Signals) {
         crate::landlock::restrict_current_thread().map_err(|e| SeccompError::Landlock(kind, e))?;
     }
     if !enabled() {
