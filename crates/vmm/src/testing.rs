@@ -238,19 +238,10 @@ impl DriverQueue {
         let head = self.next_desc;
         for (i, &(addr, len, writable)) in bufs.iter().enumerate() {
             let at = GuestAddress(self.base + 16 * u64::from(self.next_desc));
-            let last = i + 1 == bufs.len();
-            let flags = (if last { 0u16 } else { 1 }) | (if writable { 2 } else { 0 });
-            mem.write_obj(addr, at).unwrap();
-            mem.write_obj(len, at.unchecked_add(8)).unwrap();
-            mem.write_obj(flags, at.unchecked_add(12)).unwrap();
-            mem.write_obj(self.next_desc + 1, at.unchecked_add(14)).unwrap();
+            write_descriptor(mem, at, (addr, len, writable), i + 1 == bufs.len(), self.next_desc + 1);
             self.next_desc += 1;
         }
-        let slot = GuestAddress(self.base + 0x800 + 4 + 2 * u64::from(self.avail % QSIZE));
-        mem.write_obj(head, slot).unwrap();
-        self.avail += 1;
-        mem.write_obj(self.avail, GuestAddress(self.base + 0x800 + 2)).unwrap();
-        head
+        self.publish(mem, head)
     }
 
     /// Posts one descriptor pointing at an indirect table, written at `table`, of the
@@ -258,12 +249,7 @@ impl DriverQueue {
     pub fn post_indirect(&mut self, mem: &GuestMemoryMmap, table: u64, bufs: &[(u64, u32, bool)]) -> u16 {
         for (i, &(addr, len, writable)) in bufs.iter().enumerate() {
             let at = GuestAddress(table + 16 * i as u64);
-            let last = i + 1 == bufs.len();
-            let flags = (if last { 0u16 } else { 1 }) | (if writable { 2 } else { 0 });
-            mem.write_obj(addr, at).unwrap();
-            mem.write_obj(len, at.unchecked_add(8)).unwrap();
-            mem.write_obj(flags, at.unchecked_add(12)).unwrap();
-            mem.write_obj(i as u16 + 1, at.unchecked_add(14)).unwrap();
+            write_descriptor(mem, at, (addr, len, writable), i + 1 == bufs.len(), i as u16 + 1);
         }
         let head = self.next_desc;
         let at = GuestAddress(self.base + 16 * u64::from(head));
@@ -272,6 +258,11 @@ impl DriverQueue {
         mem.write_obj(4u16, at.unchecked_add(12)).unwrap(); // VIRTQ_DESC_F_INDIRECT
         mem.write_obj(0u16, at.unchecked_add(14)).unwrap();
         self.next_desc += 1;
+        self.publish(mem, head)
+    }
+
+    /// Puts the chain at `head` on the available ring; returns `head`.
+    fn publish(&mut self, mem: &GuestMemoryMmap, head: u16) -> u16 {
         let slot = GuestAddress(self.base + 0x800 + 4 + 2 * u64::from(self.avail % QSIZE));
         mem.write_obj(head, slot).unwrap();
         self.avail += 1;
@@ -282,6 +273,21 @@ impl DriverQueue {
     pub fn used(&self, mem: &GuestMemoryMmap) -> u16 {
         mem.read_obj(GuestAddress(self.base + 0x1000 + 2)).unwrap()
     }
+}
+
+/// One split-ring descriptor at `at`: a buffer, chained to `next` unless it is the `last`.
+fn write_descriptor(
+    mem: &GuestMemoryMmap,
+    at: GuestAddress,
+    (addr, len, writable): (u64, u32, bool),
+    last: bool,
+    next: u16,
+) {
+    let flags = (if last { 0u16 } else { 1 }) | (if writable { 2 } else { 0 });
+    mem.write_obj(addr, at).unwrap();
+    mem.write_obj(len, at.unchecked_add(8)).unwrap();
+    mem.write_obj(flags, at.unchecked_add(12)).unwrap();
+    mem.write_obj(next, at.unchecked_add(14)).unwrap();
 }
 
 /// A device's activation on `mem`: an interrupt line nobody listens to.
