@@ -13,8 +13,13 @@
  * (same slot, unplugged) reads zeros; it unplugs the block, refused to DMA again, and
  * plugs it back, empty. With param 2 as well, it then writes into that unplugged
  * neighbour: the host must stop it (KVM finds no writable page) rather than commit it.
- * Params: 0 = MiB of the region to cover (default all of it), 1 = drive virtio-mem,
- *         2 = end with the forbidden write.
+ * With param 1 = 2 instead, the snapshot round: it plugs the first block, has the device
+ * fill 64 bytes of it with entropy and writes a pattern into the rest of its first page,
+ * says so, and waits for the requested size to change (the host snapshots it meanwhile,
+ * and asks again from the VMM it was restored into); then the block must hold what it
+ * wrote, plugged_size must still be one block, and a second block must plug.
+ * Params: 0 = MiB of the region to cover (default all of it), 1 = drive virtio-mem (2:
+ *         the snapshot round), 2 = end with the forbidden write.
  * Results: 0 = buffers posted into the region, 1 = bytes the device wrote there,
  *          2 = checks failed, 3 = CPU writes that stuck.
  */
@@ -122,6 +127,37 @@ static u64 plug_round(u64 start, int forbidden_write) {
 	return failed;
 }
 
+/* The snapshot round (param 1 = 2); the checks that failed. */
+static u64 snapshot_round(u64 start) {
+	static u8 entropy[64];
+	u64 failed = 0, block = 0, spins = 0;
+	if (vdev_init(&mem, VIRTIO_ID_MEM, MEM_F_UNPLUGGED_INACCESSIBLE, 1, MEM_QSIZE)) {
+		print("memdma: virtio-mem init failed\n");
+		return 1;
+	}
+	print("memdma: driver ready; waiting for a requested size\n");
+	block = config64(&mem, 0);
+	while (config64(&mem, 48) < block && spins++ < 30000) idle_wait(1000);
+	u64 asked = config64(&mem, 48);
+	if (mem_request(MEM_PLUG, start, 1) != 0) return print("memdma: the plug was refused\n"), 1;
+	volatile u8 *first = (volatile u8 *)start;
+	if (dma(start, 64) != 64) failed++, print("memdma: no DMA into the plugged block\n");
+	for (u32 i = 0; i < 64; i++) entropy[i] = first[i];
+	for (u32 i = 64; i < 4096; i++) first[i] = (u8)(i * 7 + 3);
+	print("memdma: pattern written; waiting for a new requested size\n");
+	for (spins = 0; config64(&mem, 48) == asked && spins < 120000; spins++) idle_wait(1000);
+	u64 bad = 0;
+	for (u32 i = 0; i < 4096; i++) bad += first[i] != (i < 64 ? entropy[i] : (u8)(i * 7 + 3));
+	if (bad) failed++, print("memdma: %lu bytes of the plugged block changed\n", bad);
+	u64 plugged = config64(&mem, 40);
+	if (plugged != block) failed++, print("memdma: %lu bytes plugged, not one block\n", plugged);
+	if (mem_request(MEM_PLUG, start + block, 1) != 0) failed++, print("memdma: the second plug was refused\n");
+	else if (!sticks(start + block)) failed++, print("memdma: the CPU cannot write the second block\n");
+	print("memdma: after the snapshot, %lu MiB plugged, the pattern read back, %lu failed\n", plugged >> 20,
+	      failed);
+	return failed;
+}
+
 int main(void) {
 	u64 cover_mib = param(0, 0);
 	enter_user();
@@ -181,7 +217,8 @@ int main(void) {
 			if (*word == 0x5a5a5a5a5a5a5a5aULL) stuck++;
 		}
 	if (stuck) failed++, print("memdma: %lu of %lu CPU writes into the region stuck\n", stuck, probed);
-	if (param(1, 0)) failed += plug_round(start, param(2, 0) != 0);
+	if (param(1, 0) == 2) failed += snapshot_round(start);
+	else if (param(1, 0)) failed += plug_round(start, param(2, 0) != 0);
 	set_result(3, stuck);
 	set_result(0, posted);
 	set_result(1, bytes);

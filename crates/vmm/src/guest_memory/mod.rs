@@ -275,8 +275,23 @@ pub fn with_hotplug(
     block_size: u64,
     slot_size: u64,
 ) -> Result<GuestMemoryMmap, MemoryError> {
-    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-    let region = GuestRegion::hotplug(map(start, size, libc::PROT_NONE, flags, None)?, block_size, slot_size)?;
+    with_hotplug_from(memory, start, size, block_size, slot_size, None)
+}
+
+/// [`with_hotplug`], the region mapped privately from `file` (a snapshot's memory file,
+/// at the offset that holds the region) when given: PROT_NONE all the same, until the
+/// restored plug record opens its plugged blocks ([`Plugs::restore`]).
+pub fn with_hotplug_from(
+    memory: &GuestMemoryMmap,
+    start: GuestAddress,
+    size: usize,
+    block_size: u64,
+    slot_size: u64,
+    file: Option<FileOffset>,
+) -> Result<GuestMemoryMmap, MemoryError> {
+    let anonymous = if file.is_some() { 0 } else { libc::MAP_ANONYMOUS };
+    let flags = libc::MAP_PRIVATE | anonymous | libc::MAP_NORESERVE;
+    let region = GuestRegion::hotplug(map(start, size, libc::PROT_NONE, flags, file)?, block_size, slot_size)?;
     Ok(memory.insert_region(Arc::new(region))?)
 }
 

@@ -117,6 +117,19 @@ impl Plugs {
         offset < self.size && self.is_plugged((offset / self.block_size) as usize)
     }
 
+    /// The plugged blocks, as runs of byte offsets into the region.
+    pub fn plugged_runs(&self) -> Vec<Range<u64>> {
+        let mut runs: Vec<Range<u64>> = Vec::new();
+        for block in (0..(self.size / self.block_size) as usize).filter(|&b| self.is_plugged(b)) {
+            let at = block as u64 * self.block_size;
+            match runs.last_mut() {
+                Some(run) if run.end == at => run.end += self.block_size,
+                _ => runs.push(at..at + self.block_size),
+            }
+        }
+        runs
+    }
+
     fn is_plugged(&self, block: usize) -> bool {
         self.plugged[block / 64].load(SeqCst) & (1 << (block % 64)) != 0
     }
@@ -203,6 +216,37 @@ impl Plugs {
         }
         self.protect(&blocks, Prot::ReadWrite)?;
         self.set(blocks, true);
+        Ok(())
+    }
+
+    /// A snapshot's plug record put back on a restored region nothing has plugged yet
+    /// (mapped from the memory file, or anonymous): `plugged(block)` for each block.
+    /// Plugged blocks become readable and writable (the file's bytes: the guest's memory
+    /// as saved); every other block gets a fresh mapping, readable zeros in a slot with a
+    /// plugged block and PROT_NONE elsewhere, so nothing the file holds outside the
+    /// plugged blocks (a rebased Diff's older bytes) is ever seen.
+    pub fn restore(&self, plugged: impl Fn(usize) -> bool) -> Result<(), PlugError> {
+        let per = self.blocks_per_slot();
+        for slot in 0..(self.size / self.slot_size) as usize {
+            let blocks = slot * per..(slot + 1) * per;
+            if !blocks.clone().any(&plugged) {
+                self.fresh(&blocks, Prot::None)?;
+                continue;
+            }
+            let mut at = blocks.start;
+            while at < blocks.end {
+                let on = plugged(at);
+                let end = (at..blocks.end).find(|&b| plugged(b) != on).unwrap_or(blocks.end);
+                match on {
+                    true => self.protect(&(at..end), Prot::ReadWrite)?,
+                    false => self.fresh(&(at..end), Prot::Read)?,
+                }
+                at = end;
+            }
+        }
+        for b in (0..(self.size / self.block_size) as usize).filter(|&b| plugged(b)) {
+            self.set(b..b + 1, true);
+        }
         Ok(())
     }
 

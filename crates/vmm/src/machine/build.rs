@@ -77,7 +77,9 @@ impl Machine {
     /// from the snapshot, then the VM's and every device's state put back. The vCPUs get
     /// theirs as they are created.
     fn restored(mut config: MachineConfig, r: Restore) -> Result<Machine, MachineError> {
-        crate::snapshot::check_restore(&r, config.vcpus, config.mem_size, config.devices.test_devices)?;
+        let hotplug = config.memory_hotplug.map_or(0, |h| h.total_size_mib.saturating_mul(1 << 20));
+        let sizes = (config.mem_size, hotplug);
+        crate::snapshot::check_restore(&r, config.vcpus, sizes, config.devices.test_devices)?;
         let p = Platform::build(&mut config, Some(&r.memory), Some(&r.state.devices))?;
         p.vm.restore(r.clock_realtime, &r.state.vm).map_err(SnapshotError::from)?;
         p.devices.restore((), &r.state.devices).map_err(SnapshotError::from)?;
@@ -126,20 +128,14 @@ impl Platform {
         let memslots = Arc::new(Memslots::new(u32::try_from(kvm.get_nr_memslots()).unwrap_or(u32::MAX)));
         let mut allocators = Allocators::new(&map.pci_windows())?;
         // Hotpluggable memory is guest memory before any device takes a copy of it.
-        let hotplug = match config.memory_hotplug {
-            Some(_) if memory_from.is_some() => {
-                return Err(MachineError::MemoryHotplug("a restored microVM takes its memory from the snapshot".into()))
-            }
-            Some(h) => Some(hotplug_geometry(&mut allocators, h)?),
-            None => None,
-        };
+        let hotplug = config.memory_hotplug.map(|h| hotplug_geometry(&mut allocators, h)).transpose()?;
         // The memslots of RAM and of the ECAM window before the in-kernel irqchip: the first
         // memslot change after KVM_CREATE_IRQCHIP waits for a grace period it started (7 ms
         // of a 10 ms InstanceStart on this host; 0.1 ms before it, docs/benchmarks.md).
         let backing = super::ram::Backing { from: memory_from, huge_pages: config.huge_pages };
         let (mut memory, ram_slots, uffd) = map_guest_ram(&vm, &map, &memslots, backing, config.track_dirty_pages)?;
         if let Some(g) = &hotplug {
-            memory = super::ram::add_hotplug_region(memory, g)?;
+            memory = super::ram::add_hotplug_region(memory, g, memory_from)?;
         }
         vm.set_tss_address(layout::TSS_GPA as usize).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
         let control = Arc::new(RunControl::default());

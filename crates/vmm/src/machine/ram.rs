@@ -90,10 +90,30 @@ fn map_hugetlbfs(regions: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, M
 /// Hotpluggable memory: the region `geometry` places, mapped anonymous, unreserved and
 /// PROT_NONE (nothing is the guest's until it plugs a block), added to guest memory with
 /// the record of its plugged blocks, which every device's translation reads; no memory
-/// slot yet (virtio-mem adds one per slot holding a plugged block).
-pub(super) fn add_hotplug_region(memory: GuestMemoryMmap, g: &Geometry) -> Result<GuestMemoryMmap, MachineError> {
-    guest_memory::with_hotplug(&memory, GuestAddress(g.start), g.size as usize, g.block_size, g.slot_size)
-        .map_err(|e| MachineError::MemoryHotplug(format!("cannot map {} MiB at {:#x}: {e}", g.size >> 20, g.start)))
+/// slot yet (virtio-mem adds one per slot holding a plugged block). Restored from a
+/// memory file (`from`), the region is the file's after RAM, mapped privately: the
+/// plugged blocks virtio-mem's restore opens again hold what the guest left there.
+pub(super) fn add_hotplug_region(
+    memory: GuestMemoryMmap,
+    g: &Geometry,
+    from: Option<&MemoryBackend>,
+) -> Result<GuestMemoryMmap, MachineError> {
+    let failed =
+        |e: String| MachineError::MemoryHotplug(format!("cannot map {} MiB at {:#x}: {e}", g.size >> 20, g.start));
+    let file = match from {
+        None => None,
+        Some(MemoryBackend::File(file)) => {
+            let ram = crate::snapshot::memory::file_len(&memory);
+            Some(vm_memory::FileOffset::new(file.try_clone().map_err(|e| failed(e.to_string()))?, ram))
+        }
+        // Refused before (snapshot::check_restore).
+        Some(MemoryBackend::Uffd(_)) => {
+            return Err(failed("hotpluggable memory is not served by a page-fault handler".into()))
+        }
+    };
+    let (start, size) = (GuestAddress(g.start), g.size as usize);
+    guest_memory::with_hotplug_from(&memory, start, size, g.block_size, g.slot_size, file)
+        .map_err(|e| failed(e.to_string()))
 }
 
 fn register(vm: &VmFd, memory: &GuestMemoryMmap, slots: &[u32], log_dirty: bool) -> Result<(), MachineError> {

@@ -1,6 +1,6 @@
 //! Taking a snapshot of a running machine: the devices paused first (nothing in flight),
-//! then every vCPU's state, the VM's, and RAM into the memory file; the devices go on once
-//! it is written. The file format and its checks are crate::snapshot's.
+//! then every vCPU's state, the VM's, and RAM (then hotpluggable memory's plugged blocks)
+//! into the memory file; the devices go on once it is written. The file format and its checks are crate::snapshot's.
 
 use super::Machine;
 use crate::device_manager::DeviceTree;
@@ -14,7 +14,7 @@ impl Machine {
     /// devices, whose state is not saved: better no snapshot than one that resumes a guest
     /// whose devices forgot what it told them.
     pub fn snapshot(&self, memory: &mut std::fs::File, diff: bool) -> Result<MachineState, SnapshotError> {
-        // A device says so itself (the test devices, virtio-mem's hotpluggable memory).
+        // A device says so itself (the test devices).
         if let Some((name, why)) = self.devices().unsaved() {
             return Err(SnapshotError::Refused(format!("exitless cannot snapshot a microVM with {name}: {why}")));
         }

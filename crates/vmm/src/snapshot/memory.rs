@@ -1,7 +1,8 @@
 //! Guest RAM to a file and back. A full snapshot writes every RAM region in order, one
-//! after the other, leaving holes for pages that are all zeros (never written by the
-//! guest: the file stays as sparse as the guest's use of memory). A restore maps the file
-//! privately: pages come in on first touch and the guest's writes never reach the file.
+//! after the other, then the hotpluggable region's plugged blocks at their place in it,
+//! leaving holes for pages that are all zeros (never written by the guest: the file stays
+//! as sparse as the guest's use of memory) and for unplugged blocks. A restore maps the
+//! file privately: pages come in on first touch and the guest's writes never reach it.
 
 use super::SnapshotError;
 use crate::guest_memory::{self, GuestMemoryMmap, GuestRegion};
@@ -12,33 +13,54 @@ use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion}
 
 const PAGE: usize = 4096;
 
-/// The RAM regions, in order: a snapshot holds RAM only (hotpluggable memory, where a
-/// microVM has it, is refused before anything is written; machine/snapshot.rs), and never
-/// reads an unplugged block.
+/// The RAM regions, in order.
 fn ram(memory: &GuestMemoryMmap) -> impl Iterator<Item = &GuestRegion> {
     memory.iter().filter(|r| r.is_ram())
 }
 
-/// Writes every region of `memory` to `file` (truncated first); its length is the sum of
-/// the regions' sizes. Returns the bytes actually written (all but the zero pages).
+/// The memory file's length: every region one after the other, in address order (RAM,
+/// then the hotpluggable region whole, as Firecracker v1.16.1's file covers it).
+pub fn file_len(memory: &GuestMemoryMmap) -> u64 {
+    memory.iter().map(|r| r.len()).sum()
+}
+
+/// The bytes of `region` the file holds (region offsets): RAM whole; of hotpluggable
+/// memory the plugged blocks only (the rest are holes, and never read: unplugged blocks
+/// are PROT_NONE or not the guest's).
+fn saved(region: &GuestRegion) -> Vec<std::ops::Range<u64>> {
+    match region.plugs() {
+        None => std::iter::once(0..region.len()).collect(),
+        Some(plugs) => plugs.plugged_runs(),
+    }
+}
+
+/// The host bytes of `run` of `region`.
+fn bytes_of<'a>(region: &'a GuestRegion, run: &std::ops::Range<u64>) -> std::io::Result<&'a [u8]> {
+    let len = (run.end - run.start) as usize;
+    let slice = region
+        .get_slice(vm_memory::MemoryRegionAddress(run.start), len)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    // SAFETY: RAM or plugged blocks (readable), mapped for as long as `region` lives; the
+    // guest and the devices (virtio-mem's thread too) are paused: nothing writes them,
+    // plugs or unplugs them while they are copied.
+    Ok(unsafe { std::slice::from_raw_parts(slice.ptr_guard().as_ptr(), slice.len()) })
+}
+
+/// Writes every region of `memory` to `file` (truncated first; [`file_len`] long).
+/// Returns the bytes actually written (all but the zero pages and unplugged blocks).
 pub fn write_full(memory: &GuestMemoryMmap, file: &mut File) -> std::io::Result<u64> {
     file.set_len(0)?;
-    let total: u64 = ram(memory).map(|r| r.len()).sum();
-    file.set_len(total)?;
+    file.set_len(file_len(memory))?;
     let (mut at, mut written) = (0u64, 0u64);
-    for region in ram(memory) {
-        let slice = region
-            .get_slice(vm_memory::MemoryRegionAddress(0), region.len() as usize)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        // SAFETY: the region is mapped for as long as `memory` lives, and the guest is
-        // paused: nothing writes it while it is copied.
-        let bytes = unsafe { std::slice::from_raw_parts(slice.ptr_guard().as_ptr(), slice.len()) };
-        for (i, page) in bytes.chunks(PAGE).enumerate() {
-            if page.iter().all(|&b| b == 0) {
-                continue;
+    for region in memory.iter() {
+        for run in saved(region) {
+            for (i, page) in bytes_of(region, &run)?.chunks(PAGE).enumerate() {
+                if page.iter().all(|&b| b == 0) {
+                    continue;
+                }
+                file.write_all_at(page, at + run.start + (i * PAGE) as u64)?;
+                written += page.len() as u64;
             }
-            file.write_all_at(page, at + (i * PAGE) as u64)?;
-            written += page.len() as u64;
         }
         at += region.len();
     }
@@ -58,8 +80,9 @@ pub enum DiffPages<'a> {
     Resident,
 }
 
-/// Writes the pages `which` names at their offsets in `file`, which gets RAM's length
-/// (a logged region's log is cleared by reading it). Returns the bytes written.
+/// Writes the pages `which` names at their offsets in `file`, which gets [`file_len`]
+/// (a logged region's log is cleared by reading it), and every page of the plugged
+/// blocks (KVM logs none of hotpluggable memory). Returns the bytes written.
 pub fn write_dirty(
     vm: &kvm_ioctls::VmFd,
     memory: &GuestMemoryMmap,
@@ -67,15 +90,10 @@ pub fn write_dirty(
     file: &mut File,
 ) -> std::io::Result<u64> {
     file.set_len(0)?;
-    let total: u64 = ram(memory).map(|r| r.len()).sum();
-    file.set_len(total)?;
+    file.set_len(file_len(memory))?;
     let (mut at, mut written) = (0u64, 0u64);
     for (index, region) in ram(memory).enumerate() {
-        let slice = region
-            .get_slice(vm_memory::MemoryRegionAddress(0), region.len() as usize)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        // SAFETY: as in write_full: mapped while `memory` lives, the guest paused.
-        let bytes = unsafe { std::slice::from_raw_parts(slice.ptr_guard().as_ptr(), slice.len()) };
+        let bytes = bytes_of(region, &(0..region.len()))?;
         let bitmap = match which {
             DiffPages::Logged(slots) => {
                 let slot =
@@ -95,6 +113,15 @@ pub fn write_dirty(
                 file.write_all_at(data, at + (page * PAGE) as u64)?;
                 written += PAGE as u64;
             }
+        }
+        at += region.len();
+    }
+    // Hotpluggable memory lies above RAM: its plugged blocks whole, zeros too (a block
+    // written back to zeros must cover the older one).
+    for region in memory.iter().filter(|r| !r.is_ram()) {
+        for run in saved(region) {
+            file.write_all_at(bytes_of(region, &run)?, at + run.start)?;
+            written += run.end - run.start;
         }
         at += region.len();
     }
@@ -161,15 +188,20 @@ pub fn rebase(base: &File, diff: &File) -> std::io::Result<u64> {
 }
 
 /// The file (its descriptor, as mapped) is a regular file whose length equals the RAM it
-/// is to back: a device's or a FIFO's length of 0 says nothing of what mapping it gives.
-pub fn check_length(file: &File, ram: u64) -> Result<(), String> {
+/// is to back and the hotpluggable memory after it (`hotplug` bytes): a device's or a
+/// FIFO's length of 0 says nothing of what mapping it gives.
+pub fn check_length(file: &File, ram: u64, hotplug: u64) -> Result<(), String> {
     let meta = file.metadata().map_err(|e| e.to_string())?;
     if !meta.file_type().is_file() {
         return Err(format!("the memory file is {}, not a regular file", crate::files::kind(&meta)));
     }
     let len = meta.len();
-    if len != ram {
-        return Err(format!("the memory file holds {len} bytes; the microVM has {ram} bytes of RAM"));
+    if len != ram + hotplug {
+        let also = match hotplug {
+            0 => String::new(),
+            n => format!(" and {n} bytes of hotpluggable memory"),
+        };
+        return Err(format!("the memory file holds {len} bytes; the microVM has {ram} bytes of RAM{also}"));
     }
     Ok(())
 }

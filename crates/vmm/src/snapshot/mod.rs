@@ -252,8 +252,14 @@ pub enum MemoryBackend {
 }
 
 /// A restore fits the machine being built: the same vCPU count and RAM, this host's CPU,
-/// a memory file as large as the RAM.
-pub fn check_restore(r: &Restore, vcpus: u8, mem_size: u64, test_devices: bool) -> Result<(), SnapshotError> {
+/// a memory file as large as the RAM and the `hotplug` bytes of hotpluggable memory after
+/// it, which only a memory file holds.
+pub fn check_restore(
+    r: &Restore,
+    vcpus: u8,
+    (mem_size, hotplug): (u64, u64),
+    test_devices: bool,
+) -> Result<(), SnapshotError> {
     r.state.check().map_err(SnapshotError::Refused)?;
     if r.state.vcpu_count != vcpus || r.state.mem_size != mem_size {
         return Err(SnapshotError::Refused(format!(
@@ -269,7 +275,10 @@ pub fn check_restore(r: &Restore, vcpus: u8, mem_size: u64, test_devices: bool) 
     }
     r.state.check_host()?;
     match &r.memory {
-        MemoryBackend::File(file) => memory::check_length(file, mem_size).map_err(SnapshotError::Refused),
+        MemoryBackend::File(file) => memory::check_length(file, mem_size, hotplug).map_err(SnapshotError::Refused),
+        MemoryBackend::Uffd(_) if hotplug > 0 => Err(SnapshotError::Refused(
+            "a snapshot with hotpluggable memory loads from a memory file (File backend) only".into(),
+        )),
         // The handler's memory is its own to check.
         MemoryBackend::Uffd(_) => Ok(()),
     }

@@ -3,7 +3,7 @@
 //! like every virtio device, then reached by the API for its requested size and status.
 
 use super::{Geometry, MemError, MemShared, MemStatus, VirtioMem};
-use crate::device_manager::{DeviceError, DeviceKind, DeviceManager, Saves};
+use crate::device_manager::{DeviceError, DeviceKind, DeviceManager};
 use crate::virtio::STATUS_DRIVER_OK;
 use std::sync::Arc;
 
@@ -24,7 +24,7 @@ impl DeviceManager {
             return Err(setup(std::io::Error::other(why)));
         }
         let memslots = self.memslots().take(geometry.slots() as u32)?;
-        let device = VirtioMem::new(geometry, memslots, self.vm().clone()).map_err(setup)?;
+        let device = VirtioMem::new(geometry, memslots, self.vm().clone(), self.memory().clone()).map_err(setup)?;
         tracing::info!(
             "virtio-mem: {} MiB of hotpluggable memory at {:#x} ({} MiB blocks, {} MiB slots)",
             geometry.size >> 20,
@@ -33,12 +33,9 @@ impl DeviceManager {
             geometry.slot_size >> 20
         );
         let handle = MemHandle { shared: device.shared.clone() };
+        // Saved with its transport (persist.rs); the plugged blocks' bytes are the memory
+        // file's.
         self.attach_virtio("virtio-mem", KIND, Box::new(device), handle)?;
-        // The memory file holds boot RAM only (Firecracker writes hotpluggable memory as
-        // holes after it; exitless's restore maps boot RAM only).
-        if let Some(device) = self.device_mut("virtio-mem") {
-            device.handle.set_saves(Saves::Refused("hotpluggable memory is not saved in snapshots yet"));
-        }
         Ok(())
     }
 

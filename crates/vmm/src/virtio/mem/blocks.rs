@@ -173,6 +173,23 @@ impl Blocks {
         Change { range: start..start + blocks.len() as u64 * g.block_size, slots }
     }
 
+    pub fn is_plugged(&self, block: usize) -> bool {
+        self.plugged.get(block).copied().unwrap_or(false)
+    }
+
+    /// Whether KVM maps slot `slot` (a block of it is plugged).
+    pub fn is_mapped(&self, slot: usize) -> bool {
+        self.mapped.get(slot).copied().unwrap_or(false)
+    }
+
+    /// A snapshot's plugged blocks (`plugged(block)`), on blocks with none plugged: the
+    /// plugged size and the slots they map follow.
+    pub fn restore_plugged(&mut self, plugged: impl Fn(usize) -> bool) {
+        for block in (0..self.plugged.len()).filter(|&b| plugged(b)) {
+            self.set(block..block + 1, true);
+        }
+    }
+
     /// A slot whose mapping could not follow a change: its state as KVM has it.
     pub fn slot_failed(&mut self, slot: usize, mapped: bool) {
         self.mapped[slot] = mapped;

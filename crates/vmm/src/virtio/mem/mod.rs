@@ -11,16 +11,19 @@
 
 mod attach;
 mod blocks;
+mod persist;
 mod worker;
 
 pub use attach::{MemHandle, KIND};
 pub use blocks::{Blocks, Geometry, RangeState, Refusal};
+pub use persist::MemState;
 pub use worker::process_once;
 
 use super::thread::{DeviceThread, QueuePosition};
 use super::{ActivateError, Activation, ActiveQueue, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::guest_memory::{GuestMemoryMmap, PlugError, Plugs};
 use crate::kvm::MemslotSink;
+use crate::persist::{Saved, StateFault};
 use crate::seccomp::ThreadKind;
 use std::ops::Range;
 use std::sync::atomic::AtomicU64;
@@ -176,16 +179,25 @@ impl MemShared {
 pub struct VirtioMem {
     pub shared: Arc<MemShared>,
     thread: DeviceThread<Worker>,
+    /// Guest memory, with the region's plug record (what a restore opens again).
+    memory: GuestMemoryMmap,
 }
 
 impl VirtioMem {
     /// The device over `geometry`, guest memory's hotpluggable region (which its thread
     /// reaches through the memory it is activated with); `memslots` holds one KVM slot
-    /// number per slot. Nothing is plugged: no slot is mapped yet.
-    pub fn new(geometry: Geometry, memslots: Range<u32>, sink: Arc<dyn MemslotSink>) -> std::io::Result<VirtioMem> {
+    /// number per slot. Nothing is plugged: no slot is mapped yet. `memory` is guest
+    /// memory, holding the region.
+    pub fn new(
+        geometry: Geometry,
+        memslots: Range<u32>,
+        sink: Arc<dyn MemslotSink>,
+        memory: GuestMemoryMmap,
+    ) -> std::io::Result<VirtioMem> {
         let shared =
             MemShared { blocks: Mutex::new(Blocks::new(geometry)), stats: MemStats::default(), memslots, sink };
-        Ok(VirtioMem { shared: Arc::new(shared), thread: DeviceThread::spawn("virtio-mem", ThreadKind::Mem)? })
+        let thread = DeviceThread::spawn("virtio-mem", ThreadKind::Mem)?;
+        Ok(VirtioMem { shared: Arc::new(shared), thread, memory })
     }
 }
 
@@ -233,6 +245,18 @@ impl VirtioDevice for VirtioMem {
 
     fn resume(&mut self) -> Result<(), ActivateError> {
         self.thread.resume()
+    }
+
+    fn save_state(&self) -> Result<Option<Saved>, StateFault> {
+        Saved::encode(&MemState::of(&crate::sync::lock(&self.shared.blocks))).map(Some)
+    }
+
+    fn restore_state(&mut self, state: Option<&Saved>) -> Result<(), StateFault> {
+        let state: MemState = state.ok_or(StateFault::Missing)?.decode()?;
+        let geometry = crate::sync::lock(&self.shared.blocks).geometry;
+        let plugs = plugs_of(&self.memory, &geometry)
+            .ok_or_else(|| StateFault::invalid("start", "guest memory has no hotpluggable region there"))?;
+        self.shared.restore(plugs, &state)
     }
 }
 

@@ -25,7 +25,7 @@ fn setup(requested: u64) -> (GuestMemoryMmap, Arc<MemShared>, Arc<FakeKvm>) {
     let kvm = Arc::new(FakeKvm::default());
     let geometry = Geometry { start: START, size: 2 * MIB, block_size: BLOCK, slot_size: MIB };
     assert!(plugs_of(&mem, &geometry).is_some());
-    let device = VirtioMem::new(geometry, 40..42, kvm.clone()).unwrap();
+    let device = VirtioMem::new(geometry, 40..42, kvm.clone(), mem.clone()).unwrap();
     device.shared.request(requested).unwrap();
     (mem, device.shared.clone(), kvm)
 }
@@ -172,4 +172,59 @@ fn the_requested_size_is_checked_and_grows_the_usable_region_in_slots() {
         [field(0), field(16), field(24), field(32), field(40), field(48)],
         [BLOCK, START, 2 * MIB, MIB, 0, 3 * BLOCK]
     );
+}
+
+/// A snapshot's virtio-mem: the plug record saved, and put back on a region mapped from
+/// the memory file: the plugged blocks hold the file's bytes and each slot with one is
+/// mapped; an unplugged block stays refused and shows none of the file's bytes there. A
+/// damaged record is refused naming its field, with nothing plugged.
+#[test]
+fn a_saved_plug_record_opens_the_plugged_blocks_over_the_file_and_a_damaged_one_is_named() {
+    use crate::persist::state::tests::line;
+    use std::os::unix::fs::FileExt;
+    let (mem, shared, _) = setup(2 * MIB);
+    assert_eq!(drive(&mem, &shared, &[(PLUG, START, 1), (PLUG, START + MIB, 2)]), [(ACK, 0), (ACK, 0)]);
+    let saved = Saved::encode(&MemState::of(&crate::sync::lock(&shared.blocks))).unwrap();
+    assert_eq!(saved.state["plugged"], serde_json::json!([1 | 3 << 16]), "blocks 0, 16 and 17");
+    // The memory file's region: the plugged blocks' bytes, and older bytes in block 1.
+    let file = vmm_sys_util::tempfile::TempFile::new().unwrap().into_file();
+    file.set_len(2 * MIB).unwrap();
+    for (at, byte) in [(0, 0xaa), (BLOCK, 0xbb), (MIB, 0xcc)] {
+        file.write_all_at(&[byte; 16], at).unwrap();
+    }
+    let ram = crate::guest_memory::anonymous(&[(GuestAddress(0), MIB as usize)]).unwrap();
+    let from = vm_memory::FileOffset::new(file, 0);
+    let region = (GuestAddress(START), 2 * MIB as usize, BLOCK, MIB);
+    let restored = crate::guest_memory::with_hotplug_from(&ram, region.0, region.1, region.2, region.3, Some(from));
+    let restored = restored.unwrap();
+    let kvm = Arc::new(FakeKvm::default());
+    let geometry = Geometry { start: START, size: 2 * MIB, block_size: BLOCK, slot_size: MIB };
+    let mut device = VirtioMem::new(geometry, 40..42, kvm.clone(), restored.clone()).unwrap();
+    let damages = [
+        ("plugged_size", serde_json::json!(BLOCK), "`plugged_size` does not fit this device: 0x10000, and 3 blocks"),
+        ("block_size", serde_json::json!(2 * BLOCK), "`block_size` does not fit this device"),
+        ("plugged", serde_json::json!([1, 0]), "`plugged` does not fit this device: 2 words for 32 blocks"),
+        ("plugged", serde_json::json!("all"), "`plugged` does not parse"),
+    ];
+    for (field, value, words) in damages {
+        let mut damaged = saved.clone();
+        damaged.state[field] = value;
+        let e = line(&device.restore_state(Some(&damaged)).unwrap_err().of("virtio-mem"));
+        assert!(e.starts_with(&format!("virtio-mem: its state's field {words}")), "{e}");
+        assert!(!e.contains('\n'));
+    }
+    assert!(kvm.slots.lock().unwrap().is_empty() && restored.read_obj::<u8>(GuestAddress(START)).is_err());
+    assert!(matches!(device.restore_state(None), Err(StateFault::Missing)));
+    device.restore_state(Some(&saved)).unwrap();
+    assert_eq!(*kvm.slots.lock().unwrap(), [(40, START, MIB), (41, START + MIB, MIB)]);
+    assert_eq!(restored.read_obj::<u8>(GuestAddress(START)).unwrap(), 0xaa);
+    assert_eq!(restored.read_obj::<u8>(GuestAddress(START + MIB + 15)).unwrap(), 0xcc);
+    assert!(restored.read_obj::<u8>(GuestAddress(START + BLOCK)).is_err(), "block 1 is not plugged");
+    let plugs = plugs_of(&restored, &geometry).unwrap();
+    let host = plugs.host_of(START + BLOCK).unwrap() as *const u8;
+    // SAFETY: block 1 of the region's mapping, which `restored` keeps; an unplugged block
+    // of a mapped slot is readable (zeros), as the guest's vCPUs see it.
+    assert_eq!(unsafe { host.read_volatile() }, 0, "the file's older bytes are not the guest's");
+    let b = crate::sync::lock(&device.shared.blocks);
+    assert_eq!((b.plugged_size, b.requested_size, b.usable_region_size), (3 * BLOCK, 2 * MIB, 2 * MIB));
 }
