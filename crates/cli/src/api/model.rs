@@ -101,6 +101,17 @@ pub struct TokenBucket {
     pub refill_time: u64,
 }
 
+impl TokenBucket {
+    /// The VMM's bucket (Firecracker's `refill_time` is in milliseconds).
+    pub fn bucket(&self) -> exitless_vmm::rate_limiter::Bucket {
+        exitless_vmm::rate_limiter::Bucket {
+            size: self.size,
+            one_time_burst: self.one_time_burst.unwrap_or(0),
+            refill_time: std::time::Duration::from_millis(self.refill_time),
+        }
+    }
+}
+
 /// Firecracker's rate limiter: a bandwidth (bytes) and an ops bucket, each optional.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -114,14 +125,9 @@ pub struct RateLimiter {
 impl RateLimiter {
     /// The device's limits (refill times are in milliseconds).
     pub fn limits(&self) -> exitless_vmm::rate_limiter::Limits {
-        let bucket = |b: &TokenBucket| exitless_vmm::rate_limiter::Bucket {
-            size: b.size,
-            one_time_burst: b.one_time_burst.unwrap_or(0),
-            refill_time: std::time::Duration::from_millis(b.refill_time),
-        };
         exitless_vmm::rate_limiter::Limits {
-            bandwidth: self.bandwidth.as_ref().map(bucket),
-            ops: self.ops.as_ref().map(bucket),
+            bandwidth: self.bandwidth.as_ref().map(TokenBucket::bucket),
+            ops: self.ops.as_ref().map(TokenBucket::bucket),
         }
     }
 }

@@ -4,7 +4,7 @@
 //! `uart.rate_limiter_dropped_bytes`.
 
 use super::model::Serial;
-use exitless_vmm::rate_limiter::{Bucket, Limits, RateLimiter};
+use exitless_vmm::rate_limiter::{Limits, RateLimiter};
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,14 +18,9 @@ pub type Console = (Box<dyn Write + Send>, Option<Box<dyn Read + Send>>);
 /// The console's output and input for a microVM configured with `serial` (None: stdout and
 /// the terminal, as before any `PUT /serial`).
 pub fn console(serial: Option<&Serial>) -> Result<Console, String> {
-    let limiter = serial.and_then(|s| s.rate_limiter.as_ref()).map(|b| {
-        let bucket = Bucket {
-            size: b.size,
-            one_time_burst: b.one_time_burst.unwrap_or(0),
-            refill_time: std::time::Duration::from_millis(b.refill_time),
-        };
-        RateLimiter::new(Limits { bandwidth: Some(bucket), ops: None })
-    });
+    let limiter = serial
+        .and_then(|s| s.rate_limiter.as_ref())
+        .map(|b| RateLimiter::new(Limits { bandwidth: Some(b.bucket()), ops: None }));
     let limiter = limiter.filter(RateLimiter::limits);
     match serial.and_then(|s| s.serial_out_path.as_deref()) {
         Some(path) => {
