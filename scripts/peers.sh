@@ -64,7 +64,7 @@ if [[ " $PEERS " == *" firecracker "* ]]; then
   # musl-gcc carries no kernel headers; Debian's (linux-libc-dev) serve for the few C files.
   export CFLAGS_x86_64_unknown_linux_musl="-idirafter /usr/include -idirafter /usr/include/x86_64-linux-gnu"
   (cd "$src/firecracker" && CARGO_TARGET_DIR=target cargo build -q --release --target x86_64-unknown-linux-musl -p firecracker)
-  cp "$src/firecracker/target/x86_64-unknown-linux-gnu/release/firecracker" "$out/firecracker"
+  cp "$src/firecracker/target/x86_64-unknown-linux-musl/release/firecracker" "$out/firecracker"
   echo "$out/firecracker: $("$out/firecracker" --version | head -1)"
 fi
 
