@@ -16,7 +16,7 @@ struct Bench {
 }
 
 fn main() -> ExitCode {
-    exitless_vmm::seccomp::keep_thread_heaps();
+    exitless_vmm::heap::keep_thread_heaps();
     let cli = match exitless::args::parsed(<Bench as clap::Parser>::try_parse(), "exitless") {
         Ok(cli) => cli,
         Err(code) => return code,

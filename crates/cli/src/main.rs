@@ -6,7 +6,7 @@ use args::{Cli, Command, PayloadsArgs};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    exitless_vmm::seccomp::keep_thread_heaps();
+    exitless_vmm::heap::keep_thread_heaps();
     let cli = match args::parsed(Cli::try_parse_args(), "exitless") {
         Ok(cli) => cli,
         Err(code) => return code,

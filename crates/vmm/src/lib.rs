@@ -14,6 +14,7 @@ pub mod files;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod guest_memory;
+pub mod heap;
 pub mod host;
 pub mod ioeventfd;
 pub mod irq;

@@ -431,31 +431,9 @@ fn install(kind: ThreadKind, nested: bool) -> Result<(), SeccompError> {
         return Ok(());
     }
     HANDLER.call_once(install_sigsys_handler);
-    keep_thread_heaps();
+    crate::heap::keep_thread_heaps();
     let program = program(kind, nested)?;
     seccompiler::apply_filter(&program).map_err(|e| SeccompError::Install(kind, e))
-}
-
-/// Two files glibc's malloc reads once per process, the first time it needs them, which a
-/// confined thread may not open: /sys/devices/system/cpu/online (to bound the number of
-/// arenas when a thread first allocates) and /proc/sys/vm/overcommit_memory (the first
-/// time it shrinks a thread's heap). Setting the arena bound here, unconfined, and a
-/// trim threshold larger than a thread heap can be (so one is never shrunk: freed memory
-/// stays for reuse) means neither is ever read.
-/// Called by the first confinement, and by the CLI before it starts any thread (so that
-/// no thread makes an arena of its own before the bound is set).
-pub fn keep_thread_heaps() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // Two: the VMM's threads barely allocate once running (the exit paths never do),
-        // and each arena a thread would otherwise make is resident memory in every VM.
-        // SAFETY: mallopt only sets malloc tunables.
-        #[cfg(target_env = "gnu")]
-        unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
-        }
-    });
 }
 
 /// SIGSYS: says which call was refused, without allocating, and ends the process.

@@ -302,6 +302,7 @@ impl Machine {
                 vcpu.watch_for_stuck(watch);
             }
         }
+        crate::heap::give_back_start_garbage();
         let threads = crate::vcpu::threads::VcpuThreads::spawn(vcpus, self.control.clone(), self.host.clone())
             .map_err(MachineError::VcpuThreads)?;
         join_lstar_watch(crate::sync::lock(&self.lstar_watch).take());
