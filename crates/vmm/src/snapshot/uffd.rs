@@ -1,10 +1,13 @@
-//! Firecracker's Uffd memory backend: guest RAM is anonymous, registered with a
-//! userfaultfd, and a page-fault handler process the user runs fills each page on first
+//! Firecracker's Uffd memory backend: guest RAM is anonymous (4 KiB pages, or 2 MiB
+//! hugetlbfs pages for a guest on huge pages, each region's `page_size` saying which),
+//! registered with a userfaultfd, and a page-fault handler process the user runs fills each page on first
 //! touch (UFFDIO_COPY from wherever it keeps the memory). The handshake is Firecracker's:
 //! the VMM connects to the handler's Unix socket and sends, in one message, the JSON list
 //! of the regions (`base_host_virt_addr`, `size`, `offset` in the memory file,
 //! `page_size`, and the deprecated `page_size_kib`, in bytes too) with the userfaultfd
-//! attached (SCM_RIGHTS). Nothing more passes on that socket. The userfaultfd reports
+//! attached (SCM_RIGHTS). Nothing more passes on that socket. Beyond Firecracker, the load
+//! waits a bounded time for the handler to fill the first page, and is refused if it does
+//! not (a handler that is not running, or copies pages of the wrong size). The userfaultfd reports
 //! REMOVE events, as Firecracker's does: a range the VMM discards (guest_memory's
 //! discard: MADV_DONTNEED) must read zeros afterwards, which only the handler can make
 //! so. The few ioctls are written here (the `userfaultfd` crate builds its bindings with
@@ -15,13 +18,15 @@ use crate::guest_memory::GuestMemoryMmap;
 use serde::Serialize;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 const UFFD_API: u64 = 0xaa;
 /// _IOWR(0xaa, 0x3f, struct uffdio_api), _IOWR(0xaa, 0x00, struct uffdio_register).
 const UFFDIO_API: u64 = 0xc018_aa3f;
 const UFFDIO_REGISTER: u64 = 0xc020_aa00;
+/// _IOR(0xaa, 0x01, struct uffdio_range).
+const UFFDIO_UNREGISTER: u64 = 0x8010_aa01;
 /// _IO(0xaa, 0x00) on /dev/userfaultfd.
 const USERFAULTFD_IOC_NEW: u64 = 0xaa00;
 const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
@@ -36,6 +41,12 @@ struct UffdioApi {
     api: u64,
     features: u64,
     ioctls: u64,
+}
+
+#[repr(C)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
 }
 
 #[repr(C)]
@@ -57,16 +68,23 @@ pub struct UffdMapping {
     pub page_size_kib: usize,
 }
 
-/// Anonymous guest RAM for `regions`, registered with a new userfaultfd that is handed to
-/// the handler listening on `socket`; the VMM keeps its own copy of the fd (returned) for
-/// as long as the memory lives.
-pub fn map_anonymous(
+/// Registers every region of `memory` (in pages of `page_size` bytes: 4 KiB anonymous
+/// memory, or 2 MiB hugetlbfs memory) with a new userfaultfd, hands it to the handler
+/// listening on `socket`, and waits for the handler to fill the first page (see
+/// [`first_page_served`]). The VMM keeps its own copy of the fd (returned) for as long as
+/// the memory lives.
+pub fn hand_over(socket: &Path, memory: &GuestMemoryMmap, page_size: usize) -> Result<OwnedFd, SnapshotError> {
+    hand_over_within(socket, memory, page_size, HANDLER_ANSWERS_WITHIN)
+}
+
+/// [`hand_over`], the handler given `within` to fill the first page.
+pub(crate) fn hand_over_within(
     socket: &Path,
-    regions: &[(GuestAddress, usize)],
-) -> Result<(GuestMemoryMmap, OwnedFd), SnapshotError> {
+    memory: &GuestMemoryMmap,
+    page_size: usize,
+    within: std::time::Duration,
+) -> Result<OwnedFd, SnapshotError> {
     let fail = |what: &str, e: std::io::Error| SnapshotError::Refused(format!("the Uffd backend: {what}: {e}"));
-    let memory = crate::guest_memory::anonymous(regions)
-        .map_err(|e| fail("cannot map guest memory", std::io::Error::other(e.to_string())))?;
     let uffd = create().map_err(|e| fail("cannot create a userfaultfd", e))?;
     let mut mappings = Vec::new();
     let mut offset = 0u64;
@@ -80,13 +98,13 @@ pub fn map_anonymous(
         if unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_REGISTER as _, &mut register) } != 0 {
             return Err(fail("cannot register guest memory", std::io::Error::last_os_error()));
         }
-        let page = 4096;
+        // `page_size_kib` is in bytes too, as Firecracker v1.16.1 sends it.
         mappings.push(UffdMapping {
             base_host_virt_addr: host as u64,
             size: region.len() as usize,
             offset,
-            page_size: page,
-            page_size_kib: page,
+            page_size,
+            page_size_kib: page_size,
         });
         offset += region.len();
     }
@@ -96,7 +114,53 @@ pub fn map_anonymous(
     stream
         .send_with_fd(&json[..], uffd.as_raw_fd())
         .map_err(|e| fail("cannot send the handler its userfaultfd", std::io::Error::from_raw_os_error(e.errno())))?;
-    Ok((memory, uffd))
+    first_page_served(memory, &uffd, page_size, within).map_err(|why| {
+        SnapshotError::Refused(format!("the Uffd backend: the page-fault handler at {}: {why}", socket.display()))
+    })?;
+    Ok(uffd)
+}
+
+/// How long the handler has to fill the first page asked of it.
+const HANDLER_ANSWERS_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads the first byte of guest memory from a thread of its own and waits `within` for
+/// the handler to fill its page. Firecracker freezes for good on a handler that never
+/// answers (dead, or copying pages of the wrong size, which the kernel refuses): the first
+/// access of the load's own (a device's restore, VMGenID's new id) would then hang the API
+/// thread. Here the load is refused instead: the ranges are unregistered, which wakes the
+/// waiting read (the kernel fills the page with zeros), and the memory is dropped.
+fn first_page_served(
+    memory: &GuestMemoryMmap,
+    uffd: &OwnedFd,
+    page_size: usize,
+    within: std::time::Duration,
+) -> Result<(), String> {
+    let Some(first) = memory.iter().next() else { return Ok(()) };
+    let host = memory.get_host_address(first.start_addr()).map_err(|e| e.to_string())? as usize;
+    let (done, wait) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        // SAFETY: the first byte of a mapping `memory` owns, which outlives this thread
+        // (joined below on every path); a volatile read only faults the page in.
+        let _ = unsafe { std::ptr::read_volatile(host as *const u8) };
+        let _ = done.send(());
+    });
+    if wait.recv_timeout(within).is_ok() {
+        let _ = reader.join();
+        return Ok(());
+    }
+    for region in memory.iter() {
+        let start = memory.get_host_address(region.start_addr()).map_err(|e| e.to_string())? as u64;
+        let mut range = UffdioRange { start, len: region.len() };
+        // SAFETY: UFFDIO_UNREGISTER with a struct of the kernel's layout, on a range this
+        // process registered.
+        unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_UNREGISTER as _, &mut range) };
+    }
+    let _ = reader.join();
+    Err(format!(
+        "it did not fill the first page of guest memory within {} s (not running, or not serving {} KiB pages)",
+        within.as_secs(),
+        page_size >> 10
+    ))
 }
 
 /// A userfaultfd for faults from the kernel too (KVM touches guest memory on the guest's
