@@ -21,6 +21,8 @@ use std::path::Path;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+mod probe;
+
 const UFFD_API: u64 = 0xaa;
 /// _IOWR(0xaa, 0x3f, struct uffdio_api), _IOWR(0xaa, 0x00, struct uffdio_register).
 const UFFDIO_API: u64 = 0xc018_aa3f;
@@ -71,13 +73,13 @@ pub struct UffdMapping {
 /// Registers every region of `memory` (in pages of `page_size` bytes: 4 KiB anonymous
 /// memory, or 2 MiB hugetlbfs memory) with a new userfaultfd, hands it to the handler
 /// listening on `socket`, and waits for the handler to fill the first page (see
-/// [`first_page_served`]). The VMM keeps its own copy of the fd (returned) for as long as
+/// probe.rs). The VMM keeps its own copy of the fd (returned) for as long as
 /// the memory lives.
 pub fn hand_over(socket: &Path, memory: &GuestMemoryMmap, page_size: usize) -> Result<OwnedFd, SnapshotError> {
-    hand_over_within(socket, memory, page_size, HANDLER_ANSWERS_WITHIN)
+    hand_over_within(socket, memory, page_size, probe::HANDLER_IDLE_AT_MOST)
 }
 
-/// [`hand_over`], the handler given `within` to fill the first page.
+/// [`hand_over`], the handler given `within` without progress to fill the first page.
 pub(crate) fn hand_over_within(
     socket: &Path,
     memory: &GuestMemoryMmap,
@@ -114,53 +116,10 @@ pub(crate) fn hand_over_within(
     stream
         .send_with_fd(&json[..], uffd.as_raw_fd())
         .map_err(|e| fail("cannot send the handler its userfaultfd", std::io::Error::from_raw_os_error(e.errno())))?;
-    first_page_served(memory, &uffd, page_size, within).map_err(|why| {
+    probe::first_page_served(memory, &uffd, page_size, within).map_err(|why| {
         SnapshotError::Refused(format!("the Uffd backend: the page-fault handler at {}: {why}", socket.display()))
     })?;
     Ok(uffd)
-}
-
-/// How long the handler has to fill the first page asked of it.
-const HANDLER_ANSWERS_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Reads the first byte of guest memory from a thread of its own and waits `within` for
-/// the handler to fill its page. Firecracker freezes for good on a handler that never
-/// answers (dead, or copying pages of the wrong size, which the kernel refuses): the first
-/// access of the load's own (a device's restore, VMGenID's new id) would then hang the API
-/// thread. Here the load is refused instead: the ranges are unregistered, which wakes the
-/// waiting read (the kernel fills the page with zeros), and the memory is dropped.
-fn first_page_served(
-    memory: &GuestMemoryMmap,
-    uffd: &OwnedFd,
-    page_size: usize,
-    within: std::time::Duration,
-) -> Result<(), String> {
-    let Some(first) = memory.iter().next() else { return Ok(()) };
-    let host = memory.get_host_address(first.start_addr()).map_err(|e| e.to_string())? as usize;
-    let (done, wait) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        // SAFETY: the first byte of a mapping `memory` owns, which outlives this thread
-        // (joined below on every path); a volatile read only faults the page in.
-        let _ = unsafe { std::ptr::read_volatile(host as *const u8) };
-        let _ = done.send(());
-    });
-    if wait.recv_timeout(within).is_ok() {
-        let _ = reader.join();
-        return Ok(());
-    }
-    for region in memory.iter() {
-        let start = memory.get_host_address(region.start_addr()).map_err(|e| e.to_string())? as u64;
-        let mut range = UffdioRange { start, len: region.len() };
-        // SAFETY: UFFDIO_UNREGISTER with a struct of the kernel's layout, on a range this
-        // process registered.
-        unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_UNREGISTER as _, &mut range) };
-    }
-    let _ = reader.join();
-    Err(format!(
-        "it did not fill the first page of guest memory within {} s (not running, or not serving {} KiB pages)",
-        within.as_secs(),
-        page_size >> 10
-    ))
 }
 
 /// A userfaultfd for faults from the kernel too (KVM touches guest memory on the guest's

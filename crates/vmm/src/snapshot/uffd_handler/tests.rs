@@ -62,7 +62,10 @@ fn a_handler_that_never_fills_a_page_is_refused_in_bounded_time() {
     let why = crate::snapshot::uffd::hand_over_within(&socket, &mem, 4096, std::time::Duration::from_millis(300))
         .unwrap_err()
         .to_string();
-    assert!(why.contains("did not fill the first page") && why.contains("4 KiB"), "{why}");
+    assert!(
+        why.contains("did not fill the first page") && why.contains("within 0.3 s") && why.contains("4 KiB"),
+        "{why}"
+    );
     assert!(started.elapsed() < std::time::Duration::from_secs(20), "bounded");
     assert_eq!(mem.read_obj::<u8>(GuestAddress(0)).unwrap(), 0);
     let (_uffd, mappings) = mute.join().unwrap();
@@ -150,5 +153,37 @@ fn a_peer_of_another_user_is_refused_and_a_discarded_page_reads_zeros() {
     assert_eq!(served.refused_peers, 1);
     assert!(served.removed >= 1 && served.pages >= 2, "{served:?}");
     drop(mem);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A handler that fills other pages first (one every 100 ms, for three times as long as
+/// the wait allows without progress) and the first page last is slow, not stuck: the
+/// hand-over waits for it.
+#[test]
+fn a_handler_making_progress_is_waited_for() {
+    let dir = std::env::temp_dir().join(format!("exitless-uffd-slow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("uffd.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let source = vec![9u8; 4096];
+    let slow = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let (uffd, mappings) = handshake(&stream).unwrap();
+        let base = mappings[0].base_host_virt_addr;
+        for page in (1..30u64).chain([0]) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let mut copy =
+                UffdioCopy { dst: base + page * 4096, src: source.as_ptr() as u64, len: 4096, mode: 0, copy: 0 };
+            // SAFETY: UFFDIO_COPY of one page from `source` into the registered range.
+            assert_eq!(unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_COPY as _, &mut copy) }, 0);
+        }
+        uffd
+    });
+    let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let within = std::time::Duration::from_secs(1);
+    let served = crate::snapshot::uffd::hand_over_within(&socket, &mem, 4096, within);
+    assert!(served.is_ok(), "{:?}", served.err());
+    assert_eq!(mem.read_obj::<u8>(GuestAddress(0)).unwrap(), 9, "the handler's page");
+    drop(slow.join().unwrap());
     let _ = std::fs::remove_dir_all(&dir);
 }
