@@ -260,3 +260,29 @@ fn a_huge_page_snapshot_loads_through_a_handler_and_from_its_file() {
     snapshot_vmm::assert_goes_on(&mem, &c.ticks(), "from the file");
     assert_eq!(pool_back_to(before), before);
 }
+
+/// `bench snapshot`'s Uffd2M row: a guest on huge pages loaded through the handler, the
+/// lab checking that it goes on counting; the pool it reserved given back.
+#[test]
+fn the_snapshot_lab_loads_a_huge_page_guest_through_the_handler() {
+    let test = "the_snapshot_lab_loads_a_huge_page_guest_through_the_handler";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || std::fs::metadata(POOL).is_err() {
+        assert!(!skip_or_fail(test, "needs root and hugetlbfs to reserve 2 MiB pages"));
+        return;
+    }
+    let _alone = PoolLock::take();
+    let was = read(POOL);
+    let args = ["snapshot", "--types", "Uffd2M", "--huge-mem", "64", "--written", "0.25", "--runs", "1"];
+    let (out, json) = bench_json(&args);
+    let rows = json["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{json}{}", stderr(&out));
+    let row = &rows[0];
+    assert_eq!((row["snapshot_type"].as_str(), row["mem_mib"].as_u64()), (Some("Uffd2M"), Some(64)), "{row}");
+    assert!(row["load_ms"].as_f64().unwrap() > 0.0 && row["load_to_running_ms"].as_f64().unwrap() > 0.0, "{row}");
+    assert!(row["memory_written_kib"].as_u64().unwrap() >= 16 * 1024, "{row}");
+    assert_eq!(read(POOL), was, "the pool is given back");
+}
