@@ -24,8 +24,9 @@ pub(super) struct Backing<'a> {
 
 /// Guest RAM, anonymous (in hugetlbfs pages if asked), or from a snapshot's memory (its
 /// file mapped privately, or copied into hugetlbfs pages; or a page-fault handler's,
-/// snapshot/uffd.rs, in the guest's page size; the userfaultfd is returned to keep); and the memslot of each region (in order, from `memslots`), whose
-/// writes KVM logs if `log_dirty`.
+/// snapshot/uffd.rs, in the guest's page size; the userfaultfd is returned to keep); and
+/// the memslot of each region (in order, from `memslots`), whose writes KVM logs if
+/// `log_dirty`.
 pub(super) fn map_guest_ram(
     vm: &Arc<VmFd>,
     map: &MemoryMap,

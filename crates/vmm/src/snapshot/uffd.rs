@@ -1,14 +1,14 @@
 //! Firecracker's Uffd memory backend: guest RAM is anonymous (4 KiB pages, or 2 MiB
 //! hugetlbfs pages for a guest on huge pages, each region's `page_size` saying which),
-//! registered with a userfaultfd, and a page-fault handler process the user runs fills each page on first
-//! touch (UFFDIO_COPY from wherever it keeps the memory). The handshake is Firecracker's:
+//! registered with a userfaultfd, and a page-fault handler process the user runs fills
+//! each page on first touch (UFFDIO_COPY from wherever it keeps the memory). The handshake is Firecracker's:
 //! the VMM connects to the handler's Unix socket and sends, in one message, the JSON list
 //! of the regions (`base_host_virt_addr`, `size`, `offset` in the memory file,
 //! `page_size`, and the deprecated `page_size_kib`, in bytes too) with the userfaultfd
 //! attached (SCM_RIGHTS). Nothing more passes on that socket. Beyond Firecracker, the load
-//! waits a bounded time for the handler to fill the first page, and is refused if it does
-//! not (a handler that is not running, or copies pages of the wrong size). The userfaultfd reports
-//! REMOVE events, as Firecracker's does: a range the VMM discards (guest_memory's
+//! waits for the handler to fill the first page, and is refused if it makes no progress
+//! for a while (a handler that is not running, or copies pages of the wrong size:
+//! uffd/probe.rs). The userfaultfd reports REMOVE events, as Firecracker's does: a range the VMM discards (guest_memory's
 //! discard: MADV_DONTNEED) must read zeros afterwards, which only the handler can make
 //! so. The few ioctls are written here (the `userfaultfd` crate builds its bindings with
 //! libclang at compile time).
@@ -72,9 +72,8 @@ pub struct UffdMapping {
 
 /// Registers every region of `memory` (in pages of `page_size` bytes: 4 KiB anonymous
 /// memory, or 2 MiB hugetlbfs memory) with a new userfaultfd, hands it to the handler
-/// listening on `socket`, and waits for the handler to fill the first page (see
-/// probe.rs). The VMM keeps its own copy of the fd (returned) for as long as
-/// the memory lives.
+/// listening on `socket`, and waits for the handler to fill the first page (probe.rs).
+/// The VMM keeps its own copy of the fd (returned) for as long as the memory lives.
 pub fn hand_over(socket: &Path, memory: &GuestMemoryMmap, page_size: usize) -> Result<OwnedFd, SnapshotError> {
     hand_over_within(socket, memory, page_size, probe::HANDLER_IDLE_AT_MOST)
 }
