@@ -6,6 +6,7 @@
 #   scripts/linux-check.sh --as-firecracker [KERNEL]
 #   scripts/linux-check.sh --stress SECONDS [KERNEL]
 #   scripts/linux-check.sh --cpu-templates [KERNEL]
+#   scripts/linux-check.sh --snapshots [KERNEL]
 # The third runs the same checks on a VMM started as Firecracker is (its process flags, no
 # --enable-pci) and configured through the API as Firecracker's getting-started guide does
 # (boot_args "console=ttyS0 reboot=k panic=1" and what the checks and this host need):
@@ -17,6 +18,9 @@
 # --cpu-templates runs only the CPU template checks of the full run: three short boots (no
 # template, T2 on Intel or T2A on AMD, a custom template hiding lahf_lm), each reading
 # /proc/cpuinfo's flags: the template's hidden flag must be there without it and gone with it.
+# --snapshots runs only the snapshot checks of the full run (scripts/linux-snapshots.sh: a
+# huge-page guest restored through UFFD and from a file, a virtio-mem guest's plugged
+# memory, two guests restored from one snapshot reading different random bytes).
 # The second form instead boots N times with each PCI config mechanism (0xCF8/0xCFC,
 # trapped ECAM, ECAM mapped read-only) and reports Linux's own time in its PCI initcalls
 # (initcall_debug), as the VMware patch's boot-time table did.
@@ -69,6 +73,7 @@ pci_runs=
 as_firecracker=
 stress=
 cpu_templates_only=
+snapshots_only=
 if [ "${1:-}" = --as-firecracker ]; then
   as_firecracker=1
   shift
@@ -80,6 +85,10 @@ if [ "${1:-}" = --stress ]; then
 fi
 if [ "${1:-}" = --cpu-templates ]; then
   cpu_templates_only=1
+  shift
+fi
+if [ "${1:-}" = --snapshots ]; then
+  snapshots_only=1
   shift
 fi
 if [ "${1:-}" = --pci-timing ]; then
@@ -404,6 +413,24 @@ cpu_template_checks() {
   check "custom CPU template" "$([ "$(has "$plain" lahf_lm)" = yes ] && [ -n "$c" ] && [ "$(has "$c" lahf_lm)" = no ]; echo $?)" \
     "lahf_lm without a template: $(has "$plain" lahf_lm); under one hiding it: $(has "$c" lahf_lm)"
 }
+# Huge pages, virtio-mem and VMGenID across snapshots: scripts/linux-snapshots.sh (VMMs of
+# its own through the API; each of its checks is one here).
+snapshot_checks() {
+  local out verdict rest name
+  out=$(EXITLESS="$exitless" TIMEOUT="$timeout" WORK="$work/snapshots" bash "$here/scripts/linux-snapshots.sh" "$kernel" 2>&1) || true
+  while read -r verdict rest; do
+    name=${rest%%: *}
+    check "$name" "$([ "$verdict" = PASS ]; echo $?)" "${rest#*: }"
+  done < <(echo "$out" | grep -E '^(PASS|FAIL) ')
+  echo "$out" | grep -q '^PASS \|^FAIL ' || check "snapshots (scripts/linux-snapshots.sh)" 1 "$(echo "$out" | grep FAILED | tail -n 1)"
+}
+if [ -n "$snapshots_only" ]; then
+  say "kernel $kernel; snapshots (timeout $timeout s per boot)"
+  snapshot_checks
+  echo "$passed passed, $failed failed"
+  [ "$failed" = 0 ]
+  exit
+fi
 if [ -n "$cpu_templates_only" ]; then
   say "kernel $kernel; CPU templates (timeout $timeout s)"
   echo '{"latest": {"meta-data": {"instance-id": "i-linux-check"}}}' > "$work/metadata.json"
@@ -488,6 +515,7 @@ print("  ioeventfd kicks: net", net.get("kicks"), "blk", {k: v.get("kicks") for 
       "; interrupts (MSI-X via irqfd): net", net.get("irqs"), "blk", {k: v.get("irqs") for k, v in blk.items()})
 PY
 
+snapshot_checks
 cpu_template_checks
 boot reboot reboot
 check "reboot ends the VMM with 0" "$([ "$status" = 0 ] && [ "$(result mode reboot.log)" = reboot ]; echo $?)" \

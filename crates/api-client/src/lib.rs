@@ -16,9 +16,21 @@ pub struct Reply {
 }
 
 pub fn request(sock: &Path, method: &str, path: &str, body: Option<&Value>) -> Result<Reply, String> {
+    request_within(sock, method, path, body, Duration::from_secs(10))
+}
+
+/// [`request`], waiting up to `wait` for each read of the reply (a snapshot of a large
+/// guest on huge pages takes longer than most requests).
+pub fn request_within(
+    sock: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    wait: Duration,
+) -> Result<Reply, String> {
     let gone = |e: std::io::Error| format!("cannot reach {}: {e} (is the microVM running?)", sock.display());
     let mut stream = UnixStream::connect(sock).map_err(gone)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(gone)?;
+    stream.set_read_timeout(Some(wait)).map_err(gone)?;
     let body = body.map(Value::to_string).unwrap_or_default();
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
@@ -58,7 +70,18 @@ pub fn request(sock: &Path, method: &str, path: &str, body: Option<&Value>) -> R
 
 /// A request that must succeed (2xx); a refusal becomes its fault_message.
 pub fn expect_ok(sock: &Path, method: &str, path: &str, body: Option<&Value>) -> Result<Option<Value>, String> {
-    let reply = request(sock, method, path, body)?;
+    expect_ok_within(sock, method, path, body, Duration::from_secs(10))
+}
+
+/// [`expect_ok`], waiting up to `wait` for each read of the reply.
+pub fn expect_ok_within(
+    sock: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    wait: Duration,
+) -> Result<Option<Value>, String> {
+    let reply = request_within(sock, method, path, body, wait)?;
     if !(200..300).contains(&reply.status) {
         let why = reply.body.as_ref().and_then(|b| b["fault_message"].as_str().map(str::to_string));
         return Err(format!("{method} {path}: {} {}", reply.status, why.unwrap_or_default()));

@@ -86,10 +86,14 @@ pub struct SnapshotArgs {
     /// Runs per VMM, size and share (interleaved); medians are reported.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub runs: u32,
-    /// Snapshot types, each measured: Full, and Diff (three ticks after a Full base,
-    /// loaded laid over it).
-    #[arg(long, value_delimiter = ',', default_value = "Full,Diff", value_parser = parse_kind)]
+    /// Snapshot types, each measured: Full, Diff (three ticks after a Full base, loaded
+    /// laid over it), and Uffd2M (Full, of a guest on 2 MiB huge pages, loaded through
+    /// `exitless uffd-handler`; needs root to reserve the pages).
+    #[arg(long, value_delimiter = ',', default_value = "Full,Diff,Uffd2M", value_parser = parse_kind)]
     pub types: Vec<exitless_lab::snapshot::Kind>,
+    /// Guest memory sizes in MiB of the Uffd2M rows, comma-separated (whole 2 MiB pages).
+    #[arg(long, value_delimiter = ',', default_value = "1024", value_parser = parse_huge_mib)]
+    pub huge_mem: Vec<u64>,
     #[command(flatten)]
     pub out: OutputArgs,
 }
@@ -98,7 +102,15 @@ fn parse_kind(s: &str) -> Result<exitless_lab::snapshot::Kind, String> {
     match s {
         "Full" | "full" => Ok(exitless_lab::snapshot::Kind::Full),
         "Diff" | "diff" => Ok(exitless_lab::snapshot::Kind::Diff),
-        _ => Err(format!("{s:?} is not a snapshot type (Full or Diff)")),
+        "Uffd2M" | "uffd2m" => Ok(exitless_lab::snapshot::Kind::Uffd2M),
+        _ => Err(format!("{s:?} is not a snapshot type (Full, Diff or Uffd2M)")),
+    }
+}
+
+fn parse_huge_mib(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(v) if (64..=16384).contains(&v) && v % 2 == 0 => Ok(v),
+        _ => Err(format!("{s:?} is not a size in MiB from 64 to 16384 in whole 2 MiB pages")),
     }
 }
 
@@ -114,6 +126,7 @@ impl SnapshotArgs {
         exitless_lab::snapshot::Options {
             firecracker: self.firecracker.clone(),
             sizes_mib: self.mem.clone(),
+            huge_sizes_mib: self.huge_mem.clone(),
             dirty: self.written.clone(),
             kinds: self.types.clone(),
             runs: self.runs,

@@ -275,7 +275,8 @@ fn the_snapshot_lab_measures_create_and_load() {
     if !kvm_or_skip("the_snapshot_lab_measures_create_and_load") {
         return;
     }
-    let (_, json) = bench_json(&["snapshot", "--mem", "128", "--written", "0,0.25", "--runs", "1"]);
+    let (_, json) =
+        bench_json(&["snapshot", "--mem", "128", "--written", "0,0.25", "--runs", "1", "--types", "Full,Diff"]);
     let rows = json["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 4, "{json}");
     for row in rows {

@@ -1,6 +1,6 @@
 //! The API client the labs drive exitless (and Firecracker) with, and a console reader.
 
-pub use exitless_api_client::{expect_ok, listening, request, Reply};
+pub use exitless_api_client::{expect_ok, expect_ok_within, listening, request, request_within, Reply};
 
 /// Reads the guest's console until a line containing `needle`, and returns that line.
 pub fn wait_for_line(console: &mut impl std::io::BufRead, needle: &str) -> Result<String, String> {

@@ -5,9 +5,15 @@
 //! guest's next line (the guest running again); the files are synced to disk before the
 //! load. Every restored guest must go on counting from the tick it had reached. A Diff row snapshots the same guest Full first (the
 //! base), lets it count three more ticks, and takes a Diff: what the Diff holds and costs
-//! to create is measured, and the load is of the base with the Diff laid over it.
+//! to create is measured, and the load is of the base with the Diff laid over it. A
+//! Uffd2M row runs the guest on 2 MiB hugetlbfs pages (`huge_pages: "2M"`) and loads it
+//! through a page-fault handler (`exitless uffd-handler`, Firecracker's handshake, for
+//! either VMM): the load request resumed (the guest running) and its first line after it
+//! (its first answer).
 
-use crate::api_client::{expect_ok, listening};
+mod huge;
+
+use crate::api_client::{expect_ok_within, listening};
 use crate::report::{print_table, targets_json, targets_text, Outputs, Target};
 use serde_json::{json, Value};
 use std::io::BufRead;
@@ -21,6 +27,8 @@ pub struct Options {
     /// builds one), if given.
     pub firecracker: Option<PathBuf>,
     pub sizes_mib: Vec<u64>,
+    /// The sizes of the Uffd2M rows (a guest on huge pages: the host reserves all of it).
+    pub huge_sizes_mib: Vec<u64>,
     /// Shares of RAM the guest writes before the snapshot (0 to 1).
     pub dirty: Vec<f64>,
     /// Full rows, Diff rows, or both.
@@ -38,6 +46,8 @@ pub type SnapshotBenchError = crate::report::LabError;
 pub enum Kind {
     Full,
     Diff,
+    /// Full, of a guest on 2 MiB huge pages, loaded through UFFD.
+    Uffd2M,
 }
 
 impl Kind {
@@ -45,6 +55,7 @@ impl Kind {
         match self {
             Kind::Full => "Full",
             Kind::Diff => "Diff",
+            Kind::Uffd2M => "Uffd2M",
         }
     }
 }
@@ -100,7 +111,10 @@ impl Vmm {
 
     pub(crate) fn put(&self, path: &str, body: Value) -> Result<Duration, SnapshotBenchError> {
         let started = Instant::now();
-        expect_ok(&self.sock, if path == "/vm" { "PATCH" } else { "PUT" }, path, Some(&body))
+        // A minute: the create of a large guest on huge pages reads every page, and an
+        // untouched hugetlbfs page is allocated and zeroed when read (no shared zero page).
+        let method = if path == "/vm" { "PATCH" } else { "PUT" };
+        expect_ok_within(&self.sock, method, path, Some(&body), Duration::from_secs(60))
             .map_err(|e| SnapshotBenchError::Run(format!("{path}: {e}")))?;
         Ok(started.elapsed())
     }
@@ -152,6 +166,7 @@ impl Drop for Vmm {
 
 fn run_one(
     vmm: (&'static str, &Path),
+    exitless: &Path,
     dir: &Path,
     mem_mib: u64,
     dirty: f64,
@@ -161,9 +176,16 @@ fn run_one(
     let fail = |what: &str| SnapshotBenchError::Run(format!("{name}, {mem_mib} MiB, {dirty}, {kind:?}: {what}"));
     let kernel = dir.join("counter.elf");
     let dirty_mib = ((mem_mib as f64 * dirty) as u64).min(mem_mib.saturating_sub(18));
+    let huge = kind == Kind::Uffd2M;
+    // The guest's pages and a few more, while the row runs.
+    let _pool = if huge { Some(huge::Pool::reserve(mem_mib / 2 + 4)?) } else { None };
     let first = Vmm::start(exe, dir.join("a.sock"))?;
     let track = kind == Kind::Diff;
-    first.put("/machine-config", json!({"vcpu_count": 1, "mem_size_mib": mem_mib, "track_dirty_pages": track}))?;
+    let mut machine = json!({"vcpu_count": 1, "mem_size_mib": mem_mib, "track_dirty_pages": track});
+    if huge {
+        machine["huge_pages"] = json!("2M");
+    }
+    first.put("/machine-config", machine)?;
     first.put(
         "/boot-source",
         json!({"kernel_image_path": kernel, "boot_args": format!("exitless.params=1000000000,{dirty_mib}")}),
@@ -199,12 +221,15 @@ fn run_one(
     for file in [&state, &memory] {
         std::fs::File::open(file).and_then(|f| f.sync_all()).map_err(|e| fail(&format!("sync: {e}")))?;
     }
+    let handler = if huge { Some(huge::Handler::start(exitless, dir.join("uffd.sock"), &memory)?) } else { None };
+    let backend = match &handler {
+        Some(h) => json!({"backend_type": "Uffd", "backend_path": h.socket}),
+        None => json!({"backend_type": "File", "backend_path": memory}),
+    };
     let second = Vmm::start(exe, dir.join("b.sock"))?;
     let loaded_at = Instant::now();
-    let load = second.put(
-        "/snapshot/load",
-        json!({"snapshot_path": state, "mem_backend": {"backend_type": "File", "backend_path": memory}, "resume_vm": true}),
-    )?;
+    let load =
+        second.put("/snapshot/load", json!({"snapshot_path": state, "mem_backend": backend, "resume_vm": true}))?;
     let (ran_at, tick) =
         second.tick_after(loaded_at, Duration::from_secs(30)).ok_or_else(|| fail("the restored guest never ticked"))?;
     // exitless's console keeps every line it took before the kill: the next tick must follow
@@ -259,7 +284,8 @@ pub fn measure(opts: &Options) -> Result<Vec<Row>, SnapshotBenchError> {
     }
     let mut rows = Vec::new();
     for &kind in &opts.kinds {
-        for &mem in &opts.sizes_mib {
+        let sizes = if kind == Kind::Uffd2M { &opts.huge_sizes_mib } else { &opts.sizes_mib };
+        for &mem in sizes {
             for &dirty in &opts.dirty {
                 let mut runs: Vec<Vec<Row>> = vec![Vec::new(); vmms.len()];
                 for run in 0..opts.runs as usize {
@@ -273,7 +299,7 @@ pub fn measure(opts: &Options) -> Result<Vec<Row>, SnapshotBenchError> {
                             run + 1,
                             opts.runs
                         );
-                        runs[v].push(run_one(vmms[v], &dir, mem, dirty, kind)?);
+                        runs[v].push(run_one(vmms[v], &exe, &dir, mem, dirty, kind)?);
                     }
                 }
                 rows.extend(runs.iter().map(|r| median_row(r)));
@@ -294,13 +320,17 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
         })
         .collect();
     // Beside Firecracker on the same guest, size and share.
-    for fc in rows.iter().filter(|r| r.vmm == "firecracker" && r.kind == Kind::Full) {
+    for fc in rows.iter().filter(|r| r.vmm == "firecracker" && r.kind != Kind::Diff) {
         let ours = rows
             .iter()
-            .find(|r| r.vmm == "exitless" && r.kind == Kind::Full && r.mem_mib == fc.mem_mib && r.dirty == fc.dirty);
+            .find(|r| r.vmm == "exitless" && r.kind == fc.kind && r.mem_mib == fc.mem_mib && r.dirty == fc.dirty);
         if let Some(ours) = ours {
-            let what =
-                format!("{} MiB ({:.0}% written): load to running <= Firecracker's", fc.mem_mib, fc.dirty * 100.0);
+            let what = format!(
+                "{} {} MiB ({:.0}% written): load to running <= Firecracker's",
+                fc.kind.name(),
+                fc.mem_mib,
+                fc.dirty * 100.0
+            );
             let measured = format!("{:.1} vs {:.1} ms", ours.running_again_ms, fc.running_again_ms);
             out.push(Target::new(what, measured, ours.running_again_ms <= fc.running_again_ms));
         }
@@ -310,15 +340,15 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
 
 pub fn text(rows: &[Row]) -> String {
     let mut s = String::from(
-        "snapshot lab: the counter guest, snapshots through the API, restored in a new VMM (Diff: 3 ticks after a Full base, loaded laid over it)\n",
+        "snapshot lab: the counter guest, snapshots through the API, restored in a new VMM (Diff: 3 ticks after a Full base, loaded laid over it; Uffd2M: on 2 MiB huge pages, loaded through exitless uffd-handler)\n",
     );
     s += &format!(
-        "  {:<12} {:<5} {:>8} {:>8} {:>11} {:>10} {:>14} {:>9} {:>16}\n",
+        "  {:<12} {:<6} {:>8} {:>8} {:>11} {:>10} {:>14} {:>9} {:>16}\n",
         "VMM", "type", "RAM MiB", "written", "create ms", "state KiB", "memory KiB", "load ms", "to running ms"
     );
     for r in rows {
         s += &format!(
-            "  {:<12} {:<5} {:>8} {:>7.0}% {:>11.1} {:>10} {:>14} {:>9.1} {:>16.1}\n",
+            "  {:<12} {:<6} {:>8} {:>7.0}% {:>11.1} {:>10} {:>14} {:>9.1} {:>16.1}\n",
             r.vmm,
             r.kind.name(),
             r.mem_mib,

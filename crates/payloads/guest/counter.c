@@ -4,8 +4,10 @@
  * only, so a VM snapshotted mid-count and restored in another VMM goes on from the tick it
  * had reached: the first tick after a restore follows the last one before it.
  * With param 1 = N, it first writes N MiB of guest RAM from 16 MiB up (a pattern, so the
- * pages are not zero): what a snapshot's memory file must then hold.
- * Results: 0 = ticks.
+ * pages are not zero): what a snapshot's memory file must then hold. Once done, it reads
+ * the pattern back ("counter: checked N MiB, W words wrong"): a guest restored from a
+ * snapshot checks that its memory came back.
+ * Results: 0 = ticks, 1 = words of the pattern found wrong.
  */
 #include "runtime.h"
 
@@ -23,5 +25,12 @@ int main(void) {
 		set_result(0, tick);
 	}
 	print("counter: done at tick %lu (%lu iterations)\n", ticks, n);
+	if (dirty_mib) {
+		u64 wrong = 0;
+		for (u64 a = from; a < to; a += 8)
+			if (*(volatile u64 *)a != a * 0x9e3779b97f4a7c15ULL) wrong++;
+		set_result(1, wrong);
+		print("counter: checked %lu MiB, %lu words wrong\n", (to - from) >> 20, wrong);
+	}
 	return 0;
 }

@@ -23,9 +23,10 @@ pub(super) struct Backing<'a> {
 }
 
 /// Guest RAM, anonymous (in hugetlbfs pages if asked), or from a snapshot's memory (its
-/// file mapped privately, or a page-fault handler's, snapshot/uffd.rs; the userfaultfd is
-/// returned to keep); and the memslot of each region (in order, from `memslots`), whose
-/// writes KVM logs if `log_dirty`.
+/// file mapped privately, or copied into hugetlbfs pages; or a page-fault handler's,
+/// snapshot/uffd.rs, in the guest's page size; the userfaultfd is returned to keep); and
+/// the memslot of each region (in order, from `memslots`), whose writes KVM logs if
+/// `log_dirty`.
 pub(super) fn map_guest_ram(
     vm: &Arc<VmFd>,
     map: &MemoryMap,
@@ -35,28 +36,41 @@ pub(super) fn map_guest_ram(
 ) -> Result<(GuestMemoryMmap, Vec<u32>, Option<OwnedFd>), MachineError> {
     let regions: Vec<_> = map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
     let (memory, uffd) = match (backing.from, backing.huge_pages) {
-        (Some(_), HugePages::Hugetlbfs2M) => return Err(MachineError::HugePages(
-            "a snapshot of a guest on huge pages cannot be loaded here: exitless maps snapshot memory in 4 KiB pages only".into(),
-        )),
-        (Some(MemoryBackend::File(file)), HugePages::None) => (crate::snapshot::memory::map_private(file, &regions)?, None),
-        (Some(MemoryBackend::Uffd(socket)), HugePages::None) => {
-            let (memory, uffd) = crate::snapshot::uffd::map_anonymous(socket, &regions)?;
+        (Some(MemoryBackend::File(file)), HugePages::None) => {
+            (crate::snapshot::memory::map_private(file, &regions)?, None)
+        }
+        // A private mapping of a regular file is in 4 KiB pages whatever is asked: the
+        // file's bytes are copied into hugetlbfs memory instead (its holes left untouched).
+        (Some(MemoryBackend::File(file)), HugePages::Hugetlbfs2M) => {
+            let memory = map_hugetlbfs(&regions)?;
+            crate::snapshot::memory::copy_into(file, &memory)?;
+            (memory, None)
+        }
+        (Some(MemoryBackend::Uffd(socket)), huge) => {
+            let (memory, page_size) = match huge {
+                HugePages::None => (anonymous(&regions)?, 4096),
+                HugePages::Hugetlbfs2M => (map_hugetlbfs(&regions)?, HUGE),
+            };
+            let uffd = crate::snapshot::uffd::hand_over(socket, &memory, page_size)?;
             (memory, Some(uffd))
         }
         (None, HugePages::Hugetlbfs2M) => (map_hugetlbfs(&regions)?, None),
-        (None, HugePages::None) => {
-            (crate::guest_memory::anonymous(&regions).map_err(|e| MachineError::Memory(e.into()))?, None)
-        }
+        (None, HugePages::None) => (anonymous(&regions)?, None),
     };
     let slots: Vec<u32> = memslots.take(memory.num_regions() as u32)?.collect();
     register(vm, &memory, &slots, log_dirty)?;
     Ok((memory, slots, uffd))
 }
 
+fn anonymous(regions: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, MachineError> {
+    crate::guest_memory::anonymous(regions).map_err(|e| MachineError::Memory(e.into()))
+}
+
+const HUGE: usize = 2 << 20;
+
 /// 2 MiB hugetlbfs pages, all reserved by the mapping (no MAP_NORESERVE: a pool too
 /// small refuses the start instead of a SIGBUS in the guest's first touch beyond it).
 fn map_hugetlbfs(regions: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, MachineError> {
-    const HUGE: usize = 2 << 20;
     let pages: usize = regions.iter().map(|&(_, size)| size.div_ceil(HUGE)).sum();
     // Free pages another mapping reserved are not this guest's to take.
     let pool = "/sys/kernel/mm/hugepages/hugepages-2048kB";

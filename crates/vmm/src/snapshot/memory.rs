@@ -221,3 +221,53 @@ pub fn map_private(file: &File, regions: &[(GuestAddress, usize)]) -> Result<Gue
     }
     guest_memory::from_regions(mapped).map_err(|e| fail(e.to_string()))
 }
+
+/// Copies the RAM regions' bytes from `file` (laid out as [`map_private`] maps it) into
+/// `memory`, already mapped: only the file's data, so the pages of its holes (never
+/// written by the guest) stay untouched until the guest touches them.
+pub fn copy_into(file: &File, memory: &GuestMemoryMmap) -> Result<(), SnapshotError> {
+    let fail = |e: String| SnapshotError::Refused(format!("cannot copy the memory file into guest memory: {e}"));
+    let mut at = 0u64;
+    for region in ram(memory) {
+        let all = bytes_of(region, &(0..region.len())).map_err(|e| fail(e.to_string()))?;
+        // SAFETY: the region's whole mapping, readable and writable, owned by `memory` and
+        // not yet seen by any vCPU or device (the machine is being built): nothing else
+        // reads or writes it while the file is read into it.
+        let dst = unsafe { std::slice::from_raw_parts_mut(all.as_ptr() as *mut u8, all.len()) };
+        for run in data_runs(file, at, at + region.len()).map_err(|e| fail(e.to_string()))? {
+            let (from, to) = ((run.start - at) as usize, (run.end - at) as usize);
+            file.read_exact_at(&mut dst[from..to], run.start)
+                .map_err(|e| fail(format!("at offset {}: {e}", run.start)))?;
+        }
+        at += region.len();
+    }
+    Ok(())
+}
+
+/// The runs of `start..end` of `file` that hold data (SEEK_DATA, SEEK_HOLE): all of it
+/// where the file system cannot tell.
+fn data_runs(file: &File, start: u64, end: u64) -> std::io::Result<Vec<std::ops::Range<u64>>> {
+    use std::os::fd::AsRawFd;
+    let mut runs = Vec::new();
+    let mut at = start;
+    while at < end {
+        // SAFETY: lseek on a file this function borrows; the result is checked.
+        let data = unsafe { libc::lseek(file.as_raw_fd(), at as i64, libc::SEEK_DATA) };
+        if data < 0 {
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::ENXIO) => break, // no data past `at`
+                _ => return Ok(std::iter::once(start..end).collect()),
+            }
+        }
+        let data = data as u64;
+        if data >= end {
+            break;
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(file.as_raw_fd(), data as i64, libc::SEEK_HOLE) };
+        let stop = if hole < 0 { end } else { (hole as u64).min(end) };
+        runs.push(data..stop);
+        at = stop;
+    }
+    Ok(runs)
+}

@@ -1,15 +1,16 @@
 //! A page-fault handler for the Uffd backend (`exitless uffd-handler`), the other side of
 //! uffd.rs, as Firecracker's example handler is for Firecracker: it listens on a Unix
 //! socket, takes one VMM's userfaultfd and region list, and fills each page the guest (or
-//! the VMM) touches from a snapshot's memory file, mapped privately. It serves until the
-//! VMM is gone.
+//! the VMM) touches from a snapshot's memory file, mapped privately, in the region's page
+//! size (4 KiB, or 2 MiB for a guest on hugetlbfs pages: a 2 MiB page is copied whole, as
+//! the kernel requires). It serves until the VMM is gone.
 //!
 //! It distrusts what reaches it: a peer whose uid is neither the handler's nor root's is
 //! refused (and the handler goes on listening), and the region list must lie inside the
 //! memory file, in whole pages, without wrapping. A range the VMM discards (the balloon,
 //! free page reporting: MADV_DONTNEED) arrives as a REMOVE event; the handler unregisters
-//! it, so that the kernel fills it with zeros from then on, as any anonymous memory,
-//! rather than the handler with the snapshot's bytes.
+//! it (in whole pages of the region), so that the kernel fills it with zeros from then on,
+//! as any anonymous memory, rather than the handler with the snapshot's bytes.
 
 use super::uffd::UffdMapping;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -25,6 +26,8 @@ const UFFD_EVENT_REMOVE: u8 = 0x15;
 /// sizeof(struct uffd_msg).
 const MSG: usize = 32;
 const PAGE: u64 = 4096;
+/// The page sizes a region may have: 4 KiB, or hugetlbfs's 2 MiB.
+const PAGE_SIZES: [u64; 2] = [PAGE, 2 << 20];
 
 #[repr(C)]
 struct UffdioCopy {
@@ -158,8 +161,8 @@ fn allowed(peer: libc::uid_t, own: libc::uid_t) -> bool {
     peer == own || peer == 0
 }
 
-/// Every region in whole 4 KiB pages, inside the address space and inside the `len`
-/// bytes of the memory file.
+/// Every region of a page size this handler serves, in whole pages of it, inside the
+/// address space and inside the `len` bytes of the memory file.
 fn check_mappings(mappings: &[UffdMapping], len: u64) -> Result<(), String> {
     for m in mappings {
         let size = m.size as u64;
@@ -167,14 +170,17 @@ fn check_mappings(mappings: &[UffdMapping], len: u64) -> Result<(), String> {
         let Some(end) = end else {
             return Err(format!("a region of {size} bytes at offset {} passes the {len}-byte memory file", m.offset));
         };
-        if m.page_size as u64 != PAGE {
-            return Err(format!("a region of {}-byte pages (this handler serves 4 KiB pages)", m.page_size));
+        let page = m.page_size as u64;
+        if !PAGE_SIZES.contains(&page) {
+            return Err(format!("a region of {page}-byte pages (this handler serves 4 KiB and 2 MiB pages)"));
         }
-        let whole = [m.base_host_virt_addr, size, m.offset].iter().all(|v| v % PAGE == 0) && size > 0;
+        let whole = [m.base_host_virt_addr, size, m.offset].iter().all(|v| v % page == 0) && size > 0;
         if !whole || m.base_host_virt_addr.checked_add(size).is_none() {
             return Err(format!(
-                "a region at {:#x}+{size:#x} (offset {}..{end}) is not whole pages",
-                m.base_host_virt_addr, m.offset
+                "a region at {:#x}+{size:#x} (offset {}..{end}) is not whole {}-KiB pages",
+                m.base_host_virt_addr,
+                m.offset,
+                page >> 10
             ));
         }
     }
@@ -264,7 +270,8 @@ impl<'a> Handler<'a> {
         for m in self.mappings {
             let (start, end) =
                 (range.start.max(m.base_host_virt_addr), range.end.min(m.base_host_virt_addr + m.size as u64));
-            let (start, end) = (start.next_multiple_of(PAGE), end & !(PAGE - 1));
+            let page = m.page_size as u64;
+            let (start, end) = (start.next_multiple_of(page), end & !(page - 1));
             if start >= end {
                 continue;
             }
@@ -290,8 +297,11 @@ impl<'a> Handler<'a> {
             self.warn_once(&format!("a fault at {address:#x}, outside every region"));
             return Copied::Dropped;
         };
-        let src = self.source + m.offset + (address - m.base_host_virt_addr);
-        let mut copy = UffdioCopy { dst: address, src, len: PAGE, mode: 0, copy: 0 };
+        // The whole page of the region's size (checked to divide its base and size).
+        let page = m.page_size as u64;
+        let dst = address & !(page - 1);
+        let src = self.source + m.offset + (dst - m.base_host_virt_addr);
+        let mut copy = UffdioCopy { dst, src, len: page, mode: 0, copy: 0 };
         // SAFETY: UFFDIO_COPY from our mapping of the file (the region checked to lie inside
         // it) into the VMM's registered range.
         if unsafe { libc::ioctl(self.uffd.as_raw_fd(), UFFDIO_COPY as _, &mut copy) } == 0 {
@@ -305,7 +315,7 @@ impl<'a> Handler<'a> {
             Some(libc::EEXIST | libc::ENOENT) => Copied::Dropped,
             _ => {
                 let e = std::io::Error::last_os_error();
-                self.warn_once(&format!("cannot copy into {address:#x}: {e}"));
+                self.warn_once(&format!("cannot copy into {dst:#x} ({page} bytes): {e}"));
                 Copied::Dropped
             }
         }

@@ -25,10 +25,53 @@ fn regions_that_wrap_pass_the_file_or_are_not_whole_pages_are_refused() {
         (mapping(0x10000, 4096, 1), "offset unaligned"),
         (mapping(0x10000, 0, 0), "empty"),
         (mapping(!4095, 8192, 0), "base + size wraps"),
-        (UffdMapping { page_size: 2 << 20, ..mapping(0, 4096, 0) }, "huge pages"),
+        (huge(0, 4096, 0), "part of a huge page"),
+        (huge(0x1000, 2 << 20, 0), "base not on a huge page"),
+        (huge(0, 2 << 20, 4096), "offset not on a huge page"),
+        (UffdMapping { page_size: 8192, ..mapping(0, 8192, 0) }, "a page size no host has"),
     ] {
         assert!(check_mappings(&[mapping(0, 4096, 0), m], len).is_err(), "{why}");
     }
+    // Firecracker's 2 MiB pages: whole huge pages of the file.
+    assert_eq!(check_mappings(&[huge(0x4000_0000, 4 << 20, 2 << 20)], 8 << 20), Ok(()));
+}
+
+fn huge(base: u64, size: usize, offset: u64) -> UffdMapping {
+    UffdMapping { page_size: 2 << 20, page_size_kib: 2 << 20, ..mapping(base, size, offset) }
+}
+
+/// A handler that takes the userfaultfd and never fills a page (dead, or copying pages of
+/// the wrong size): the hand-over is refused in bounded time instead of hanging the load,
+/// and the memory it leaves is plain memory again (the waiting read was woken).
+#[test]
+fn a_handler_that_never_fills_a_page_is_refused_in_bounded_time() {
+    let dir = std::env::temp_dir().join(format!("exitless-uffd-mute-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("uffd.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let mute = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let (uffd, mappings) = handshake(&stream).unwrap();
+        // Holds the fd and reads nothing until the VMM side gives up and hangs up.
+        let mut byte = [0u8; 1];
+        let _ = std::io::Read::read(&mut &stream, &mut byte);
+        (uffd, mappings)
+    });
+    let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let started = std::time::Instant::now();
+    let why = crate::snapshot::uffd::hand_over_within(&socket, &mem, 4096, std::time::Duration::from_millis(300))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        why.contains("did not fill the first page") && why.contains("within 0.3 s") && why.contains("4 KiB"),
+        "{why}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20), "bounded");
+    assert_eq!(mem.read_obj::<u8>(GuestAddress(0)).unwrap(), 0);
+    let (_uffd, mappings) = mute.join().unwrap();
+    assert_eq!(mappings.len(), 1);
+    assert_eq!((mappings[0].page_size, mappings[0].size), (4096, 1 << 20));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -96,7 +139,8 @@ fn a_peer_of_another_user_is_refused_and_a_discarded_page_reads_zeros() {
     assert!(connect_as_another_user(&socket), "the child could not connect at all");
 
     let regions = [(GuestAddress(0), (pages * 4096) as usize)];
-    let (mem, _uffd) = crate::snapshot::uffd::map_anonymous(&socket, &regions).unwrap();
+    let mem = crate::guest_memory::anonymous(&regions).unwrap();
+    let _uffd = crate::snapshot::uffd::hand_over(&socket, &mem, 4096).unwrap();
     let byte = |page: u64| mem.read_obj::<u8>(GuestAddress(page * 4096 + 100)).unwrap();
     assert_eq!([byte(3), byte(4)], [4, 5], "served from the file");
     crate::guest_memory::discard(&mem, 3 * 4096, 4096).unwrap();
@@ -109,5 +153,37 @@ fn a_peer_of_another_user_is_refused_and_a_discarded_page_reads_zeros() {
     assert_eq!(served.refused_peers, 1);
     assert!(served.removed >= 1 && served.pages >= 2, "{served:?}");
     drop(mem);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A handler that fills other pages first (one every 100 ms, for three times as long as
+/// the wait allows without progress) and the first page last is slow, not stuck: the
+/// hand-over waits for it.
+#[test]
+fn a_handler_making_progress_is_waited_for() {
+    let dir = std::env::temp_dir().join(format!("exitless-uffd-slow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("uffd.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let source = vec![9u8; 4096];
+    let slow = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let (uffd, mappings) = handshake(&stream).unwrap();
+        let base = mappings[0].base_host_virt_addr;
+        for page in (1..30u64).chain([0]) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let mut copy =
+                UffdioCopy { dst: base + page * 4096, src: source.as_ptr() as u64, len: 4096, mode: 0, copy: 0 };
+            // SAFETY: UFFDIO_COPY of one page from `source` into the registered range.
+            assert_eq!(unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_COPY as _, &mut copy) }, 0);
+        }
+        uffd
+    });
+    let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 1 << 20)]).unwrap();
+    let within = std::time::Duration::from_secs(1);
+    let served = crate::snapshot::uffd::hand_over_within(&socket, &mem, 4096, within);
+    assert!(served.is_ok(), "{:?}", served.err());
+    assert_eq!(mem.read_obj::<u8>(GuestAddress(0)).unwrap(), 9, "the handler's page");
+    drop(slow.join().unwrap());
     let _ = std::fs::remove_dir_all(&dir);
 }
