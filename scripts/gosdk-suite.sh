@@ -13,10 +13,11 @@
 #
 # Testdata: the SDK's Makefile downloads a kernel and root images from Firecracker's S3
 # bucket; this host cannot reach it, so the equivalents are made here: the microVM kernel
-# exitless's checks use, and an ext4 root with Debian's busybox-static whose init keeps a
-# shell on the console. root-drive-with-ssh.img is the same image (no sshd in it), so the one
-# subtest that logs in over SSH fails on both VMMs alike. CNI plugins come from the Go proxy
-# at the versions the Makefile pins. Needs root, /dev/kvm, Go.
+# exitless's checks use, an ext4 root with Debian's busybox-static (its init applies the
+# SDK's `ip=`, which this kernel leaves to user space), and the same with Debian's dropbear
+# and a fresh key for root-drive-with-ssh.img/root-drive-ssh-key. CNI plugins are the
+# versions the Makefile pins (tc-redirect-tap built from its repository: the proxy refuses
+# that pseudo-version). Needs root, /dev/kvm, Go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -68,17 +69,17 @@ echo "SDK: $(git -C "$sdk" log -1 --format='%h %cs %s')"
 # Shared testdata, made once.
 common=$cache/testdata
 mkdir -p "$common/bin"
-cp -u "$kernel" "$common/vmlinux"
-# The image's recipe version: a changed recipe remakes it.
-image_version=2
+cmp -s "$kernel" "$common/vmlinux" || cp "$kernel" "$common/vmlinux"
+# The images' recipe version: a changed recipe remakes them.
+image_version=5
 if [ "$(cat "$common/root-drive.version" 2>/dev/null)" != $image_version ]; then
   work=$(mktemp -d)
   (
     set -e
     cd "$work"
-    apt-get download busybox-static >/dev/null 2>&1
-    dpkg-deb -x busybox-static_*.deb pkg
-    mkdir -p rootfs/{bin,sbin,etc/init.d,proc,sys,dev,tmp,root}
+    apt-get download busybox-static dropbear-bin libtomcrypt1 libtommath1 >/dev/null 2>&1
+    for deb in *.deb; do dpkg-deb -x "$deb" pkg; done
+    mkdir -p rootfs/{bin,sbin,etc/init.d,proc,sys,dev,tmp,run,var/run,root}
     cp pkg/bin/busybox rootfs/bin/busybox
     # The root is mounted read-only: every applet's link is made here.
     for app in $(pkg/bin/busybox --list); do
@@ -91,7 +92,9 @@ if [ "$(cat "$common/root-drive.version" 2>/dev/null)" != $image_version ]; then
 #!/bin/sh
 mount -t proc proc /proc
 mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
+mountpoint -q /dev || mount -t devtmpfs dev /dev
+mkdir -p /dev/pts && mount -t devpts devpts /dev/pts
+for d in /tmp /run /var/run; do mount -t tmpfs tmpfs $d; done
 ifconfig lo 127.0.0.1 up
 for arg in $(cat /proc/cmdline); do
   case $arg in
@@ -104,20 +107,38 @@ ARGS
       ;;
   esac
 done
+[ -x /usr/sbin/dropbear ] && /usr/sbin/dropbear -s -r /etc/dropbear/host_key
 RCS
     chmod +x rootfs/etc/init.d/rcS
     printf '%s\n' '::sysinit:/etc/init.d/rcS' '::respawn:-/bin/sh' \
       '::ctrlaltdel:/bin/reboot' > rootfs/etc/inittab
+    echo 'root:x:0:0:root:/root:/bin/sh' > rootfs/etc/passwd
+    echo 'root:*:19000:0:99999:7:::' > rootfs/etc/shadow
     truncate -s 32M root.img
     mkfs.ext4 -q -F -d rootfs root.img
-  ) || { rm -rf "$work"; fail "making root-drive.img (apt-get download busybox-static, mkfs.ext4 -d)"; }
+    # root-drive-with-ssh.img: the same with dropbear (Debian's, and the libraries it
+    # links) letting in root-drive-ssh-key, as the SDK's Ubuntu image lets its key in.
+    libs=$PWD/pkg/usr/lib/x86_64-linux-gnu
+    mkdir -p rootfs/usr/sbin rootfs/lib/x86_64-linux-gnu rootfs/lib64 rootfs/etc/dropbear rootfs/root/.ssh
+    cp pkg/usr/sbin/dropbear rootfs/usr/sbin/
+    LD_LIBRARY_PATH=$libs ldd pkg/usr/sbin/dropbear | awk '/=> \//{print $3}' |
+      xargs -I{} cp -L {} rootfs/lib/x86_64-linux-gnu/
+    cp -L /lib64/ld-linux-x86-64.so.2 rootfs/lib64/
+    LD_LIBRARY_PATH=$libs pkg/usr/bin/dropbearkey -t ed25519 -f rootfs/etc/dropbear/host_key >/dev/null 2>&1
+    rm -f key key.pub
+    # ed25519: this dropbear refuses the RSA key ssh-keygen makes by default.
+    ssh-keygen -q -t ed25519 -N '' -f key
+    cp key.pub rootfs/root/.ssh/authorized_keys
+    chmod 700 rootfs/root rootfs/root/.ssh && chmod 600 rootfs/root/.ssh/authorized_keys
+    truncate -s 64M ssh.img
+    mkfs.ext4 -q -F -d rootfs ssh.img
+  ) || { rm -rf "$work"; fail "making the root images (apt-get download, mkfs.ext4 -d, ssh-keygen)"; }
   mv "$work/root.img" "$common/root-drive.img"
+  mv "$work/ssh.img" "$common/root-drive-with-ssh.img"
+  mv "$work/key" "$common/root-drive-ssh-key"
   echo $image_version > "$common/root-drive.version"
-  rm -rf "$work" "$common/root-drive-with-ssh.img"
+  rm -rf "$work"
 fi
-cp -u "$common/root-drive.img" "$common/root-drive-with-ssh.img"
-[ -f "$common/root-drive-ssh-key" ] || ssh-keygen -q -t rsa -N '' -f "$common/root-drive-ssh-key" ||
-  fail "ssh-keygen"
 install_go() { [ -x "$common/bin/$(basename "$1")" ] || GOBIN=$common/bin "$go" install "$1@$2" || fail "go install $1"; }
 install_go github.com/containernetworking/plugins/plugins/main/ptp v1.1.1
 install_go github.com/containernetworking/plugins/plugins/ipam/host-local v1.1.1
@@ -167,10 +188,10 @@ sides=exitless
 [ $run_fc = no ] || sides="exitless firecracker"
 
 echo
-printf '%-58s %-9s %s\n' TEST exitless "$([ $run_fc = yes ] && echo firecracker)"
+printf '%-64s %-9s %s\n' TEST exitless "$([ $run_fc = yes ] && echo firecracker)"
 result() { awk -v t="$1" '$1 == t { print $2 }' "$cache/$2.results"; }
 verdict=0
-for t in $(cat "$cache"/{exitless,firecracker}.results 2>/dev/null | awk '{print $1}' | sort -u); do
+for t in $(for side in $sides; do cat "$cache/$side.results"; done | awk '{print $1}' | sort -u); do
   ex=$(result "$t" exitless); ex=${ex:-NONE}
   fc=; [ $run_fc = yes ] && { fc=$(result "$t" firecracker); fc=${fc:-NONE}; }
   # A subtest gets its line only where its test did not pass on both sides.
@@ -179,7 +200,7 @@ for t in $(cat "$cache"/{exitless,firecracker}.results 2>/dev/null | awk '{print
     [ "$(result "$p" exitless)" = PASS ] && { [ $run_fc = no ] || [ "$(result "$p" firecracker)" = PASS ]; } &&
       continue ;;
   esac
-  printf '%-58s %-9s %s\n' "$t" "$ex" "$fc"
+  printf '%-64s %-9s %s\n' "$t" "$ex" "$fc"
   if [ "$fc" = PASS ] && [ "$ex" != PASS ]; then
     echo "   ^ passes under Firecracker, not under exitless"; verdict=1
   fi
