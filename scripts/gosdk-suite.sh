@@ -162,7 +162,10 @@ run_suite() {
     ln -sfn "$common/$f" "$data/$f"
   done
   # The suite wants its taps to exist: FC_TEST_TAP and the static "tap0".
-  for t in "$tap" tap0; do ip link show "$t" >/dev/null 2>&1 || ip tuntap add "$t" mode tap; done
+  local made= t
+  for t in "$tap" tap0; do
+    ip link show "$t" >/dev/null 2>&1 || { ip tuntap add "$t" mode tap && made="$made $t"; }
+  done
   echo "== $name: go test (FC_TEST_BIN=$bin) ..."
   (
     cd "$sdk"
@@ -170,8 +173,8 @@ run_suite() {
       DISABLE_ROOT_TESTS= "$go" test -v -count=1 -timeout "$timeout" -run "$run_re" ./... \
       > "$cache/$name.log" 2>&1
   ) || true
-  ip link del "$tap" 2>/dev/null || true
-  ip link del tap0 2>/dev/null || true
+  # Only the taps made here go.
+  for t in $made; do ip link del "$t" 2>/dev/null || true; done
   # "--- PASS: TestX (1.2s)"; subtests ("TestX/sub") are indented.
   sed -n 's/^ *--- \(PASS\|FAIL\|SKIP\): \([^ ]*\).*/\2 \1/p' "$cache/$name.log" | sort -u > "$cache/$name.results"
   echo "   log: $cache/$name.log"
