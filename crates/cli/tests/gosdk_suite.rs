@@ -102,8 +102,13 @@ fn pinned_checkout(to: &Path) -> Option<PathBuf> {
     let has_pin =
         |repo: &Path| git(&["-C", repo.to_str()?, "cat-file", "-e", &format!("{PINNED}^{{commit}}")]).then_some(());
     if has_pin(&cache).is_none() {
-        let url = std::env::var("GOSDK_GIT")
-            .unwrap_or_else(|_| "https://github.com/firecracker-microvm/firecracker-go-sdk".into());
+        // $GOSDK_GIT, else a local mirror where this project's machines keep one (GitHub
+        // itself is out of reach from some of them), else GitHub.
+        const MIRROR: &str = "/work/.mirror/firecracker-microvm+firecracker-go-sdk/repo";
+        let url = std::env::var("GOSDK_GIT").unwrap_or_else(|_| match Path::new(MIRROR).exists() {
+            true => MIRROR.into(),
+            false => "https://github.com/firecracker-microvm/firecracker-go-sdk".into(),
+        });
         if !cache.join(".git").exists() {
             git(&["clone", "-q", &url, cache.to_str()?]);
         } else {
