@@ -46,7 +46,8 @@ pub enum ThreadKind {
     /// listening socket and connecting to the host's `<uds_path>_<port>` sockets.
     Vsock,
     /// A vhost-user device's thread: hands a backend process the queues over its socket
-    /// (send and receive with descriptors, a duplicated irqfd) and watches it close.
+    /// (send and receive with descriptors, a duplicated irqfd) and watches it close; and
+    /// its deadline's, which shuts the socket down on a reply that never comes.
     VhostUser,
     /// Writes the guest's console output.
     ConsoleOut,
@@ -179,7 +180,8 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         ThreadKind::Pmem => return [COMMON, DEVICE_WAIT, &[libc::SYS_msync]].concat(),
         ThreadKind::Mem => return [COMMON, DEVICE_WAIT].concat(),
         ThreadKind::VhostUser => {
-            return [COMMON, DEVICE_WAIT, &[libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_dup]].concat()
+            let socket = [libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_dup, libc::SYS_shutdown];
+            return [COMMON, DEVICE_WAIT, &socket].concat();
         }
         // The ring is made before any filter; the thread only enters it (or, without
         // io_uring, makes the calls itself); fallocate serves discard and write-zeroes.

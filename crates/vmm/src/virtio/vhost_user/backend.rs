@@ -1,9 +1,10 @@
 //! One vhost-user backend's session, on the rust-vmm `vhost` crate's frontend: the
 //! handshake at attach (owner, features, protocol features, queue count), and per
 //! activation the memory table and each vring (size, addresses, base, call, kick, enable);
-//! a reset stops the vrings. Every reply is awaited at most [`REPLY_TIMEOUT`]: a backend
-//! that never answers is a backend that failed, not a VMM thread stuck for good.
+//! a reset stops the vrings. Every reply is awaited at most [`REPLY_TIMEOUT`] (deadline.rs):
+//! a backend that never answers is a backend that failed, not a VMM thread stuck for good.
 
+use super::deadline::Deadline;
 use crate::guest_memory::GuestMemoryMmap;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -38,15 +39,26 @@ pub enum BackendError {
     NotShared(u64),
     #[error("queue {0}'s rings are not inside guest memory")]
     Rings(usize),
+    #[error("the vhost-user backend did not answer {0} within {REPLY_TIMEOUT:?}")]
+    NoReply(&'static str),
 }
 
-fn step(step: &'static str) -> impl FnOnce(vhost::Error) -> BackendError {
-    move |source| BackendError::Protocol { step, source }
+/// Runs `request` (the step `name`) under `deadline`: its error, or no reply in time.
+fn ask<T>(
+    deadline: &Deadline,
+    name: &'static str,
+    request: impl FnOnce() -> Result<T, vhost::Error>,
+) -> Result<T, BackendError> {
+    match deadline.run(request) {
+        Ok(done) => done.map_err(|source| BackendError::Protocol { step: name, source }),
+        Err(()) => Err(BackendError::NoReply(name)),
+    }
 }
 
 /// A connected backend, past its handshake.
 pub struct Backend {
     frontend: Frontend,
+    deadline: Deadline,
     /// The virtio features the backend offers (its vhost-user bit taken out).
     pub features: u64,
     /// Whether the backend speaks protocol features (then vrings start disabled and are
@@ -65,23 +77,22 @@ impl Backend {
 
     /// The handshake over a connected `stream`.
     pub fn handshake(stream: UnixStream, queues: usize) -> Result<Backend, BackendError> {
-        let timeouts = |source| BackendError::Connect { path: "(connected)".into(), source };
-        stream.set_read_timeout(Some(REPLY_TIMEOUT)).map_err(timeouts)?;
-        stream.set_write_timeout(Some(REPLY_TIMEOUT)).map_err(timeouts)?;
+        let watch = |source| BackendError::Connect { path: "(connected)".into(), source };
+        let deadline = Deadline::new(stream.try_clone().map_err(watch)?.into(), REPLY_TIMEOUT).map_err(watch)?;
         let mut frontend = Frontend::from_stream(stream, queues as u64);
-        frontend.set_owner().map_err(step("SET_OWNER"))?;
-        let offered = frontend.get_features().map_err(step("GET_FEATURES"))?;
+        ask(&deadline, "SET_OWNER", || frontend.set_owner())?;
+        let offered = ask(&deadline, "GET_FEATURES", || frontend.get_features())?;
         let protocol_bit = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
         let protocol = offered & protocol_bit != 0;
         if protocol {
-            let theirs = frontend.get_protocol_features().map_err(step("GET_PROTOCOL_FEATURES"))?;
+            let theirs = ask(&deadline, "GET_PROTOCOL_FEATURES", || frontend.get_protocol_features())?;
             let acked = theirs & WANTED_PROTOCOL;
-            frontend.set_protocol_features(acked).map_err(step("SET_PROTOCOL_FEATURES"))?;
+            ask(&deadline, "SET_PROTOCOL_FEATURES", || frontend.set_protocol_features(acked))?;
             if acked.contains(VhostUserProtocolFeatures::REPLY_ACK) {
                 frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
             }
             if acked.contains(VhostUserProtocolFeatures::MQ) {
-                let most = frontend.get_queue_num().map_err(step("GET_QUEUE_NUM"))?;
+                let most = ask(&deadline, "GET_QUEUE_NUM", || frontend.get_queue_num())?;
                 if (most as usize) < queues {
                     return Err(BackendError::Lacks(format!("queues: it serves {most}, the device needs {queues}")));
                 }
@@ -90,7 +101,7 @@ impl Backend {
         if offered & super::super::VIRTIO_F_VERSION_1 == 0 {
             return Err(BackendError::Lacks("VIRTIO_F_VERSION_1".into()));
         }
-        Ok(Backend { frontend, features: offered & !protocol_bit, protocol, queues })
+        Ok(Backend { frontend, deadline, features: offered & !protocol_bit, protocol, queues })
     }
 
     /// The socket, for watching it close.
@@ -102,9 +113,10 @@ impl Backend {
     /// features), then guest memory's table.
     pub fn set_features_and_memory(&mut self, features: u64, mem: &GuestMemoryMmap) -> Result<(), BackendError> {
         let bit = if self.protocol { VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() } else { 0 };
-        self.frontend.set_features(features | bit).map_err(step("SET_FEATURES"))?;
+        let (frontend, deadline) = (&mut self.frontend, &self.deadline);
+        ask(deadline, "SET_FEATURES", || frontend.set_features(features | bit))?;
         let regions = memory_table(mem)?;
-        self.frontend.set_mem_table(&regions).map_err(step("SET_MEM_TABLE"))?;
+        ask(deadline, "SET_MEM_TABLE", || frontend.set_mem_table(&regions))?;
         Ok(())
     }
 
@@ -131,13 +143,14 @@ impl Backend {
             avail_ring_addr: host(queue.avail_ring())?,
             log_addr: None,
         };
-        self.frontend.set_vring_num(index, queue.size()).map_err(step("SET_VRING_NUM"))?;
-        self.frontend.set_vring_addr(index, &config).map_err(step("SET_VRING_ADDR"))?;
-        self.frontend.set_vring_base(index, queue.next_avail()).map_err(step("SET_VRING_BASE"))?;
-        self.frontend.set_vring_call(index, call).map_err(step("SET_VRING_CALL"))?;
-        self.frontend.set_vring_kick(index, kick).map_err(step("SET_VRING_KICK"))?;
+        let (frontend, deadline) = (&mut self.frontend, &self.deadline);
+        ask(deadline, "SET_VRING_NUM", || frontend.set_vring_num(index, queue.size()))?;
+        ask(deadline, "SET_VRING_ADDR", || frontend.set_vring_addr(index, &config))?;
+        ask(deadline, "SET_VRING_BASE", || frontend.set_vring_base(index, queue.next_avail()))?;
+        ask(deadline, "SET_VRING_CALL", || frontend.set_vring_call(index, call))?;
+        ask(deadline, "SET_VRING_KICK", || frontend.set_vring_kick(index, kick))?;
         if self.protocol {
-            self.frontend.set_vring_enable(index, true).map_err(step("SET_VRING_ENABLE"))?;
+            ask(deadline, "SET_VRING_ENABLE", || frontend.set_vring_enable(index, true))?;
         }
         Ok(())
     }
@@ -145,11 +158,12 @@ impl Backend {
     /// Stops every vring (the driver reset the device): disabled, then its base asked
     /// for, which stops it (vhost-user's GET_VRING_BASE).
     pub fn stop_vrings(&mut self, started: usize) -> Result<(), BackendError> {
+        let (frontend, deadline) = (&mut self.frontend, &self.deadline);
         for index in 0..started.min(self.queues) {
             if self.protocol {
-                self.frontend.set_vring_enable(index, false).map_err(step("SET_VRING_ENABLE"))?;
+                ask(deadline, "SET_VRING_ENABLE", || frontend.set_vring_enable(index, false))?;
             }
-            self.frontend.get_vring_base(index).map_err(step("GET_VRING_BASE"))?;
+            ask(deadline, "GET_VRING_BASE", || frontend.get_vring_base(index))?;
         }
         Ok(())
     }

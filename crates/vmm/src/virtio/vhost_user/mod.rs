@@ -3,6 +3,7 @@
 //! then a memfd mapped shared (machine/ram.rs), which the backend maps too.
 
 pub mod backend;
+mod deadline;
 pub mod device;
 
 pub use backend::{Backend, BackendError, REPLY_TIMEOUT};
