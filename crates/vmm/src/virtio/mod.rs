@@ -6,6 +6,7 @@ pub mod balloon;
 pub mod blk;
 pub mod chain;
 pub mod event_loop;
+pub mod fs;
 pub mod mem;
 pub mod mmio;
 pub mod net;
