@@ -7,6 +7,9 @@
 #   scripts/linux-check.sh --stress SECONDS [KERNEL]
 #   scripts/linux-check.sh --cpu-templates [KERNEL]
 #   scripts/linux-check.sh --snapshots [KERNEL]
+#   scripts/linux-check.sh --fs [KERNEL]
+# --fs runs only the virtio-fs checks (scripts/linux-fs.sh: virtiofsd on both transports,
+# a root on virtio-fs, the backend killed mid-I/O), about six minutes.
 # The third runs the same checks on a VMM started as Firecracker is (its process flags, no
 # --enable-pci) and configured through the API as Firecracker's getting-started guide does
 # (boot_args "console=ttyS0 reboot=k panic=1" and what the checks and this host need):
@@ -36,6 +39,10 @@
 # Not in CI: it needs minutes and a kernel build.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+if [ "${1:-}" = --fs ]; then
+  shift
+  exec "$here/scripts/linux-fs.sh" "$@"
+fi
 exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
 timeout=${TIMEOUT:-600}
 net_mib=${NET_MIB:-16}

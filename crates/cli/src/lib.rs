@@ -8,6 +8,7 @@ pub mod report;
 pub mod run;
 pub mod terminal;
 pub mod top;
+pub mod virtiofsd;
 
 use std::io::Write;
 

@@ -45,6 +45,10 @@ pub enum ThreadKind {
     /// virtio-vsock's thread: the Device calls plus accepting host connections on its
     /// listening socket and connecting to the host's `<uds_path>_<port>` sockets.
     Vsock,
+    /// A vhost-user device's thread: hands a backend process the queues over its socket
+    /// (send and receive with descriptors, a duplicated irqfd) and watches it close; and
+    /// its deadline's, which shuts the socket down on a reply that never comes.
+    VhostUser,
     /// Writes the guest's console output.
     ConsoleOut,
     /// Feeds the console's input.
@@ -175,6 +179,10 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         ThreadKind::Balloon => return [COMMON, DEVICE_WAIT].concat(),
         ThreadKind::Pmem => return [COMMON, DEVICE_WAIT, &[libc::SYS_msync]].concat(),
         ThreadKind::Mem => return [COMMON, DEVICE_WAIT].concat(),
+        ThreadKind::VhostUser => {
+            let socket = [libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_dup, libc::SYS_shutdown];
+            return [COMMON, DEVICE_WAIT, &socket].concat();
+        }
         // The ring is made before any filter; the thread only enters it (or, without
         // io_uring, makes the calls itself); fallocate serves discard and write-zeroes.
         ThreadKind::Block => {
@@ -577,6 +585,7 @@ mod tests {
             ThreadKind::Balloon,
             ThreadKind::Pmem,
             ThreadKind::Mem,
+            ThreadKind::VhostUser,
             ThreadKind::Vsock,
             ThreadKind::ConsoleOut,
             ThreadKind::SerialIn,

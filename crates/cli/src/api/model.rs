@@ -274,6 +274,28 @@ pub struct Pmem {
     pub rate_limiter: Option<RateLimiter>,
 }
 
+/// `PUT /fs/{fs_id}`: a virtio-fs device on a vhost-user backend's socket (virtiofsd), an
+/// exitless extension with Cloud Hypervisor's `--fs` names.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Fs {
+    pub fs_id: String,
+    pub tag: String,
+    pub socket: String,
+    #[serde(default = "default_request_queues")]
+    pub num_request_queues: u16,
+    #[serde(default = "default_fs_queue_size")]
+    pub queue_size: u16,
+}
+
+fn default_request_queues() -> u16 {
+    exitless_vmm::virtio::fs::DEFAULT_REQUEST_QUEUES
+}
+
+fn default_fs_queue_size() -> u16 {
+    exitless_vmm::virtio::fs::DEFAULT_QUEUE_SIZE
+}
+
 /// `PATCH /pmem/{id}`: only the rate limiter changes.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -440,6 +462,9 @@ pub struct VmConfig {
     pub entropy: Option<Entropy>,
     #[serde(default, deserialize_with = "null_is_default", skip_serializing_if = "Vec::is_empty")]
     pub pmem: Vec<Pmem>,
+    /// virtio-fs devices (an exitless extension, Cloud Hypervisor's `fs`).
+    #[serde(default, deserialize_with = "null_is_default", skip_serializing_if = "Vec::is_empty")]
+    pub fs: Vec<Fs>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_hotplug: Option<MemoryHotplug>,
     /// Firecracker's `PUT /serial` (its config file has no such section; exitless takes
@@ -475,6 +500,7 @@ impl VmConfig {
             ("drives", self.drives.len(), MAX_DEVICES),
             ("network-interfaces", self.network_interfaces.len(), usize::from(MAX_NICS)),
             ("pmem devices", self.pmem.len(), MAX_DEVICES),
+            ("fs devices", self.fs.len(), MAX_DEVICES),
             ("MMDS network interfaces", mmds, MAX_DEVICES),
         ]
         .into_iter()
@@ -499,6 +525,7 @@ const LIST_KEYS: &[&str] = &[
     "network-interfaces",
     "network_interfaces",
     "pmem",
+    "fs",
     "network_overrides",
     // A CPU template's (`cpu-config`).
     "kvm_capabilities",

@@ -426,6 +426,7 @@ impl Vm {
             track_dirty_pages: self.config.machine_config.track_dirty_pages,
             huge_pages: huge_pages(self.config.machine_config.huge_pages.as_deref())?,
             memory_hotplug: self.memory_hotplug(),
+            shared_memory: self.shared_memory(),
             cpu_template: self.cpu_template()?,
             restore,
             ..exitless_vmm::MachineConfig::new(image)

@@ -8,6 +8,8 @@
 //! - a snapshot's file mapped privately: MADV_DONTNEED would bring the file's page back
 //!   (the snapshot's bytes, not zeros), so a fresh anonymous mapping goes over the range,
 //!   as Firecracker does;
+//! - RAM shared with a vhost-user backend (a memfd mapped shared): MADV_REMOVE frees the
+//!   file's page, so the backend's mapping reads zeros too;
 //! - unplugged hotpluggable memory: a fresh mapping too, read-only or PROT_NONE
 //!   (plugs.rs).
 
@@ -28,6 +30,8 @@ pub enum DiscardError {
 pub(super) enum Fresh {
     /// MADV_DONTNEED.
     Advise,
+    /// MADV_REMOVE: the shared file's pages freed (a hole punched).
+    Remove,
     /// A new anonymous mapping over the range, of this protection.
     Replace(Prot),
 }
@@ -51,6 +55,8 @@ pub(super) unsafe fn drop_pages(host: *mut u8, len: usize, how: Fresh) -> std::i
     let ok = match how {
         // SAFETY: the caller's range; MADV_DONTNEED drops its contents, the mapping stays.
         Fresh::Advise => unsafe { libc::madvise(host.cast(), len, libc::MADV_DONTNEED) == 0 },
+        // SAFETY: the caller's range of a shared file mapping; the file's pages are freed.
+        Fresh::Remove => unsafe { libc::madvise(host.cast(), len, libc::MADV_REMOVE) == 0 },
         Fresh::Replace(prot) => {
             let flags = libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
             // SAFETY: MAP_FIXED over the caller's range of a mapping guest memory owns (and
@@ -82,16 +88,17 @@ pub fn discard(mem: &GuestMemoryMmap, addr: u64, len: u64) -> Result<(), Discard
         }
         // The slice pins hotpluggable memory: no unplug protects it under the discard.
         let slice = region.get_slice(MemoryRegionAddress(from - start), (to - from) as usize).map_err(|_| outside())?;
-        let how = match region.private_file() {
-            true => Fresh::Replace(Prot::ReadWrite),
-            false => Fresh::Advise,
+        let how = match (region.private_file(), region.shared_file()) {
+            (true, _) => Fresh::Replace(Prot::ReadWrite),
+            (false, true) => Fresh::Remove,
+            (false, false) => Fresh::Advise,
         };
         // SAFETY: the slice is this region's mapping for exactly `to - from` bytes, whole
         // pages, owned by `mem`; the guest gave the pages up.
         let dropped = unsafe { drop_pages(slice.ptr_guard_mut().as_ptr(), (to - from) as usize, how) };
         if let Err(e) = dropped {
             let errno = e.raw_os_error().unwrap_or(0);
-            if how != Fresh::Advise {
+            if matches!(how, Fresh::Replace(_)) {
                 // Out of mappings (vm.max_map_count): zeros by hand, so that the page never
                 // reads back the snapshot's bytes, though it stays resident.
                 let zeros = [0u8; 4096];

@@ -91,6 +91,12 @@ impl GuestRegion {
         self.inner.file_offset().is_some() && self.inner.flags() & libc::MAP_PRIVATE != 0
     }
 
+    /// A shared mapping of a file (RAM a vhost-user backend maps too): MADV_DONTNEED would
+    /// leave the file's page, which the backend still sees, in place.
+    fn shared_file(&self) -> bool {
+        self.inner.file_offset().is_some() && self.inner.flags() & libc::MAP_SHARED != 0
+    }
+
     /// How many bytes from `addr` an access of `count` may reach within the region.
     fn room(&self, addr: MemoryRegionAddress, count: usize) -> MemResult<usize> {
         let left = self.len().checked_sub(addr.0).ok_or(GuestMemoryError::InvalidBackendAddress)?;
@@ -239,6 +245,31 @@ pub fn anonymous(ranges: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, Me
         .iter()
         .map(|&(start, size)| map(start, size, libc::PROT_READ | libc::PROT_WRITE, flags, None).map(GuestRegion::ram))
         .collect::<Result<Vec<_>, _>>()?;
+    Ok(GuestMemoryMmap::from_regions(regions)?)
+}
+
+/// Guest RAM a vhost-user backend can map too: one memfd, each `(start, size)` a shared
+/// mapping of it at the sum of the sizes before (the offset the backend is told).
+pub fn shared(ranges: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, MemoryError> {
+    let total: usize = ranges.iter().map(|&(_, size)| size).sum();
+    let failed = |e: std::io::Error| MemoryError::Map { start: 0, size: total, reason: format!("memfd: {e}") };
+    // SAFETY: a NUL-terminated name and valid flags; the descriptor returned is owned below.
+    let fd = unsafe { libc::memfd_create(c"exitless-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(failed(std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` was just created and is owned by nothing else.
+    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    file.set_len(total as u64).map_err(failed)?;
+    let file = Arc::new(file);
+    let flags = libc::MAP_SHARED | libc::MAP_NORESERVE;
+    let mut offset = 0u64;
+    let mut regions = Vec::with_capacity(ranges.len());
+    for &(start, size) in ranges {
+        let at = FileOffset::from_arc(file.clone(), offset);
+        regions.push(map(start, size, libc::PROT_READ | libc::PROT_WRITE, flags, Some(at)).map(GuestRegion::ram)?);
+        offset += size as u64;
+    }
     Ok(GuestMemoryMmap::from_regions(regions)?)
 }
 

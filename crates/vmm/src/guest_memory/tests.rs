@@ -161,3 +161,22 @@ fn a_discarded_page_of_a_snapshot_file_reads_zeros_not_the_file() {
     discard(&mem, 4096, 4096).unwrap();
     assert_eq!(mem.read_obj::<u8>(GuestAddress(4096)).unwrap(), 0, "a second discard too");
 }
+
+/// RAM shared with a vhost-user backend is one memfd: what the guest writes is in the file
+/// at the region's offset (what the backend maps), and a discarded page reads zeros in
+/// both views, not the file's old page.
+#[test]
+fn shared_ram_is_the_memfd_and_a_discard_frees_the_files_page() {
+    let mem = super::shared(&[(GuestAddress(0), 0x4000), (GuestAddress(0x10000), 0x4000)]).unwrap();
+    mem.write_obj(0xabcd_u64, GuestAddress(0x11000)).unwrap();
+    let region = mem.iter().nth(1).unwrap();
+    let file = region.file_offset().unwrap();
+    assert_eq!(file.start(), 0x4000, "the second region follows the first in the file");
+    let mut word = [0u8; 8];
+    file.file().read_exact_at(&mut word, 0x4000 + 0x1000).unwrap();
+    assert_eq!(u64::from_le_bytes(word), 0xabcd, "the backend's view");
+    super::discard(&mem, 0x11000, 0x1000).unwrap();
+    assert_eq!(mem.read_obj::<u64>(GuestAddress(0x11000)).unwrap(), 0);
+    file.file().read_exact_at(&mut word, 0x4000 + 0x1000).unwrap();
+    assert_eq!(u64::from_le_bytes(word), 0, "freed in the file too");
+}

@@ -132,7 +132,8 @@ impl Platform {
         // The memslots of RAM and of the ECAM window before the in-kernel irqchip: the first
         // memslot change after KVM_CREATE_IRQCHIP waits for a grace period it started (7 ms
         // of a 10 ms InstanceStart on this host; 0.1 ms before it, docs/benchmarks.md).
-        let backing = super::ram::Backing { from: memory_from, huge_pages: config.huge_pages };
+        let backing =
+            super::ram::Backing { from: memory_from, huge_pages: config.huge_pages, shared: config.shared_memory };
         let (mut memory, ram_slots, uffd) = map_guest_ram(&vm, &map, &memslots, backing, config.track_dirty_pages)?;
         if let Some(g) = &hotplug {
             memory = super::ram::add_hotplug_region(memory, g, memory_from)?;

@@ -30,6 +30,9 @@ pub struct MachineConfig {
     pub track_dirty_pages: bool,
     /// How guest RAM is backed (Firecracker's `machine-config.huge_pages`).
     pub huge_pages: HugePages,
+    /// Guest RAM in a memfd mapped shared, which a vhost-user backend maps too (set when
+    /// one is configured: virtio-fs).
+    pub shared_memory: bool,
     /// Hotpluggable memory, a virtio-mem device's (Firecracker's `/hotplug/memory`).
     pub memory_hotplug: Option<MemoryHotplug>,
     /// The CPU template the vCPUs' CPUID and MSRs go through (Firecracker's
@@ -149,6 +152,7 @@ impl MachineConfig {
             restore: None,
             track_dirty_pages: false,
             huge_pages: HugePages::None,
+            shared_memory: false,
             memory_hotplug: None,
             cpu_template: None,
         }

@@ -20,6 +20,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 pub(super) struct Backing<'a> {
     pub from: Option<&'a MemoryBackend>,
     pub huge_pages: HugePages,
+    /// Shared with a vhost-user backend: a memfd mapped shared.
+    pub shared: bool,
 }
 
 /// Guest RAM, anonymous (in hugetlbfs pages if asked), or from a snapshot's memory (its
@@ -36,6 +38,7 @@ pub(super) fn map_guest_ram(
 ) -> Result<(GuestMemoryMmap, Vec<u32>, Option<OwnedFd>), MachineError> {
     let regions: Vec<_> = map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
     let (memory, uffd) = match (backing.from, backing.huge_pages) {
+        _ if backing.shared => (shared_ram(&backing, &regions)?, None),
         (Some(MemoryBackend::File(file)), HugePages::None) => {
             (crate::snapshot::memory::map_private(file, &regions)?, None)
         }
@@ -67,6 +70,18 @@ fn anonymous(regions: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, Machi
 }
 
 const HUGE: usize = 2 << 20;
+
+/// RAM a vhost-user backend maps too (a memfd mapped shared), as Firecracker backs a guest
+/// with a vhost-user device; booted guests only, in 4 KiB pages.
+fn shared_ram(backing: &Backing, regions: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, MachineError> {
+    if backing.from.is_some() {
+        return Err(MachineError::Memory("a snapshot cannot be loaded with a vhost-user device".into()));
+    }
+    if backing.huge_pages != HugePages::None {
+        return Err(MachineError::HugePages("huge_pages 2M and a vhost-user device together are not supported".into()));
+    }
+    crate::guest_memory::shared(regions).map_err(|e| MachineError::Memory(e.into()))
+}
 
 /// 2 MiB hugetlbfs pages, all reserved by the mapping (no MAP_NORESERVE: a pool too
 /// small refuses the start instead of a SIGBUS in the guest's first touch beyond it).

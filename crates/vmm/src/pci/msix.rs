@@ -72,6 +72,12 @@ impl Msix {
         self.vectors.is_empty()
     }
 
+    /// `vector`'s irqfd, for a vhost-user backend to signal it directly (None for a
+    /// vector the table does not have).
+    pub fn vector_irqfd(&self, vector: u16) -> Option<&EventFd> {
+        self.vectors.get(usize::from(vector)).map(|v| &v.irqfd)
+    }
+
     /// Each vector's GSI, in vector order.
     pub fn gsis(&self) -> Vec<u32> {
         self.vectors.iter().map(|v| v.gsi).collect()

@@ -6,6 +6,7 @@ pub mod balloon;
 pub mod blk;
 pub mod chain;
 pub mod event_loop;
+pub mod fs;
 pub mod mem;
 pub mod mmio;
 pub mod net;
@@ -14,6 +15,7 @@ pub mod pmem;
 pub mod rng;
 pub mod thread;
 pub mod transport;
+pub mod vhost_user;
 pub mod vsock;
 
 pub use thread::QueuePosition;
@@ -104,6 +106,9 @@ pub enum ActivateError {
     QueueCount { want: usize, have: usize },
     #[error("cannot start the device thread")]
     Thread(#[source] std::io::Error),
+    /// A vhost-user device's backend failed (its device is marked failed).
+    #[error("its backend failed: {0}")]
+    Backend(String),
 }
 
 /// A queue as the driver set it up, with the eventfd its notifications arrive on.

@@ -1,10 +1,12 @@
-//! The API's devices that live in files of their own (the balloon, pmem, memory hotplug):
+//! The API's devices that live in files of their own (the balloon, pmem, memory hotplug,
+//! virtio-fs):
 //! each holds its endpoints, its configuration's checks, its operations on the running
 //! device, what it attaches and the host files it is given. This file is the one list a
 //! new device joins: routes.rs, the builder, a configuration file and the Landlock
 //! policy ask it, and know no device here by name.
 
 mod balloon;
+mod fs;
 mod hotplug;
 mod pmem;
 
@@ -22,7 +24,7 @@ pub type Answer = Option<Result<Option<Value>, Fault>>;
 type Route = fn(&mut Vm, &str, &[&str], &[u8]) -> Answer;
 
 /// Each device's endpoints, asked in turn.
-const ROUTES: &[Route] = &[balloon::route, pmem::route, hotplug::route];
+const ROUTES: &[Route] = &[balloon::route, pmem::route, hotplug::route, fs::route];
 
 /// The answer of the device whose endpoint `method` `parts` is, if any.
 pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
@@ -37,6 +39,7 @@ impl Vm {
         let (mut devices, mut words) = (Vec::new(), Vec::new());
         pmem::attach(self, &mut devices, &mut words);
         balloon::attach(self, &mut devices);
+        fs::attach(self, &mut devices);
         (devices, words)
     }
 
@@ -45,7 +48,13 @@ impl Vm {
     pub(super) fn configure_devices(&mut self, c: &mut VmConfig) -> Result<(), Fault> {
         balloon::configure(self, c)?;
         pmem::configure(self, c)?;
-        hotplug::configure(self, c)
+        hotplug::configure(self, c)?;
+        fs::configure(self, c)
+    }
+
+    /// Whether guest RAM must be shared with a device's backend process (vhost-user).
+    pub(super) fn shared_memory(&self) -> bool {
+        fs::shares_memory(self)
     }
 
     /// The host files these devices were given, for the Landlock policy.

@@ -1,0 +1,281 @@
+//! A virtio device whose queues a vhost-user backend serves: the transport's registers and
+//! the device's configuration stay in the VMM; at DRIVER_OK the device's thread hands the
+//! backend guest memory and each queue, the guest's ioeventfd as its kick and an irqfd as
+//! its call, so a request costs the VMM no userspace exit and no thread wake-up. The
+//! thread then only watches the backend's socket: a backend that closes it (killed, or
+//! crashed) or fails a request marks the device failed (said once, NEEDS_RESET for the
+//! driver) and nothing else.
+//!
+//! The call: over PCI, the queue's MSI-X vector's irqfd (a vector the guest masks still
+//! delivers: KVM's route is not torn down while masked; Linux masks vectors only while
+//! it moves them, where a spurious interrupt is harmless); over MMIO with the mapped
+//! register page, the line's irqfd, with InterruptStatus's used-buffer bit set once and
+//! kept (as the page keeps it, see virtio::mmio); otherwise (trapped MMIO, a queue without
+//! a vector) an eventfd the thread relays to the transport's interrupt.
+
+use super::backend::{Backend, BackendError};
+use crate::seccomp::ThreadKind;
+use crate::sync::lock;
+use crate::virtio::thread::{DeviceJob, DeviceThread};
+use crate::virtio::{ActivateError, Activation, ActiveQueue, Delivery, QueuePosition, VirtioDevice, ISR_QUEUE};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use virtio_queue::QueueT;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+/// A device's backend, as the API and metrics see it: failed, and why, or not.
+#[derive(Debug, Default)]
+pub struct Health {
+    failed: Mutex<Option<String>>,
+}
+
+impl Health {
+    /// Why the backend failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.failed).clone()
+    }
+
+    /// Marks the device failed for `why` (the first reason is kept and logged, once);
+    /// true the first time.
+    pub fn fail(&self, device: &str, why: &str) -> bool {
+        let mut failed = lock(&self.failed);
+        if failed.is_some() {
+            return false;
+        }
+        tracing::error!("{device}: the vhost-user backend failed: {why}; the device is marked failed");
+        *failed = Some(why.to_string());
+        true
+    }
+}
+
+/// What a vhost-user device is, beyond its backend: its virtio type, configuration space
+/// and queues, and which of the backend's features the guest is offered.
+pub struct Spec {
+    /// Its name in logs (`virtio-fs0`).
+    pub label: String,
+    pub device_type: u16,
+    pub config: Vec<u8>,
+    pub queue_sizes: Vec<u16>,
+    /// The features the device may offer (those the backend offers too are).
+    pub features: u64,
+}
+
+pub struct VhostUserDevice {
+    spec: Arc<Spec>,
+    features: u64,
+    /// The backend while no activation runs (the running session holds it otherwise);
+    /// None if its handshake failed.
+    backend: Option<Backend>,
+    relays: Option<Vec<EventFd>>,
+    health: Arc<Health>,
+    thread: DeviceThread<Session>,
+}
+
+impl VhostUserDevice {
+    /// A device over `backend` (its handshake done), or over a backend whose handshake
+    /// failed (`Err`): that device is failed from the start and never runs, the guest and
+    /// the other devices go on.
+    pub fn new(spec: Spec, backend: Result<Backend, BackendError>) -> std::io::Result<VhostUserDevice> {
+        let health = Arc::new(Health::default());
+        let (features, backend) = match backend {
+            Ok(b) => (b.features & spec.features, Some(b)),
+            Err(e) => {
+                health.fail(&spec.label, &e.to_string());
+                (crate::virtio::VIRTIO_F_VERSION_1, None)
+            }
+        };
+        let relays = (0..spec.queue_sizes.len()).map(|_| EventFd::new(libc::EFD_NONBLOCK)).collect::<Result<_, _>>()?;
+        let thread = DeviceThread::spawn("vhost-user", ThreadKind::VhostUser)?;
+        Ok(VhostUserDevice { spec: Arc::new(spec), features, backend, relays: Some(relays), health, thread })
+    }
+
+    /// Its backend's health, for the API and metrics.
+    pub fn health(&self) -> Arc<Health> {
+        self.health.clone()
+    }
+}
+
+impl VirtioDevice for VhostUserDevice {
+    fn device_type(&self) -> u16 {
+        self.spec.device_type
+    }
+
+    fn features(&self) -> u64 {
+        self.features
+    }
+
+    fn queue_max_sizes(&self) -> Vec<u16> {
+        self.spec.queue_sizes.clone()
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        crate::virtio::copy_config(&self.spec.config, offset, data);
+    }
+
+    fn activate(&mut self, queues: Vec<ActiveQueue>, activation: Activation) -> Result<(), ActivateError> {
+        let failed = |why: String| ActivateError::Backend(why);
+        if let Some(why) = self.health.failure() {
+            return Err(failed(why));
+        }
+        let (Some(backend), Some(relays)) = (self.backend.take(), self.relays.take()) else {
+            return Err(failed("the backend is gone".into()));
+        };
+        let session = Session {
+            spec: self.spec.clone(),
+            backend,
+            relays,
+            health: self.health.clone(),
+            queues,
+            activation,
+            started: 0,
+        };
+        // The messages go from the device's thread: a vCPU never waits for a backend.
+        self.thread.start(session)
+    }
+
+    fn reset(&mut self) {
+        if let Some(session) = self.thread.stop() {
+            self.backend = Some(session.backend);
+            self.relays = Some(session.relays);
+        }
+    }
+
+    /// A machine with a vhost-user device is not snapshotted (its attach says so), so
+    /// nothing pauses it; the backend's queues are its own.
+    fn pause(&mut self) -> Option<Vec<QueuePosition>> {
+        None
+    }
+
+    fn resume(&mut self) -> Result<(), ActivateError> {
+        Ok(())
+    }
+}
+
+/// One activation, on the device's thread: the backend started on the driver's queues,
+/// then its socket watched until the driver resets the device.
+struct Session {
+    spec: Arc<Spec>,
+    backend: Backend,
+    relays: Vec<EventFd>,
+    health: Arc<Health>,
+    queues: Vec<ActiveQueue>,
+    activation: Activation,
+    /// How many vrings the backend was given (stopped on reset).
+    started: usize,
+}
+
+const TOKEN_STOP: u64 = u64::MAX;
+const TOKEN_SOCKET: u64 = u64::MAX - 1;
+
+impl Session {
+    /// Everything the backend needs to serve the queues; the relays the thread must serve.
+    fn start(&mut self) -> Result<Vec<usize>, BackendError> {
+        let a = &self.activation;
+        self.backend.set_features_and_memory(a.features, &a.mem)?;
+        let mut relayed = Vec::new();
+        for (i, q) in self.queues.iter().enumerate() {
+            if !q.queue.ready() {
+                continue;
+            }
+            let call = match &a.interrupt.delivery {
+                Delivery::Msix { msix, queue_vectors, .. } => {
+                    queue_vectors.get(i).and_then(|&v| lock(msix).vector_irqfd(v).and_then(|fd| fd.try_clone().ok()))
+                }
+                Delivery::Line { irqfd, mirror: Some((mirror, status)) } => {
+                    // The used-buffer bit stays set on the mapped page: every interrupt the
+                    // backend raises sends the driver to its queues.
+                    a.interrupt.isr.fetch_or(ISR_QUEUE, std::sync::atomic::Ordering::AcqRel);
+                    mirror.raise(ISR_QUEUE, status.get());
+                    irqfd.try_clone().ok()
+                }
+                Delivery::Line { mirror: None, .. } => None,
+            };
+            let relay = call.is_none();
+            let call = match call {
+                Some(fd) => fd,
+                None => self.relays[i].try_clone().map_err(|e| BackendError::Lacks(format!("an eventfd: {e}")))?,
+            };
+            let queue = &q.queue;
+            self.backend.start_vring(i, queue, &a.mem, &q.kick, &call)?;
+            self.started = i + 1;
+            if relay {
+                relayed.push(i);
+            }
+        }
+        Ok(relayed)
+    }
+
+    fn fail(&self, why: &str) {
+        if self.health.fail(&self.spec.label, why) {
+            self.activation.status.needs_reset(&self.activation.interrupt);
+        }
+    }
+
+    /// Waits for the driver's reset, relaying calls where the backend cannot reach the
+    /// guest's interrupt itself, and watching the socket close.
+    fn watch(&mut self, stop: &EventFd, relayed: &[usize]) {
+        let epoll = match self.epoll(stop, relayed) {
+            Ok(epoll) => epoll,
+            Err(e) => return self.fail(&format!("cannot watch its socket: {e}")),
+        };
+        let mut events = [EpollEvent::default(); 8];
+        loop {
+            let n = match epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return self.fail(&format!("epoll failed: {e}")),
+            };
+            for event in &events[..n] {
+                match event.data() {
+                    TOKEN_STOP => return,
+                    TOKEN_SOCKET => {
+                        self.fail("it closed its socket");
+                        let _ = epoll.ctl(ControlOperation::Delete, self.backend.socket_fd(), EpollEvent::default());
+                    }
+                    q => {
+                        let q = q as usize;
+                        if self.relays.get(q).is_some_and(|fd| fd.read().is_ok()) {
+                            self.activation.interrupt.signal_queue(q);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn epoll(&self, stop: &EventFd, relayed: &[usize]) -> std::io::Result<Epoll> {
+        let epoll = Epoll::new()?;
+        epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_STOP))?;
+        // Only the socket's end: its replies are read where each request is sent.
+        let hang_up = EventSet::READ_HANG_UP | EventSet::HANG_UP;
+        epoll.ctl(ControlOperation::Add, self.backend.socket_fd(), EpollEvent::new(hang_up, TOKEN_SOCKET))?;
+        for &q in relayed {
+            epoll.ctl(ControlOperation::Add, self.relays[q].as_raw_fd(), EpollEvent::new(EventSet::IN, q as u64))?;
+        }
+        Ok(epoll)
+    }
+}
+
+impl DeviceJob for Session {
+    fn run(&mut self, stop: &EventFd) {
+        let relayed = match self.start() {
+            Ok(relayed) => relayed,
+            Err(e) => {
+                self.fail(&e.to_string());
+                Vec::new()
+            }
+        };
+        self.watch(stop, &relayed);
+        if self.health.failure().is_none() {
+            if let Err(e) = self.backend.stop_vrings(self.started) {
+                self.fail(&e.to_string());
+            }
+        }
+        self.started = 0;
+    }
+
+    fn positions(&self) -> Vec<QueuePosition> {
+        self.queues.iter().map(|q| QueuePosition::of(&q.queue)).collect()
+    }
+}

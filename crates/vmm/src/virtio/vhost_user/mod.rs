@@ -1,0 +1,10 @@
+//! The vhost-user frontend (the rust-vmm `vhost` crate's): virtio devices whose queues a
+//! backend process serves over a Unix socket (virtio-fs with virtiofsd). Guest RAM is
+//! then a memfd mapped shared (machine/ram.rs), which the backend maps too.
+
+pub mod backend;
+mod deadline;
+pub mod device;
+
+pub use backend::{Backend, BackendError, REPLY_TIMEOUT};
+pub use device::{Health, Spec, VhostUserDevice};
