@@ -8,6 +8,8 @@
 //! - a snapshot's file mapped privately: MADV_DONTNEED would bring the file's page back
 //!   (the snapshot's bytes, not zeros), so a fresh anonymous mapping goes over the range,
 //!   as Firecracker does;
+//! - guest RAM kept in a file mapped shared (`--ram-dir`): MADV_REMOVE punches the
+//!   pages out of the file (MADV_DONTNEED would keep them there, resident);
 //! - unplugged hotpluggable memory: a fresh mapping too, read-only or PROT_NONE
 //!   (plugs.rs).
 
@@ -28,6 +30,8 @@ pub enum DiscardError {
 pub(super) enum Fresh {
     /// MADV_DONTNEED.
     Advise,
+    /// MADV_REMOVE: a shared file's pages punched out of the file.
+    Remove,
     /// A new anonymous mapping over the range, of this protection.
     Replace(Prot),
 }
@@ -51,6 +55,8 @@ pub(super) unsafe fn drop_pages(host: *mut u8, len: usize, how: Fresh) -> std::i
     let ok = match how {
         // SAFETY: the caller's range; MADV_DONTNEED drops its contents, the mapping stays.
         Fresh::Advise => unsafe { libc::madvise(host.cast(), len, libc::MADV_DONTNEED) == 0 },
+        // SAFETY: as above; the pages leave the file the range maps (shared, the guest's own).
+        Fresh::Remove => unsafe { libc::madvise(host.cast(), len, libc::MADV_REMOVE) == 0 },
         Fresh::Replace(prot) => {
             let flags = libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
             // SAFETY: MAP_FIXED over the caller's range of a mapping guest memory owns (and
@@ -82,9 +88,10 @@ pub fn discard(mem: &GuestMemoryMmap, addr: u64, len: u64) -> Result<(), Discard
         }
         // The slice pins hotpluggable memory: no unplug protects it under the discard.
         let slice = region.get_slice(MemoryRegionAddress(from - start), (to - from) as usize).map_err(|_| outside())?;
-        let how = match region.private_file() {
-            true => Fresh::Replace(Prot::ReadWrite),
-            false => Fresh::Advise,
+        let how = match (region.private_file(), region.shared_file()) {
+            (true, _) => Fresh::Replace(Prot::ReadWrite),
+            (false, true) => Fresh::Remove,
+            (false, false) => Fresh::Advise,
         };
         // SAFETY: the slice is this region's mapping for exactly `to - from` bytes, whole
         // pages, owned by `mem`; the guest gave the pages up.

@@ -30,6 +30,10 @@ pub struct MachineConfig {
     pub track_dirty_pages: bool,
     /// How guest RAM is backed (Firecracker's `machine-config.huge_pages`).
     pub huge_pages: HugePages,
+    /// Keep a booted guest's RAM in an unlinked file in this directory (a tmpfs, such as
+    /// /dev/shm), mapped shared, so that a Full snapshot on the same filesystem takes the
+    /// file instead of writing it (snapshot/fork.rs; exitless's `--ram-dir`).
+    pub ram_dir: Option<std::path::PathBuf>,
     /// Hotpluggable memory, a virtio-mem device's (Firecracker's `/hotplug/memory`).
     pub memory_hotplug: Option<MemoryHotplug>,
     /// The CPU template the vCPUs' CPUID and MSRs go through (Firecracker's
@@ -149,6 +153,7 @@ impl MachineConfig {
             restore: None,
             track_dirty_pages: false,
             huge_pages: HugePages::None,
+            ram_dir: None,
             memory_hotplug: None,
             cpu_template: None,
         }
