@@ -206,3 +206,24 @@ fn a_failed_create_leaves_the_previous_snapshot_whole() {
     let c = clone(&work.join("c.sock"), &state, &mem);
     checks_more(&c, 0, 2, "a clone of the previous snapshot");
 }
+
+/// `exitless bench fork` at two small sizes with two clones: a row per size with a pause,
+/// the memory the create wrote (the state file only, for exitless: its RAM file is taken),
+/// every clone answered, and the pause target judged.
+#[test]
+fn the_fork_lab_measures_the_pause_and_the_clones() {
+    if !kvm_or_skip("the_fork_lab_measures_the_pause_and_the_clones") {
+        return;
+    }
+    let shm = ShmDir::new("lab");
+    let (_, json) = bench_json(&["fork", "--mem", "64,128", "--clones", "2", "--dir", shm.0.to_str().unwrap()]);
+    let rows: Vec<_> = json["rows"].as_array().unwrap().iter().filter(|r| r["vmm"] == "exitless").collect();
+    assert_eq!(rows.len(), 2, "{json}");
+    for row in rows {
+        assert!(row["pause_ms"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["written_bytes"].as_u64().unwrap() < 4 << 20, "the RAM file was written: {row}");
+        assert!(row["all_answered_ms"].as_f64().unwrap() > 0.0 && row["pss_kib_per_clone"].as_f64().unwrap() > 0.0);
+    }
+    let targets = json["targets"].as_array().unwrap();
+    assert!(targets.iter().any(|t| t["target"].as_str().unwrap().starts_with("pause at 128 MiB")), "{json}");
+}
