@@ -17,12 +17,14 @@ use snapshot_vmm::*;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// A directory on a tmpfs (/dev/shm), removed when dropped.
+/// A directory on a tmpfs (/dev/shm, or $EXITLESS_FORK_TMPFS: one mounted `huge=always`
+/// tries the same on 2 MiB pages), removed when dropped.
 struct ShmDir(PathBuf);
 
 impl ShmDir {
     fn new(name: &str) -> ShmDir {
-        let dir = PathBuf::from(format!("/dev/shm/exitless-fork-{name}-{}", std::process::id()));
+        let base = std::env::var("EXITLESS_FORK_TMPFS").unwrap_or_else(|_| "/dev/shm".into());
+        let dir = PathBuf::from(format!("{base}/exitless-fork-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         ShmDir(dir)
