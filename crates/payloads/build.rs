@@ -22,6 +22,7 @@ const PAYLOADS: &[(&str, &str)] = &[
     ("blkhostile", "a virtio-blk driver that sends every malformed request; each must fail and the disk keep working"),
     ("counter", "counts at CPL3 and prints a tick every 2^20 iterations; for snapshots"),
     ("snapwork", "counts, writes a sector per tick to virtio-blk and echoes frames; for snapshots with devices"),
+    ("forkmem", "fills RAM with a pattern of its own nonce and checks it each generation; for forked snapshots"),
     ("netpair", "lab frames on two NICs at once, each with its own sequence numbers"),
     ("mmdsget", "an MMDS client: ARP, TCP and HTTP to 169.254.169.254, token, three keys checked byte for byte"),
     ("vsockecho", "a vsock echo server on a port (and optionally a client of the host), every byte within credit"),

@@ -40,6 +40,46 @@ pub enum BenchCommand {
     /// Sandboxes by the hundred restored from one snapshot: time until all answered and
     /// resident and proportional memory per guest, beside Firecracker on the same guest.
     Density(DensityArgs),
+    /// A running sandbox forked: its pause for a Full snapshot (Paused to Resumed) by
+    /// guest size, the bytes written, then clones loaded and asked once: time until all
+    /// answered, RSS/PSS and anonymous memory per clone, beside Firecracker.
+    Fork(ForkArgs),
+}
+
+#[derive(Args)]
+pub struct ForkArgs {
+    /// A Firecracker binary measured beside exitless; by default
+    /// ~/.cache/exitless/peers/firecracker where scripts/peers.sh built one.
+    #[arg(long, value_name = "PATH")]
+    pub firecracker: Option<PathBuf>,
+    /// Guest memory sizes in MiB, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "256,1024,4096", value_parser = clap::value_parser!(u64).range(64..=16384))]
+    pub mem: Vec<u64>,
+    /// Clones per size and VMM.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub clones: u32,
+    /// Share of RAM the guest writes before the snapshot (0 to 1).
+    #[arg(long, default_value = "0.75", value_parser = parse_share)]
+    pub written: f64,
+    /// Where snapshots and exitless's RAM files go (a tmpfs).
+    #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
+    pub dir: PathBuf,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+impl ForkArgs {
+    pub fn to_options(&self) -> exitless_lab::fork::Options {
+        let cached = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/exitless/peers/firecracker"));
+        exitless_lab::fork::Options {
+            firecracker: self.firecracker.clone().or(cached.filter(|p| p.is_file())),
+            sizes_mib: self.mem.clone(),
+            clones: self.clones,
+            written: self.written,
+            dir: self.dir.clone(),
+            outputs: outputs(&self.out),
+        }
+    }
 }
 
 #[derive(Args)]

@@ -55,6 +55,9 @@ fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>
         BenchCommand::Density(a) => {
             exitless_lab::density::run(&a.to_options())?;
         }
+        BenchCommand::Fork(a) => {
+            exitless_lab::fork::run(&a.to_options())?;
+        }
         BenchCommand::Mmds(a) => {
             exitless_lab::mmds::run(&a.to_options())?;
         }

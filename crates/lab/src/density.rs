@@ -72,7 +72,7 @@ fn make_snapshot(name: &str, exe: &Path, dir: &Path, opts: &Options) -> Result<(
 }
 
 /// Rss, Pss and Pss_Anon of a process, in KiB.
-fn memory_of(pid: u32) -> Option<(u64, u64, u64)> {
+pub(crate) fn memory_of(pid: u32) -> Option<(u64, u64, u64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
     let field = |name: &str| {
         text.lines().find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())

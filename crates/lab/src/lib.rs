@@ -9,6 +9,7 @@ pub mod density;
 pub mod devices;
 pub mod doorbell;
 pub mod fleet;
+pub mod fork;
 pub mod mmds;
 pub mod net;
 pub mod net_pair;

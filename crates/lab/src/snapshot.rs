@@ -84,9 +84,15 @@ pub(crate) struct Vmm {
 
 impl Vmm {
     pub(crate) fn start(exe: &Path, sock: PathBuf) -> Result<Vmm, SnapshotBenchError> {
+        Vmm::start_with(exe, sock, &[])
+    }
+
+    /// [`Vmm::start`] with more flags (`bench fork`'s `--ram-dir`).
+    pub(crate) fn start_with(exe: &Path, sock: PathBuf, flags: &[&str]) -> Result<Vmm, SnapshotBenchError> {
         let _ = std::fs::remove_file(&sock);
         let mut child = Command::new(exe)
             .args(["--api-sock", sock.to_str().unwrap_or_default()])
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

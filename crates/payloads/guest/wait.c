@@ -10,8 +10,9 @@
  *           Firecracker's test images do once booted;
  *   "echo": with "kbd", answers each Ctrl-Alt-Del with "wait: ctrl-alt-del N" and goes on
  *           waiting (`bench density`'s ping of a restored guest) instead of resetting.
- * Param 0 = N: first writes N MiB of guest RAM from 16 MiB up (one `rep stosq` of a
- * pattern, so the pages are neither zero nor left to the VMM's sparse files). */
+ * Param 0 = N: first writes N MiB of guest RAM from 16 MiB up, the part beyond the MMIO
+ * hole above 4 GiB (a `rep stosq` of a pattern, so the pages are neither zero nor left to
+ * the VMM's sparse files). */
 #include "runtime.h"
 
 /* The words above found on the command line, in one pass that looks further only at
@@ -87,17 +88,29 @@ static void wait_for_ctrl_alt_del(int echo) {
 	}
 }
 
+/* Writes `bytes` of RAM from 16 MiB up, below the MMIO hole first and the rest above
+ * 4 GiB (RAM's second part), one `rep stosq` of a pattern each, leaving 1 MiB at the top. */
+static void fill(u64 bytes) {
+	u64 ram = guest_mem_end(), from = 16ULL << 20;
+	u64 low_end = (ram < MMIO_HOLE_START ? ram : MMIO_HOLE_START) - (1ULL << 20);
+	u64 low = from < low_end ? low_end - from : 0;
+	if (low > bytes) low = bytes;
+	u64 high = ram > MMIO_HOLE_START ? ram - MMIO_HOLE_START - (1ULL << 20) : 0;
+	if (high > bytes - low) high = bytes - low;
+	for (u64 gib = 0; gib < (high + (1ULL << 30) - 1) >> 30; gib++)
+		if (map_high((4ULL << 30) + (gib << 30))) high = gib << 30;
+	u64 at = from, count = low / 8;
+	__asm__ volatile("rep stosq" : "+D"(at), "+c"(count) : "a"(0x9e3779b97f4a7c15ULL) : "memory");
+	at = 4ULL << 30, count = high / 8;
+	__asm__ volatile("rep stosq" : "+D"(at), "+c"(count) : "a"(0x9e3779b97f4a7c15ULL) : "memory");
+	print("wait: wrote %lu MiB\n", (low + high) >> 20);
+}
+
 int main(void) {
 	unsigned words = cmdline_words();
 	if (words & BOOT_TIMER) *(volatile u8 *)0xc0000000ULL = 123;
 	u64 fill_mib = param(0, 0);
-	if (fill_mib) {
-		u64 from = 16ULL << 20, to = from + (fill_mib << 20), count;
-		if (to > guest_mem_end() - (1ULL << 20)) to = guest_mem_end() - (1ULL << 20);
-		count = to > from ? (to - from) / 8 : 0;
-		__asm__ volatile("rep stosq" : "+D"(from), "+c"(count) : "a"(0x9e3779b97f4a7c15ULL) : "memory");
-		print("wait: wrote %lu MiB\n", fill_mib);
-	}
+	if (fill_mib) fill(fill_mib << 20);
 	if (words & KBD) wait_for_ctrl_alt_del(words & ECHO);
 	if (words & SPIN) {
 		print("wait: running; spinning until stopped\n");

@@ -267,6 +267,19 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
             libc::SYS_mincore,
             libc::SYS_pwrite64,
             libc::SYS_ftruncate,
+            // ... each at a staged name renamed over its path, a staged file removed if the
+            // create fails; a symlink at the path followed (realpath). Guest RAM kept in a
+            // file (--ram-dir) is made once the room for it is checked (statfs), and a
+            // snapshot links it (snapshot::fork).
+            libc::SYS_rename,
+            libc::SYS_renameat,
+            libc::SYS_renameat2,
+            libc::SYS_unlinkat,
+            libc::SYS_unlink,
+            libc::SYS_linkat,
+            libc::SYS_readlink,
+            libc::SYS_getcwd,
+            libc::SYS_statfs,
         ],
         // sigwait, then the cleanups: unlink a socket, detach and unlink a namespace's mount,
         // flush metrics (which read /proc/self: the API thread's rights to open and size a

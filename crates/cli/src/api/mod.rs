@@ -97,6 +97,7 @@ pub fn run(args: ApiArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     vm.boot_timer = args.boot_timer;
     vm.enable_pci = args.enable_pci;
     vm.host_profile = args.host_profile;
+    vm.ram_dir.clone_from(&args.ram_dir);
     let mmds_limit = args.mmds_size_limit.unwrap_or(args.http_api_max_payload_size);
     vm.mmds = Arc::new(Mutex::new(exitless_vmm::net::mmds::Mmds::load(mmds_limit, args.metadata.as_deref())?));
     vm.landlock = !args.no_landlock;

@@ -4,6 +4,7 @@
 
 use super::model::{MemBackend, MemBackendType, SnapshotCreate, SnapshotLoad, SnapshotType, VmConfig};
 use super::vm::{Fault, State, Vm};
+use exitless_vmm::snapshot::staged::Staged;
 use exitless_vmm::snapshot::{MemoryBackend, Restore, SnapshotFile};
 use exitless_vmm::Machine;
 
@@ -20,13 +21,28 @@ impl Vm {
         }
         // Without track_dirty_pages a Diff holds every resident page, as in Firecracker.
         let diff = c.snapshot_type == Some(SnapshotType::Diff);
-        // A regular file (a FIFO or device there is refused, not waited on or written).
-        let mut memory = exitless_vmm::files::create_regular(c.mem_file_path.as_ref(), true)
-            .map_err(|e| Fault(format!("Cannot create the memory file: {e}.")))?;
-        let state =
-            machine.snapshot(&mut memory, diff).map_err(|e| Fault(format!("Cannot create a snapshot: {e}.")))?;
+        // Both files are written at staged names beside their paths and renamed over them
+        // once whole: a failed create leaves the previous snapshot as it was, and clones
+        // that map its memory file keep it (snapshot/staged.rs). Anything there but a
+        // regular file (a FIFO, a device) is refused untouched.
+        let memory =
+            Staged::new(c.mem_file_path.as_ref()).map_err(|e| Fault(format!("Cannot create the memory file: {e}.")))?;
+        let state_file = Staged::new(c.snapshot_path.as_ref())
+            .map_err(|e| Fault(format!("Cannot create the snapshot file: {e}.")))?;
+        let (state, written) =
+            machine.snapshot(&memory, diff).map_err(|e| Fault(format!("Cannot create a snapshot: {e}.")))?;
         let config = serde_json::to_value(&self.config)?;
-        SnapshotFile::new(state, config).write(c.snapshot_path.as_ref()).map_err(|e| Fault(format!("{e}.")))
+        SnapshotFile::new(state, config).write(state_file.temp()).map_err(|e| Fault(format!("{e}.")))?;
+        // The memory first: a state file names the memory it goes with only by being
+        // beside it, and from here on both are whole.
+        let commit = |f: Staged, what| {
+            let path = f.path().display().to_string();
+            f.commit().map_err(|e| Fault(format!("Cannot write the {what} {path}: {e}.")))
+        };
+        commit(memory, "memory file")?;
+        commit(state_file, "snapshot file")?;
+        tracing::info!("snapshot created: {} bytes of memory written", written);
+        Ok(())
     }
 
     /// `PUT /snapshot/load`: the machine to run, and whether it stays paused.

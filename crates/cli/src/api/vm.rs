@@ -56,6 +56,8 @@ pub struct Vm {
     /// add to the microVM's own (api::landlock).
     pub landlock: bool,
     pub landlock_rules: Vec<(std::path::PathBuf, exitless_vmm::landlock::Reach)>,
+    /// `--ram-dir`: where a booted guest's RAM is kept in a file (exitless_vmm::snapshot::fork).
+    pub ram_dir: Option<std::path::PathBuf>,
 }
 
 impl Vm {
@@ -72,6 +74,7 @@ impl Vm {
             ))),
             landlock: false,
             landlock_rules: Vec::new(),
+            ram_dir: None,
         }
     }
 
@@ -425,6 +428,7 @@ impl Vm {
             host: self.host_profile,
             track_dirty_pages: self.config.machine_config.track_dirty_pages,
             huge_pages: huge_pages(self.config.machine_config.huge_pages.as_deref())?,
+            ram_dir: self.ram_dir.clone(),
             memory_hotplug: self.memory_hotplug(),
             shared_memory: self.shared_memory(),
             cpu_template: self.cpu_template()?,

@@ -187,6 +187,12 @@ pub struct ApiArgs {
     /// devices and `pci=off` is added to the guest's command line, as Firecracker does.
     #[arg(long)]
     pub enable_pci: bool,
+    /// exitless: keep guest RAM in an unlinked file in DIR (a tmpfs, such as /dev/shm),
+    /// mapped shared, so that a Full snapshot whose mem_file_path is on the same
+    /// filesystem takes that file instead of writing guest memory (a pause that does not
+    /// grow with it; the guest goes on copy-on-write over the file). See README.
+    #[arg(long, value_name = "DIR", value_parser = parse_ram_dir)]
+    pub ram_dir: Option<PathBuf>,
     /// Prints the snapshot format this exitless writes, as Firecracker does, and exits.
     #[arg(long)]
     pub snapshot_version: bool,
@@ -218,6 +224,15 @@ fn parse_landlock_rule(text: &str) -> Result<(PathBuf, exitless_vmm::landlock::R
 }
 
 /// Firecracker's default bound on an API request body.
+/// `--ram-dir`: a directory that exists.
+fn parse_ram_dir(s: &str) -> Result<PathBuf, String> {
+    match std::fs::metadata(s) {
+        Ok(m) if m.is_dir() => Ok(PathBuf::from(s)),
+        Ok(_) => Err(format!("{s} is not a directory")),
+        Err(e) => Err(format!("{s}: {e}")),
+    }
+}
+
 pub const DEFAULT_MAX_PAYLOAD: usize = 51_200;
 
 /// A size in bytes for a body or data store: 1 byte to 1 GiB.

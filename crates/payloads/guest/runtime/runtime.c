@@ -207,7 +207,19 @@ void lab_op(u64 op, u64 step) {
 	if (have_vmm_params() && shared[SHARED_LAB_SLOT]) outl(LAB_CONTROL_PORT, (u32)((op << 16) | step));
 }
 
-u64 guest_mem_end(void) { return have_vmm_params() ? shared[SHARED_MEM_END_SLOT] : 128ULL << 20; }
+/* Without exitless's shared page (another VMM), the RAM the PVH memory map lists (its
+ * type-1 entries; start_info version 1 has the map at 40, its count at 48), else 128 MiB. */
+u64 guest_mem_end(void) {
+	if (have_vmm_params()) return shared[SHARED_MEM_END_SLOT];
+	u64 ram = 0;
+	if (boot_start_info && *(volatile u32 *)boot_start_info == PVH_MAGIC && *(volatile u32 *)((u64)boot_start_info + 4) >= 1) {
+		const u8 *map = (const u8 *)*(volatile u64 *)((u64)boot_start_info + 40);
+		u32 n = *(volatile u32 *)((u64)boot_start_info + 48);
+		for (u32 i = 0; map && i < n && i < 128; i++)
+			if (*(const u32 *)(map + 24 * i + 16) == 1) ram += *(const u64 *)(map + 24 * i + 8);
+	}
+	return ram ? ram : 128ULL << 20;
+}
 
 void set_result(u32 index, u64 value) { shared[SHARED_RESULT_SLOT + index] = value; }
 

@@ -10,6 +10,8 @@
 //!   as Firecracker does;
 //! - RAM shared with a vhost-user backend (a memfd mapped shared): MADV_REMOVE frees the
 //!   file's page, so the backend's mapping reads zeros too;
+//! - guest RAM kept in a file mapped shared (`--ram-dir`): MADV_REMOVE punches the
+//!   pages out of the file (MADV_DONTNEED would keep them there, resident);
 //! - unplugged hotpluggable memory: a fresh mapping too, read-only or PROT_NONE
 //!   (plugs.rs).
 
@@ -30,7 +32,7 @@ pub enum DiscardError {
 pub(super) enum Fresh {
     /// MADV_DONTNEED.
     Advise,
-    /// MADV_REMOVE: the shared file's pages freed (a hole punched).
+    /// MADV_REMOVE: a shared file's pages punched out of the file.
     Remove,
     /// A new anonymous mapping over the range, of this protection.
     Replace(Prot),
@@ -55,7 +57,7 @@ pub(super) unsafe fn drop_pages(host: *mut u8, len: usize, how: Fresh) -> std::i
     let ok = match how {
         // SAFETY: the caller's range; MADV_DONTNEED drops its contents, the mapping stays.
         Fresh::Advise => unsafe { libc::madvise(host.cast(), len, libc::MADV_DONTNEED) == 0 },
-        // SAFETY: the caller's range of a shared file mapping; the file's pages are freed.
+        // SAFETY: as above; the pages leave the file the range maps (shared, the guest's own).
         Fresh::Remove => unsafe { libc::madvise(host.cast(), len, libc::MADV_REMOVE) == 0 },
         Fresh::Replace(prot) => {
             let flags = libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;

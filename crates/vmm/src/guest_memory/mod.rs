@@ -15,9 +15,11 @@
 
 mod discard;
 mod plugs;
+mod shared_file;
 
 pub use discard::{discard, DiscardError};
 pub use plugs::{Pin, Pins, PlugError, Plugs};
+pub use shared_file::in_file;
 
 use std::sync::Arc;
 use vm_memory::bitmap::BS;
@@ -50,12 +52,15 @@ pub struct GuestRegion {
     /// Owned by the region (never shared beyond a borrow of it): what plugging and
     /// unplugging protect and replace is this region's mapping, alive while it is.
     plugs: Option<Plugs>,
+    /// A shared file mapping remapped privately over the same file ([`GuestRegion::remap_private`]):
+    /// vm-memory's record of the flags still says MAP_SHARED.
+    remapped: std::sync::atomic::AtomicBool,
 }
 
 impl GuestRegion {
     /// RAM: every byte the guest's.
     pub fn ram(inner: vm_memory::GuestRegionMmap) -> GuestRegion {
-        GuestRegion { inner, plugs: None }
+        GuestRegion { inner, plugs: None, remapped: Default::default() }
     }
 
     /// The hotpluggable region over `inner` (mapped PROT_NONE: nothing is plugged yet), in
@@ -66,7 +71,7 @@ impl GuestRegion {
         slot_size: u64,
     ) -> Result<GuestRegion, PlugError> {
         let plugs = Plugs::new(inner.start_addr().0, inner.as_ptr(), inner.len(), block_size, slot_size)?;
-        Ok(GuestRegion { inner, plugs: Some(plugs) })
+        Ok(GuestRegion { inner, plugs: Some(plugs), remapped: Default::default() })
     }
 
     /// The hotpluggable region's plug state; None for RAM.
@@ -88,13 +93,19 @@ impl GuestRegion {
     /// A private mapping of a file (a snapshot's memory): MADV_DONTNEED there brings the
     /// file's page back rather than zeros.
     fn private_file(&self) -> bool {
-        self.inner.file_offset().is_some() && self.inner.flags() & libc::MAP_PRIVATE != 0
+        let private = self.inner.flags() & libc::MAP_PRIVATE != 0 || self.is_remapped();
+        self.inner.file_offset().is_some() && private
     }
 
-    /// A shared mapping of a file (RAM a vhost-user backend maps too): MADV_DONTNEED would
-    /// leave the file's page, which the backend still sees, in place.
-    fn shared_file(&self) -> bool {
-        self.inner.file_offset().is_some() && self.inner.flags() & libc::MAP_SHARED != 0
+    /// A file mapped shared (guest RAM kept in a file, [`in_file`], or a memfd a vhost-user
+    /// backend maps too): what the guest writes is the file's, until
+    /// [`GuestRegion::remap_private`]; MADV_DONTNEED would leave the file's page in place.
+    pub fn shared_file(&self) -> bool {
+        self.inner.file_offset().is_some() && self.inner.flags() & libc::MAP_SHARED != 0 && !self.is_remapped()
+    }
+
+    fn is_remapped(&self) -> bool {
+        self.remapped.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// How many bytes from `addr` an access of `count` may reach within the region.

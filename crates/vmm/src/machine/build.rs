@@ -38,6 +38,7 @@ struct Platform {
     lstar_watch: Option<LstarWatch>,
     ram_slots: Vec<u32>,
     uffd: Option<std::os::fd::OwnedFd>,
+    ram_file: Option<crate::snapshot::fork::RamFile>,
     started: (Instant, u64),
 }
 
@@ -132,9 +133,11 @@ impl Platform {
         // The memslots of RAM and of the ECAM window before the in-kernel irqchip: the first
         // memslot change after KVM_CREATE_IRQCHIP waits for a grace period it started (7 ms
         // of a 10 ms InstanceStart on this host; 0.1 ms before it, docs/benchmarks.md).
+        let ram_dir = config.ram_dir.as_deref();
         let backing =
-            super::ram::Backing { from: memory_from, huge_pages: config.huge_pages, shared: config.shared_memory };
-        let (mut memory, ram_slots, uffd) = map_guest_ram(&vm, &map, &memslots, backing, config.track_dirty_pages)?;
+            super::ram::Backing { from: memory_from, huge_pages: config.huge_pages, shared: config.shared_memory, ram_dir };
+        let ram = map_guest_ram(&vm, &map, &memslots, backing, config.track_dirty_pages)?;
+        let (mut memory, ram_slots, uffd, ram_file) = (ram.memory, ram.slots, ram.uffd, ram.file);
         if let Some(g) = &hotplug {
             memory = super::ram::add_hotplug_region(memory, g, memory_from)?;
         }
@@ -203,6 +206,7 @@ impl Platform {
             lstar_watch,
             ram_slots,
             uffd,
+            ram_file,
             started,
         })
     }
@@ -240,6 +244,7 @@ impl Platform {
             ram_slots: (p.ram_slots, config.track_dirty_pages),
             lstar_watch: std::sync::Mutex::new(p.lstar_watch),
             _uffd: p.uffd,
+            ram_file: p.ram_file,
         }
     }
 }

@@ -33,6 +33,10 @@ pub struct MachineConfig {
     /// Guest RAM in a memfd mapped shared, which a vhost-user backend maps too (set when
     /// one is configured: virtio-fs).
     pub shared_memory: bool,
+    /// Keep a booted guest's RAM in an unlinked file in this directory (a tmpfs, such as
+    /// /dev/shm), mapped shared, so that a Full snapshot on the same filesystem takes the
+    /// file instead of writing it (snapshot/fork.rs; exitless's `--ram-dir`).
+    pub ram_dir: Option<std::path::PathBuf>,
     /// Hotpluggable memory, a virtio-mem device's (Firecracker's `/hotplug/memory`).
     pub memory_hotplug: Option<MemoryHotplug>,
     /// The CPU template the vCPUs' CPUID and MSRs go through (Firecracker's
@@ -153,6 +157,7 @@ impl MachineConfig {
             track_dirty_pages: false,
             huge_pages: HugePages::None,
             shared_memory: false,
+            ram_dir: None,
             memory_hotplug: None,
             cpu_template: None,
         }

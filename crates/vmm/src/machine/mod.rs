@@ -165,6 +165,8 @@ pub struct Machine {
     lstar_watch: std::sync::Mutex<Option<LstarWatch>>,
     /// The userfaultfd guest RAM is registered with (the Uffd backend), kept as long as RAM.
     _uffd: Option<std::os::fd::OwnedFd>,
+    /// The file guest RAM is kept in (`--ram-dir`), for a snapshot to take.
+    ram_file: Option<crate::snapshot::fork::RamFile>,
 }
 
 type LstarWatch = std::thread::JoinHandle<Result<(), kvm_ioctls::Error>>;
@@ -181,6 +183,11 @@ impl Machine {
     /// Each RAM region's memslot (in the memory's order), if KVM logs their dirty pages.
     pub fn dirty_logged_slots(&self) -> Option<&[u32]> {
         self.ram_slots.1.then_some(self.ram_slots.0.as_slice())
+    }
+
+    /// The file guest RAM is kept in (`--ram-dir`), if any.
+    pub fn ram_file(&self) -> Option<&crate::snapshot::fork::RamFile> {
+        self.ram_file.as_ref()
     }
 
     pub fn kvm(&self) -> &Kvm {

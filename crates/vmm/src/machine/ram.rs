@@ -7,6 +7,7 @@ use super::{ioctl, MachineError};
 use crate::guest_memory::{self, GuestMemoryMmap, GuestRegion};
 use crate::layout::MemoryMap;
 use crate::memslots::Memslots;
+use crate::snapshot::fork::RamFile;
 use crate::snapshot::MemoryBackend;
 use crate::virtio::mem::Geometry;
 use exitless_payloads::abi;
@@ -16,27 +17,59 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
-/// What guest RAM is made from: a snapshot's memory or nothing, in 4 KiB or 2 MiB pages.
+/// What guest RAM is made from: a snapshot's memory or nothing, in 4 KiB or 2 MiB pages;
+/// a booted guest's in 4 KiB pages kept in a file in `ram_dir` if given.
 pub(super) struct Backing<'a> {
     pub from: Option<&'a MemoryBackend>,
     pub huge_pages: HugePages,
     /// Shared with a vhost-user backend: a memfd mapped shared.
     pub shared: bool,
+    pub ram_dir: Option<&'a std::path::Path>,
 }
 
-/// Guest RAM, anonymous (in hugetlbfs pages if asked), or from a snapshot's memory (its
-/// file mapped privately, or copied into hugetlbfs pages; or a page-fault handler's,
-/// snapshot/uffd.rs, in the guest's page size; the userfaultfd is returned to keep); and
-/// the memslot of each region (in order, from `memslots`), whose writes KVM logs if
-/// `log_dirty`.
+/// Guest RAM as mapped: the memory, each region's memslot, the userfaultfd to keep (the
+/// Uffd backend), the file RAM is kept in (`ram_dir`).
+pub(super) struct MappedRam {
+    pub memory: GuestMemoryMmap,
+    pub slots: Vec<u32>,
+    pub uffd: Option<OwnedFd>,
+    pub file: Option<RamFile>,
+}
+
+/// Guest RAM, anonymous (in hugetlbfs pages if asked), shared with a vhost-user backend (a
+/// memfd), in a file of its own mapped shared (`ram_dir`, so that a snapshot can take the
+/// file: snapshot/fork.rs), or from a snapshot's memory (its file mapped privately, or
+/// copied into hugetlbfs pages; or a page-fault handler's, snapshot/uffd.rs, in the guest's
+/// page size; the userfaultfd is returned to keep); and the memslot of each region (in
+/// order, from `memslots`), whose writes KVM logs if `log_dirty`.
 pub(super) fn map_guest_ram(
     vm: &Arc<VmFd>,
     map: &MemoryMap,
     memslots: &Memslots,
     backing: Backing,
     log_dirty: bool,
-) -> Result<(GuestMemoryMmap, Vec<u32>, Option<OwnedFd>), MachineError> {
+) -> Result<MappedRam, MachineError> {
     let regions: Vec<_> = map.ram_regions().iter().map(|&(start, size)| (GuestAddress(start), size as usize)).collect();
+    let ram_dir = match (backing.ram_dir, backing.from, backing.huge_pages) {
+        // A vhost-user backend maps RAM's memfd and writes into it: a snapshot must not
+        // take that memory as its file.
+        (Some(_), None, _) if backing.shared => {
+            tracing::warn!("--ram-dir: a guest with a vhost-user device keeps RAM shared with its backend; its snapshots write their memory file");
+            None
+        }
+        (Some(dir), None, HugePages::None) => Some(dir),
+        (Some(_), None, HugePages::Hugetlbfs2M) => {
+            tracing::warn!("--ram-dir: a guest on huge pages keeps them; its snapshots write their memory file");
+            None
+        }
+        _ => None,
+    };
+    if let Some(dir) = ram_dir {
+        let (memory, file) = guest_memory::in_file(&regions, dir).map_err(|e| MachineError::Memory(e.into()))?;
+        let slots: Vec<u32> = memslots.take(memory.num_regions() as u32)?.collect();
+        register(vm, &memory, &slots, log_dirty)?;
+        return Ok(MappedRam { memory, slots, uffd: None, file: Some(RamFile::new(file)) });
+    }
     let (memory, uffd) = match (backing.from, backing.huge_pages) {
         _ if backing.shared => (shared_ram(&backing, &regions)?, None),
         (Some(MemoryBackend::File(file)), HugePages::None) => {
@@ -62,7 +95,7 @@ pub(super) fn map_guest_ram(
     };
     let slots: Vec<u32> = memslots.take(memory.num_regions() as u32)?.collect();
     register(vm, &memory, &slots, log_dirty)?;
-    Ok((memory, slots, uffd))
+    Ok(MappedRam { memory, slots, uffd, file: None })
 }
 
 fn anonymous(regions: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, MachineError> {

@@ -8,7 +8,9 @@
 //! Virtio devices are paused first (nothing in flight, machine/snapshot.rs), so the rings in the
 //! memory file agree with the queue positions saved, and go on once the file is written.
 
+pub mod fork;
 pub mod memory;
+pub mod staged;
 pub mod uffd;
 pub mod uffd_handler;
 mod vm;
