@@ -134,8 +134,12 @@ impl Platform {
         // memslot change after KVM_CREATE_IRQCHIP waits for a grace period it started (7 ms
         // of a 10 ms InstanceStart on this host; 0.1 ms before it, docs/benchmarks.md).
         let ram_dir = config.ram_dir.as_deref();
-        let backing =
-            super::ram::Backing { from: memory_from, huge_pages: config.huge_pages, shared: config.shared_memory, ram_dir };
+        let backing = super::ram::Backing {
+            from: memory_from,
+            huge_pages: config.huge_pages,
+            shared: config.shared_memory,
+            ram_dir,
+        };
         let ram = map_guest_ram(&vm, &map, &memslots, backing, config.track_dirty_pages)?;
         let (mut memory, ram_slots, uffd, ram_file) = (ram.memory, ram.slots, ram.uffd, ram.file);
         if let Some(g) = &hotplug {

@@ -118,6 +118,10 @@ pub(crate) fn hand_over_within(
     probe::first_page_served(memory, &uffd, page_size, within).map_err(|why| {
         SnapshotError::Refused(format!("the Uffd backend: the page-fault handler at {}: {why}", socket.display()))
     })?;
+    // The connection stays open for the VMM's life, as Firecracker keeps it (`forget`):
+    // Firecracker's example handlers poll it for further userfaultfds and, at its close,
+    // read nothing and give up serving (they panic). The kernel closes it when we exit.
+    std::mem::forget(stream);
     Ok(uffd)
 }
 

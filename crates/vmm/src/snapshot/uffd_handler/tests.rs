@@ -177,13 +177,21 @@ fn a_handler_making_progress_is_waited_for() {
             // SAFETY: UFFDIO_COPY of one page from `source` into the registered range.
             assert_eq!(unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_COPY as _, &mut copy) }, 0);
         }
-        uffd
+        (uffd, stream)
     });
     let mem = crate::guest_memory::anonymous(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let within = std::time::Duration::from_secs(1);
     let served = crate::snapshot::uffd::hand_over_within(&socket, &mem, 4096, within);
     assert!(served.is_ok(), "{:?}", served.err());
     assert_eq!(mem.read_obj::<u8>(GuestAddress(0)).unwrap(), 9, "the handler's page");
-    drop(slow.join().unwrap());
+    let (_uffd, mut stream) = slow.join().unwrap();
+    // Firecracker's example handlers poll the connection for more userfaultfds: closed,
+    // it reads nothing and they stop serving. It stays open, as Firecracker keeps it.
+    stream.set_nonblocking(true).unwrap();
+    let read = std::io::Read::read(&mut stream, &mut [0u8; 1]);
+    assert!(
+        matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the VMM's end of the handshake: {read:?} (Ok(0): closed)"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
