@@ -18,6 +18,7 @@ pub mod logging;
 mod metrics;
 mod mmds;
 pub mod model;
+mod plug_worker;
 mod request;
 mod routes;
 mod serial;
@@ -318,7 +319,7 @@ fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), Str
     }
     // Devices plugged into the running guest are made on a thread the API's filter does
     // not hold (api/devices/plug.rs).
-    let worker = devices::plug::Worker::start().map_err(|e| format!("cannot start the hotplug worker: {e}"))?;
+    let worker = plug_worker::Worker::start().map_err(|e| format!("cannot start the hotplug worker: {e}"))?;
     exitless_vmm::sync::lock(&vm_shared.vm).plug_worker = Some(worker);
     exitless_vmm::seccomp::confine(exitless_vmm::seccomp::ThreadKind::Api)
         .map_err(|e| format!("cannot confine the API thread: {e}"))

@@ -57,7 +57,7 @@ pub struct Vm {
     pub landlock: bool,
     pub landlock_rules: Vec<(std::path::PathBuf, exitless_vmm::landlock::Reach)>,
     /// Plugs and unplugs devices once the machine runs (api/devices/plug.rs).
-    pub plug_worker: Option<super::devices::plug::Worker>,
+    pub plug_worker: Option<super::plug_worker::Worker>,
 }
 
 impl Vm {
@@ -170,19 +170,7 @@ impl Vm {
             return Err(Fault(format!("Unable to open the block device backing file {}.", d.path_on_host)));
         }
         if running {
-            // A hotplug (Firecracker's `hotplug_device`): a new id, never the root.
-            if self.config.drives.iter().any(|o| o.drive_id == id) {
-                return Err(Fault(format!("Device ID in use: the microVM has a drive {id} already.")));
-            }
-            if d.is_root_device {
-                return Err(Fault("A root block device already exists!".into()));
-            }
-            let config = drive_config(&d);
-            let poll = exitless_vmm::poll::PollMode::Adaptive;
-            let plugged = super::devices::plug::Plugged::Drive;
-            self.plug(plugged, id, move |dm| dm.attach_blk(&config, poll).map_err(|e| crate::with_causes(&e)))?;
-            self.config.drives.push(d);
-            return Ok(());
+            return self.plug_drive(id, d);
         }
         match self.config.drives.iter_mut().find(|o| o.drive_id == id) {
             Some(old) => *old = d,
@@ -219,13 +207,7 @@ impl Vm {
             return Err(Fault(format!("exitless offers at most {most} network interfaces per microVM.")));
         }
         if running {
-            let index = self.config.network_interfaces.len();
-            let config = self.net_config(index, &n)?;
-            let poll = exitless_vmm::poll::PollMode::Adaptive;
-            let plugged = super::devices::plug::Plugged::Net;
-            self.plug(plugged, id, move |dm| dm.attach_net(&config, poll).map_err(|e| crate::with_causes(&e)))?;
-            self.config.network_interfaces.push(n);
-            return Ok(());
+            return self.plug_network_interface(n);
         }
         match self.config.network_interfaces.iter_mut().find(|o| o.iface_id == id) {
             Some(old) => *old = n,
@@ -448,7 +430,7 @@ impl Vm {
     }
 
     /// The NIC the machine gets for the `index`th network interface `n`.
-    fn net_config(&self, index: usize, n: &NetworkInterface) -> Result<NetConfig, Fault> {
+    pub(super) fn net_config(&self, index: usize, n: &NetworkInterface) -> Result<NetConfig, Fault> {
         Ok(NetConfig {
             tap: n.host_dev_name.clone(),
             mac: n.guest_mac.as_deref().map(crate::args::parse_mac).transpose()?.unwrap_or_else(|| default_mac(index)),
@@ -580,7 +562,7 @@ fn huge_pages(value: Option<&str>) -> Result<HugePages, Fault> {
 /// What Firecracker adds to the command line for the root drive (builder.rs,
 /// `attach_block_devices`): the device by name or by partition UUID, then ro or rw.
 /// The virtio-blk device a drive becomes.
-fn drive_config(d: &Drive) -> DriveConfig {
+pub(super) fn drive_config(d: &Drive) -> DriveConfig {
     DriveConfig {
         readonly: d.is_read_only.unwrap_or(false),
         id: Some(d.drive_id.chars().take(exitless_vmm::virtio::blk::request::ID_LEN).collect()),

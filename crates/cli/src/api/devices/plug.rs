@@ -11,16 +11,14 @@
 //! use stays, refused with a 400, while one no driver holds (the guest released it
 //! itself, as Firecracker's docs have it, or never drove it) is taken out anyway.
 //!
-//! The work runs on a worker thread started before the API thread is confined: a device
-//! opens files, registers KVM objects and starts a thread, which the API's filter does
-//! not allow (seccomp's `Hotplug` kind).
+//! The work runs on the hotplug worker (api/plug_worker.rs).
 
 use super::Answer;
+use crate::api::model::{Drive, NetworkInterface};
 use crate::api::request::check_id;
 use crate::api::vm::{Fault, Vm};
 use exitless_vmm::device_manager::{DeviceKind, HotplugError};
 use exitless_vmm::Machine;
-use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,37 +26,6 @@ use std::time::Duration;
 /// driver holds.
 const EJECT_WAIT: Duration = Duration::from_secs(10);
 const EJECT_WAIT_UNDRIVEN: Duration = Duration::from_secs(2);
-
-type Job = Box<dyn FnOnce() + Send>;
-
-/// The hotplug worker: runs one job at a time, on a thread of its own.
-pub struct Worker(Sender<Job>);
-
-impl Worker {
-    /// Starts the worker (before the calling thread confines itself).
-    pub fn start() -> std::io::Result<Worker> {
-        let (jobs, next) = channel::<Job>();
-        std::thread::Builder::new().name("api-hotplug".into()).spawn(move || {
-            if !exitless_vmm::seccomp::confine_or_log(exitless_vmm::seccomp::ThreadKind::Hotplug) {
-                return;
-            }
-            while let Ok(job) = next.recv() {
-                job();
-            }
-        })?;
-        Ok(Worker(jobs))
-    }
-
-    /// Runs `job` on the worker and waits for its result.
-    fn run<R: Send + 'static>(&self, job: impl FnOnce() -> R + Send + 'static) -> Result<R, Fault> {
-        let (done, result) = channel();
-        let job: Job = Box::new(move || {
-            let _ = done.send(job());
-        });
-        self.0.send(job).map_err(|_| Fault("The hotplug worker is not running.".into()))?;
-        result.recv().map_err(|_| Fault("The hotplug worker stopped.".into()))
-    }
-}
 
 /// The unplug endpoints: `DELETE /drives|/network-interfaces|/pmem/{id}`.
 pub fn route(vm: &mut Vm, method: &str, parts: &[&str], _body: &[u8]) -> Answer {
@@ -130,13 +97,41 @@ impl Vm {
         machine.devices().can_hotplug().map_err(hotplug_fault)?;
         let worker = self.plug_worker.as_ref().ok_or_else(|| Fault("The hotplug worker is not running.".into()))?;
         let key = format!("{}/{id}", what.kind());
-        let slot = worker.run(move || {
-            let mut devices = machine.devices_for_hotplug();
-            attach(&mut devices)?;
-            devices.announce(&key).map_err(|e| e.to_string())
-        })?;
+        let slot = worker
+            .run(move || {
+                let mut devices = machine.devices_for_hotplug();
+                attach(&mut devices)?;
+                devices.announce(&key).map_err(|e| e.to_string())
+            })
+            .map_err(Fault)?;
         let slot = slot.map_err(|e| Fault(format!("Cannot plug {} {id}: {e}", what.what())))?;
         tracing::info!("{} {id}: hotplugged at 00:{slot:02x}.0", what.what());
+        Ok(())
+    }
+
+    /// `PUT /drives/{id}` on a running microVM, checked as before the start: a hotplug (a
+    /// new id, never the root device; Firecracker's `hotplug_device`).
+    pub(in crate::api) fn plug_drive(&mut self, id: &str, d: Drive) -> Result<(), Fault> {
+        if self.config.drives.iter().any(|o| o.drive_id == id) {
+            return Err(Fault(format!("Device ID in use: the microVM has a drive {id} already.")));
+        }
+        if d.is_root_device {
+            return Err(Fault("A root block device already exists!".into()));
+        }
+        let config = crate::api::vm::drive_config(&d);
+        let poll = exitless_vmm::poll::PollMode::Adaptive;
+        self.plug(Plugged::Drive, id, move |dm| dm.attach_blk(&config, poll).map_err(|e| crate::with_causes(&e)))?;
+        self.config.drives.push(d);
+        Ok(())
+    }
+
+    /// `PUT /network-interfaces/{id}` on a running microVM, checked as before the start.
+    pub(in crate::api) fn plug_network_interface(&mut self, n: NetworkInterface) -> Result<(), Fault> {
+        let config = self.net_config(self.config.network_interfaces.len(), &n)?;
+        let poll = exitless_vmm::poll::PollMode::Adaptive;
+        let id = n.iface_id.clone();
+        self.plug(Plugged::Net, &id, move |dm| dm.attach_net(&config, poll).map_err(|e| crate::with_causes(&e)))?;
+        self.config.network_interfaces.push(n);
         Ok(())
     }
 
