@@ -153,3 +153,44 @@ fn hotplug_is_refused_on_mmio_and_on_a_full_bus() {
         let _ = child.wait();
     }
 }
+
+#[test]
+fn hotplugged_devices_are_in_the_next_snapshot_and_come_back_on_restore() {
+    if !kvm_or_skip("hotplugged_devices_are_in_the_next_snapshot_and_come_back_on_restore") {
+        return;
+    }
+    let dir = tempdir();
+    let payloads = payloads_in(&dir);
+    let sock = dir.join("api.sock");
+    let mut child = api_process(&sock, std::process::Stdio::null());
+    let put = |sock: &std::path::Path, path: &str, body: serde_json::Value| expect_ok(sock, "PUT", path, Some(&body));
+    put(&sock, "/boot-source", json!({"kernel_image_path": payloads.join("wait.elf")})).unwrap();
+    put(&sock, "/actions", json!({"action_type": "InstanceStart"})).unwrap();
+    let drive = json!({"drive_id": "d0", "path_on_host": file(&dir, "d0", 1 << 20), "is_root_device": false});
+    put(&sock, "/drives/d0", drive).unwrap();
+    put(&sock, "/pmem/p0", json!({"id": "p0", "path_on_host": file(&dir, "p0", 2 << 20)})).unwrap();
+    expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
+    let (state, mem) = (dir.join("state"), dir.join("mem"));
+    put(&sock, "/snapshot/create", json!({"snapshot_path": state, "mem_file_path": mem})).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+
+    let sock = dir.join("restored.sock");
+    let mut child = api_process_with(&sock, std::process::Stdio::null(), &[]);
+    let load = json!({"snapshot_path": state, "mem_backend": {"backend_type": "File", "backend_path": mem}, "resume_vm": true});
+    put(&sock, "/snapshot/load", load).unwrap();
+    let config = expect_ok(&sock, "GET", "/vm/config", None).unwrap().unwrap();
+    assert_eq!((config["drives"][0]["drive_id"].as_str(), config["pmem"][0]["id"].as_str()), (Some("d0"), Some("p0")));
+    let exits = expect_ok(&sock, "GET", "/exits", None).unwrap().unwrap().to_string();
+    assert!(exits.contains("virtio-blk") && exits.contains("virtio-pmem"), "{exits}");
+    // The restored machine takes more, and gives the restored ones back.
+    let more = json!({"drive_id": "d1", "path_on_host": file(&dir, "d1", 1 << 20), "is_root_device": false});
+    put(&sock, "/drives/d1", more).unwrap();
+    expect_ok(&sock, "DELETE", "/drives/d0", None).unwrap();
+    expect_ok(&sock, "DELETE", "/pmem/p0", None).unwrap();
+    let config = expect_ok(&sock, "GET", "/vm/config", None).unwrap().unwrap();
+    assert_eq!(config["drives"].as_array().map(Vec::len), Some(1), "{config}");
+    assert_eq!(config["drives"][0]["drive_id"], "d1");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -79,7 +79,8 @@ impl Vm {
         if machine.control().is_paused() {
             return Err(Fault("The microVM is paused: resume it before plugging or unplugging a device.".into()));
         }
-        if !self.enable_pci {
+        // The machine's own transport: a restored one keeps its snapshot's.
+        if machine.devices().transport() != exitless_vmm::device_manager::TransportKind::Pci {
             return Err(hotplug_fault(HotplugError::NotPci));
         }
         Ok(machine)
