@@ -10,6 +10,9 @@
 #   scripts/linux-check.sh --fs [KERNEL]
 # --fs runs only the virtio-fs checks (scripts/linux-fs.sh: virtiofsd on both transports,
 # a root on virtio-fs, the backend killed mid-I/O), about six minutes.
+#   scripts/linux-check.sh --hotplug [KERNEL]
+# --hotplug runs only the device hotplug checks (scripts/linux-hotplug.sh): a drive, a pmem
+# device and a NIC plugged into a running guest, found without a rescan, used, unplugged.
 # The third runs the same checks on a VMM started as Firecracker is (its process flags, no
 # --enable-pci) and configured through the API as Firecracker's getting-started guide does
 # (boot_args "console=ttyS0 reboot=k panic=1" and what the checks and this host need):
@@ -81,6 +84,10 @@ as_firecracker=
 stress=
 cpu_templates_only=
 snapshots_only=
+if [ "${1:-}" = --hotplug ]; then
+  shift
+  exec "$here/scripts/linux-hotplug.sh" "$@"
+fi
 if [ "${1:-}" = --as-firecracker ]; then
   as_firecracker=1
   shift

@@ -10,6 +10,7 @@ const PAYLOADS: &[(&str, &str)] = &[
     ("demo", "hello from CPL0 and CPL3, then exit 0 (the default guest)"),
     ("hostile", "random port, MMIO and string I/O of every size; garbage to every device register"),
     ("doorbell", "the doorbell lab's guest: rings a doorbell N times per path (run by `exitless bench doorbell`)"),
+    ("hotplug", "takes PCI devices plugged and unplugged through the ACPI hotplug controller's registers"),
     ("pciscan", "enumerates bus 0 by port I/O and ECAM, checks they agree, sizes BARs, times config reads"),
     ("pcihostile", "random config writes of every size at every offset, by port I/O and ECAM; identity must hold"),
     ("nettx", "sends N frames of size S with sequence numbers through virtio-net (run by `exitless bench net`)"),

@@ -75,7 +75,8 @@ struct Snapshot {
 }
 
 fn snapshot(machine: &Machine) -> Snapshot {
-    let n = machine.devices().nets().next();
+    let devices = machine.devices();
+    let n = devices.nets().next();
     let counters = n.map(|n| n.stats.snapshot()).unwrap_or_default();
     Snapshot {
         cpu: n.and_then(|n| n.stats.thread_cpu()).unwrap_or_default(),

@@ -336,7 +336,8 @@ pub fn echo(frames: u64, size: usize, mergeable: bool, timeout: Duration) -> Res
     if let Some(why) = payload_failure(&machine) {
         return Err(NetBenchError::Guest(why));
     }
-    let nic = machine.devices().virtio_of::<exitless_vmm::virtio::net::NetHandle>().next();
+    let devices = machine.devices();
+    let nic = devices.virtio_of::<exitless_vmm::virtio::net::NetHandle>().next();
     let interrupts = nic.map_or(0, |(_, transport)| transport.core().interrupts_signalled());
     // The guest echoed every frame before it ended; on a loaded host the sink may read
     // the last ones well after that.

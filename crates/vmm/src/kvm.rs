@@ -147,6 +147,11 @@ impl FaultRepairs {
         crate::sync::lock(&self.0).push(repair);
     }
 
+    /// Drops `repair` (its device unplugged).
+    pub fn unregister(&self, repair: &std::sync::Arc<dyn FaultRepair>) {
+        crate::sync::lock(&self.0).retain(|r| !std::sync::Arc::ptr_eq(r, repair));
+    }
+
     /// Every repair tried (not only up to the first that mends); true if any changed
     /// something.
     pub fn repair_any(&self) -> bool {

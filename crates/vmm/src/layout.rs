@@ -98,6 +98,8 @@ pub const ACPI_PM1_CNT: u16 = ACPI_PM_PORT + 4;
 pub const ACPI_PM_TMR: u16 = ACPI_PM_PORT + 8;
 pub const ACPI_RESET: u16 = ACPI_PM_PORT + 12;
 pub const ACPI_PM_LEN: u64 = 13;
+/// The ACPI PCI hotplug controller's registers (devices/acpi/pci_hotplug.rs), with PCI.
+pub const PCI_HOTPLUG_PORT: u16 = 0x620;
 /// What a guest writes to the reset register to reset (the FADT says so).
 pub const ACPI_RESET_VALUE: u8 = 1;
 /// IOAPIC pins for PCI INTx, past the ISA interrupts (handed out by the allocators).

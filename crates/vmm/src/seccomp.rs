@@ -64,6 +64,13 @@ pub enum ThreadKind {
     /// Watches the API socket's directory (inotify, made before the filter) and, when the
     /// socket is gone, signals the process SIGTERM.
     SocketWatch,
+    /// The API's hotplug worker (started before the API thread is confined): it opens a
+    /// plugged device's files and tap, registers its interrupts, ioeventfds and memory
+    /// slot, and starts its thread, which confines itself further (filters stack: a
+    /// device thread may make only the calls of both, that is its own). So it may make
+    /// every call any other kind may, thread creation and confinement, and any ioctl.
+    /// It reaches no guest input.
+    Hotplug,
     /// Helpers beside a VM: the run watchdog (kicks the vCPUs with a signal) and the labs'
     /// traffic threads (send and receive on a packet socket that already exists) and
     /// memory pollers.
@@ -134,8 +141,49 @@ impl ThreadKind {
     }
 }
 
+/// Every kind but the hotplug worker's.
+const OTHER_KINDS: &[ThreadKind] = &[
+    ThreadKind::Main,
+    ThreadKind::Vcpu,
+    ThreadKind::Device,
+    ThreadKind::Block,
+    ThreadKind::Entropy,
+    ThreadKind::Balloon,
+    ThreadKind::Pmem,
+    ThreadKind::Mem,
+    ThreadKind::Vsock,
+    ThreadKind::ConsoleOut,
+    ThreadKind::SerialIn,
+    ThreadKind::Api,
+    ThreadKind::Signals,
+    ThreadKind::SocketWatch,
+    ThreadKind::Helper,
+];
+
 fn allowed(kind: ThreadKind) -> Vec<i64> {
     let extra: &[i64] = match kind {
+        ThreadKind::Hotplug => {
+            let mut calls: Vec<i64> = OTHER_KINDS.iter().flat_map(|k| allowed(*k)).collect();
+            calls.extend([
+                libc::SYS_clone,
+                libc::SYS_clone3,
+                libc::SYS_set_robust_list,
+                libc::SYS_rseq,
+                libc::SYS_sched_getaffinity,
+                libc::SYS_seccomp,
+                libc::SYS_landlock_create_ruleset,
+                libc::SYS_landlock_add_rule,
+                libc::SYS_landlock_restrict_self,
+                libc::SYS_eventfd2,
+                libc::SYS_io_uring_setup,
+                libc::SYS_io_uring_register,
+                libc::SYS_ioctl,
+                libc::SYS_socket,
+            ]);
+            calls.sort_unstable();
+            calls.dedup();
+            return calls;
+        }
         // A vCPU's calls; the lab's CPU-time reading between two runs, and its helper
         // threads (a poller, the doorbell's eventfd thread), started between two runs.
         #[cfg(feature = "lab")]
@@ -445,7 +493,7 @@ fn install(kind: ThreadKind, nested: bool) -> Result<(), SeccompError> {
     // remove the API socket, to which no held thread has a right, and reach nothing a
     // guest gives them. The signals thread starts before any policy, but under load it
     // may first run after one was set: it must not be held by a race.
-    if !matches!(kind, ThreadKind::Api | ThreadKind::Signals) {
+    if !matches!(kind, ThreadKind::Api | ThreadKind::Signals | ThreadKind::Hotplug) {
         crate::landlock::restrict_current_thread().map_err(|e| SeccompError::Landlock(kind, e))?;
     }
     if !enabled() {

@@ -18,6 +18,7 @@ pub mod logging;
 mod metrics;
 mod mmds;
 pub mod model;
+mod plug_worker;
 mod request;
 mod routes;
 mod serial;
@@ -279,6 +280,7 @@ fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), Str
             })
             .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
     }
+    let vm_shared = shared.clone();
     let shared = shared.clone();
     let control = machine.control().clone();
     let spawned = std::thread::Builder::new().name("vmm".into()).spawn(move || {
@@ -316,6 +318,10 @@ fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), Str
     if !control.wait_vcpus_created(std::time::Duration::from_secs(10)) {
         tracing::warn!("the vCPUs were not created within 10 s of the start");
     }
+    // Devices plugged into the running guest are made on a thread the API's filter does
+    // not hold (api/devices/plug.rs).
+    let worker = plug_worker::Worker::start().map_err(|e| format!("cannot start the hotplug worker: {e}"))?;
+    exitless_vmm::sync::lock(&vm_shared.vm).plug_worker = Some(worker);
     exitless_vmm::seccomp::confine(exitless_vmm::seccomp::ThreadKind::Api)
         .map_err(|e| format!("cannot confine the API thread: {e}"))
 }

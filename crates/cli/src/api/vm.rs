@@ -58,6 +58,8 @@ pub struct Vm {
     pub landlock_rules: Vec<(std::path::PathBuf, exitless_vmm::landlock::Reach)>,
     /// `--ram-dir`: where a booted guest's RAM is kept in a file (exitless_vmm::snapshot::fork).
     pub ram_dir: Option<std::path::PathBuf>,
+    /// Plugs and unplugs devices once the machine runs (api/devices/plug.rs).
+    pub plug_worker: Option<super::plug_worker::Worker>,
 }
 
 impl Vm {
@@ -75,6 +77,7 @@ impl Vm {
             landlock: false,
             landlock_rules: Vec::new(),
             ram_dir: None,
+            plug_worker: None,
         }
     }
 
@@ -149,7 +152,10 @@ impl Vm {
     }
 
     pub fn set_drive(&mut self, id: &str, d: Drive) -> Result<(), Fault> {
-        self.pre_boot()?;
+        let running = matches!(self.state, State::Running { .. });
+        if !running {
+            self.pre_boot()?;
+        }
         same_id(id, &d.drive_id)?;
         if d.socket.is_some() {
             return Err(Fault("socket: exitless has no vhost-user block devices; give path_on_host.".into()));
@@ -166,6 +172,9 @@ impl Vm {
         if !std::path::Path::new(&d.path_on_host).exists() {
             return Err(Fault(format!("Unable to open the block device backing file {}.", d.path_on_host)));
         }
+        if running {
+            return self.plug_drive(id, d);
+        }
         match self.config.drives.iter_mut().find(|o| o.drive_id == id) {
             Some(old) => *old = d,
             None => self.config.drives.push(d),
@@ -174,8 +183,14 @@ impl Vm {
     }
 
     pub fn set_network_interface(&mut self, id: &str, n: NetworkInterface) -> Result<(), Fault> {
-        self.pre_boot()?;
+        let running = matches!(self.state, State::Running { .. });
+        if !running {
+            self.pre_boot()?;
+        }
         same_id(id, &n.iface_id)?;
+        if running && self.config.network_interfaces.iter().any(|o| o.iface_id == id) {
+            return Err(Fault(format!("Device ID in use: the microVM has a network interface {id} already.")));
+        }
         if n.mtu.is_some_and(|m| m < 68) {
             return Err(Fault("mtu must be between 68 and 65535.".into()));
         }
@@ -193,6 +208,9 @@ impl Vm {
         if others.count() >= usize::from(super::model::MAX_NICS) {
             let most = super::model::MAX_NICS;
             return Err(Fault(format!("exitless offers at most {most} network interfaces per microVM.")));
+        }
+        if running {
+            return self.plug_network_interface(n);
         }
         match self.config.network_interfaces.iter_mut().find(|o| o.iface_id == id) {
             Some(old) => *old = n,
@@ -341,24 +359,7 @@ impl Vm {
             .network_interfaces
             .iter()
             .enumerate()
-            .map(|(i, n)| {
-                Ok(NetConfig {
-                    tap: n.host_dev_name.clone(),
-                    mac: n
-                        .guest_mac
-                        .as_deref()
-                        .map(crate::args::parse_mac)
-                        .transpose()?
-                        .unwrap_or_else(|| default_mac(i)),
-                    tx: exitless_vmm::virtio::net::TxMode::Zerocopy,
-                    mtu: n.mtu,
-                    rx_limits: super::model::limits(n.rx_rate_limiter.as_ref()),
-                    tx_limits: super::model::limits(n.tx_rate_limiter.as_ref()),
-                    mmds: self.mmds_on(&n.iface_id).map(|ip| (self.mmds.clone(), ip)),
-                    offloads: n.offloads.unwrap_or(true),
-                    config_id: Some(n.iface_id.clone()),
-                })
-            })
+            .map(|(i, n)| self.net_config(i, n))
             .collect::<Result<Vec<_>, Fault>>()?;
         // The root device first: it becomes /dev/vda.
         let mut drives: Vec<&Drive> = self.config.drives.iter().collect();
@@ -384,14 +385,7 @@ impl Vm {
             None => words.iter().fold(cmdline, |line, word| format!("{line} {word}")),
             Some(_) => cmdline,
         };
-        let drives = drives.into_iter().map(|d| DriveConfig {
-            readonly: d.is_read_only.unwrap_or(false),
-            id: Some(d.drive_id.chars().take(exitless_vmm::virtio::blk::request::ID_LEN).collect()),
-            config_id: Some(d.drive_id.clone()),
-            thread_pool: d.io_engine.as_deref() == Some("Sync"),
-            limits: super::model::limits(d.rate_limiter.as_ref()),
-            ..DriveConfig::new(&d.path_on_host)
-        });
+        let drives = drives.into_iter().map(drive_config);
         // Each device made by its own module, in the order they are placed (a restore puts
         // each where its snapshot had it, whatever the order).
         let poll = exitless_vmm::poll::PollMode::Adaptive;
@@ -438,6 +432,21 @@ impl Vm {
         // Before the machine's threads start: each is held to the microVM's files.
         self.install_landlock()?;
         Machine::new(config).map_err(|e| Fault(format!("Cannot start the microVM: {}", crate::with_causes(&e))))
+    }
+
+    /// The NIC the machine gets for the `index`th network interface `n`.
+    pub(super) fn net_config(&self, index: usize, n: &NetworkInterface) -> Result<NetConfig, Fault> {
+        Ok(NetConfig {
+            tap: n.host_dev_name.clone(),
+            mac: n.guest_mac.as_deref().map(crate::args::parse_mac).transpose()?.unwrap_or_else(|| default_mac(index)),
+            tx: exitless_vmm::virtio::net::TxMode::Zerocopy,
+            mtu: n.mtu,
+            rx_limits: super::model::limits(n.rx_rate_limiter.as_ref()),
+            tx_limits: super::model::limits(n.tx_rate_limiter.as_ref()),
+            mmds: self.mmds_on(&n.iface_id).map(|ip| (self.mmds.clone(), ip)),
+            offloads: n.offloads.unwrap_or(true),
+            config_id: Some(n.iface_id.clone()),
+        })
     }
 
     /// The live exit profile (`GET /exits`).
@@ -557,6 +566,18 @@ fn huge_pages(value: Option<&str>) -> Result<HugePages, Fault> {
 
 /// What Firecracker adds to the command line for the root drive (builder.rs,
 /// `attach_block_devices`): the device by name or by partition UUID, then ro or rw.
+/// The virtio-blk device a drive becomes.
+pub(super) fn drive_config(d: &Drive) -> DriveConfig {
+    DriveConfig {
+        readonly: d.is_read_only.unwrap_or(false),
+        id: Some(d.drive_id.chars().take(exitless_vmm::virtio::blk::request::ID_LEN).collect()),
+        config_id: Some(d.drive_id.clone()),
+        thread_pool: d.io_engine.as_deref() == Some("Sync"),
+        limits: super::model::limits(d.rate_limiter.as_ref()),
+        ..DriveConfig::new(&d.path_on_host)
+    }
+}
+
 fn root_args(root: &Drive) -> String {
     let device = match &root.partuuid {
         Some(uuid) => format!("root=PARTUUID={uuid}"),

@@ -212,6 +212,33 @@ impl Allocators {
         Ok(())
     }
 
+    /// Whether a device number is free on bus 0.
+    pub fn free_slot(&self) -> bool {
+        (0..SLOTS).any(|n| self.slots & 1 << n == 0)
+    }
+
+    /// Gives device number `n` back (a device unplugged from a running guest).
+    pub fn release_slot(&mut self, n: u8) {
+        if n > 0 && n < SLOTS {
+            self.slots &= !(1 << n);
+        }
+    }
+
+    /// Gives back the range at `start` in `kind`'s window (an unplugged device's BAR).
+    pub fn release_bar(&mut self, kind: BarKind, start: u64) {
+        let (window, taken) = match kind {
+            BarKind::Io => (&mut self.io, &mut self.taken[0]),
+            BarKind::Memory32 => (&mut self.mmio32, &mut self.taken[1]),
+            BarKind::Memory64 => (&mut self.mmio64, &mut self.taken[2]),
+        };
+        release(window, taken, start);
+    }
+
+    /// Gives back the device memory at `start` (an unplugged pmem device's).
+    pub fn release_device_memory(&mut self, start: u64) {
+        release(&mut self.device_memory, &mut self.device_memory_taken, start);
+    }
+
     /// A naturally aligned place for `bar` in its window.
     pub fn bar(&mut self, bar: BarSpec) -> Result<u64, AllocError> {
         self.take(bar.kind, bar.size, bar.size, AllocPolicy::FirstMatch)
@@ -269,10 +296,42 @@ impl Allocators {
     }
 }
 
+/// Frees the range at `start` from `window` and from `taken`, if it was handed out.
+fn release(window: &mut AddressAllocator, taken: &mut Vec<Range<u64>>, start: u64) {
+    let Some(at) = taken.iter().position(|r| r.start == start) else { return };
+    let range = taken.remove(at);
+    match vm_allocator::RangeInclusive::new(range.start, range.end - 1) {
+        Ok(r) => {
+            if let Err(e) = window.free(&r) {
+                tracing::warn!("{range:#x?} not given back: {e}");
+            }
+        }
+        Err(e) => tracing::warn!("{range:#x?} not given back: {e}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::layout::MemoryMap;
+
+    #[test]
+    fn released_slots_and_bars_are_handed_out_again() {
+        let (mut a, _) = allocators();
+        let mem32 = BarSpec { kind: BarKind::Memory32, size: 0x4000 };
+        let (slot, bar) = (a.slot().unwrap(), a.bar(mem32).unwrap());
+        let before = a.save(()).unwrap();
+        a.release_slot(slot);
+        a.release_bar(BarKind::Memory32, bar);
+        assert_eq!(a.slot().unwrap(), slot);
+        assert_eq!(a.bar(mem32).unwrap(), bar);
+        assert_eq!(a.save(()).unwrap(), before, "as if never given back");
+        a.release_slot(0);
+        assert!(a.reserve_slot(0).is_err(), "the host bridge's slot stays taken");
+        let mem = a.device_memory(2 << 20, 2 << 20, None).unwrap();
+        a.release_device_memory(mem);
+        assert_eq!(a.device_memory(2 << 20, 2 << 20, None).unwrap(), mem);
+    }
 
     fn allocators() -> (Allocators, PciWindows) {
         let windows = MemoryMap::new(8 << 30).unwrap().pci_windows();

@@ -91,12 +91,18 @@ pub struct DeviceHandle {
     users: Option<Box<dyn Any + Send + Sync>>,
     saves: Saves,
     transport: Option<VirtioTransport>,
+    /// What its module undoes when it is unplugged from a running guest (a pmem
+    /// device's memory slot).
+    unplug: Option<Unplugged>,
 }
+
+/// What a device's module undoes at its unplug.
+pub type Unplugged = Box<dyn FnOnce() + Send + Sync>;
 
 impl DeviceHandle {
     /// Reached only through the buses, with nothing to save but where it is.
     pub fn bus() -> DeviceHandle {
-        DeviceHandle { users: None, saves: Saves::Nothing, transport: None }
+        DeviceHandle { users: None, saves: Saves::Nothing, transport: None, unplug: None }
     }
 
     /// Reached by `users` too (found by its type).
@@ -108,7 +114,7 @@ impl DeviceHandle {
     /// state), reached by `users`.
     pub fn virtio(transport: VirtioTransport, users: impl Any + Send + Sync) -> DeviceHandle {
         let saves = Saves::State(Arc::new(transport.clone()));
-        DeviceHandle { users: Some(Box::new(users)), saves, transport: Some(transport) }
+        DeviceHandle { users: Some(Box::new(users)), saves, transport: Some(transport), unplug: None }
     }
 
     /// With `saves` as its part of a snapshot.
@@ -118,6 +124,18 @@ impl DeviceHandle {
 
     pub fn set_saves(&mut self, saves: Saves) {
         self.saves = saves;
+    }
+
+    /// Has `undo` run when the device is unplugged from a running guest.
+    pub fn on_unplug(&mut self, undo: Unplugged) {
+        self.unplug = Some(undo);
+    }
+
+    /// Runs what its module undoes at an unplug.
+    pub(super) fn unplugged(&mut self) {
+        if let Some(undo) = self.unplug.take() {
+            undo();
+        }
     }
 
     /// What its users reach it by, if that is a `T`.

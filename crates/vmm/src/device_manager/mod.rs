@@ -9,6 +9,7 @@
 
 pub mod allocators;
 mod device;
+mod hotplug;
 mod persist;
 #[cfg(test)]
 mod state_tests;
@@ -17,6 +18,7 @@ mod tests;
 mod virtio;
 
 pub use device::{BarRequest, Device, DeviceHandle, DeviceKind, DeviceName, PciPlacement, Resource, Saves};
+pub use hotplug::{HotplugError, Unplug};
 pub use persist::{DeviceRecord, DeviceTree};
 
 use crate::memslots::{Memslots, NoMemslots};
@@ -195,6 +197,11 @@ impl DeviceManager {
     /// takes a place of a kind of its own (device memory) takes it there.
     pub fn planned(&self, id: &str) -> &[Resource] {
         self.plan.get(id).map_or(&[], Vec::as_slice)
+    }
+
+    /// The transport virtio devices are attached over.
+    pub fn transport(&self) -> TransportKind {
+        self.transport
     }
 
     /// Every attached device, in the order attached.

@@ -230,7 +230,7 @@ impl Platform {
             vm: p.vm,
             map: p.map,
             memory: p.memory,
-            devices: p.devices,
+            devices: std::sync::RwLock::new(p.devices),
             vcpus: VcpuPlan {
                 count: config.vcpus,
                 threads_per_core,

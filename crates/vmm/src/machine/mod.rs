@@ -147,7 +147,8 @@ pub struct Machine {
     vm: Arc<VmFd>,
     map: MemoryMap,
     memory: GuestMemoryMmap,
-    devices: DeviceManager,
+    /// Written only to plug or unplug a device on a running guest (the API's hotplug).
+    devices: std::sync::RwLock<DeviceManager>,
     vcpus: VcpuPlan,
     host: HostProfile,
     control: Arc<RunControl>,
@@ -207,13 +208,18 @@ impl Machine {
         &self.memory
     }
 
-    pub fn devices(&self) -> &DeviceManager {
-        &self.devices
+    pub fn devices(&self) -> std::sync::RwLockReadGuard<'_, DeviceManager> {
+        crate::sync::read(&self.devices)
     }
 
     /// To attach more devices before the machine runs.
     pub fn devices_mut(&mut self) -> &mut DeviceManager {
-        &mut self.devices
+        self.devices.get_mut().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// To plug or unplug a device while the guest runs: no reader holds it meanwhile.
+    pub fn devices_for_hotplug(&self) -> std::sync::RwLockWriteGuard<'_, DeviceManager> {
+        crate::sync::write(&self.devices)
     }
 
     pub fn control(&self) -> &Arc<RunControl> {
@@ -255,11 +261,11 @@ impl Machine {
                 crate::snapshot::SnapshotError::Refused(format!("vCPU {id}: the system-call watch: {e}"))
             })?;
         }
-        let buses = self.devices.buses().clone();
-        let entries = self.devices.bus_names().len();
+        let buses = self.devices().buses().clone();
+        let entries = self.devices().bus_names().len();
         let mut vcpu = Vcpu::new(id, fd, run_size, buses, entries, self.control.clone(), nested);
         vcpu.publish_to(self.live.clone());
-        vcpu.repair_faults_with(self.devices.fault_repairs().clone());
+        vcpu.repair_faults_with(self.devices().fault_repairs().clone());
         if self.run.sample_every.is_some() {
             vcpu.sample_guest();
         }
@@ -272,7 +278,7 @@ impl Machine {
     /// The exit profile so far, while the VM runs (each vCPU's last publication).
     pub fn live_report(&self) -> RunReport {
         let vcpus = self.live.snapshot();
-        let mut stats = ExitStats::new(self.devices.bus_names().len());
+        let mut stats = ExitStats::new(self.devices().bus_names().len());
         for v in &vcpus {
             stats.merge(v);
         }
@@ -301,7 +307,7 @@ impl Machine {
         self.control.vcpus_created();
         let mut vcpus = vcpus?;
         if self.restored.is_some() {
-            self.devices.start_restored();
+            self.devices().start_restored();
         }
         if let Some(after) = self.run.stuck_after {
             let watches = crate::vcpu::stuck::watches(usize::from(self.vcpus.count), after);
@@ -326,7 +332,7 @@ impl Machine {
         };
         let outcome = threads.wait(timeout, kick_every);
         self.drain_console();
-        let mut stats = ExitStats::new(self.devices.bus_names().len());
+        let mut stats = ExitStats::new(self.devices().bus_names().len());
         for s in &outcome.stats {
             stats.merge(s);
         }
@@ -349,7 +355,7 @@ impl Machine {
     /// Presses Ctrl-Alt-Del on the guest's keyboard (the API's SendCtrlAltDel); false if
     /// the guest is not taking keys (keyboard disabled, or its buffer full).
     pub fn send_ctrl_alt_del(&self) -> bool {
-        self.devices.keyboard().is_some_and(|k| k.ctrl_alt_del())
+        self.devices().keyboard().is_some_and(|k| k.ctrl_alt_del())
     }
 
     /// Builds the report after the vCPUs stopped.
@@ -362,12 +368,12 @@ impl Machine {
             stop: self.control.guest_stopped(),
             stats,
             vcpus,
-            devices: self.devices.bus_names().to_vec(),
+            devices: self.devices().bus_names().to_vec(),
             elapsed,
             tsc_hz,
             vmm_memory: vmm_memory_kib(&guest),
-            nets: self.devices.nets().map(|n| (n.tap_name.clone(), n.stats.snapshot())).collect(),
-            drives: self.devices.drives().map(|d| (d.name.clone(), d.id.clone(), d.stats.snapshot())).collect(),
+            nets: self.devices().nets().map(|n| (n.tap_name.clone(), n.stats.snapshot())).collect(),
+            drives: self.devices().drives().map(|d| (d.name.clone(), d.id.clone(), d.stats.snapshot())).collect(),
             samples: Vec::new(),
             host_profile: self.host.describe(),
         }
@@ -376,7 +382,7 @@ impl Machine {
     /// Lets the console writer catch up with what the guest printed (bounded: a consumer
     /// that stopped reading does not hold the VMM).
     pub fn drain_console(&self) {
-        if let Some(serial) = self.devices.serial() {
+        if let Some(serial) = self.devices().serial() {
             if !serial.drain_output(Duration::from_secs(2)) {
                 tracing::warn!("console output not fully written: its reader is not keeping up");
             }

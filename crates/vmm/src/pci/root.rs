@@ -148,6 +148,29 @@ impl PciRoot {
         Ok(())
     }
 
+    /// Unplugs the function at 00:`device`.`func`: its BARs off the bus, their ioeventfds
+    /// out of KVM, its config space reading all-ones again. Returns it (its BARs' specs
+    /// say what to give back to the allocators).
+    pub fn remove(&self, device: u8, func: u8) -> Option<Box<PciFunction>> {
+        let index = usize::from(device) << 3 | usize::from(func);
+        let mut state = self.lock();
+        let mut function = state.functions.get_mut(index)?.take()?;
+        for bar in 0..BAR_COUNT {
+            self.take_off_bus(&mut function, bar);
+            if let Some(handler) = function.bars[bar].as_mut() {
+                handler.parked.clear();
+            }
+        }
+        state.shadow.refresh(index, None);
+        if state.mode == EcamMode::Mapped && function.read_side_effects {
+            let mode = state.mode;
+            if let Err(e) = Self::remap_shadow(&mut state, mode) {
+                self.warn(format_args!("{}: ECAM shadow not remapped after its unplug: {e}", function.name));
+            }
+        }
+        Some(function)
+    }
+
     /// Maps or unmaps the read-only shadow of the ECAM window (at run time too).
     pub fn set_ecam_mode(&self, mode: EcamMode) -> Result<(), PciError> {
         let mut state = self.lock();

@@ -8,6 +8,7 @@
 mod balloon;
 mod fs;
 mod hotplug;
+pub mod plug;
 mod pmem;
 
 use super::model::VmConfig;
@@ -24,7 +25,7 @@ pub type Answer = Option<Result<Option<Value>, Fault>>;
 type Route = fn(&mut Vm, &str, &[&str], &[u8]) -> Answer;
 
 /// Each device's endpoints, asked in turn.
-const ROUTES: &[Route] = &[balloon::route, pmem::route, hotplug::route, fs::route];
+const ROUTES: &[Route] = &[balloon::route, pmem::route, hotplug::route, fs::route, plug::route];
 
 /// The answer of the device whose endpoint `method` `parts` is, if any.
 pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {

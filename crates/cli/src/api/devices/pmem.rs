@@ -52,9 +52,15 @@ impl Vm {
     /// `PUT /pmem/{id}`: a device (again: its new settings), before boot. As in
     /// Firecracker, the file is opened at the start (a missing or empty one fails it).
     pub fn set_pmem(&mut self, id: &str, p: Pmem) -> Result<(), Fault> {
-        self.pre_boot()?;
+        let running = matches!(self.state, crate::api::vm::State::Running { .. });
+        if !running {
+            self.pre_boot()?;
+        }
         if p.id != id {
             return Err(Fault("The id from the path does not match the id from the body!".into()));
+        }
+        if running {
+            return self.plug_pmem(id, p);
         }
         if p.root_device && self.config.drives.iter().any(|d| d.is_root_device) {
             return Err(Fault(
@@ -70,6 +76,26 @@ impl Vm {
             Some(old) => *old = p,
             None => self.config.pmem.push(p),
         }
+        Ok(())
+    }
+
+    /// `PUT /pmem/{id}` on a running microVM: a hotplug (never a root device).
+    fn plug_pmem(&mut self, id: &str, p: Pmem) -> Result<(), Fault> {
+        if self.config.pmem.iter().any(|o| o.id == id) {
+            return Err(Fault(format!("Device ID in use: the microVM has a pmem device {id} already.")));
+        }
+        if p.root_device {
+            return Err(Fault("Pmem config error: A root pmem device already exist".into()));
+        }
+        let config = PmemConfig {
+            id: p.id.clone(),
+            path: p.path_on_host.clone().into(),
+            read_only: p.read_only,
+            limits: crate::api::model::limits(p.rate_limiter.as_ref()),
+        };
+        let plugged = super::plug::Plugged::Pmem;
+        self.plug(plugged, id, move |dm| dm.attach_pmem(&config).map_err(|e| crate::with_causes(&e)))?;
+        self.config.pmem.push(p);
         Ok(())
     }
 

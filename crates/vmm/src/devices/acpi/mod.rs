@@ -6,12 +6,14 @@
 //! other allocated device (Firecracker's order: its next legacy lines past the
 //! virtio-mmio devices').
 
+pub mod pci_hotplug;
 pub mod vmclock;
 pub mod vmgenid;
 
 use crate::device_manager::{DeviceError, DeviceHandle, DeviceKind, DeviceManager, Resource, Saves};
-use acpi_tables::aml::{self, Arg, Equal, If, Interrupt, Method, Name, Notify, Path, ResourceTemplate};
+use acpi_tables::aml::{self, Arg, Equal, If, Interrupt, Method, MethodCall, Name, Notify, Path, ResourceTemplate};
 use acpi_tables::Aml;
+use pci_hotplug::PciHotplug;
 use std::sync::Arc;
 use vmclock::{VmClock, VMCLOCK_LEN, VMCLOCK_PATH};
 use vmgenid::{VmGenId, VMGENID_LEN, VMGENID_PATH};
@@ -19,6 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 pub const VMGENID: DeviceKind = DeviceKind("vmgenid");
 pub const VMCLOCK: DeviceKind = DeviceKind("vmclock");
+pub const PCI_HOTPLUG: DeviceKind = DeviceKind("pci-hotplug");
 
 /// A device's line (where the snapshot had it, or the allocators' next) and an irqfd on
 /// it; None when restoring a snapshot whose machine did not have the device (one taken
@@ -67,7 +70,24 @@ impl DeviceManager {
             let resources = vec![Resource::Memory { base: addr, len: VMCLOCK_LEN }, Resource::Irq(line)];
             self.record("vmclock".into(), VMCLOCK, resources, handle);
         }
+        // With PCI, the hotplug controller (exitless's own: Firecracker's guests rescan).
+        if self.transport() == crate::device_manager::TransportKind::Pci {
+            if let Some((line, irq)) = line_for(self, "pci-hotplug", restoring)? {
+                let port = crate::layout::PCI_HOTPLUG_PORT;
+                let device = Arc::new(PciHotplug::new(port, line, irq));
+                let handle = DeviceHandle::reached_by(device.clone());
+                self.attach_pio("pci-hotplug", PCI_HOTPLUG, port, pci_hotplug::REGISTERS_LEN, device, handle)?;
+                if let Some(d) = self.device_mut("pci-hotplug") {
+                    d.resources.push(Resource::Irq(line));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The ACPI PCI hotplug controller, if the machine has one.
+    pub fn pci_hotplug(&self) -> Option<&Arc<PciHotplug>> {
+        self.find()
     }
 
     /// The VMGenID device, if the machine has one.
@@ -81,11 +101,21 @@ impl DeviceManager {
     }
 }
 
-/// Each ACPI device's line and DSDT path, then its AML.
-fn devices(dm: &DeviceManager) -> Vec<((u32, &'static str), Vec<u8>)> {
-    let vmgenid = dm.vmgenid().map(|d| ((d.line(), VMGENID_PATH), d.aml()));
-    let vmclock = dm.vmclock().map(|d| ((d.line(), VMCLOCK_PATH), d.aml()));
-    vmgenid.into_iter().chain(vmclock).collect()
+/// What the GED does when a device's line rises.
+#[derive(Clone, Copy)]
+enum Event {
+    /// Notify (0x80) the device at this path.
+    Notify(&'static str),
+    /// Call this method (the PCI hotplug controller's scan).
+    Call(&'static str),
+}
+
+/// Each ACPI device's line and what the GED does on it, then its AML.
+fn devices(dm: &DeviceManager) -> Vec<((u32, Event), Vec<u8>)> {
+    let vmgenid = dm.vmgenid().map(|d| ((d.line(), Event::Notify(VMGENID_PATH)), d.aml()));
+    let vmclock = dm.vmclock().map(|d| ((d.line(), Event::Notify(VMCLOCK_PATH)), d.aml()));
+    let hotplug = dm.pci_hotplug().map(|d| ((d.line(), Event::Call(pci_hotplug::SCAN)), d.aml()));
+    vmgenid.into_iter().chain(vmclock).chain(hotplug).collect()
 }
 
 /// The interrupt lines the ACPI devices raise (the GED's), which a guest must reach.
@@ -101,16 +131,17 @@ pub fn dsdt(dm: &DeviceManager) -> Vec<u8> {
         return Vec::new();
     }
     let mut v: Vec<u8> = devices.iter().flat_map(|(_, aml)| aml.iter().copied()).collect();
-    let lines: Vec<(u32, &str)> = devices.iter().map(|(line, _)| *line).collect();
+    let lines: Vec<(u32, Event)> = devices.iter().map(|(line, _)| *line).collect();
     ged(&lines).to_aml_bytes(&mut v);
     v
 }
 
 /// The Generic Event Device: one edge-triggered, active-high line per device in its
-/// `_CRS`; its `_EVT` (called with the line) notifies that device with 0x80.
-struct Ged<'a>(&'a [(u32, &'a str)]);
+/// `_CRS`; its `_EVT` (called with the line) notifies that device with 0x80, or calls
+/// its method.
+struct Ged<'a>(&'a [(u32, Event)]);
 
-fn ged<'a>(devices: &'a [(u32, &'a str)]) -> Ged<'a> {
+fn ged(devices: &[(u32, Event)]) -> Ged<'_> {
     Ged(devices)
 }
 
@@ -118,11 +149,26 @@ impl Aml for Ged<'_> {
     fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
         let interrupts: Vec<Interrupt> =
             self.0.iter().map(|&(line, _)| Interrupt::new(true, true, false, false, line)).collect();
-        let paths: Vec<(u32, Path)> = self.0.iter().map(|&(line, path)| (line, Path::new(path))).collect();
-        let notifies: Vec<Notify> = paths.iter().map(|(_, path)| Notify::new(path, &0x80u8)).collect();
-        let ifs: Vec<(Equal, &Notify)> =
-            paths.iter().zip(&notifies).map(|((line, _), n)| (Equal::new(&Arg(0), line), n)).collect();
-        let ifs: Vec<If> = ifs.iter().map(|(eq, n)| If::new(eq, vec![*n as &dyn Aml])).collect();
+        let paths: Vec<(u32, Path)> = self
+            .0
+            .iter()
+            .map(|&(line, event)| match event {
+                Event::Notify(path) | Event::Call(path) => (line, Path::new(path)),
+            })
+            .collect();
+        let actions: Vec<Box<dyn Aml + '_>> = paths
+            .iter()
+            .zip(self.0)
+            .map(|((_, path), (_, event))| -> Box<dyn Aml + '_> {
+                match event {
+                    Event::Notify(_) => Box::new(Notify::new(path, &0x80u8)),
+                    Event::Call(method) => Box::new(MethodCall::new(Path::new(method), vec![])),
+                }
+            })
+            .collect();
+        let ifs: Vec<(Equal, &dyn Aml)> =
+            paths.iter().zip(&actions).map(|((line, _), a)| (Equal::new(&Arg(0), line), a.as_ref())).collect();
+        let ifs: Vec<If> = ifs.iter().map(|(eq, a)| If::new(eq, vec![*a])).collect();
         let crs: Vec<&dyn Aml> = interrupts.iter().map(|i| i as &dyn Aml).collect();
         let evt: Vec<&dyn Aml> = ifs.iter().map(|i| i as &dyn Aml).collect();
         aml::Device::new(
@@ -149,7 +195,9 @@ mod tests {
 
     #[test]
     fn the_ged_notifies_each_device_on_its_line() {
-        let aml = bytes(&ged(&[(5, VMGENID_PATH), (6, "\\_SB_.VCLK")]));
+        let events =
+            [(5, Event::Notify(VMGENID_PATH)), (6, Event::Notify("\\_SB_.VCLK")), (7, Event::Call(pci_hotplug::SCAN))];
+        let aml = bytes(&ged(&events));
         let has = |b: &[u8]| aml.windows(b.len()).any(|w| w == b);
         assert_eq!(&aml[..2], &[0x5b, 0x82], "a Device");
         assert!(has(b"_SB_GED_"));
@@ -164,5 +212,8 @@ mod tests {
         assert!(has(b"\x93\x68\x0a\x05"), "{aml:x?}");
         assert!(has(b"\x86\\._SB_VGEN\x0a\x80"), "{aml:x?}");
         assert!(has(b"\x93\x68\x0a\x06"));
+        // If (LEqual (Arg0, 7)) { \_SB_.PHPR.PSCN () }.
+        assert!(has(b"\x93\x68\x0a\x07\\._SB_PHPRPSCN") || has(b"\x93\x68\x0a\x07"), "{aml:x?}");
+        assert!(has(b"\\/\x03_SB_PHPRPSCN"), "{aml:x?}");
     }
 }

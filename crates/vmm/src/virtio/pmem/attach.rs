@@ -52,8 +52,10 @@ impl DeviceManager {
         self.vm()
             .set_slot(slot, start, mapping.len(), mapping.host_address(), config.read_only)
             .map_err(|source| DeviceError::Setup { name: name.clone(), source })?;
-        let (len, mapping) = (mapping.len(), Arc::new(mapping));
-        self.fault_repairs().register(mapping.clone());
+        let (len, host) = (mapping.len(), mapping.host_address());
+        let mapping = Arc::new(mapping);
+        let repair: Arc<dyn crate::kvm::FaultRepair> = mapping.clone();
+        self.fault_repairs().register(repair.clone());
         // Behind the slot on the bus: what KVM cannot serve from it comes here.
         let window = Arc::new(PmemWindow::new(mapping.clone(), config.read_only));
         self.place_mmio(&format!("{name}-memory"), start, len, window)?;
@@ -74,8 +76,19 @@ impl DeviceManager {
         let id = key.id.clone();
         self.attach_virtio(key, KIND, Box::new(device), handle)?;
         // The device memory is where the device is too (a snapshot records it).
+        // Unplugged from a running guest: its slot and window go before its mapping does.
+        let (vm, buses, repairs) = (self.vm().clone(), self.buses().clone(), self.fault_repairs().clone());
+        let read_only = config.read_only;
+        let undo = Box::new(move || {
+            if let Err(e) = vm.set_slot(slot, start, 0, host, read_only) {
+                tracing::error!("{name}: its memory slot stays: {e}");
+            }
+            let _ = buses.update(|b| b.mmio.remove(crate::bus::MmioAddress(start)).map(drop));
+            repairs.unregister(&repair);
+        });
         if let Some(device) = self.device_mut(&id) {
             device.resources.push(Resource::Memory { base: start, len });
+            device.handle.on_unplug(undo);
         }
         Ok(())
     }
