@@ -221,3 +221,14 @@ pub fn fault(sock: &std::path::Path, method: &str, path: &str, body: serde_json:
     assert_eq!(reply.status, 400, "{method} {path} {body}: {:?}", reply.body);
     reply.body.and_then(|b| b["fault_message"].as_str().map(str::to_string)).expect("a fault_message")
 }
+
+/// Go, on PATH or where its official tarball installs it (a PATH without it is common);
+/// None, with the test skipped loudly (failing under EXITLESS_REQUIRE_KVM=1), without it.
+pub fn go_or_skip(test: &str) -> Option<&'static str> {
+    let works = |go: &str| Command::new(go).arg("version").output().is_ok_and(|o| o.status.success());
+    let go = ["go", "/usr/local/go/bin/go"].into_iter().find(|go| works(go));
+    if go.is_none() {
+        assert!(!skip_or_fail(test, "Go is not installed"));
+    }
+    go
+}
