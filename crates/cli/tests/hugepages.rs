@@ -29,6 +29,20 @@ fn available() -> u64 {
 struct PoolLock(#[allow(dead_code)] std::fs::File);
 
 impl PoolLock {
+    /// The pool to this test alone, where KVM, root and hugetlbfs are there; else None, the
+    /// test skipped loudly (failing under EXITLESS_REQUIRE_KVM=1).
+    fn take_or_skip(test: &str) -> Option<PoolLock> {
+        if !kvm_or_skip(test) {
+            return None;
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || std::fs::metadata(POOL).is_err() {
+            assert!(!skip_or_fail(test, "needs root and hugetlbfs to reserve 2 MiB pages"));
+            return None;
+        }
+        Some(PoolLock::take())
+    }
+
     fn take() -> PoolLock {
         use std::os::fd::AsRawFd;
         let file = std::fs::File::create("/tmp/exitless-hugepages-test.lock").unwrap();
@@ -58,15 +72,9 @@ impl Drop for Pool {
 #[test]
 fn guest_ram_on_2m_huge_pages_or_a_one_line_refusal() {
     let test = "guest_ram_on_2m_huge_pages_or_a_one_line_refusal";
-    if !kvm_or_skip(test) {
+    let Some(_alone) = PoolLock::take_or_skip(test) else {
         return;
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || std::fs::metadata(POOL).is_err() {
-        assert!(!skip_or_fail(test, "needs root and hugetlbfs to reserve 2 MiB pages"));
-        return;
-    }
-    let _alone = PoolLock::take();
+    };
     let dir = tempdir();
     let payloads = payloads_in(&dir);
     let sock = dir.join("api.sock");
@@ -158,15 +166,9 @@ fn wait_checked(vmm: &mut snapshot_vmm::Vmm, what: &str) -> String {
 #[test]
 fn a_huge_page_snapshot_loads_through_a_handler_and_from_its_file() {
     let test = "a_huge_page_snapshot_loads_through_a_handler_and_from_its_file";
-    if !kvm_or_skip(test) {
+    let Some(_alone) = PoolLock::take_or_skip(test) else {
         return;
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || std::fs::metadata(POOL).is_err() {
-        assert!(!skip_or_fail(test, "needs root and hugetlbfs to reserve 2 MiB pages"));
-        return;
-    }
-    let _alone = PoolLock::take();
+    };
     let _pool = Pool::reserve(40);
     let before = available();
     let dir = tempdir();
@@ -266,15 +268,9 @@ fn a_huge_page_snapshot_loads_through_a_handler_and_from_its_file() {
 #[test]
 fn the_snapshot_lab_loads_a_huge_page_guest_through_the_handler() {
     let test = "the_snapshot_lab_loads_a_huge_page_guest_through_the_handler";
-    if !kvm_or_skip(test) {
+    let Some(_alone) = PoolLock::take_or_skip(test) else {
         return;
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || std::fs::metadata(POOL).is_err() {
-        assert!(!skip_or_fail(test, "needs root and hugetlbfs to reserve 2 MiB pages"));
-        return;
-    }
-    let _alone = PoolLock::take();
+    };
     let was = read(POOL);
     let args = ["snapshot", "--types", "Uffd2M", "--huge-mem", "64", "--written", "0.25", "--runs", "1"];
     let (out, json) = bench_json(&args);
