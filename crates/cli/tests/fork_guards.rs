@@ -1,8 +1,9 @@
-//! Issue #57 item 3, the guards fork.rs does not reach: a clone snapshotted over the file
-//! it and its siblings map (the slow path: the memory file is written), a failed create on
-//! the fast path (`--ram-dir`: the RAM file linked at a staged name that goes again), and a
-//! create killed with SIGKILL in its middle. Each leaves the previous snapshot whole: its
-//! files hash as before, and a clone loaded from them runs and checks its memory.
+//! Issue #57 item 3, the guards fork.rs does not reach: the slow path (the memory file
+//! written: a clone snapshotted over the file it and its siblings map, a create whose
+//! state file fails, the files removed under clones), a failed create on the fast path
+//! (`--ram-dir`: the RAM file linked at a staged name that goes again), and a create
+//! killed with SIGKILL in its middle. Each leaves the previous snapshot whole: its files
+//! hash as before, and a clone loaded from them runs and checks its memory.
 
 mod common;
 mod forkmem;
@@ -21,7 +22,8 @@ use std::time::{Duration, Instant};
 /// writes never reach the file, nor a sibling; a clone snapshotted to the very paths it
 /// was loaded from writes a new file and renames it, so the file it and its sibling map
 /// keeps what it held (written in place, the clone would read its own memory back from
-/// a file it is truncating, and its sibling would see it change).
+/// a file it is truncating, and its sibling would see it change); a create whose state
+/// file fails leaves the memory file at its path; the files can go under the clones.
 #[test]
 fn a_clone_snapshotted_over_the_file_it_maps_leaves_that_file() {
     if !kvm_or_skip("a_clone_snapshotted_over_the_file_it_maps_leaves_that_file") {
@@ -52,7 +54,31 @@ fn a_clone_snapshotted_over_the_file_it_maps_leaves_that_file() {
     }
     let c = clone(&work.join("c.sock"), &state, &mem);
     checks_more(&c, 0, 2, "a clone of clone a's snapshot");
+    // A create whose memory file is whole but whose state file cannot be made (its
+    // directory is missing) leaves the memory file at its path as it was: both are
+    // renamed into place only once both are written.
+    let (c_sock, now) = (work.join("c.sock"), hash(&mem));
+    expect_ok(&c_sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
+    let body = json!({"snapshot_path": work.join("gone/state"), "mem_file_path": mem});
+    let reply = request(&c_sock, "PUT", "/snapshot/create", Some(&body)).unwrap();
+    assert_eq!(reply.status, 400, "{:?}", reply.body);
+    assert_eq!(hash(&mem), now, "a create whose state file failed changed the memory file");
+    expect_ok(&c_sock, "PATCH", "/vm", Some(&json!({"state": "Resumed"}))).unwrap();
+    goes_on(&c, 2, "the clone after its failed create");
     assert_eq!(names(&work).iter().filter(|n| n.contains(".exitless-")).count(), 0, "{:?}", names(&work));
+
+    // The files go under the running clones: they run on, and clone b (whose pages nobody
+    // wrote still come from the removed file) is snapshotted whole and cloned again.
+    drop(held);
+    std::fs::remove_file(&mem).unwrap();
+    std::fs::remove_file(&state).unwrap();
+    for (vmm, what) in [(&a, "clone a"), (&b, "clone b"), (&c, "clone c")] {
+        goes_on(vmm, 2, &format!("{what} with its files removed"));
+    }
+    let (state3, mem3) = (work.join("state3"), work.join("mem3"));
+    fork(&b, &b_sock, &state3, &mem3);
+    let d = clone(&work.join("d.sock"), &state3, &mem3);
+    checks_more(&d, 0, 2, "a clone of clone b, snapshotted after its files were removed");
 }
 
 /// The fast path: a create whose RAM file was linked (at a staged name) but whose state
