@@ -2,8 +2,9 @@
 //! at once, each in its own VMM, each with its own `--id` (its instance info and every
 //! line of its log), its own vsock socket (`vsock_override`: a stream through each clone's
 //! socket is echoed by that clone's guest and no other), its own MMDS contents and its own
-//! tap (`network_overrides`). A new VMGenID generation and VMClock's disruption at each
-//! load are vmgenid.rs's; frames through an overridden tap are snapshot.rs's.
+//! tap (`network_overrides`); and the guest's clock right after a load, with and without
+//! `clock_realtime`. A new VMGenID generation and VMClock's disruption at each load are
+//! vmgenid.rs's; frames through an overridden tap are snapshot.rs's.
 
 mod common;
 mod snapshot_vmm;
@@ -118,5 +119,63 @@ fn clones_of_one_snapshot_each_have_their_own_id_vsock_mmds_and_tap() {
         assert!(!lines.is_empty(), "{id}: nothing logged");
         let tag = format!(" [{id}:");
         assert!(lines.iter().all(|l| l.contains(&tag)), "{id}: a log line of another instance: {text}");
+    }
+}
+
+/// The guest's kvmclock (ns) when the snapshot at `state` was taken: KVM_GET_CLOCK's
+/// `clock`, the first eight bytes of the VM's saved clock, wherever the state file keeps it.
+fn saved_clock(state: &str) -> u64 {
+    let file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(state).unwrap()).unwrap();
+    let clock = &file["machine"]["vm"]["clock"];
+    if let Some(ns) = clock["clock"].as_u64() {
+        return ns;
+    }
+    let bytes: Vec<u8> = clock
+        .as_array()
+        .unwrap_or_else(|| panic!("no clock: {clock}"))
+        .iter()
+        .map(|b| b.as_u64().unwrap() as u8)
+        .collect();
+    u64::from_le_bytes(bytes[..8].try_into().unwrap())
+}
+
+/// `clock_realtime` at the load: the guest's clock (kvmclock, KVM_GET_CLOCK) takes in the
+/// wall time that passed since the snapshot was taken; without it, it goes on from the
+/// snapshot's reading. Each clone is snapshotted again at once, paused, and its clock read
+/// from that file: with the flag it moved on by at least the wall time since the parent's
+/// create answered; without, by at most the time from its load to its own create.
+#[test]
+fn clock_realtime_moves_a_clones_clock_by_the_time_passed() {
+    if !kvm_or_skip("clock_realtime_moves_a_clones_clock_by_the_time_passed") {
+        return;
+    }
+    let dir = tempdir();
+    let payloads = payloads_in(&dir);
+    let sock = dir.join("parent.sock");
+    let mut parent = Vmm::start_with(&sock, &[]);
+    expect_ok(&sock, "PUT", "/boot-source", Some(&json!({"kernel_image_path": payloads.join("wait.elf")}))).unwrap();
+    expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
+    expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
+    let (state, mem) = snapshot(&sock, &dir, 0);
+    let taken = Instant::now();
+    parent.stop_and_drain();
+    let base = saved_clock(&state);
+    // The time the realtime clone must see pass (the only wait here: it is what is checked).
+    std::thread::sleep(Duration::from_secs(2));
+    for (n, realtime) in [(1u32, true), (2, false)] {
+        let sock = dir.join(format!("c{n}.sock"));
+        let _clone = Vmm::start_with(&sock, &[]);
+        let body = json!({"snapshot_path": state, "mem_backend": {"backend_type": "File", "backend_path": mem},
+                          "clock_realtime": realtime});
+        let (since_taken, loaded) = (taken.elapsed(), Instant::now());
+        expect_ok(&sock, "PUT", "/snapshot/load", Some(&body)).unwrap();
+        let (again, _) = snapshot(&sock, &dir, n);
+        let alive = loaded.elapsed();
+        let moved = Duration::from_nanos(saved_clock(&again).saturating_sub(base));
+        if realtime {
+            assert!(moved >= since_taken, "clock_realtime: the clock moved {moved:?}, {since_taken:?} passed");
+        } else {
+            assert!(moved <= alive, "without clock_realtime the clock moved {moved:?} in a clone {alive:?} old");
+        }
     }
 }
