@@ -13,6 +13,9 @@
 #   scripts/linux-check.sh --hotplug [KERNEL]
 # --hotplug runs only the device hotplug checks (scripts/linux-hotplug.sh): a drive, a pmem
 # device and a NIC plugged into a running guest, found without a rescan, used, unplugged.
+#   scripts/linux-check.sh --fork [KERNEL]
+# --fork runs only the fork check (scripts/linux-fork.sh): a guest with --ram-dir forked into
+# three clones, each with its own tap, MMDS contents and random bytes, the parent running on.
 # The third runs the same checks on a VMM started as Firecracker is (its process flags, no
 # --enable-pci) and configured through the API as Firecracker's getting-started guide does
 # (boot_args "console=ttyS0 reboot=k panic=1" and what the checks and this host need):
@@ -87,6 +90,10 @@ snapshots_only=
 if [ "${1:-}" = --hotplug ]; then
   shift
   exec "$here/scripts/linux-hotplug.sh" "$@"
+fi
+if [ "${1:-}" = --fork ]; then
+  shift
+  exec "$here/scripts/linux-fork.sh" "$@"
 fi
 if [ "${1:-}" = --as-firecracker ]; then
   as_firecracker=1
@@ -427,17 +434,19 @@ cpu_template_checks() {
   check "custom CPU template" "$([ "$(has "$plain" lahf_lm)" = yes ] && [ -n "$c" ] && [ "$(has "$c" lahf_lm)" = no ]; echo $?)" \
     "lahf_lm without a template: $(has "$plain" lahf_lm); under one hiding it: $(has "$c" lahf_lm)"
 }
-# Huge pages, virtio-mem and VMGenID across snapshots: scripts/linux-snapshots.sh (VMMs of
-# its own through the API; each of its checks is one here).
-snapshot_checks() {
+# The checks of a script of their own (VMMs of its own through the API; each of its checks
+# is one here): script, its work subdirectory.
+script_checks() {
   local out verdict rest name
-  out=$(EXITLESS="$exitless" TIMEOUT="$timeout" WORK="$work/snapshots" bash "$here/scripts/linux-snapshots.sh" "$kernel" 2>&1) || true
+  out=$(EXITLESS="$exitless" TIMEOUT="$timeout" WORK="$work/$2" bash "$here/scripts/$1" "$kernel" 2>&1) || true
   while read -r verdict rest; do
     name=${rest%%: *}
     check "$name" "$([ "$verdict" = PASS ]; echo $?)" "${rest#*: }"
   done < <(echo "$out" | grep -E '^(PASS|FAIL) ')
-  echo "$out" | grep -q '^PASS \|^FAIL ' || check "snapshots (scripts/linux-snapshots.sh)" 1 "$(echo "$out" | grep FAILED | tail -n 1)"
+  echo "$out" | grep -q '^PASS \|^FAIL ' || check "$2 (scripts/$1)" 1 "$(echo "$out" | grep FAILED | tail -n 1)"
 }
+# Huge pages, virtio-mem and VMGenID across snapshots: scripts/linux-snapshots.sh.
+snapshot_checks() { script_checks linux-snapshots.sh snapshots; }
 if [ -n "$snapshots_only" ]; then
   say "kernel $kernel; snapshots (timeout $timeout s per boot)"
   snapshot_checks
@@ -530,6 +539,8 @@ print("  ioeventfd kicks: net", net.get("kicks"), "blk", {k: v.get("kicks") for 
 PY
 
 snapshot_checks
+# A guest forked into three clones (--ram-dir): scripts/linux-fork.sh.
+script_checks linux-fork.sh fork
 cpu_template_checks
 boot reboot reboot
 check "reboot ends the VMM with 0" "$([ "$status" = 0 ] && [ "$(result mode reboot.log)" = reboot ]; echo $?)" \
