@@ -194,6 +194,8 @@ struct Session {
 }
 
 const TOKEN_STOP: u64 = u64::MAX;
+/// The longest wait for the requests a stopped backend still had in hand.
+const DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 const TOKEN_SOCKET: u64 = u64::MAX - 1;
 
 impl Session {
@@ -243,12 +245,27 @@ impl Session {
 
     /// The queues where the backend stopped them: its bases, and the used index it left
     /// in guest memory (what a snapshot saves and a resume starts from).
+    /// A request the backend took before it stopped may still be finishing (a disk
+    /// write): its used entry is waited for, up to [`DRAIN`], so a snapshot holds it.
     fn stopped_at(&mut self, bases: &[u16]) {
         let mem = &self.activation.mem;
-        for (q, &base) in self.queues.iter_mut().zip(bases) {
+        let until = std::time::Instant::now() + DRAIN;
+        for (i, (q, &base)) in self.queues.iter_mut().zip(bases).enumerate() {
             q.queue.set_next_avail(base);
-            if let Ok(used) = q.queue.used_idx(mem, std::sync::atomic::Ordering::Acquire) {
-                q.queue.set_next_used(used.0);
+            let used = || q.queue.used_idx(mem, std::sync::atomic::Ordering::Acquire).map(|u| u.0);
+            while used().is_ok_and(|u| u != base) && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            match used() {
+                Ok(u) if u != base => tracing::warn!(
+                    "{}: queue {i}: the backend stopped at {base} with {} requests unfinished",
+                    self.spec.label,
+                    base.wrapping_sub(u)
+                ),
+                _ => {}
+            }
+            if let Ok(u) = used() {
+                q.queue.set_next_used(u);
             }
         }
     }
