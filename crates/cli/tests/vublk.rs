@@ -7,11 +7,13 @@
 //! VMM, which connects to the backend again.
 
 mod common;
+mod snapshot_vmm;
 use common::vhost_stub::{stub, Stub};
 use common::*;
 use exitless_lab::api_client::{expect_ok, request};
 use exitless_lab::blk::pattern;
 use serde_json::json;
+use snapshot_vmm::{assert_goes_on, load, snapshot, Vmm};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -207,5 +209,73 @@ fn a_guest_writes_and_reads_a_qemu_storage_daemon_drive_byte_for_byte() {
         assert!(read.contains("500 requests") && read.contains("0 failed, 0 bad sectors"), "{read}");
         // No VMM exit served a request: the device's own accesses are the driver's setup.
         assert!(read.contains("vhost-user-blk0"), "{read}");
+    }
+}
+
+/// How many sectors from 1 on carry the pattern stamped with their own number (snapwork's
+/// write of tick N).
+fn sectors_written(disk: &Path) -> u64 {
+    let bytes = std::fs::read(disk).unwrap();
+    let word = |s: &[u8], k: usize| u64::from_le_bytes(s[8 * k..8 * k + 8].try_into().unwrap());
+    bytes.chunks(512).skip(1).take_while(|s| word(s, 0) == word(s, 1) && word(s, 0) != 0).count() as u64
+}
+
+#[test]
+fn a_guest_writing_a_vhost_user_drive_goes_on_through_a_snapshot_and_a_load() {
+    let test = "a_guest_writing_a_vhost_user_drive_goes_on_through_a_snapshot_and_a_load";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    if !exitless_lab::netns::available() && !skip_or_fail(test, "needs root and /dev/net/tun for snapwork's tap") {
+        return;
+    }
+    const TICKS: u64 = 40;
+    let dir = tempdir();
+    let payloads = payloads_in(&dir);
+    let tap = format!("exvub{}", std::process::id() % 100_000);
+    let ip = |args: &[&str]| Command::new("ip").args(args).status().unwrap().success();
+    assert!(ip(&["tuntap", "add", "dev", &tap, "mode", "tap"]) && ip(&["link", "set", "dev", &tap, "up"]));
+    let _remove = RemoveLinks(vec![tap.clone()]);
+    for pci in [false, true] {
+        let image = dir.join(format!("disk-{pci}.img"));
+        std::fs::write(&image, vec![0u8; 2 << 20]).unwrap();
+        let socket = dir.join(format!("qsd-{pci}.sock"));
+        let Some(_daemon) = storage_daemon(&image, &socket, test) else { return };
+        let flags: &[&str] = if pci { &["--enable-pci"] } else { &[] };
+        let sock = dir.join(format!("a-{pci}.sock"));
+        let mut first = Vmm::start_with(&sock, flags);
+        let machine = json!({"vcpu_count": 1, "mem_size_mib": 64, "track_dirty_pages": pci});
+        expect_ok(&sock, "PUT", "/machine-config", Some(&machine)).unwrap();
+        let boot = json!({"kernel_image_path": payloads.join("snapwork.elf"), "boot_args": format!("exitless.params={TICKS}")});
+        expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
+        expect_ok(&sock, "PUT", "/drives/work", Some(&drive("work", &socket))).unwrap();
+        let nic = json!({"iface_id": "eth0", "host_dev_name": tap, "guest_mac": "06:00:ac:10:00:02"});
+        expect_ok(&sock, "PUT", "/network-interfaces/eth0", Some(&nic)).unwrap();
+        expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
+        first.wait_for_ticks(5);
+        expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
+        if pci {
+            // KVM's dirty log would miss what the daemon wrote: a Diff of it is refused.
+            let diff = json!({"snapshot_type": "Diff", "snapshot_path": dir.join("d.json"), "mem_file_path": dir.join("d.bin")});
+            assert!(fault(&sock, "PUT", "/snapshot/create", diff).contains("take a Full snapshot"));
+        }
+        let (state, mem) = snapshot(&sock, &dir, u32::from(pci));
+        first.stop_and_drain();
+        let said = first.ticks().last().copied().unwrap_or(0);
+        assert!(sectors_written(&image) >= said, "pci {pci}: tick {said} said before its sector was written");
+        // Another VMM loads it: it connects to the daemon again, which serves it the vring
+        // from where the first one stopped.
+        let sock = dir.join(format!("b-{pci}.sock"));
+        let mut second = Vmm::start_with(&sock, flags);
+        load(&sock, &state, &mem);
+        let status = second.child.wait().unwrap();
+        second.stop_and_drain();
+        let lines = second.lines.lock().unwrap().clone();
+        assert!(status.success(), "pci {pci}: {status}: {lines:?}");
+        assert_goes_on(&mem, &second.ticks(), &format!("pci {pci}"));
+        let done =
+            format!("snapwork: done at tick {TICKS} ({} iterations), 0 frames echoed, 0 writes failed", TICKS << 20);
+        assert!(lines.iter().any(|l| l == &done), "pci {pci}: {lines:?}");
+        assert_eq!(sectors_written(&image), TICKS, "pci {pci}");
     }
 }
