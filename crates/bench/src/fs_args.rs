@@ -25,11 +25,11 @@ pub struct FsArgs {
     /// Where the share and the image go: a real filesystem (the host's floor is its).
     #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     pub dir: PathBuf,
-    /// The large file's size: 256M (the issue's) by default, 16M on a nested host, whose
+    /// The large file's size: 256M (the issue's) by default, 8M on a nested host, whose
     /// guest kernel is emulated (about 1 us an instruction: the sizes take hours).
     #[arg(long, value_parser = parse_mib)]
     pub file_size: Option<u64>,
-    /// Small files created, stat-ed and removed per run: 10000 by default, 500 on a nested host.
+    /// Small files created, stat-ed and removed per run: 10000 by default, 200 on a nested host.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub files: Option<u32>,
     /// Bytes written into each small file.
@@ -152,7 +152,7 @@ impl FsArgs {
             let params = exitless_lab::fs::Params { file_mib: 4, runs: 1, files: 100, file_bytes: self.file_bytes };
             (params, 1, vec![Transport::Mmio], 1.0)
         } else {
-            let (mib, files, runs) = if nested { (16, 500, 1) } else { (256, 10_000, 3) };
+            let (mib, files, runs) = if nested { (8, 200, 1) } else { (256, 10_000, 3) };
             let params = exitless_lab::fs::Params {
                 file_mib: self.file_size.unwrap_or(mib),
                 runs: self.runs.unwrap_or(runs),

@@ -59,7 +59,7 @@ impl Report {
         let mut s = String::new();
         if let Some(fs) = &self.fs {
             s += &format!(
-                "virtio-fs ({}, --cache={}, {}) against the host's own filesystem, the same files; medians of {} runs\n",
+                "virtio-fs ({}, --cache={}, {}) against the host's own filesystem, the same files; runs: {} (medians)\n",
                 fs.virtiofsd,
                 super::guest::CACHE,
                 fs.transport.name(),
@@ -71,7 +71,8 @@ impl Report {
             s += &format!("  {:<44} {:>12} {:>12} {:>10}\n", "", "host", "guest", "guest/host");
             for r in fs_rows(fs) {
                 let (h, g) = (median(&r.host), median(&r.guest));
-                s += &format!("  {:<44} {:>12} {:>12} {:>9.3}x\n", r.what, rate(h, r.unit), rate(g, r.unit), r.ratio());
+                let x = format!("{}x", sig3(r.ratio()));
+                s += &format!("  {:<44} {:>12} {:>12} {:>10}\n", r.what, rate(h, r.unit), rate(g, r.unit), x);
             }
         }
         if !self.blk.is_empty() {
@@ -164,7 +165,7 @@ impl Report {
             for r in fs_rows(fs) {
                 let what = format!("virtio-fs {}: guest/host reported", r.key.replace('_', " "));
                 let x = r.ratio();
-                targets.push(Target::new(what, format!("{x:.3}x"), x.is_finite()));
+                targets.push(Target::new(what, format!("{}x", sig3(x)), x.is_finite()));
             }
         }
         targets
@@ -221,8 +222,29 @@ fn not_run(rows: &[BlkRow], vmm: Vmm, device: Device, t: Transport) -> String {
 
 fn rate(v: f64, unit: &str) -> String {
     if unit == "MB/s" {
-        format!("{v:.0} {unit}")
+        format!("{} {unit}", sig3(v))
     } else {
-        format!("{v:.0}/s")
+        format!("{}/s", sig3(v))
+    }
+}
+
+/// `v` with three significant digits (no fewer than none after the point): a nested
+/// host's guest rates are thousands of times below the host's.
+fn sig3(v: f64) -> String {
+    if !v.is_finite() || v == 0.0 {
+        return format!("{v}");
+    }
+    let decimals = (2 - v.abs().log10().floor() as i32).clamp(0, 12) as usize;
+    format!("{v:.decimals$}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn three_significant_digits() {
+        assert_eq!(super::sig3(9290.4), "9290");
+        assert_eq!(super::sig3(12.345), "12.3");
+        assert_eq!(super::sig3(0.000_171_6), "0.000172");
+        assert_eq!(super::sig3(0.0), "0");
     }
 }
