@@ -60,8 +60,9 @@ pub struct FsArgs {
     /// Write the results as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Give up on a guest that has not finished within this many seconds.
-    #[arg(long, default_value_t = 600.0, value_parser = parse_seconds)]
+    /// Give up on a guest whose workload has not finished within this many seconds (its
+    /// boot included: minutes on a nested host under load).
+    #[arg(long, default_value_t = 1800.0, value_parser = parse_seconds)]
     pub timeout: f64,
 }
 
