@@ -40,6 +40,9 @@ pub enum BenchCommand {
     /// Sandboxes by the hundred restored from one snapshot: time until all answered and
     /// resident and proportional memory per guest, beside Firecracker on the same guest.
     Density(DensityArgs),
+    /// virtio-fs against the host's own filesystem on the same files (a Linux guest), and
+    /// vhost-user-block against exitless's virtio-blk and beside Firecracker's.
+    Fs(crate::fs_args::FsArgs),
     /// A running sandbox forked: its pause for a Full snapshot (Paused to Resumed) by
     /// guest size, the bytes written, then clones loaded and asked once: time until all
     /// answered, RSS/PSS and anonymous memory per clone, beside Firecracker.

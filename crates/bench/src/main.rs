@@ -2,6 +2,7 @@
 //! exitless's paths against the slow one, or exitless beside its peers.
 
 mod args;
+mod fs_args;
 
 use args::{BenchCommand, PeersArgs};
 use exitless::with_causes;
@@ -57,6 +58,9 @@ fn run_bench(bench: BenchCommand) -> Result<ExitCode, Box<dyn std::error::Error>
         }
         BenchCommand::Fork(a) => {
             exitless_lab::fork::run(&a.to_options())?;
+        }
+        BenchCommand::Fs(a) => {
+            exitless_lab::fs::run(&a.to_options()?, &mut |line| eprintln!("fs: {line}"))?;
         }
         BenchCommand::Mmds(a) => {
             exitless_lab::mmds::run(&a.to_options())?;

@@ -35,7 +35,7 @@ fn the_vmm_binary_carries_no_lab_code() {
 fn the_labs_binary_lists_the_labs() {
     let out = Command::new(env!("CARGO_BIN_EXE_exitless-bench")).output().unwrap();
     let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    for lab in ["doorbell", "pci", "net", "blk", "peers", "snapshot", "density"] {
+    for lab in ["doorbell", "pci", "net", "blk", "peers", "snapshot", "density", "fs"] {
         assert!(text.contains(lab), "{lab} missing from: {text}");
     }
 }

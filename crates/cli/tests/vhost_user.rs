@@ -6,77 +6,9 @@
 //! refuses a snapshot of a machine with virtio-fs.
 
 mod common;
+use common::vhost_stub::{stub, Stub};
 use common::*;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixListener;
 use std::path::Path;
-
-/// How the stub backend behaves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stub {
-    /// Answers the handshake as virtiofsd does (then nothing happens: no driver runs it).
-    Good,
-    /// Closes its socket after the first message.
-    Close,
-    /// Offers no VIRTIO_F_VERSION_1.
-    NoVersion1,
-    /// Answers GET_FEATURES with the header of another request.
-    Malformed,
-    /// Reads everything, answers nothing.
-    Silent,
-}
-
-const GET_FEATURES: u32 = 1;
-const GET_PROTOCOL_FEATURES: u32 = 15;
-const GET_QUEUE_NUM: u32 = 17;
-const VERSION_1: u64 = 1 << 32;
-const PROTOCOL_FEATURES: u64 = 1 << 30;
-const EVENT_IDX: u64 = 1 << 29;
-/// MQ and REPLY_ACK.
-const PROTOCOL: u64 = 0x1 | 0x8;
-/// A reply's flags: version 1, the reply bit.
-const REPLY: u32 = 0x1 | 0x4;
-const NEED_REPLY: u32 = 0x8;
-
-/// A stub backend listening on `path`, serving one connection as `mode` says.
-fn stub(path: &Path, mode: Stub) -> std::thread::JoinHandle<()> {
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path).unwrap();
-    std::thread::spawn(move || {
-        let Ok((mut s, _)) = listener.accept() else { return };
-        let reply = |s: &mut std::os::unix::net::UnixStream, request: u32, value: u64| {
-            let mut m = Vec::new();
-            for w in [request, REPLY, 8] {
-                m.extend_from_slice(&w.to_le_bytes());
-            }
-            m.extend_from_slice(&value.to_le_bytes());
-            let _ = s.write_all(&m);
-        };
-        loop {
-            let mut header = [0u8; 12];
-            if s.read_exact(&mut header).is_err() {
-                return;
-            }
-            let word = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap());
-            let (request, flags, size) = (word(0), word(4), word(8));
-            let mut body = vec![0u8; size as usize];
-            if s.read_exact(&mut body).is_err() {
-                return;
-            }
-            match (mode, request) {
-                (Stub::Close, _) => return,
-                (Stub::Silent, _) => continue,
-                (Stub::Malformed, GET_FEATURES) => reply(&mut s, GET_QUEUE_NUM, VERSION_1),
-                (Stub::NoVersion1, GET_FEATURES) => reply(&mut s, request, PROTOCOL_FEATURES | EVENT_IDX),
-                (_, GET_FEATURES) => reply(&mut s, request, VERSION_1 | PROTOCOL_FEATURES | EVENT_IDX),
-                (_, GET_PROTOCOL_FEATURES) => reply(&mut s, request, PROTOCOL),
-                (_, GET_QUEUE_NUM) => reply(&mut s, request, 2),
-                _ if flags & NEED_REPLY != 0 => reply(&mut s, request, 0),
-                _ => {}
-            }
-        }
-    })
-}
 
 fn fs(id: &str, socket: &Path) -> serde_json::Value {
     serde_json::json!({"fs_id": id, "tag": id, "socket": socket})

@@ -10,6 +10,7 @@ pub mod devices;
 pub mod doorbell;
 pub mod fleet;
 pub mod fork;
+pub mod fs;
 pub mod mmds;
 pub mod net;
 pub mod net_pair;

@@ -131,6 +131,13 @@ impl Vmm {
         lines.iter().find_map(|(at, line)| (line.starts_with(prefix) && *at >= since).then_some(*at))
     }
 
+    /// Every line so far that starts with `prefix`, in order (`bench fs` reads its
+    /// guest's results so).
+    pub(crate) fn lines_starting(&self, prefix: &str) -> Vec<String> {
+        let Ok(lines) = self.lines.lock() else { return Vec::new() };
+        lines.iter().filter(|(_, l)| l.starts_with(prefix)).map(|(_, l)| l.trim_end().to_string()).collect()
+    }
+
     /// The first tick line after `since`, and when it came.
     fn tick_after(&self, since: Instant, wait: Duration) -> Option<(Instant, u64)> {
         let deadline = Instant::now() + wait;

@@ -17,7 +17,8 @@ impl Vm {
         let mut rules = vec![(PathBuf::from("/proc/self"), Reach::Read)];
         for d in &c.drives {
             let reach = if d.is_read_only == Some(true) { Reach::Read } else { Reach::Write };
-            rules.push((PathBuf::from(&d.path_on_host), reach));
+            // A vhost-user drive has no file: its socket is connected before the start.
+            rules.extend(d.path_on_host.as_ref().map(|p| (PathBuf::from(p), reach)));
         }
         rules.extend(self.device_files());
         // Not the vsock socket's directory either: the socket is bound while the machine

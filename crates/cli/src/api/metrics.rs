@@ -164,6 +164,10 @@ const BLOCK: &[&str] = &[
     "remaining_reqs_count",
 ];
 
+/// A vhost-user device's fields (no group of all: Firecracker writes none).
+const VHOST_USER: &[&str] =
+    &["activate_fails", "cfg_fails", "init_time_us", "activate_time_us", "config_change_time_us"];
+
 /// virtio-net's fields, for `net` (all NICs) and `net_<iface_id>`.
 const NET: &[&str] = &[
     "activate_fails",
@@ -207,6 +211,7 @@ fn is_gauge(group: &str, field: &str) -> bool {
     matches!(group, "api_server" | "latencies_us" | "seccomp" | "vmm")
         || (group == "signals" && field != "sigpipe")
         || field.ends_with("_agg")
+        || (group.starts_with("vhost_user_") && field.ends_with("_time_us"))
 }
 
 /// Counts from the running machine, each `(group, field, value)`, plus the exit profile.
@@ -221,6 +226,14 @@ pub struct Sample {
 impl Sample {
     pub fn block(&mut self, id: &str, counts: &[(&'static str, u64)]) {
         self.device(format!("block_{id}"), "block", BLOCK, counts);
+    }
+    /// A vhost-user device's group, `vhost_user_<name>` (Firecracker's vhost_user_metrics.rs).
+    pub fn vhost_user(&mut self, name: &str, counts: &[(&'static str, u64)]) {
+        let group = format!("vhost_user_{name}");
+        for &(field, n) in counts {
+            self.counts.push((group.clone(), field, n));
+        }
+        self.devices.push((group, VHOST_USER));
     }
     pub fn net(&mut self, id: &str, counts: &[(&'static str, u64)]) {
         self.device(format!("net_{id}"), "net", NET, counts);

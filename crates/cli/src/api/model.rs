@@ -59,7 +59,9 @@ pub struct BootSource {
 #[serde(deny_unknown_fields)]
 pub struct Drive {
     pub drive_id: String,
-    pub path_on_host: String,
+    /// The backing file; absent for a vhost-user drive (`socket`), as Firecracker's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_on_host: Option<String>,
     pub is_root_device: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub is_read_only: Option<bool>,
@@ -72,7 +74,8 @@ pub struct Drive {
     pub io_engine: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limiter: Option<RateLimiter>,
-    /// A vhost-user socket: refused unless null.
+    /// A vhost-user-blk backend's socket (then path_on_host, is_read_only, rate_limiter
+    /// and io_engine must be absent, as Firecracker's `VhostUserBlockConfig` says).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket: Option<String>,
 }

@@ -21,6 +21,14 @@ impl Vm {
         }
         // Without track_dirty_pages a Diff holds every resident page, as in Firecracker.
         let diff = c.snapshot_type == Some(SnapshotType::Diff);
+        // KVM's dirty log sees the guest's writes only, not a vhost-user backend's.
+        if diff && self.config.machine_config.track_dirty_pages && self.shared_memory() {
+            return Err(Fault(
+                "Cannot create a Diff snapshot of dirty pages: a vhost-user backend writes guest memory where KVM's \
+                 dirty log does not see it; take a Full snapshot."
+                    .into(),
+            ));
+        }
         // Both files are written at staged names beside their paths and renamed over them
         // once whole: a failed create leaves the previous snapshot as it was, and clones
         // that map its memory file keep it (snapshot/staged.rs). Anything there but a

@@ -60,6 +60,8 @@ pub struct Vm {
     pub ram_dir: Option<std::path::PathBuf>,
     /// Plugs and unplugs devices once the machine runs (api/devices/plug.rs).
     pub plug_worker: Option<super::plug_worker::Worker>,
+    /// vhost-user drives' backends, connected when configured (api/devices/vublk.rs).
+    pub vublk: super::devices::VublkConnections,
 }
 
 impl Vm {
@@ -78,6 +80,7 @@ impl Vm {
             landlock_rules: Vec::new(),
             ram_dir: None,
             plug_worker: None,
+            vublk: Default::default(),
         }
     }
 
@@ -157,8 +160,8 @@ impl Vm {
             self.pre_boot()?;
         }
         same_id(id, &d.drive_id)?;
-        if d.socket.is_some() {
-            return Err(Fault("socket: exitless has no vhost-user block devices; give path_on_host.".into()));
+        if d.socket.is_some() || d.path_on_host.is_none() {
+            return self.set_vhost_user_drive(id, d, running);
         }
         if !matches!(d.io_engine.as_deref(), None | Some("Sync") | Some("Async")) {
             return Err(Fault("io_engine must be Sync or Async.".into()));
@@ -169,9 +172,11 @@ impl Vm {
         if d.is_root_device && self.config.drives.iter().any(|o| o.is_root_device && o.drive_id != id) {
             return Err(Fault("A root block device already exists!".into()));
         }
-        if !std::path::Path::new(&d.path_on_host).exists() {
-            return Err(Fault(format!("Unable to open the block device backing file {}.", d.path_on_host)));
+        let path = d.path_on_host.as_deref().unwrap_or_default();
+        if !std::path::Path::new(path).exists() {
+            return Err(Fault(format!("Unable to open the block device backing file {path}.")));
         }
+        self.vublk.forget(id);
         if running {
             return self.plug_drive(id, d);
         }
@@ -226,12 +231,15 @@ impl Vm {
         let machine = self.running("drives are updated on a running one")?.clone();
         let drive = self.config.drives.iter_mut().find(|d| d.drive_id == id);
         let drive = drive.ok_or_else(|| Fault(format!("No drive with id {id}.")))?;
+        if drive.socket.is_some() || (p.path_on_host.is_none() && p.rate_limiter.is_none()) {
+            return super::devices::update_vhost_user_drive(&machine, drive, p);
+        }
         if let Some(path) = p.path_on_host {
             machine
                 .devices()
                 .update_drive(id, std::path::Path::new(&path))
                 .map_err(|e| Fault(format!("Unable to patch the block device: {}", crate::with_causes(&e))))?;
-            drive.path_on_host = path;
+            drive.path_on_host = Some(path);
         }
         if let Some(limiter) = p.rate_limiter {
             machine.devices().set_drive_limits(id, limiter.limits()).map_err(|e| Fault(e.to_string()))?;
@@ -376,7 +384,7 @@ impl Vm {
             _ => cmdline,
         };
         let cmdline = match drives.first().filter(|d| d.is_root_device && restore.is_none()) {
-            Some(root) => format!("{cmdline} {}", root_args(root)),
+            Some(root) => format!("{cmdline} {}", root_args(root, self.vublk.read_only(&root.drive_id))),
             None => cmdline,
         };
         // The devices in files of their own (api/devices/) and their command-line words.
@@ -385,12 +393,14 @@ impl Vm {
             None => words.iter().fold(cmdline, |line, word| format!("{line} {word}")),
             Some(_) => cmdline,
         };
-        let drives = drives.into_iter().map(drive_config);
         // Each device made by its own module, in the order they are placed (a restore puts
         // each where its snapshot had it, whatever the order).
         let poll = exitless_vmm::poll::PollMode::Adaptive;
         let mut devices: Vec<_> = nets.into_iter().map(|n| virtio::net::attach(n, poll)).collect();
-        devices.extend(drives.map(|d| virtio::blk::attach(d, poll)));
+        devices.extend(drives.into_iter().map(|d| match d.socket.is_some() {
+            true => self.vublk.attach(d),
+            false => virtio::blk::attach(drive_config(d), poll),
+        }));
         let entropy = self.config.entropy.map(|e| super::model::limits(e.rate_limiter.as_ref()));
         devices.extend(entropy.map(virtio::rng::attach));
         let vsock = self.config.vsock.as_ref().map(|v| virtio::vsock::VsockConfig {
@@ -501,6 +511,7 @@ impl Vm {
                 ],
             );
         }
+        super::devices::vublk_sample(machine, &mut sample);
         if let Ok((balloon, _)) = machine.devices().balloon() {
             use std::sync::atomic::Ordering::Relaxed;
             let c = &balloon.shared.counters;
@@ -574,16 +585,17 @@ pub(super) fn drive_config(d: &Drive) -> DriveConfig {
         config_id: Some(d.drive_id.clone()),
         thread_pool: d.io_engine.as_deref() == Some("Sync"),
         limits: super::model::limits(d.rate_limiter.as_ref()),
-        ..DriveConfig::new(&d.path_on_host)
+        ..DriveConfig::new(d.path_on_host.as_deref().unwrap_or_default())
     }
 }
 
-fn root_args(root: &Drive) -> String {
+fn root_args(root: &Drive, vublk_read_only: bool) -> String {
     let device = match &root.partuuid {
         Some(uuid) => format!("root=PARTUUID={uuid}"),
         None => "root=/dev/vda".to_string(),
     };
-    let mode = if root.is_read_only.unwrap_or(false) { "ro" } else { "rw" };
+    // A vhost-user drive is read-only where its backend offers VIRTIO_BLK_F_RO.
+    let mode = if root.is_read_only.unwrap_or(false) || vublk_read_only { "ro" } else { "rw" };
     format!("{device} {mode}")
 }
 

@@ -3,6 +3,8 @@
 
 use std::process::{Command, Output};
 
+pub mod vhost_stub;
+
 // Each test binary uses some of them (`dead_code` does not cover imports).
 #[allow(unused_imports)]
 pub use exitless_vmm::testing::{kvm_or_skip, skip_or_fail};

@@ -54,11 +54,11 @@ pub fn blk_disk(dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// blkbench's "... N requests in C cycles, ..." line: N and C.
-fn counts(line: &str, noun: &str) -> Option<(u64, u64)> {
+pub(crate) fn counts(line: &str, noun: &str) -> Option<(u64, u64)> {
     word_before(line, noun).zip(word_after(line, "in"))
 }
 
-fn params(values: &[u64]) -> String {
+pub(crate) fn params(values: &[u64]) -> String {
     let list: Vec<String> = values.iter().map(u64::to_string).collect();
     format!("exitless.params={}", list.join(","))
 }
@@ -100,6 +100,7 @@ pub fn blk(
         kernel: payload(dir, "blkbench")?,
         cmdline: Some(cmdline),
         disk: Some(disk.to_path_buf()),
+        disk_socket: None,
         tap: None,
         mem_mib: opts.mem_mib,
         transport,
@@ -134,6 +135,7 @@ pub fn net(
         kernel: payload(dir, "nettx")?,
         cmdline: Some(cmdline),
         disk: None,
+        disk_socket: None,
         tap: Some(tap.to_string()),
         mem_mib: opts.mem_mib,
         transport,
@@ -175,7 +177,7 @@ fn sample(n: u64, bytes: u64, cycles: u64, tsc_khz: u64, cpu: Duration) -> IoSam
 }
 
 /// The payload's ELF in `dir` (written on first use).
-fn payload(dir: &Path, name: &str) -> Result<PathBuf, String> {
+pub(crate) fn payload(dir: &Path, name: &str) -> Result<PathBuf, String> {
     let path = dir.join(format!("{name}.elf"));
     if !path.exists() {
         let elf = exitless_payloads::find(name).map(|p| p.elf).ok_or_else(|| format!("no payload {name}"))?;

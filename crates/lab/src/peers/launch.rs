@@ -17,6 +17,9 @@ pub struct Guest {
     pub cmdline: Option<String>,
     /// A virtio-blk disk, read-only.
     pub disk: Option<PathBuf>,
+    /// A vhost-user-blk backend's socket: a drive with Firecracker's `socket` field
+    /// (`bench fs`'s vhost-user rows).
+    pub disk_socket: Option<PathBuf>,
     /// A virtio-net interface on this tap.
     pub tap: Option<String>,
     pub mem_mib: u32,
@@ -109,11 +112,20 @@ fn boot(vmm: Vmm, sock: &Path, guest: &Guest) -> Result<(), String> {
                     json!({"drive_id": "disk", "path_on_host": disk, "is_root_device": false, "is_read_only": true});
                 expect_ok(sock, "PUT", "/drives/disk", Some(&drive))?;
             }
+            if let Some(socket) = &guest.disk_socket {
+                // Firecracker's vhost-user drive: the backend says what the disk is, so
+                // path_on_host, is_read_only, io_engine and rate_limiter must be absent.
+                let drive = json!({"drive_id": "disk", "is_root_device": false, "socket": socket});
+                expect_ok(sock, "PUT", "/drives/disk", Some(&drive))?;
+            }
             if let Some(tap) = &guest.tap {
                 let net = json!({"iface_id": "eth0", "host_dev_name": tap, "guest_mac": MAC});
                 expect_ok(sock, "PUT", "/network-interfaces/eth0", Some(&net))?;
             }
             expect_ok(sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"})))?;
+        }
+        Vmm::CloudHypervisor if guest.disk_socket.is_some() => {
+            return Err("the lab does not drive Cloud Hypervisor's vhost-user disks".into());
         }
         Vmm::CloudHypervisor => {
             let mut config = json!({

@@ -5,8 +5,8 @@
 //! and nettx on each VMM's own virtio devices, over virtio-mmio, Firecracker's default, and
 //! over PCI, with the userspace exits each request cost). A peer not given is skipped.
 
-mod io;
-mod launch;
+pub(crate) mod io;
+pub(crate) mod launch;
 mod report;
 
 pub use io::IoSample;

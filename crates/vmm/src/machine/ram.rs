@@ -105,15 +105,26 @@ fn anonymous(regions: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, Machi
 const HUGE: usize = 2 << 20;
 
 /// RAM a vhost-user backend maps too (a memfd mapped shared), as Firecracker backs a guest
-/// with a vhost-user device; booted guests only, in 4 KiB pages.
+/// with a vhost-user device, in 4 KiB pages; a snapshot's memory file copied into it.
 fn shared_ram(backing: &Backing, regions: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, MachineError> {
-    if backing.from.is_some() {
-        return Err(MachineError::Memory("a snapshot cannot be loaded with a vhost-user device".into()));
-    }
     if backing.huge_pages != HugePages::None {
         return Err(MachineError::HugePages("huge_pages 2M and a vhost-user device together are not supported".into()));
     }
-    crate::guest_memory::shared(regions).map_err(|e| MachineError::Memory(e.into()))
+    let memory = crate::guest_memory::shared(regions).map_err(|e| MachineError::Memory(e.into()))?;
+    match backing.from {
+        None => {}
+        // The backend maps the memfd: a private mapping of the snapshot's file would show
+        // it the file, not what the guest writes. Copied (holes left), as for huge pages.
+        Some(MemoryBackend::File(file)) => crate::snapshot::memory::copy_into(file, &memory)?,
+        Some(MemoryBackend::Uffd(_)) => {
+            return Err(MachineError::Memory(
+                "a snapshot with a vhost-user device is loaded from a memory file (File backend), not Uffd: \
+                 the backend maps guest memory itself, where no page-fault handler serves it"
+                    .into(),
+            ))
+        }
+    }
+    Ok(memory)
 }
 
 /// 2 MiB hugetlbfs pages, all reserved by the mapping (no MAP_NORESERVE: a pool too

@@ -17,6 +17,7 @@ pub mod thread;
 pub mod transport;
 pub mod vhost_user;
 pub mod vsock;
+pub mod vublk;
 
 pub use thread::QueuePosition;
 

@@ -10,6 +10,9 @@ mod fs;
 mod hotplug;
 pub mod plug;
 mod pmem;
+mod vublk;
+
+pub use vublk::{sample as vublk_sample, update as update_vhost_user_drive, VublkConnections};
 
 use super::model::VmConfig;
 use super::vm::{Fault, Vm};
@@ -25,7 +28,7 @@ pub type Answer = Option<Result<Option<Value>, Fault>>;
 type Route = fn(&mut Vm, &str, &[&str], &[u8]) -> Answer;
 
 /// Each device's endpoints, asked in turn.
-const ROUTES: &[Route] = &[balloon::route, pmem::route, hotplug::route, fs::route, plug::route];
+const ROUTES: &[Route] = &[balloon::route, pmem::route, hotplug::route, fs::route, plug::route, vublk::route];
 
 /// The answer of the device whose endpoint `method` `parts` is, if any.
 pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
@@ -55,7 +58,7 @@ impl Vm {
 
     /// Whether guest RAM must be shared with a device's backend process (vhost-user).
     pub(super) fn shared_memory(&self) -> bool {
-        fs::shares_memory(self)
+        fs::shares_memory(self) || vublk::shares_memory(self)
     }
 
     /// The host files these devices were given, for the Landlock policy.

@@ -9,8 +9,11 @@ use crate::guest_memory::GuestMemoryMmap;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
-use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_queue::{Queue, QueueT};
@@ -41,6 +44,8 @@ pub enum BackendError {
     Rings(usize),
     #[error("the vhost-user backend did not answer {0} within {REPLY_TIMEOUT:?}")]
     NoReply(&'static str),
+    #[error("the vhost-user backend's configuration space is {got} bytes, {want} asked for")]
+    ConfigSize { got: usize, want: usize },
 }
 
 /// Runs `request` (the step `name`) under `deadline`: its error, or no reply in time.
@@ -58,35 +63,50 @@ fn ask<T>(
 /// A connected backend, past its handshake.
 pub struct Backend {
     frontend: Frontend,
-    deadline: Deadline,
+    deadline: Arc<Deadline>,
     /// The virtio features the backend offers (its vhost-user bit taken out).
     pub features: u64,
     /// Whether the backend speaks protocol features (then vrings start disabled and are
     /// enabled by the frontend).
     protocol: bool,
+    /// The protocol features both sides speak.
+    pub acked_protocol: VhostUserProtocolFeatures,
     queues: usize,
 }
 
 impl Backend {
     /// Connects to `path` and shakes hands for `queues` queues.
     pub fn connect(path: &Path, queues: usize) -> Result<Backend, BackendError> {
+        Backend::connect_with(path, queues, VhostUserProtocolFeatures::empty())
+    }
+
+    /// Connects to `path` and shakes hands for `queues` queues, asking for the protocol
+    /// features `more` too (vhost-user-blk's CONFIG) where the backend offers them.
+    pub fn connect_with(path: &Path, queues: usize, more: VhostUserProtocolFeatures) -> Result<Backend, BackendError> {
         let connect = |source| BackendError::Connect { path: path.display().to_string(), source };
         let stream = UnixStream::connect(path).map_err(connect)?;
-        Backend::handshake(stream, queues)
+        Backend::handshake(stream, queues, more)
     }
 
     /// The handshake over a connected `stream`.
-    pub fn handshake(stream: UnixStream, queues: usize) -> Result<Backend, BackendError> {
+    pub fn handshake(
+        stream: UnixStream,
+        queues: usize,
+        more: VhostUserProtocolFeatures,
+    ) -> Result<Backend, BackendError> {
         let watch = |source| BackendError::Connect { path: "(connected)".into(), source };
         let deadline = Deadline::new(stream.try_clone().map_err(watch)?.into(), REPLY_TIMEOUT).map_err(watch)?;
+        let deadline = Arc::new(deadline);
         let mut frontend = Frontend::from_stream(stream, queues as u64);
         ask(&deadline, "SET_OWNER", || frontend.set_owner())?;
         let offered = ask(&deadline, "GET_FEATURES", || frontend.get_features())?;
         let protocol_bit = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
         let protocol = offered & protocol_bit != 0;
+        let mut acked_protocol = VhostUserProtocolFeatures::empty();
         if protocol {
             let theirs = ask(&deadline, "GET_PROTOCOL_FEATURES", || frontend.get_protocol_features())?;
-            let acked = theirs & WANTED_PROTOCOL;
+            let acked = theirs & (WANTED_PROTOCOL | more);
+            acked_protocol = acked;
             ask(&deadline, "SET_PROTOCOL_FEATURES", || frontend.set_protocol_features(acked))?;
             if acked.contains(VhostUserProtocolFeatures::REPLY_ACK) {
                 frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
@@ -101,7 +121,13 @@ impl Backend {
         if offered & super::super::VIRTIO_F_VERSION_1 == 0 {
             return Err(BackendError::Lacks("VIRTIO_F_VERSION_1".into()));
         }
-        Ok(Backend { frontend, deadline, features: offered & !protocol_bit, protocol, queues })
+        Ok(Backend { frontend, deadline, features: offered & !protocol_bit, protocol, acked_protocol, queues })
+    }
+
+    /// The backend's configuration space, `size` bytes from offset 0 (GET_CONFIG; the
+    /// protocol's CONFIG feature must have been agreed).
+    pub fn config(&self) -> ConfigReader {
+        ConfigReader { frontend: self.frontend.clone(), deadline: self.deadline.clone() }
     }
 
     /// The socket, for watching it close.
@@ -157,15 +183,42 @@ impl Backend {
 
     /// Stops every vring (the driver reset the device): disabled, then its base asked
     /// for, which stops it (vhost-user's GET_VRING_BASE).
-    pub fn stop_vrings(&mut self, started: usize) -> Result<(), BackendError> {
+    /// Each stopped vring's base: the next avail entry the backend would have taken.
+    pub fn stop_vrings(&mut self, started: usize) -> Result<Vec<u16>, BackendError> {
         let (frontend, deadline) = (&mut self.frontend, &self.deadline);
+        let mut bases = Vec::new();
         for index in 0..started.min(self.queues) {
             if self.protocol {
                 ask(deadline, "SET_VRING_ENABLE", || frontend.set_vring_enable(index, false))?;
             }
-            ask(deadline, "GET_VRING_BASE", || frontend.get_vring_base(index))?;
+            let base = ask(deadline, "GET_VRING_BASE", || frontend.get_vring_base(index))?;
+            // The split ring's index is 16 bits; a backend's larger number is malformed.
+            bases.push(u16::try_from(base).map_err(|_| BackendError::Lacks(format!("a vring base: it sent {base}")))?);
         }
-        Ok(())
+        Ok(bases)
+    }
+}
+
+/// Reads a backend's configuration space from any thread (the device's, or the API's for
+/// a configuration change), one request at a time with the session's.
+#[derive(Clone)]
+pub struct ConfigReader {
+    frontend: Frontend,
+    deadline: Arc<Deadline>,
+}
+
+impl ConfigReader {
+    /// `size` bytes of the backend's configuration space from offset 0.
+    pub fn read(&self, size: u32) -> Result<Vec<u8>, BackendError> {
+        let mut frontend = self.frontend.clone();
+        let buffer = vec![0u8; size as usize];
+        let (_, space) = ask(&self.deadline, "GET_CONFIG", || {
+            frontend.get_config(0, size, VhostUserConfigFlags::WRITABLE, &buffer)
+        })?;
+        if space.len() != size as usize {
+            return Err(BackendError::ConfigSize { got: space.len(), want: size as usize });
+        }
+        Ok(space)
     }
 }
 

@@ -14,6 +14,7 @@
 //! a vector) an eventfd the thread relays to the transport's interrupt.
 
 use super::backend::{Backend, BackendError};
+use super::metrics::{count, store_since, VhostUserMetrics};
 use crate::seccomp::ThreadKind;
 use crate::sync::lock;
 use crate::virtio::thread::{DeviceJob, DeviceThread};
@@ -63,6 +64,10 @@ pub struct Spec {
 
 pub struct VhostUserDevice {
     spec: Arc<Spec>,
+    /// The configuration space the driver reads: the spec's, or the backend's as last read
+    /// (a block device's capacity changes).
+    config: Arc<Mutex<Vec<u8>>>,
+    metrics: Arc<VhostUserMetrics>,
     features: u64,
     /// The backend while no activation runs (the running session holds it otherwise);
     /// None if its handshake failed.
@@ -87,12 +92,25 @@ impl VhostUserDevice {
         };
         let relays = (0..spec.queue_sizes.len()).map(|_| EventFd::new(libc::EFD_NONBLOCK)).collect::<Result<_, _>>()?;
         let thread = DeviceThread::spawn("vhost-user", ThreadKind::VhostUser)?;
-        Ok(VhostUserDevice { spec: Arc::new(spec), features, backend, relays: Some(relays), health, thread })
+        let config = Arc::new(Mutex::new(spec.config.clone()));
+        let metrics = Arc::new(VhostUserMetrics::default());
+        let (relays, spec) = (Some(relays), Arc::new(spec));
+        Ok(VhostUserDevice { spec, config, metrics, features, backend, relays, health, thread })
     }
 
     /// Its backend's health, for the API and metrics.
     pub fn health(&self) -> Arc<Health> {
         self.health.clone()
+    }
+
+    /// Its configuration space, for a change read from the backend.
+    pub fn config_slot(&self) -> Arc<Mutex<Vec<u8>>> {
+        self.config.clone()
+    }
+
+    /// Its counters.
+    pub fn metrics(&self) -> Arc<VhostUserMetrics> {
+        self.metrics.clone()
     }
 }
 
@@ -110,11 +128,19 @@ impl VirtioDevice for VhostUserDevice {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        crate::virtio::copy_config(&self.spec.config, offset, data);
+        let config = lock(&self.config);
+        // Firecracker counts a read that starts past the space.
+        if usize::try_from(offset).map_or(true, |o| o >= config.len()) {
+            count(&self.metrics.cfg_fails);
+        }
+        crate::virtio::copy_config(&config, offset, data);
     }
 
     fn activate(&mut self, queues: Vec<ActiveQueue>, activation: Activation) -> Result<(), ActivateError> {
-        let failed = |why: String| ActivateError::Backend(why);
+        let failed = |why: String| {
+            count(&self.metrics.activate_fails);
+            ActivateError::Backend(why)
+        };
         if let Some(why) = self.health.failure() {
             return Err(failed(why));
         }
@@ -123,6 +149,7 @@ impl VirtioDevice for VhostUserDevice {
         };
         let session = Session {
             spec: self.spec.clone(),
+            metrics: self.metrics.clone(),
             backend,
             relays,
             health: self.health.clone(),
@@ -141,14 +168,14 @@ impl VirtioDevice for VhostUserDevice {
         }
     }
 
-    /// A machine with a vhost-user device is not snapshotted (its attach says so), so
-    /// nothing pauses it; the backend's queues are its own.
+    /// Stops the backend's vrings (GET_VRING_BASE: each queue's next avail entry is the
+    /// backend's) and keeps the session to start them again where they stopped.
     fn pause(&mut self) -> Option<Vec<QueuePosition>> {
-        None
+        self.thread.pause()
     }
 
     fn resume(&mut self) -> Result<(), ActivateError> {
-        Ok(())
+        self.thread.resume()
     }
 }
 
@@ -156,6 +183,7 @@ impl VirtioDevice for VhostUserDevice {
 /// then its socket watched until the driver resets the device.
 struct Session {
     spec: Arc<Spec>,
+    metrics: Arc<VhostUserMetrics>,
     backend: Backend,
     relays: Vec<EventFd>,
     health: Arc<Health>,
@@ -166,11 +194,20 @@ struct Session {
 }
 
 const TOKEN_STOP: u64 = u64::MAX;
+/// The longest wait for the requests a stopped backend still had in hand.
+const DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 const TOKEN_SOCKET: u64 = u64::MAX - 1;
 
 impl Session {
     /// Everything the backend needs to serve the queues; the relays the thread must serve.
     fn start(&mut self) -> Result<Vec<usize>, BackendError> {
+        let since = std::time::Instant::now();
+        let relayed = self.start_vrings()?;
+        store_since(&self.metrics.activate_time_us, since);
+        Ok(relayed)
+    }
+
+    fn start_vrings(&mut self) -> Result<Vec<usize>, BackendError> {
         let a = &self.activation;
         self.backend.set_features_and_memory(a.features, &a.mem)?;
         let mut relayed = Vec::new();
@@ -204,6 +241,33 @@ impl Session {
             }
         }
         Ok(relayed)
+    }
+
+    /// The queues where the backend stopped them: its bases, and the used index it left
+    /// in guest memory (what a snapshot saves and a resume starts from).
+    /// A request the backend took before it stopped may still be finishing (a disk
+    /// write): its used entry is waited for, up to [`DRAIN`], so a snapshot holds it.
+    fn stopped_at(&mut self, bases: &[u16]) {
+        let mem = &self.activation.mem;
+        let until = std::time::Instant::now() + DRAIN;
+        for (i, (q, &base)) in self.queues.iter_mut().zip(bases).enumerate() {
+            q.queue.set_next_avail(base);
+            let used = || q.queue.used_idx(mem, std::sync::atomic::Ordering::Acquire).map(|u| u.0);
+            while used().is_ok_and(|u| u != base) && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            match used() {
+                Ok(u) if u != base => tracing::warn!(
+                    "{}: queue {i}: the backend stopped at {base} with {} requests unfinished",
+                    self.spec.label,
+                    base.wrapping_sub(u)
+                ),
+                _ => {}
+            }
+            if let Ok(u) = used() {
+                q.queue.set_next_used(u);
+            }
+        }
     }
 
     fn fail(&self, why: &str) {
@@ -262,14 +326,16 @@ impl DeviceJob for Session {
         let relayed = match self.start() {
             Ok(relayed) => relayed,
             Err(e) => {
+                count(&self.metrics.activate_fails);
                 self.fail(&e.to_string());
                 Vec::new()
             }
         };
         self.watch(stop, &relayed);
         if self.health.failure().is_none() {
-            if let Err(e) = self.backend.stop_vrings(self.started) {
-                self.fail(&e.to_string());
+            match self.backend.stop_vrings(self.started) {
+                Ok(bases) => self.stopped_at(&bases),
+                Err(e) => self.fail(&e.to_string()),
             }
         }
         self.started = 0;

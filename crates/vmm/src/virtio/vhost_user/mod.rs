@@ -5,6 +5,8 @@
 pub mod backend;
 mod deadline;
 pub mod device;
+pub mod metrics;
 
-pub use backend::{Backend, BackendError, REPLY_TIMEOUT};
+pub use backend::{Backend, BackendError, ConfigReader, REPLY_TIMEOUT};
 pub use device::{Health, Spec, VhostUserDevice};
+pub use metrics::VhostUserMetrics;
