@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 
 /// The device's entry in the list of devices/mod.rs.
-pub const DEVICE: Device = Device { route, configure, attach, ..Device::NONE };
+pub const DEVICE: Device = Device { route, configure, ..Device::NONE };
 
 /// The balloon's endpoints.
 fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
@@ -43,7 +43,7 @@ fn configure(vm: &mut Vm, c: &mut crate::api::model::VmConfig) -> Result<(), Fau
 }
 
 /// The balloon the machine is built with.
-fn attach(vm: &Vm, devices: &mut Vec<Attach>, _words: &mut Vec<String>) {
+pub(super) fn attach(vm: &Vm, devices: &mut Vec<Attach>, _words: &mut Vec<String>) {
     devices.extend(vm.balloon_device().map(exitless_vmm::virtio::balloon::attach));
 }
 

@@ -1,9 +1,10 @@
 //! The devices whose modules own their part of the API (the balloon, pmem, memory
 //! hotplug, device hotplug, virtio-fs): each holds its endpoints, its configuration's
 //! checks, its operations on the running device, what it attaches and the host files it
-//! is given, and gives them here as one [`Device`] entry. This file is the one list a new
-//! device joins (with its types in parts.rs): routes.rs, the builder, a configuration file
-//! and the Landlock policy ask it, and know no device here by name.
+//! is given, and gives them here: one [`Device`] entry and its attach. This file holds the
+//! lists a new device joins (with its types in parts.rs; a `DEVICE` or `attach` left out
+//! is dead code, which the build refuses): routes.rs, the builder, a configuration file and
+//! the Landlock policy ask it, and know no device here by name.
 
 mod balloon;
 mod fs;
@@ -30,9 +31,6 @@ pub struct Device {
     /// A configuration file's settings of it, as its PUTs would make them, taken out of
     /// the file's configuration.
     pub configure: fn(&mut Vm, &mut VmConfig) -> Result<(), Fault>,
-    /// What it attaches as the machine is built, and words for a booted guest's command
-    /// line (a pmem root device's `root=`).
-    pub attach: fn(&Vm, &mut Vec<Attach>, &mut Vec<String>),
     /// The host files it was given, for the Landlock policy.
     pub files: fn(&Vm, &mut Vec<(PathBuf, Reach)>),
     /// Whether guest RAM must be shared with its backend process (vhost-user).
@@ -41,22 +39,22 @@ pub struct Device {
 
 impl Device {
     /// A device with none of these.
-    pub const NONE: Device = Device {
-        route: |_, _, _, _| None,
-        configure: |_, _| Ok(()),
-        attach: |_, _, _| {},
-        files: |_, _| {},
-        shares_memory: |_| false,
-    };
+    pub const NONE: Device =
+        Device { route: |_, _, _, _| None, configure: |_, _| Ok(()), files: |_, _| {}, shares_memory: |_| false };
 }
 
 /// Every device here, in the order a configuration file's settings are taken
 /// (Firecracker's) and endpoints are asked.
 const DEVICES: &[&Device] = &[&balloon::DEVICE, &pmem::DEVICE, &hotplug::DEVICE, &fs::DEVICE, &plug::DEVICE];
 
-/// The devices that attach, in the order they take their PCI slots (after the NICs,
-/// drives, entropy and vsock devices): the order machines have always had.
-const PLACED: &[&Device] = &[&pmem::DEVICE, &balloon::DEVICE, &fs::DEVICE];
+/// What a device attaches as the machine is built, and words for a booted guest's command
+/// line (a pmem root device's `root=`).
+type Place = fn(&Vm, &mut Vec<Attach>, &mut Vec<String>);
+
+/// Each device's attach, in the order they take their PCI slots (after the NICs, drives,
+/// entropy and vsock devices), the order machines have always had; not in `Device`, so a
+/// device's attach left out of this list is dead code, which the build refuses.
+const PLACED: &[Place] = &[pmem::attach, balloon::attach, fs::attach];
 
 /// The answer of the device whose endpoint `method` `parts` is, if any.
 pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
@@ -68,7 +66,7 @@ impl Vm {
     /// a booted guest's command line.
     pub(super) fn device_attaches(&self) -> (Vec<Attach>, Vec<String>) {
         let (mut devices, mut words) = (Vec::new(), Vec::new());
-        PLACED.iter().for_each(|d| (d.attach)(self, &mut devices, &mut words));
+        PLACED.iter().for_each(|place| place(self, &mut devices, &mut words));
         (devices, words)
     }
 

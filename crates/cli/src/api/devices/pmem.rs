@@ -12,7 +12,7 @@ use exitless_vmm::virtio::pmem::PmemConfig;
 use std::path::PathBuf;
 
 /// The device's entry in the list of devices/mod.rs.
-pub const DEVICE: Device = Device { route, configure, attach, files, ..Device::NONE };
+pub const DEVICE: Device = Device { route, configure, files, ..Device::NONE };
 
 /// The pmem devices' endpoints.
 fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
@@ -29,7 +29,7 @@ fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
 }
 
 /// The pmem devices the machine is built with, and the root device's command-line words.
-fn attach(vm: &Vm, devices: &mut Vec<Attach>, words: &mut Vec<String>) {
+pub(super) fn attach(vm: &Vm, devices: &mut Vec<Attach>, words: &mut Vec<String>) {
     let (pmems, root) = vm.pmem_devices();
     devices.extend(pmems.into_iter().map(exitless_vmm::virtio::pmem::attach));
     words.extend(root);

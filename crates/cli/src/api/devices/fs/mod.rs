@@ -18,7 +18,7 @@ use exitless_vmm::device_manager::Attach;
 use exitless_vmm::virtio::fs::FsConfig;
 
 /// The device's entry in the list of devices/mod.rs.
-pub const DEVICE: Device = Device { route, configure, attach, shares_memory, ..Device::NONE };
+pub const DEVICE: Device = Device { route, configure, shares_memory, ..Device::NONE };
 
 /// The fs devices' endpoints.
 fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
@@ -34,7 +34,7 @@ fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
 }
 
 /// The fs devices the machine is built with.
-fn attach(vm: &Vm, devices: &mut Vec<Attach>, _words: &mut Vec<String>) {
+pub(super) fn attach(vm: &Vm, devices: &mut Vec<Attach>, _words: &mut Vec<String>) {
     devices.extend(vm.config.devices.fs.iter().map(|f| exitless_vmm::virtio::fs::attach(vmm_config(f))));
 }
 
