@@ -8,7 +8,6 @@ pub mod report;
 pub mod run;
 pub mod terminal;
 pub mod top;
-pub mod virtiofsd;
 
 use std::io::Write;
 

@@ -29,23 +29,11 @@ pub fn run(args: RunArgs, fixed: Vec<AttachFixed>) -> Result<ExitCode, Box<dyn s
     if args.no_seccomp {
         exitless_vmm::seccomp::disable();
     }
-    // Each --fs directory's virtiofsd, ended with the run (when these are dropped).
-    let daemons = args
-        .fs
-        .iter()
-        .enumerate()
-        .map(|(i, share)| crate::virtiofsd::Daemon::start(share, i))
-        .collect::<Result<Vec<_>, _>>()?;
     let mut allocated = devices(&args)?;
-    allocated.extend(args.fs.iter().zip(&daemons).enumerate().map(|(i, (share, daemon))| {
-        exitless_vmm::virtio::fs::attach(exitless_vmm::virtio::fs::FsConfig {
-            id: format!("fs{i}"),
-            tag: share.tag.clone(),
-            socket: daemon.socket.clone(),
-            num_request_queues: exitless_vmm::virtio::fs::DEFAULT_REQUEST_QUEUES,
-            queue_size: exitless_vmm::virtio::fs::DEFAULT_QUEUE_SIZE,
-        })
-    }));
+    // The devices whose modules own their flags, and their backend processes (virtiofsd),
+    // ended with the run (when these are dropped).
+    let mut backends = Vec::new();
+    args.devices.launch(&mut allocated, &mut backends)?;
     let image = args.image()?;
     let initrd = args.initrd()?;
     let symbols = args.guest_symbols()?;
@@ -83,7 +71,7 @@ pub fn run(args: RunArgs, fixed: Vec<AttachFixed>) -> Result<ExitCode, Box<dyn s
         },
         host: args.host_profile,
         cpu_template: args.cpu_template.clone(),
-        shared_memory: !daemons.is_empty(),
+        shared_memory: !backends.is_empty(),
         ..MachineConfig::new(image)
     })?;
     let (report, error) = machine.run_to_end(args.timeout.map(std::time::Duration::from_secs_f64))?;

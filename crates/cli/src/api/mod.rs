@@ -10,7 +10,7 @@
 //! (`socket_watch`): an orchestrator tearing a VM down whose VMM it lost track of.
 
 mod cpu_config;
-mod devices;
+pub(crate) mod devices;
 pub mod fuzzing;
 mod landlock;
 pub mod log_rate;
@@ -18,6 +18,7 @@ pub mod logging;
 mod metrics;
 mod mmds;
 pub mod model;
+mod null;
 mod plug_worker;
 mod request;
 mod routes;

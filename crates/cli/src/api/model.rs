@@ -2,6 +2,8 @@
 //! Unknown fields are refused (as Firecracker does), so a misspelt option is an error, not
 //! a silent default; `null` means the field is absent, as in the files Firecracker writes.
 
+use super::devices::parts::{Sections, LIST_KEYS as DEVICE_LIST_KEYS};
+use super::null::null_is_default;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -277,28 +279,6 @@ pub struct Pmem {
     pub rate_limiter: Option<RateLimiter>,
 }
 
-/// `PUT /fs/{fs_id}`: a virtio-fs device on a vhost-user backend's socket (virtiofsd), an
-/// exitless extension with Cloud Hypervisor's `--fs` names.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct Fs {
-    pub fs_id: String,
-    pub tag: String,
-    pub socket: String,
-    #[serde(default = "default_request_queues")]
-    pub num_request_queues: u16,
-    #[serde(default = "default_fs_queue_size")]
-    pub queue_size: u16,
-}
-
-fn default_request_queues() -> u16 {
-    exitless_vmm::virtio::fs::DEFAULT_REQUEST_QUEUES
-}
-
-fn default_fs_queue_size() -> u16 {
-    exitless_vmm::virtio::fs::DEFAULT_QUEUE_SIZE
-}
-
 /// `PATCH /pmem/{id}`: only the rate limiter changes.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -465,9 +445,9 @@ pub struct VmConfig {
     pub entropy: Option<Entropy>,
     #[serde(default, deserialize_with = "null_is_default", skip_serializing_if = "Vec::is_empty")]
     pub pmem: Vec<Pmem>,
-    /// virtio-fs devices (an exitless extension, Cloud Hypervisor's `fs`).
-    #[serde(default, deserialize_with = "null_is_default", skip_serializing_if = "Vec::is_empty")]
-    pub fs: Vec<Fs>,
+    /// The keys device modules own (api/devices/parts.rs): exitless's extensions.
+    #[serde(flatten)]
+    pub devices: Sections,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_hotplug: Option<MemoryHotplug>,
     /// Firecracker's `PUT /serial` (its config file has no such section; exitless takes
@@ -503,22 +483,13 @@ impl VmConfig {
             ("drives", self.drives.len(), MAX_DEVICES),
             ("network-interfaces", self.network_interfaces.len(), usize::from(MAX_NICS)),
             ("pmem devices", self.pmem.len(), MAX_DEVICES),
-            ("fs devices", self.fs.len(), MAX_DEVICES),
             ("MMDS network interfaces", mmds, MAX_DEVICES),
         ]
         .into_iter()
+        .chain(self.devices.counts().into_iter().map(|(what, n)| (what, n, MAX_DEVICES)))
         .find(|&(_, n, most)| n > most)
         .map(|(what, n, most)| format!("{n} {what}, where a microVM holds at most {most}"))
     }
-}
-
-/// `null` as the type's default (Firecracker writes `"drives": null` and the like).
-fn null_is_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// The keys whose values are lists in Firecracker's schema; everywhere else a list is
@@ -528,7 +499,6 @@ const LIST_KEYS: &[&str] = &[
     "network-interfaces",
     "network_interfaces",
     "pmem",
-    "fs",
     "network_overrides",
     // A CPU template's (`cpu-config`).
     "kvm_capabilities",
@@ -537,6 +507,11 @@ const LIST_KEYS: &[&str] = &[
     "msr_modifiers",
 ];
 
+/// Whether `key` holds a list: Firecracker's or a device module's (api/devices/parts.rs).
+fn is_list_key(key: &str) -> bool {
+    LIST_KEYS.contains(&key) || DEVICE_LIST_KEYS.contains(&key)
+}
+
 /// Checks that `value` is an object whose objects are objects: a list only under a key
 /// that holds one (LIST_KEYS), and only of objects or strings.
 pub fn check_shape(value: &serde_json::Value) -> Result<(), String> {
@@ -544,7 +519,7 @@ pub fn check_shape(value: &serde_json::Value) -> Result<(), String> {
         use serde_json::Value;
         match value {
             Value::Object(map) => map.iter().try_for_each(|(k, v)| walk(v, k)),
-            Value::Array(items) if LIST_KEYS.contains(&key) => items.iter().try_for_each(|v| match v {
+            Value::Array(items) if is_list_key(key) => items.iter().try_for_each(|v| match v {
                 Value::Object(_) | Value::String(_) => walk(v, key),
                 _ => Err(format!("{key} must be a list of objects or strings")),
             }),

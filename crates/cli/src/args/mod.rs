@@ -395,10 +395,9 @@ pub struct RunArgs {
     /// (`CONNECT <port>\n`); the guest's connections to port P reach `<uds>_P`.
     #[arg(long, value_name = "cid=N,uds=PATH", value_parser = parse_vsock)]
     pub vsock: Option<exitless_vmm::virtio::vsock::VsockConfig>,
-    /// A host directory in the guest (repeatable): a virtio-fs device the guest mounts by
-    /// TAG (`mount -t virtiofs TAG /mnt`), served by a virtiofsd started for the run.
-    #[arg(long, value_name = "tag=TAG,dir=DIR", value_parser = crate::virtiofsd::parse_share)]
-    pub fs: Vec<crate::virtiofsd::Share>,
+    /// The flags of devices that own them (api/devices/parts.rs), in this place of --help.
+    #[command(flatten)]
+    pub devices: crate::api::devices::parts::RunFlags,
     /// MMDS on the first NIC at 169.254.169.254, serving FILE's JSON (as Firecracker's
     /// `PUT /mmds/config` and `--metadata`).
     #[arg(long, value_name = "FILE", requires = "net")]

@@ -3,7 +3,7 @@
 //! the target, the statistics and their interval, and free page hinting runs on a
 //! running microVM.
 
-use super::Answer;
+use super::{Answer, Device};
 use crate::api::model::{Balloon, BalloonStatsUpdate, BalloonUpdate, StartHinting};
 use crate::api::request::parse;
 use crate::api::vm::{Fault, State, Vm};
@@ -12,8 +12,11 @@ use exitless_vmm::virtio::balloon::{mib_to_pages, pages_to_mib, BalloonConfig};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 
+/// The device's entry in the list of devices/mod.rs.
+pub const DEVICE: Device = Device { route, configure, ..Device::NONE };
+
 /// The balloon's endpoints.
-pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
+fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
     let done = |r: Result<(), Fault>| r.map(|()| None);
     Some(match (method, parts) {
         ("PUT", ["balloon"]) => parse(body).and_then(|b| done(vm.set_balloon(b))),
@@ -35,12 +38,12 @@ pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
 }
 
 /// A configuration file's balloon, as its PUT.
-pub fn configure(vm: &mut Vm, c: &mut crate::api::model::VmConfig) -> Result<(), Fault> {
+fn configure(vm: &mut Vm, c: &mut crate::api::model::VmConfig) -> Result<(), Fault> {
     c.balloon.take().map_or(Ok(()), |b| vm.set_balloon(b))
 }
 
 /// The balloon the machine is built with.
-pub fn attach(vm: &Vm, devices: &mut Vec<Attach>) {
+pub(super) fn attach(vm: &Vm, devices: &mut Vec<Attach>, _words: &mut Vec<String>) {
     devices.extend(vm.balloon_device().map(exitless_vmm::virtio::balloon::attach));
 }
 

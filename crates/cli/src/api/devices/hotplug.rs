@@ -2,20 +2,23 @@
 //! `rpc_interface.rs`): `PUT /hotplug/memory` before the start, `PATCH` (the requested
 //! size) and `GET` (the device's status) on a running microVM.
 
-use super::Answer;
+use super::{Answer, Device};
 use crate::api::model::{MemoryHotplug, MemoryHotplugUpdate};
 use crate::api::request::parse;
 use crate::api::vm::{Fault, Vm};
 use exitless_vmm::virtio::mem::MemError;
 use serde_json::{json, Value};
 
+/// The device's entry in the list of devices/mod.rs.
+pub const DEVICE: Device = Device { route, configure, ..Device::NONE };
+
 /// A configuration file's hotpluggable memory, as its PUT.
-pub fn configure(vm: &mut Vm, c: &mut crate::api::model::VmConfig) -> Result<(), Fault> {
+fn configure(vm: &mut Vm, c: &mut crate::api::model::VmConfig) -> Result<(), Fault> {
     c.memory_hotplug.take().map_or(Ok(()), |m| vm.set_memory_hotplug(m))
 }
 
 /// The memory hotplug endpoints.
-pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
+fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
     let done = |r: Result<(), Fault>| r.map(|()| None);
     Some(match (method, parts) {
         ("PUT", ["hotplug", "memory"]) => parse(body).and_then(|m| done(vm.set_memory_hotplug(m))),

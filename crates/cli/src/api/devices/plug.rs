@@ -13,7 +13,7 @@
 //!
 //! The work runs on the hotplug worker (api/plug_worker.rs).
 
-use super::Answer;
+use super::{Answer, Device};
 use crate::api::model::{Drive, NetworkInterface};
 use crate::api::request::check_id;
 use crate::api::vm::{Fault, Vm};
@@ -27,8 +27,11 @@ use std::time::Duration;
 const EJECT_WAIT: Duration = Duration::from_secs(10);
 const EJECT_WAIT_UNDRIVEN: Duration = Duration::from_secs(2);
 
+/// The entry in the list of devices/mod.rs.
+pub const DEVICE: Device = Device { route, ..Device::NONE };
+
 /// The unplug endpoints: `DELETE /drives|/network-interfaces|/pmem/{id}`.
-pub fn route(vm: &mut Vm, method: &str, parts: &[&str], _body: &[u8]) -> Answer {
+fn route(vm: &mut Vm, method: &str, parts: &[&str], _body: &[u8]) -> Answer {
     let (what, id) = match (method, parts) {
         ("DELETE", ["drives", id]) => (Plugged::Drive, *id),
         ("DELETE", ["network-interfaces", id]) => (Plugged::Net, *id),

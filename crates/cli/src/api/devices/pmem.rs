@@ -2,7 +2,7 @@
 //! devices before the start, their rate limiters after it; a root device puts
 //! `root=/dev/pmemN ro|rw` on the command line as Firecracker's builder does.
 
-use super::Answer;
+use super::{Answer, Device};
 use crate::api::model::{Pmem, PmemUpdate};
 use crate::api::request::{check_id, parse};
 use crate::api::vm::{Fault, Vm};
@@ -11,8 +11,11 @@ use exitless_vmm::landlock::Reach;
 use exitless_vmm::virtio::pmem::PmemConfig;
 use std::path::PathBuf;
 
+/// The device's entry in the list of devices/mod.rs.
+pub const DEVICE: Device = Device { route, configure, files, ..Device::NONE };
+
 /// The pmem devices' endpoints.
-pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
+fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
     let done = |r: Result<(), Fault>| r.map(|()| None);
     let id = match parts {
         ["pmem", id] => *id,
@@ -26,21 +29,21 @@ pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
 }
 
 /// The pmem devices the machine is built with, and the root device's command-line words.
-pub fn attach(vm: &Vm, devices: &mut Vec<Attach>, words: &mut Vec<String>) {
+pub(super) fn attach(vm: &Vm, devices: &mut Vec<Attach>, words: &mut Vec<String>) {
     let (pmems, root) = vm.pmem_devices();
     devices.extend(pmems.into_iter().map(exitless_vmm::virtio::pmem::attach));
     words.extend(root);
 }
 
 /// Their files, for the Landlock policy.
-pub fn files(vm: &Vm, rules: &mut Vec<(PathBuf, Reach)>) {
+fn files(vm: &Vm, rules: &mut Vec<(PathBuf, Reach)>) {
     for p in &vm.config.pmem {
         rules.push((PathBuf::from(&p.path_on_host), if p.read_only { Reach::Read } else { Reach::Write }));
     }
 }
 
 /// A configuration file's pmem devices, as their PUTs.
-pub fn configure(vm: &mut Vm, c: &mut crate::api::model::VmConfig) -> Result<(), Fault> {
+fn configure(vm: &mut Vm, c: &mut crate::api::model::VmConfig) -> Result<(), Fault> {
     for p in std::mem::take(&mut c.pmem) {
         let id = p.id.clone();
         vm.set_pmem(&id, p)?;

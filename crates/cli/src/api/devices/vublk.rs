@@ -65,9 +65,12 @@ fn backend_fault(e: &BackendError) -> Fault {
     Fault(format!("{CANNOT_CREATE} Vhost user backend error: Vhost-user error: {why}"))
 }
 
+/// What vhost-user drives add to the API: their state, and RAM shared with their backends.
+pub const DEVICE: super::Device = super::Device { route, shares_memory, ..super::Device::NONE };
+
 /// `GET /drives/{id}`: a drive's configuration, and on a running machine whether a
 /// vhost-user drive's backend failed, and why.
-pub fn route(vm: &mut Vm, method: &str, parts: &[&str], _body: &[u8]) -> Answer {
+fn route(vm: &mut Vm, method: &str, parts: &[&str], _body: &[u8]) -> Answer {
     match (method, parts) {
         ("GET", ["drives", id]) => Some(check_id(id).and_then(|id| vm.drive_status(id)).map(Some)),
         _ => None,
@@ -75,7 +78,7 @@ pub fn route(vm: &mut Vm, method: &str, parts: &[&str], _body: &[u8]) -> Answer 
 }
 
 /// Whether any vhost-user drive is configured: its backend maps guest memory.
-pub fn shares_memory(vm: &Vm) -> bool {
+fn shares_memory(vm: &Vm) -> bool {
     vm.config.drives.iter().any(|d| d.socket.is_some())
 }
 

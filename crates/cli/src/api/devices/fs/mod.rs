@@ -2,16 +2,26 @@
 //! socket (virtiofsd), an exitless extension beside Firecracker's API with Cloud
 //! Hypervisor's `--fs` names; in the configuration file's `fs` list and `GET /vm/config`.
 //! A GET on a running machine says whether the device's backend failed, and why.
+//! Everything of the device is in this folder: its configuration (config.rs), its
+//! `exitless run --fs` flag (run.rs) and the virtiofsd it starts (virtiofsd.rs); the
+//! shared files know it only by the lines that list it (devices/mod.rs, devices/parts.rs).
 
-use super::Answer;
-use crate::api::model::Fs;
+pub mod config;
+pub mod run;
+pub mod virtiofsd;
+
+use super::{Answer, Device};
 use crate::api::request::{check_id, parse};
 use crate::api::vm::{Fault, Vm};
+use config::Fs;
 use exitless_vmm::device_manager::Attach;
 use exitless_vmm::virtio::fs::FsConfig;
 
+/// The device's entry in the list of devices/mod.rs.
+pub const DEVICE: Device = Device { route, configure, shares_memory, ..Device::NONE };
+
 /// The fs devices' endpoints.
-pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
+fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
     let id = match parts {
         ["fs", id] => *id,
         _ => return None,
@@ -24,25 +34,25 @@ pub fn route(vm: &mut Vm, method: &str, parts: &[&str], body: &[u8]) -> Answer {
 }
 
 /// The fs devices the machine is built with.
-pub fn attach(vm: &Vm, devices: &mut Vec<Attach>) {
-    devices.extend(vm.config.fs.iter().map(|f| exitless_vmm::virtio::fs::attach(config(f))));
+pub(super) fn attach(vm: &Vm, devices: &mut Vec<Attach>, _words: &mut Vec<String>) {
+    devices.extend(vm.config.devices.fs.iter().map(|f| exitless_vmm::virtio::fs::attach(vmm_config(f))));
 }
 
 /// Whether any is configured: its backend maps guest memory.
-pub fn shares_memory(vm: &Vm) -> bool {
-    !vm.config.fs.is_empty()
+fn shares_memory(vm: &Vm) -> bool {
+    !vm.config.devices.fs.is_empty()
 }
 
 /// A configuration file's fs devices, as their PUTs.
-pub fn configure(vm: &mut Vm, c: &mut crate::api::model::VmConfig) -> Result<(), Fault> {
-    for f in std::mem::take(&mut c.fs) {
+fn configure(vm: &mut Vm, c: &mut crate::api::model::VmConfig) -> Result<(), Fault> {
+    for f in std::mem::take(&mut c.devices.fs) {
         let id = f.fs_id.clone();
         vm.set_fs(&id, f)?;
     }
     Ok(())
 }
 
-fn config(f: &Fs) -> FsConfig {
+fn vmm_config(f: &Fs) -> FsConfig {
     FsConfig {
         id: f.fs_id.clone(),
         tag: f.tag.clone(),
@@ -60,16 +70,16 @@ impl Vm {
         if f.fs_id != id {
             return Err(Fault("The id from the path does not match the id from the body!".into()));
         }
-        config(&f).validate().map_err(Fault)?;
-        if self.config.fs.iter().any(|o| o.tag == f.tag && o.fs_id != id) {
+        vmm_config(&f).validate().map_err(Fault)?;
+        if self.config.devices.fs.iter().any(|o| o.tag == f.tag && o.fs_id != id) {
             return Err(Fault(format!("virtio-fs: another device already has the tag {:?}", f.tag)));
         }
         if self.config.machine_config.huge_pages.as_deref().is_some_and(|h| h != "None") {
             return Err(Fault("virtio-fs: huge_pages and a vhost-user device together are not supported".into()));
         }
-        match self.config.fs.iter_mut().find(|o| o.fs_id == id) {
+        match self.config.devices.fs.iter_mut().find(|o| o.fs_id == id) {
             Some(old) => *old = f,
-            None => self.config.fs.push(f),
+            None => self.config.devices.fs.push(f),
         }
         Ok(())
     }
@@ -77,7 +87,7 @@ impl Vm {
     /// `GET /fs/{fs_id}`: its configuration, and on a running machine its backend's state
     /// (`running`, or `failed` with the reason).
     pub fn fs_status(&self, id: &str) -> Result<serde_json::Value, Fault> {
-        let Some(f) = self.config.fs.iter().find(|f| f.fs_id == id) else {
+        let Some(f) = self.config.devices.fs.iter().find(|f| f.fs_id == id) else {
             return Err(Fault(format!("virtio-fs: no device {id:?}")));
         };
         let mut json = serde_json::to_value(f).map_err(|e| Fault(e.to_string()))?;

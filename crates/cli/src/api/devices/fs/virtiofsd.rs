@@ -1,6 +1,6 @@
-//! `exitless run --fs tag=T,dir=DIR`: virtiofsd started for the run, on a listening socket
-//! the VMM made (handed over as `--fd`, so the device connects at once, with no wait for
-//! the daemon to create it), and ended with the run. The binary: `$EXITLESS_VIRTIOFSD`,
+//! `exitless run --fs tag=T,dir=DIR` (run.rs): virtiofsd started for the run, on a listening
+//! socket the VMM made (handed over as `--fd`, so the device connects at once, with no wait
+//! for the daemon to create it), and ended with the run. The binary: `$EXITLESS_VIRTIOFSD`,
 //! else scripts/virtiofsd.sh's (`~/.cache/exitless/virtiofsd/bin/virtiofsd`), else the
 //! PATH's.
 
