@@ -232,7 +232,7 @@ impl Vm {
         let drive = self.config.drives.iter_mut().find(|d| d.drive_id == id);
         let drive = drive.ok_or_else(|| Fault(format!("No drive with id {id}.")))?;
         if drive.socket.is_some() || (p.path_on_host.is_none() && p.rate_limiter.is_none()) {
-            return super::devices::update_vhost_user_drive(&machine, drive, p);
+            return super::devices::update_vhost_user_drive(self.plug_worker.as_ref(), machine, drive, p);
         }
         if let Some(path) = p.path_on_host {
             machine

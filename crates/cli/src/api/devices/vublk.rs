@@ -10,11 +10,12 @@
 use super::Answer;
 use crate::api::metrics::Sample;
 use crate::api::model::{Drive, PartialDrive};
+use crate::api::plug_worker::Worker;
 use crate::api::request::check_id;
 use crate::api::vm::{Fault, Vm};
 use exitless_vmm::device_manager::Attach;
 use exitless_vmm::virtio::vhost_user::BackendError;
-use exitless_vmm::virtio::vublk::{self, Connection, Pending, VublkConfig};
+use exitless_vmm::virtio::vublk::{self, Pending, VublkConfig};
 use exitless_vmm::Machine;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -80,8 +81,9 @@ pub fn shares_memory(vm: &Vm) -> bool {
 }
 
 /// `PATCH /drives/{id}` of a vhost-user drive, or with neither a file nor limits
-/// (Firecracker's `update_vhost_user_block_config`, refused for a file drive).
-pub fn update(machine: &Machine, drive: &Drive, p: PartialDrive) -> Result<(), Fault> {
+/// (Firecracker's `update_vhost_user_block_config`, refused for a file drive). The
+/// backend is asked on the hotplug worker: the API thread's filter has no sendmsg.
+pub fn update(worker: Option<&Worker>, machine: Arc<Machine>, drive: &Drive, p: PartialDrive) -> Result<(), Fault> {
     let patch = |why: String| {
         Fault(format!(
             "Drive config error: Unable to patch the block device: {why} Please verify the request arguments."
@@ -90,7 +92,10 @@ pub fn update(machine: &Machine, drive: &Drive, p: PartialDrive) -> Result<(), F
     if drive.socket.is_none() || p.path_on_host.is_some() || p.rate_limiter.is_some() {
         return Err(patch("Block: Running method expected different backend.".into()));
     }
-    machine.devices().update_vublk_config(&drive.drive_id).map_err(|e| patch(format!("{}: {e}.", drive.drive_id)))
+    let worker = worker.ok_or_else(|| Fault("The hotplug worker is not running.".into()))?;
+    let id = drive.drive_id.clone();
+    let updated = worker.run(move || machine.devices().update_vublk_config(&id))?;
+    updated.map_err(|e| patch(format!("{}: {e}.", drive.drive_id)))
 }
 
 /// The vhost-user drives' counters, under Firecracker's `vhost_user_block_<id>`.
@@ -124,10 +129,10 @@ impl Vm {
         // A drive configured again lets its old backend go before the new one connects.
         self.vublk.forget(id);
         let config = config(&d);
-        let connection = vublk::connect(&config).map_err(|e| backend_fault(&e))?;
         if running {
-            return self.plug_vhost_user_drive(d, config, connection);
+            return self.plug_vhost_user_drive(d, config);
         }
+        let connection = vublk::connect(&config).map_err(|e| backend_fault(&e))?;
         let read_only = connection.read_only();
         self.vublk.by_id.insert(id.to_string(), (Arc::new(Mutex::new(Some(connection))), read_only));
         match self.config.drives.iter_mut().find(|o| o.drive_id == id) {
@@ -138,13 +143,12 @@ impl Vm {
     }
 
     /// A vhost-user drive plugged into the running microVM (its memory must be shared:
-    /// booted with a vhost-user device).
-    fn plug_vhost_user_drive(&mut self, d: Drive, config: VublkConfig, connection: Connection) -> Result<(), Fault> {
+    /// booted with a vhost-user device), its backend connected on the hotplug worker (the
+    /// API thread's filter has no socket(2)).
+    fn plug_vhost_user_drive(&mut self, d: Drive, config: VublkConfig) -> Result<(), Fault> {
         let id = d.drive_id.clone();
-        let connection = Mutex::new(Some(connection));
         self.plug(super::plug::Plugged::Drive, &id, move |dm| {
-            let connection = exitless_vmm::sync::lock(&connection).take();
-            dm.attach_vublk(&config, connection).map_err(|e| crate::with_causes(&e))
+            dm.attach_vublk(&config, None).map_err(|e| crate::with_causes(&e))
         })?;
         self.config.drives.push(d);
         Ok(())
