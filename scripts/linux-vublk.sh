@@ -8,7 +8,8 @@
 # Prints one PASS/FAIL line per check and a summary; exits non-zero on a failure.
 #   scripts/linux-vublk.sh [KERNEL]
 # Env: EXITLESS (binary), TIMEOUT (s per boot, 600), WORK (default /tmp/exitless-linux-vublk),
-# CH_BLOCK (Cloud Hypervisor's vhost_user_block binary, if built: also run on it).
+# CH_BLOCK (Cloud Hypervisor's vhost_user_block binary, if built: also run on it; it serves
+# one connection and exits), BACKENDS (which of "qsd ch" to run, default both).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
@@ -85,9 +86,11 @@ JSON
 want=$({ yes exitless-vublk-pattern || :; } | head -c 4194304 | md5sum | cut -d' ' -f1)
 say "kernel $kernel; exitless $exitless"
 qsd_cmd="$qsd --blockdev driver=file,node-name=f,filename=\$img --export type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path=SOCK,writable=on"
-run qsd-mmio "$qsd_cmd" ""
-run qsd-pci "$qsd_cmd" "--enable-pci"
-if [ -n "${CH_BLOCK:-}" ]; then
+if [[ " ${BACKENDS:-qsd ch} " == *" qsd "* ]]; then
+  run qsd-mmio "$qsd_cmd" ""
+  run qsd-pci "$qsd_cmd" "--enable-pci"
+fi
+if [ -n "${CH_BLOCK:-}" ] && [[ " ${BACKENDS:-qsd ch} " == *" ch "* ]]; then
   ch_cmd="$CH_BLOCK --block-backend path=\$img,socket=SOCK,num_queues=1"
   run ch-mmio "$ch_cmd" ""
   run ch-pci "$ch_cmd" "--enable-pci"
