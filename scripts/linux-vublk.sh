@@ -59,7 +59,8 @@ run() { # name, backend command (with SOCK and IMG for the socket and image), ex
   head -c $((8 << 20)) /dev/urandom > "$img"
   head -c $((8 << 20)) /dev/zero >> "$img"
   rm -f "$sock"
-  eval "${backend//SOCK/$sock}" >"$work/$name.backend.log" 2>&1 &
+  # exec: the pid is the backend's own, to end it after the boot.
+  eval "exec ${backend//SOCK/$sock}" >"$work/$name.backend.log" 2>&1 &
   backend_pid=$!
   pids+=("$backend_pid")
   for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
