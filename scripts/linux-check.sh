@@ -10,6 +10,9 @@
 #   scripts/linux-check.sh --fs [KERNEL]
 # --fs runs only the virtio-fs checks (scripts/linux-fs.sh: virtiofsd on both transports,
 # a root on virtio-fs, the backend killed mid-I/O), about six minutes.
+#   scripts/linux-check.sh --vublk [KERNEL]
+# --vublk runs only the vhost-user-blk checks (scripts/linux-vublk.sh: qemu-storage-daemon
+# on both transports, md5 of what the guest reads and writes against the host image).
 #   scripts/linux-check.sh --hotplug [KERNEL]
 # --hotplug runs only the device hotplug checks (scripts/linux-hotplug.sh): a drive, a pmem
 # device and a NIC plugged into a running guest, found without a rescan, used, unplugged.
@@ -48,6 +51,10 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 if [ "${1:-}" = --fs ]; then
   shift
   exec "$here/scripts/linux-fs.sh" "$@"
+fi
+if [ "${1:-}" = --vublk ]; then
+  shift
+  exec "$here/scripts/linux-vublk.sh" "$@"
 fi
 exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
 timeout=${TIMEOUT:-600}

@@ -279,3 +279,53 @@ fn a_guest_writing_a_vhost_user_drive_goes_on_through_a_snapshot_and_a_load() {
         assert_eq!(sectors_written(&image), TICKS, "pci {pci}");
     }
 }
+
+#[test]
+fn a_vhost_user_drive_is_hotplugged_over_pci_where_memory_is_shared() {
+    if !kvm_or_skip("a_vhost_user_drive_is_hotplugged_over_pci_where_memory_is_shared") {
+        return;
+    }
+    let dir = tempdir();
+    let payloads = payloads_in(&dir);
+    for shared in [true, false] {
+        let sock = dir.join(format!("api-{shared}.sock"));
+        let mut child = api_process(&sock, Stdio::null());
+        let mut backends = Vec::new();
+        if shared {
+            // A vhost-user drive at boot: guest RAM is a memfd the backends map.
+            let first = dir.join("first.sock");
+            backends.push(stub(&first, Stub::Good));
+            expect_ok(&sock, "PUT", "/drives/first", Some(&drive("first", &first))).unwrap();
+        }
+        let boot = json!({"kernel_image_path": payloads.join("wait.elf")});
+        expect_ok(&sock, "PUT", "/boot-source", Some(&boot)).unwrap();
+        expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
+        let hot = dir.join(format!("hot-{shared}.sock"));
+        if shared {
+            backends.push(stub(&hot, Stub::Good));
+            expect_ok(&sock, "PUT", "/drives/hot", Some(&drive("hot", &hot))).unwrap();
+            let exits = expect_ok(&sock, "GET", "/exits", None).unwrap().unwrap().to_string();
+            assert!(exits.contains("vhost-user-blk1"), "{exits}");
+            let state = expect_ok(&sock, "GET", "/drives/hot", None).unwrap().unwrap();
+            assert_eq!(state["state"], "running", "{state}");
+            // Firecracker's PATCH of a vhost-user drive: its configuration read again
+            // (GET_CONFIG, on the worker); refused for a file drive's fields.
+            expect_ok(&sock, "PATCH", "/drives/hot", Some(&json!({"drive_id": "hot"}))).unwrap();
+            let why = fault(&sock, "PATCH", "/drives/hot", json!({"drive_id": "hot", "path_on_host": "/dev/null"}));
+            assert!(why.contains("Running method expected different backend"), "{why}");
+            expect_ok(&sock, "DELETE", "/drives/hot", None).unwrap();
+            assert_eq!(request(&sock, "GET", "/drives/hot", None).unwrap().status, 400, "unplugged");
+        } else {
+            // Refused before any connection: the guest's memory is private to the VMM.
+            let why = fault(&sock, "PUT", "/drives/hot", drive("hot", &hot));
+            assert!(why.contains("guest memory must be shared"), "{why}");
+            let config = expect_ok(&sock, "GET", "/vm/config", None).unwrap().unwrap();
+            assert!(config["drives"].as_array().is_none_or(|d| d.is_empty()), "nothing half-made: {config}");
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        for b in backends {
+            b.join().unwrap();
+        }
+    }
+}

@@ -152,6 +152,8 @@ const OTHER_KINDS: &[ThreadKind] = &[
     ThreadKind::Pmem,
     ThreadKind::Mem,
     ThreadKind::Vsock,
+    // A vhost-user drive plugged in shakes hands with its backend on the worker.
+    ThreadKind::VhostUser,
     ThreadKind::ConsoleOut,
     ThreadKind::SerialIn,
     ThreadKind::Api,

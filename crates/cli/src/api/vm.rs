@@ -61,7 +61,7 @@ pub struct Vm {
     /// Plugs and unplugs devices once the machine runs (api/devices/plug.rs).
     pub plug_worker: Option<super::plug_worker::Worker>,
     /// vhost-user drives' backends, connected when configured (api/devices/vublk.rs).
-    pub vublk: super::devices::VublkConnections,
+    pub vublk: exitless_vmm::virtio::vublk::Connections,
 }
 
 impl Vm {
@@ -232,7 +232,7 @@ impl Vm {
         let drive = self.config.drives.iter_mut().find(|d| d.drive_id == id);
         let drive = drive.ok_or_else(|| Fault(format!("No drive with id {id}.")))?;
         if drive.socket.is_some() || (p.path_on_host.is_none() && p.rate_limiter.is_none()) {
-            return super::devices::update_vhost_user_drive(&machine, drive, p);
+            return self.update_vhost_user_drive(machine, id, p);
         }
         if let Some(path) = p.path_on_host {
             machine
@@ -398,7 +398,7 @@ impl Vm {
         let poll = exitless_vmm::poll::PollMode::Adaptive;
         let mut devices: Vec<_> = nets.into_iter().map(|n| virtio::net::attach(n, poll)).collect();
         devices.extend(drives.into_iter().map(|d| match d.socket.is_some() {
-            true => self.vublk.attach(d),
+            true => self.attach_vublk(d),
             false => virtio::blk::attach(drive_config(d), poll),
         }));
         let entropy = self.config.entropy.map(|e| super::model::limits(e.rate_limiter.as_ref()));
@@ -511,7 +511,7 @@ impl Vm {
                 ],
             );
         }
-        super::devices::vublk_sample(machine, &mut sample);
+        Self::sample_vublk(machine, &mut sample);
         if let Ok((balloon, _)) = machine.devices().balloon() {
             use std::sync::atomic::Ordering::Relaxed;
             let c = &balloon.shared.counters;

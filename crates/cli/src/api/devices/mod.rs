@@ -14,8 +14,6 @@ pub mod plug;
 mod pmem;
 mod vublk;
 
-pub use vublk::{sample as vublk_sample, update as update_vhost_user_drive, VublkConnections};
-
 use super::model::VmConfig;
 use super::vm::{Fault, Vm};
 use exitless_vmm::device_manager::Attach;

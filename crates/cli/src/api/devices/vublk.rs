@@ -14,39 +14,13 @@ use crate::api::request::check_id;
 use crate::api::vm::{Fault, Vm};
 use exitless_vmm::device_manager::Attach;
 use exitless_vmm::virtio::vhost_user::BackendError;
-use exitless_vmm::virtio::vublk::{self, Connection, Pending, VublkConfig};
+use exitless_vmm::virtio::vublk::{self, VublkConfig};
 use exitless_vmm::Machine;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Firecracker's chain of errors for a drive it cannot make (VmmActionError::DriveConfig,
 /// DriveError::CreateBlockDevice).
 const CANNOT_CREATE: &str = "Drive config error: Unable to create the virtio block device:";
-
-/// The backends connected for the configured vhost-user drives, by drive id.
-#[derive(Default)]
-pub struct VublkConnections {
-    by_id: HashMap<String, (Pending, bool)>,
-}
-
-impl VublkConnections {
-    /// Drive `id` is no longer a vhost-user drive (or is configured again): its backend let go.
-    pub fn forget(&mut self, id: &str) {
-        self.by_id.remove(id);
-    }
-
-    /// Whether drive `id`'s backend offers it read-only.
-    pub fn read_only(&self, id: &str) -> bool {
-        self.by_id.get(id).is_some_and(|(_, ro)| *ro)
-    }
-
-    /// What drive `d` attaches: its backend's connection if it has one (a snapshot's load
-    /// connects again).
-    pub fn attach(&self, d: &Drive) -> Attach {
-        let pending = self.by_id.get(&d.drive_id).map(|(p, _)| p.clone()).unwrap_or_default();
-        vublk::attach(config(d), pending)
-    }
-}
 
 fn config(d: &Drive) -> VublkConfig {
     VublkConfig {
@@ -82,28 +56,44 @@ fn shares_memory(vm: &Vm) -> bool {
     vm.config.drives.iter().any(|d| d.socket.is_some())
 }
 
-/// `PATCH /drives/{id}` of a vhost-user drive, or with neither a file nor limits
-/// (Firecracker's `update_vhost_user_block_config`, refused for a file drive).
-pub fn update(machine: &Machine, drive: &Drive, p: PartialDrive) -> Result<(), Fault> {
-    let patch = |why: String| {
-        Fault(format!(
-            "Drive config error: Unable to patch the block device: {why} Please verify the request arguments."
-        ))
-    };
-    if drive.socket.is_none() || p.path_on_host.is_some() || p.rate_limiter.is_some() {
-        return Err(patch("Block: Running method expected different backend.".into()));
-    }
-    machine.devices().update_vublk_config(&drive.drive_id).map_err(|e| patch(format!("{}: {e}.", drive.drive_id)))
-}
-
-/// The vhost-user drives' counters, under Firecracker's `vhost_user_block_<id>`.
-pub fn sample(machine: &Machine, sample: &mut Sample) {
-    for d in machine.devices().vublks() {
-        sample.vhost_user(&format!("block_{}", d.id), &d.metrics.fields());
-    }
-}
-
 impl Vm {
+    /// The vhost-user drives' counters, under Firecracker's `vhost_user_block_<id>`.
+    pub(in crate::api) fn sample_vublk(machine: &Machine, sample: &mut Sample) {
+        for d in machine.devices().vublks() {
+            sample.vhost_user(&format!("block_{}", d.id), &d.metrics.fields());
+        }
+    }
+
+    /// What vhost-user drive `d` attaches: its backend's connection if it has one (a
+    /// snapshot's load connects again).
+    pub(in crate::api) fn attach_vublk(&self, d: &Drive) -> Attach {
+        vublk::attach(config(d), self.vublk.pending(&d.drive_id))
+    }
+
+    /// `PATCH /drives/{id}` of a vhost-user drive, or with neither a file nor limits
+    /// (Firecracker's `update_vhost_user_block_config`, refused for a file drive). The
+    /// backend is asked on the hotplug worker: the API thread's filter has no sendmsg.
+    pub(in crate::api) fn update_vhost_user_drive(
+        &self,
+        machine: Arc<Machine>,
+        id: &str,
+        p: PartialDrive,
+    ) -> Result<(), Fault> {
+        let patch = |why: String| {
+            Fault(format!(
+                "Drive config error: Unable to patch the block device: {why} Please verify the request arguments."
+            ))
+        };
+        let vhost_user = self.config.drives.iter().any(|d| d.drive_id == id && d.socket.is_some());
+        if !vhost_user || p.path_on_host.is_some() || p.rate_limiter.is_some() {
+            return Err(patch("Block: Running method expected different backend.".into()));
+        }
+        let worker = self.plug_worker.as_ref().ok_or_else(|| Fault("The hotplug worker is not running.".into()))?;
+        let drive = id.to_string();
+        let updated = worker.run(move || machine.devices().update_vublk_config(&drive))?;
+        updated.map_err(|e| patch(format!("{id}: {e}.")))
+    }
+
     /// `PUT /drives/{id}` with a `socket` (or with neither it nor path_on_host): checked
     /// as Firecracker checks it, then the backend connected and its handshake done.
     pub(in crate::api) fn set_vhost_user_drive(&mut self, id: &str, d: Drive, running: bool) -> Result<(), Fault> {
@@ -127,12 +117,11 @@ impl Vm {
         // A drive configured again lets its old backend go before the new one connects.
         self.vublk.forget(id);
         let config = config(&d);
-        let connection = vublk::connect(&config).map_err(|e| backend_fault(&e))?;
         if running {
-            return self.plug_vhost_user_drive(d, config, connection);
+            return self.plug_vhost_user_drive(d, config);
         }
-        let read_only = connection.read_only();
-        self.vublk.by_id.insert(id.to_string(), (Arc::new(Mutex::new(Some(connection))), read_only));
+        let connection = vublk::connect(&config).map_err(|e| backend_fault(&e))?;
+        self.vublk.keep(id, connection);
         match self.config.drives.iter_mut().find(|o| o.drive_id == id) {
             Some(old) => *old = d,
             None => self.config.drives.push(d),
@@ -141,13 +130,12 @@ impl Vm {
     }
 
     /// A vhost-user drive plugged into the running microVM (its memory must be shared:
-    /// booted with a vhost-user device).
-    fn plug_vhost_user_drive(&mut self, d: Drive, config: VublkConfig, connection: Connection) -> Result<(), Fault> {
+    /// booted with a vhost-user device), its backend connected on the hotplug worker (the
+    /// API thread's filter has no socket(2)).
+    fn plug_vhost_user_drive(&mut self, d: Drive, config: VublkConfig) -> Result<(), Fault> {
         let id = d.drive_id.clone();
-        let connection = Mutex::new(Some(connection));
         self.plug(super::plug::Plugged::Drive, &id, move |dm| {
-            let connection = exitless_vmm::sync::lock(&connection).take();
-            dm.attach_vublk(&config, connection).map_err(|e| crate::with_causes(&e))
+            dm.attach_vublk(&config, None).map_err(|e| crate::with_causes(&e))
         })?;
         self.config.drives.push(d);
         Ok(())

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vm_memory::GuestMemoryBackend;
 
 /// virtio's device type for a block device.
 const TYPE_BLOCK: u16 = 2;
@@ -80,6 +81,36 @@ pub fn connect(config: &VublkConfig) -> Result<Connection, BackendError> {
 /// snapshot's load connects again).
 pub type Pending = Arc<Mutex<Option<Connection>>>;
 
+/// The backends connected for the configured vhost-user drives, by drive id, until the
+/// machine is built.
+#[derive(Default)]
+pub struct Connections {
+    by_id: std::collections::HashMap<String, (Pending, bool)>,
+}
+
+impl Connections {
+    /// Drive `id` is no longer a vhost-user drive (or is configured again): its backend let go.
+    pub fn forget(&mut self, id: &str) {
+        self.by_id.remove(id);
+    }
+
+    /// Keeps drive `id`'s connection for the start.
+    pub fn keep(&mut self, id: &str, connection: Connection) {
+        let read_only = connection.read_only();
+        self.by_id.insert(id.to_string(), (Arc::new(Mutex::new(Some(connection))), read_only));
+    }
+
+    /// Whether drive `id`'s backend offers it read-only.
+    pub fn read_only(&self, id: &str) -> bool {
+        self.by_id.get(id).is_some_and(|(_, ro)| *ro)
+    }
+
+    /// Drive `id`'s connection, for its attach (empty if none was kept).
+    pub fn pending(&self, id: &str) -> Pending {
+        self.by_id.get(id).map(|(p, _)| p.clone()).unwrap_or_default()
+    }
+}
+
 /// A vhost-user-blk drive on `config`, attached as the machine is built.
 pub fn attach(config: VublkConfig, pending: Pending) -> Attach {
     Box::new(move |dm| dm.attach_vublk(&config, lock(&pending).take()))
@@ -106,7 +137,15 @@ impl DeviceManager {
         let label = format!("vhost-user-blk{}", self.virtio_of::<VublkHandle>().count());
         // The backend maps guest memory: it must be shared (the machine's `shared_memory`).
         crate::virtio::vhost_user::backend::memory_table(self.memory()).map_err(|e| {
-            DeviceError::backend(std::io::Error::other(format!("{label}: {e}; guest memory must be shared")))
+            // virtio-mem's region is anonymous (plugs.rs maps unplugged blocks afresh):
+            // not in the table a backend maps.
+            let hotplug = self.memory().iter().any(|r| !r.is_ram());
+            let why = if hotplug {
+                "memory hotplug (virtio-mem) and a vhost-user device together are not supported"
+            } else {
+                "guest memory must be shared"
+            };
+            DeviceError::backend(std::io::Error::other(format!("{label}: {e}; {why}")))
         })?;
         let connection = match connection.map(Ok).unwrap_or_else(|| connect(config)) {
             Err(e @ BackendError::Connect { .. }) => return Err(DeviceError::backend(e)),

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# vhost-user-blk seen from a Linux guest (`scripts/linux-check.sh --vublk` runs it): a drive
+# `socket` served by qemu-storage-daemon (and, with CH=1, by Cloud Hypervisor's
+# vhost_user_block), on virtio-mmio and on PCI (--enable-pci), from a configuration file:
+# the guest reads the host image's first 8 MiB with the host's md5, writes 4 MiB of a
+# pattern after them with O_DIRECT and fsync, and the host then finds them in the image
+# byte for byte.
+# Prints one PASS/FAIL line per check and a summary; exits non-zero on a failure.
+#   scripts/linux-vublk.sh [KERNEL]
+# Env: EXITLESS (binary), TIMEOUT (s per boot, 600), WORK (default /tmp/exitless-linux-vublk),
+# CH_BLOCK (Cloud Hypervisor's vhost_user_block binary, if built: also run on it; it serves
+# one connection and exits), BACKENDS (which of "qsd ch" to run, default both).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
+timeout=${TIMEOUT:-600}
+work=${WORK:-/tmp/exitless-linux-vublk}
+say() { echo "linux-vublk: $*" >&2; }
+fail() { say "FAILED at step $1"; exit 1; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+passed=0 failed=0
+check() { # name, condition (0/1), detail
+  if [ "$2" = 0 ]; then echo "PASS $1: $3"; passed=$((passed + 1)); else echo "FAIL $1: $3"; failed=$((failed + 1)); fi
+}
+result() { grep -a "^LINUX-VUBLK-RESULT $1 " "$2" | tr -d '\r' | tail -n 1 | cut -d' ' -f3- || true; }
+
+[ -x "$exitless" ] || fail "setup: no exitless binary at $exitless (cargo build --release)"
+qsd=$(command -v qemu-storage-daemon) || fail "setup: qemu-storage-daemon is not installed (Debian's qemu-system-common)"
+kernel=${1:-}
+[ -n "$kernel" ] || kernel=$("$here/scripts/guest-kernel.sh") || fail "kernel (scripts/guest-kernel.sh)"
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+. "$here/scripts/guest-busybox.sh"
+fetch_busybox
+
+cat > init <<'EOF'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev 2>/dev/null
+r() { echo "LINUX-VUBLK-RESULT $1 $2"; }
+r size $(cat /sys/block/vda/size)
+r read-md5 $(dd if=/dev/vda bs=1M count=8 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)
+# A pattern made at CPL3 (/dev/urandom's crypto would run at the emulated CPL0 here).
+yes exitless-vublk-pattern | head -c 4194304 > /w.bin
+r written-md5 $(md5sum < /w.bin | cut -d' ' -f1)
+dd if=/w.bin of=/dev/vda bs=1M seek=8 oflag=direct conv=fsync 2>/dev/null && r write ok
+echo 3 > /proc/sys/vm/drop_caches
+r reread-md5 $(dd if=/dev/vda bs=1M skip=8 count=4 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)
+poweroff -f
+EOF
+python3 "$here/scripts/make-initramfs.py" initrd.cpio pkg/bin/busybox init || fail "initramfs: writing the cpio archive"
+cmdline="console=ttyS0 reboot=k panic=-1 nokaslr"
+
+run() { # name, backend command (with SOCK and IMG for the socket and image), exitless flags
+  local name=$1 backend=$2 flags=$3 img=$work/$1.img sock=$work/$1.sock log=$work/$1.log status=0 backend_pid
+  head -c $((8 << 20)) /dev/urandom > "$img"
+  head -c $((8 << 20)) /dev/zero >> "$img"
+  rm -f "$sock"
+  # exec: the pid is the backend's own, to end it after the boot.
+  eval "exec ${backend//SOCK/$sock}" >"$work/$name.backend.log" 2>&1 &
+  backend_pid=$!
+  pids+=("$backend_pid")
+  for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+  cat > "$name.json" <<JSON
+{"boot-source": {"kernel_image_path": "$kernel", "initrd_path": "$work/initrd.cpio", "boot_args": "$cmdline"},
+ "machine-config": {"vcpu_count": 2, "mem_size_mib": 256},
+ "drives": [{"drive_id": "vu", "is_root_device": false, "socket": "$sock", "cache_type": "Writeback"}]}
+JSON
+  # shellcheck disable=SC2086
+  timeout "$timeout" "$exitless" --no-api $flags --config-file "$name.json" </dev/null >"$log" 2>"$work/$name.err" || status=$?
+  kill "$backend_pid" 2>/dev/null || true
+  wait "$backend_pid" 2>/dev/null || true
+  local host_read host_written
+  host_read=$(head -c $((8 << 20)) "$img" | md5sum | cut -d' ' -f1)
+  host_written=$(dd if="$img" bs=1M skip=8 count=4 2>/dev/null | md5sum | cut -d' ' -f1)
+  check "$name: capacity" "$([ "$(result size "$log")" = $((16 << 11)) ]; echo $?)" "guest sees $(result size "$log") sectors"
+  check "$name: read" "$([ "$(result read-md5 "$log")" = "$host_read" ]; echo $?)" "guest md5 $(result read-md5 "$log"), host $host_read"
+  check "$name: written" "$([ "$(result write "$log")" = ok ] && [ "$(result written-md5 "$log")" = "$host_written" ] && [ "$host_written" = "$want" ]; echo $?)" \
+    "guest wrote $(result written-md5 "$log"), host image holds $host_written, the pattern is $want"
+  check "$name: read back, guest ended" "$([ "$(result reread-md5 "$log")" = "$host_written" ] && [ "$status" = 0 ]; echo $?)" \
+    "guest reads $(result reread-md5 "$log"); exit status $status"
+}
+
+want=$({ yes exitless-vublk-pattern || :; } | head -c 4194304 | md5sum | cut -d' ' -f1)
+say "kernel $kernel; exitless $exitless"
+qsd_cmd="$qsd --blockdev driver=file,node-name=f,filename=\$img --export type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path=SOCK,writable=on"
+if [[ " ${BACKENDS:-qsd ch} " == *" qsd "* ]]; then
+  run qsd-mmio "$qsd_cmd" ""
+  run qsd-pci "$qsd_cmd" "--enable-pci"
+fi
+if [ -n "${CH_BLOCK:-}" ] && [[ " ${BACKENDS:-qsd ch} " == *" ch "* ]]; then
+  ch_cmd="$CH_BLOCK --block-backend path=\$img,socket=SOCK,num_queues=1"
+  run ch-mmio "$ch_cmd" ""
+  run ch-pci "$ch_cmd" "--enable-pci"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
