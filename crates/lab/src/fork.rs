@@ -80,6 +80,7 @@ fn run_one(name: &'static str, exe: &Path, dir: &Path, mem_mib: u64, opts: &Opti
     let fill_mib = (mem_mib as f64 * opts.written) as u64;
     let args = format!("console=ttyS0 kbd echo exitless.params={fill_mib}");
     parent.put("/boot-source", json!({"kernel_image_path": dir.join("wait.elf"), "boot_args": args}))?;
+    eprintln!("fork: {name}: {mem_mib} MiB: booting the guest, which writes {fill_mib} MiB ...");
     let booted = Instant::now();
     parent.put("/actions", json!({"action_type": "InstanceStart"}))?;
     // Writing guest RAM at CPL0 is emulated on a nested host: allow for it.
@@ -100,11 +101,18 @@ fn run_one(name: &'static str, exe: &Path, dir: &Path, mem_mib: u64, opts: &Opti
     let written_bytes = wchar(pid).unwrap_or(before) - before;
     let load = json!({"snapshot_path": state, "mem_backend": {"backend_type": "File", "backend_path": memory},
                       "resume_vm": true});
+    eprintln!(
+        "fork: {name}: {mem_mib} MiB: paused {:.1} ms for the snapshot; loading the clones ...",
+        pause.as_secs_f64() * 1e3
+    );
     let started = Instant::now();
     let mut loads = Vec::with_capacity(clones.len());
-    for vm in &clones {
+    for (i, vm) in clones.iter().enumerate() {
         loads.push(vm.put("/snapshot/load", load.clone())?.as_secs_f64() * 1e3);
         vm.put("/actions", json!({"action_type": "SendCtrlAltDel"}))?;
+        if (i + 1) % 10 == 0 && i + 1 < clones.len() {
+            eprintln!("fork: {name}: {mem_mib} MiB: {} of {} clones loaded and asked", i + 1, clones.len());
+        }
     }
     let mut last = started;
     for (i, vm) in clones.iter().enumerate() {
@@ -113,6 +121,11 @@ fn run_one(name: &'static str, exe: &Path, dir: &Path, mem_mib: u64, opts: &Opti
         last = last.max(at);
     }
     let all_answered = last - started;
+    eprintln!(
+        "fork: {name}: {mem_mib} MiB: all {} clones answered in {:.0} ms",
+        clones.len(),
+        all_answered.as_secs_f64() * 1e3
+    );
     let mut sums = (0u64, 0u64, 0u64);
     for (i, vm) in clones.iter().enumerate() {
         let (rss, pss, anon) = memory_of(vm.child.id()).ok_or_else(|| fail(name, format!("clone {i}: no smaps")))?;
@@ -152,10 +165,14 @@ pub fn measure(opts: &Options) -> Result<Vec<Row>, LabError> {
         vmms.push(("firecracker", fc.as_path()));
     }
     let mut rows = Vec::new();
+    let began = Instant::now();
     for &size in &opts.sizes_mib {
         for &(name, exe) in &vmms {
             match run_one(name, exe, &dir, size, opts) {
-                Ok(row) => rows.push(row),
+                Ok(row) => {
+                    eprintln!("fork: {name}: {size} MiB done; {:.0} s since the start", began.elapsed().as_secs_f64());
+                    rows.push(row)
+                }
                 Err(e) => {
                     let _ = std::fs::remove_dir_all(&dir);
                     return Err(e);

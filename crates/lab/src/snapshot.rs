@@ -12,6 +12,7 @@
 //! (its first answer).
 
 mod huge;
+mod lines;
 
 use crate::api_client::{expect_ok_within, listening};
 use crate::report::{print_table, targets_json, targets_text, Outputs, Target};
@@ -73,8 +74,8 @@ pub struct Row {
     pub running_again_ms: f64,
 }
 
-/// A VMM process started with `--api-sock`, every line of its stdout kept with when it
-/// came (also `bench density`'s).
+/// A VMM process started with `--api-sock`, every guest line of its stdout kept with when
+/// it came, log messages cut out (lines.rs; also `bench density`'s and `bench fork`'s).
 pub(crate) struct Vmm {
     pub(crate) child: Child,
     sock: PathBuf,
@@ -102,7 +103,9 @@ impl Vmm {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
         let reader = std::thread::spawn(move || {
+            let mut guest = lines::GuestLines::default();
             for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let Some(line) = guest.push(&line) else { continue };
                 if let Ok(mut l) = sink.lock() {
                     l.push((Instant::now(), line));
                 }

@@ -2,6 +2,9 @@
 //! which device each one reached. One `ExitStats` per vCPU, filled with no allocation.
 
 use crate::bus::DeviceId;
+use histogram::Histogram;
+
+mod histogram;
 
 /// The TSC: the cheapest clock there is, for timing the VMM's share of an exit.
 #[inline]
@@ -135,7 +138,8 @@ pub struct ExitStats {
     pub count: [u64; ExitKind::ALL.len()],
     /// TSC cycles spent in the VMM, from `KVM_RUN` returning to the next `KVM_RUN`.
     pub vmm_cycles: [u64; ExitKind::ALL.len()],
-    histogram: Vec<[u32; BUCKETS + 1]>,
+    /// A row of `BUCKETS + 1` counters per exit kind.
+    histogram: Histogram,
     /// Indexed by [`DeviceId`]; sized when the vCPU is built.
     pub devices: Vec<DeviceCounts>,
     pub unclaimed_pio: DeviceCounts,
@@ -149,7 +153,7 @@ impl ExitStats {
         ExitStats {
             count: [0; ExitKind::ALL.len()],
             vmm_cycles: [0; ExitKind::ALL.len()],
-            histogram: vec![[0; BUCKETS + 1]; ExitKind::ALL.len()],
+            histogram: Histogram::new(ExitKind::ALL.len(), BUCKETS + 1),
             devices: vec![DeviceCounts::default(); devices],
             unclaimed_pio: DeviceCounts::default(),
             unclaimed_mmio: DeviceCounts::default(),
@@ -164,7 +168,7 @@ impl ExitStats {
         self.count[k] += 1;
         self.vmm_cycles[k] += cycles;
         let bucket = ((cycles / BUCKET_CYCLES) as usize).min(BUCKETS);
-        self.histogram[k][bucket] += 1;
+        self.histogram.row_mut(k)[bucket] += 1;
     }
 
     #[inline]
@@ -199,7 +203,7 @@ impl ExitStats {
         }
         let mut seen = 0u64;
         for bucket in 0..=BUCKETS {
-            seen += kinds.iter().map(|&k| u64::from(self.histogram[k as usize][bucket])).sum::<u64>();
+            seen += kinds.iter().map(|&k| u64::from(self.histogram.row(k as usize)[bucket])).sum::<u64>();
             if seen * 2 >= total {
                 return Some((bucket as u64 * BUCKET_CYCLES) as f64 + BUCKET_CYCLES as f64 / 2.0);
             }
@@ -212,10 +216,8 @@ impl ExitStats {
         for k in 0..self.count.len() {
             self.count[k] += other.count[k];
             self.vmm_cycles[k] += other.vmm_cycles[k];
-            for b in 0..=BUCKETS {
-                self.histogram[k][b] += other.histogram[k][b];
-            }
         }
+        self.histogram.add(&other.histogram);
         if self.devices.len() < other.devices.len() {
             self.devices.resize(other.devices.len(), DeviceCounts::default());
         }
@@ -236,7 +238,7 @@ impl ExitStats {
 
     /// Makes `self` equal to `other`, writing only what differs: a histogram bucket never
     /// hit stays an untouched zero page in both, so a published copy costs no more memory
-    /// than the buckets the vCPU used (a plain clone makes all 147 KiB resident).
+    /// than the buckets the vCPU used.
     pub fn copy_from(&mut self, other: &ExitStats) {
         self.count = other.count;
         self.vmm_cycles = other.vmm_cycles;
@@ -244,14 +246,7 @@ impl ExitStats {
         self.unclaimed_pio = other.unclaimed_pio;
         self.unclaimed_mmio = other.unclaimed_mmio;
         self.completed = other.completed;
-        self.histogram.resize(other.histogram.len(), [0; BUCKETS + 1]);
-        for (mine, theirs) in self.histogram.iter_mut().zip(&other.histogram) {
-            for (m, t) in mine.iter_mut().zip(theirs) {
-                if m != t {
-                    *m = *t;
-                }
-            }
-        }
+        self.histogram.copy_from(&other.histogram);
     }
 
     /// Clears everything (the lab measures one window at a time).

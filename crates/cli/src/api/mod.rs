@@ -323,6 +323,8 @@ fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), Str
     // not hold (api/devices/plug.rs).
     let worker = plug_worker::Worker::start().map_err(|e| format!("cannot start the hotplug worker: {e}"))?;
     exitless_vmm::sync::lock(&vm_shared.vm).plug_worker = Some(worker);
+    // Building the machine went deeper than answering requests ever does.
+    exitless_vmm::heap::give_back_main_stack();
     exitless_vmm::seccomp::confine(exitless_vmm::seccomp::ThreadKind::Api)
         .map_err(|e| format!("cannot confine the API thread: {e}"))
 }
