@@ -32,7 +32,6 @@ impl Staged {
         }
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        sweep(&path, &name, LEFT_BEHIND_AFTER);
         let unique = format!(".{name}.exitless-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let temp = path.with_file_name(unique);
         Ok(Staged { path, temp, committed: false })
@@ -66,50 +65,6 @@ impl Staged {
         self.committed = true;
         Ok(())
     }
-}
-
-/// How long a staged file of a process that is gone must have been left untouched before
-/// a later create removes it: a create in another PID namespace (a jail) whose process id
-/// means nothing here still writes its file, or links it, within this.
-const LEFT_BEHIND_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Removes the staged files of `path` that a killed create left (its `Drop` never ran): on
-/// the `--ram-dir` path such a file is a second name of a whole guest's RAM, which would
-/// hold the tmpfs's memory for good. Only files whose process is gone and whose inode has
-/// not changed for `min_age`; anything unexpected is left alone.
-fn sweep(path: &Path, name: &str, min_age: std::time::Duration) {
-    let Some(dir) = path.parent() else { return };
-    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let prefix = format!(".{name}.exitless-");
-    for entry in entries.flatten() {
-        let file = entry.file_name();
-        let Some(rest) = file.to_str().and_then(|f| f.strip_prefix(&prefix)) else { continue };
-        let Some(pid) = rest.split_once('-').and_then(|(pid, n)| n.parse::<u64>().ok().and(pid.parse::<i32>().ok()))
-        else {
-            continue;
-        };
-        // SAFETY: signal 0 sends nothing; it asks whether the process exists.
-        let gone = pid > 0
-            && unsafe { libc::kill(pid, 0) } != 0
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-        let old = entry.metadata().is_ok_and(|m| {
-            use std::os::unix::fs::MetadataExt;
-            m.file_type().is_file() && changed_before(m.ctime(), min_age)
-        });
-        if gone && old {
-            match std::fs::remove_file(entry.path()) {
-                Ok(()) => tracing::info!("removed {}, left by a create that was killed", entry.path().display()),
-                Err(e) => tracing::warn!("cannot remove {}, left by a killed create: {e}", entry.path().display()),
-            }
-        }
-    }
-}
-
-/// Whether `ctime` (seconds since the epoch) is at least `min_age` ago.
-fn changed_before(ctime: i64, min_age: std::time::Duration) -> bool {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    u64::try_from(ctime).is_ok_and(|c| c.saturating_add(min_age.as_secs()) <= now)
 }
 
 impl Drop for Staged {
@@ -151,34 +106,6 @@ mod tests {
         // SAFETY: a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         assert!(matches!(Staged::new(&fifo), Err(FileError::NotRegular { .. })));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_killed_creates_file_is_swept_and_a_live_ones_is_not() {
-        let dir = std::env::temp_dir().join(format!("exitless-sweep-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("mem");
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
-        let live = std::process::id();
-        for f in
-            [format!(".mem.exitless-{dead}-3"), format!(".mem.exitless-{live}-0"), format!(".other.exitless-{dead}-0")]
-        {
-            std::fs::write(dir.join(f), b"x").unwrap();
-        }
-        sweep(&path, "mem", std::time::Duration::from_secs(3600));
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 3, "a file changed within the hour stays");
-        sweep(&path, "mem", std::time::Duration::ZERO);
-        let mut left: Vec<String> =
-            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-        left.sort();
-        assert_eq!(
-            left,
-            [format!(".mem.exitless-{live}-0"), format!(".other.exitless-{dead}-0")],
-            "only the dead one's file of this name goes"
-        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
