@@ -211,4 +211,26 @@ mod tests {
         assert!(matches!(ram.give(&memory, &dir.join("again")), Err(NotTaken::Given)));
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// A link that fails after the remap (a file is in the way) puts the old pages back:
+    /// the guest's RAM is the file's again, shared, and can be given later.
+    #[test]
+    fn a_failed_link_leaves_ram_shared_over_its_file() {
+        let dir = std::env::temp_dir().join(format!("exitless-ramfile-undo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (memory, file) = crate::guest_memory::in_file(&[(GuestAddress(0), 4 << 20)], &dir).unwrap();
+        let ram = RamFile::new(file);
+        memory.write_slice(b"before", GuestAddress(4096)).unwrap();
+        let taken = dir.join("taken");
+        std::fs::write(&taken, b"someone's").unwrap();
+        assert!(matches!(ram.give(&memory, &taken), Err(NotTaken::Io(_))));
+        assert!(ram.shared(), "a failed give left RAM private");
+        assert!(crate::sync::lock(&ram.moved).is_empty(), "the moved pages were not put back");
+        assert_eq!(std::fs::read(&taken).unwrap(), b"someone's");
+        memory.write_slice(b"after!", GuestAddress(4096)).unwrap();
+        let path = dir.join("mem");
+        ram.give(&memory, &path).unwrap();
+        assert_eq!(&std::fs::read(&path).unwrap()[4096..4102], b"after!", "RAM was not shared over the file again");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
