@@ -11,6 +11,8 @@
 //! place, which tears down every page's entry (a quarter of a second at 4 GiB), and are
 //! unmapped once the guest runs again ([`RamFile::release`]), on a thread started with the
 //! file: the API thread that takes the snapshot may not start one (its seccomp filter).
+//! What still grows is KVM's MMU notifier walking the range at the two calls (it must drop
+//! its mappings of the shared pages): about 0.3 ms per GiB each on the nested test host.
 //!
 //! The file is given once. Later snapshots of the same guest write a file as today
 //! (memory.rs): the guest's memory is the given file and its own private pages. So does a
