@@ -74,10 +74,20 @@ impl MovedAway {
     }
 }
 
+/// How much is unmapped at a time: an munmap holds the process's mmap lock while it tears
+/// pages down, and a thread that maps memory meanwhile (an allocation) waits, and the vCPUs'
+/// page faults queue behind it; in pieces, each wait is a few milliseconds.
+const PIECE: usize = 64 << 20;
+
 impl Drop for MovedAway {
     fn drop(&mut self) {
-        // SAFETY: our own mapping, which nothing refers to.
-        unsafe { libc::munmap(self.at as *mut libc::c_void, self.len) };
+        let mut done = 0;
+        while done < self.len {
+            let piece = PIECE.min(self.len - done);
+            // SAFETY: a part of our own mapping, which nothing refers to.
+            unsafe { libc::munmap((self.at + done) as *mut libc::c_void, piece) };
+            done += piece;
+        }
     }
 }
 
@@ -87,7 +97,8 @@ mod tests {
 
     #[test]
     fn pages_moved_away_leave_the_mapping_in_place_and_come_back_whole() {
-        let len = 8 << 20;
+        // More than a piece, to be unmapped in two.
+        let len = PIECE + (8 << 20);
         let dir = std::env::temp_dir();
         let file = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).open(&dir).unwrap();
         file.set_len(len as u64).unwrap();
@@ -102,7 +113,7 @@ mod tests {
         let byte = |at: usize| unsafe { host.add(at).read_volatile() };
         // SAFETY: within our mapping.
         let set = |at: usize, v: u8| unsafe { host.add(at).write_volatile(v) };
-        for at in (0..len).step_by(4096) {
+        for at in (0..len).step_by(1 << 20).chain([4096, len - 4096]) {
             set(at, 7);
         }
         let moved = move_away(host, len).unwrap();
@@ -114,6 +125,8 @@ mod tests {
         assert_eq!(unsafe { (moved.at as *const u8).add(8192).read_volatile() }, 9, "the same file pages");
         moved.put_back(host).unwrap();
         assert_eq!((byte(0), byte(8192), byte(len - 4096)), (7, 9, 7));
+        // Unmapped in two pieces (whether they are gone is not checked here: another test's
+        // thread may map the freed range at once).
         drop(move_away(host, len).unwrap());
         assert_eq!(byte(len - 4096), 7, "the moved pages unmapped, the file's are there");
         // SAFETY: our mapping, no longer used.
