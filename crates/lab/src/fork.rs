@@ -188,12 +188,19 @@ fn row<'a>(rows: &'a [Row], vmm: &str, size: u64) -> Option<&'a Row> {
     rows.iter().find(|r| r.vmm == vmm && r.mem_mib == size)
 }
 
+/// The largest size's pause over the smallest's, for `vmm`: 1 where the pause does not
+/// grow with memory.
+fn pause_ratio(rows: &[Row], opts: &Options, vmm: &str) -> Option<f64> {
+    let (small, large) = (opts.sizes_mib.iter().min()?, opts.sizes_mib.iter().max()?);
+    Some(row(rows, vmm, *large)?.pause_ms / row(rows, vmm, *small)?.pause_ms)
+}
+
 pub fn targets(rows: &[Row], opts: &Options) -> Vec<Target> {
     let mut targets = Vec::new();
     let (Some(&small), Some(&large)) = (opts.sizes_mib.iter().min(), opts.sizes_mib.iter().max()) else {
         return targets;
     };
-    let ratio = |vmm| Some(row(rows, vmm, large)?.pause_ms / row(rows, vmm, small)?.pause_ms);
+    let ratio = |vmm| pause_ratio(rows, opts, vmm);
     if let (Some(s), Some(l), Some(r)) = (row(rows, "exitless", small), row(rows, "exitless", large), ratio("exitless"))
     {
         let fc = ratio("firecracker").map(|f| format!("; Firecracker's {f:.1}x")).unwrap_or_default();
@@ -254,10 +261,20 @@ pub fn text(rows: &[Row], opts: &Options) -> String {
             r.anon_kib_per_clone
         );
     }
+    if let (Some(small), Some(large)) = (opts.sizes_mib.iter().min(), opts.sizes_mib.iter().max()) {
+        let ratio = |vmm| pause_ratio(rows, opts, vmm).map(|r| format!("{r:.2}x")).unwrap_or_else(|| "-".into());
+        s += &format!(
+            "  pause at {large} MiB over the pause at {small} MiB: exitless {}, Firecracker {}\n",
+            ratio("exitless"),
+            ratio("firecracker")
+        );
+    }
     s + &targets_text(&targets(rows, opts))
 }
 
 pub fn json(rows: &[Row], opts: &Options) -> Value {
+    let ratio = |vmm| pause_ratio(rows, opts, vmm);
+    let pause_ratio = json!({"exitless": ratio("exitless"), "firecracker": ratio("firecracker")});
     let rows: Vec<Value> = rows
         .iter()
         .map(|r| {
@@ -267,7 +284,8 @@ pub fn json(rows: &[Row], opts: &Options) -> Value {
                    "pss_kib_per_clone": r.pss_kib_per_clone, "anon_kib_per_clone": r.anon_kib_per_clone})
         })
         .collect();
-    json!({"lab": "fork", "written_fraction": opts.written, "clones": opts.clones, "rows": rows})
+    json!({"lab": "fork", "written_fraction": opts.written, "clones": opts.clones, "rows": rows,
+           "pause_ratio": pause_ratio})
 }
 
 pub fn run(opts: &Options) -> Result<Vec<Row>, LabError> {

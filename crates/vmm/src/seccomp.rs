@@ -71,8 +71,9 @@ pub enum ThreadKind {
     /// every call any other kind may, thread creation and confinement, and any ioctl.
     /// It reaches no guest input.
     Hotplug,
-    /// Helpers beside a VM: the run watchdog (kicks the vCPUs with a signal) and the labs'
-    /// traffic threads (send and receive on a packet socket that already exists) and
+    /// Helpers beside a VM: the run watchdog (kicks the vCPUs with a signal), the thread
+    /// that unmaps guest RAM's old pages after a snapshot (snapshot/fork.rs), and the
+    /// labs' traffic threads (send and receive on a packet socket that already exists) and
     /// memory pollers.
     Helper,
 }

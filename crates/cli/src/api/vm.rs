@@ -331,7 +331,7 @@ impl Vm {
                 .pause(exitless_vmm::run_control::kick::kick_signal(), PAUSE_LIMIT)
                 .map_err(|e| Fault(format!("Failed to pause the vCPUs: {e}."))),
             VmState::Resumed => {
-                machine.control().resume();
+                machine.resume();
                 Ok(())
             }
         }

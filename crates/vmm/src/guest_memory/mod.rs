@@ -14,10 +14,12 @@
 //! The one way to give guest pages back to the host is here too ([`discard`]).
 
 mod discard;
+mod move_away;
 mod plugs;
 mod shared_file;
 
 pub use discard::{discard, DiscardError};
+pub use move_away::MovedAway;
 pub use plugs::{Pin, Pins, PlugError, Plugs};
 pub use shared_file::in_file;
 

@@ -4,6 +4,7 @@
 //! filesystem can take the file as it is (a link, no copy) and the guest go on privately
 //! over it ([`GuestRegion::remap_private`], crate::snapshot::fork).
 
+use super::move_away::{move_away, MovedAway};
 use super::{map, GuestMemoryMmap, GuestRegion, MemoryError};
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
@@ -59,17 +60,38 @@ impl GuestRegion {
     /// region's later writes go to pages of its own. The memory slot over the range stays
     /// (same address); KVM's mappings of the old pages are dropped by its MMU notifier.
     /// The guest and every device must be paused: a write during the call could land in
-    /// either.
-    pub fn remap_private(&self) -> std::io::Result<()> {
-        self.remap(libc::MAP_PRIVATE | libc::MAP_NORESERVE)?;
+    /// either. The old pages are moved away first (move_away.rs) and returned, to be
+    /// dropped once the guest runs again: unmapping them here would cost time linear in
+    /// them. None if the kernel could not move them (they were unmapped here).
+    pub fn remap_private(&self) -> std::io::Result<Option<MovedAway>> {
+        let (host, len) = (self.inner.as_ptr(), self.len() as usize);
+        let moved = match move_away(host, len) {
+            Ok(moved) => Some(moved),
+            Err(e) => {
+                tracing::debug!("guest RAM's pages cannot be moved away ({e}): unmapped in the pause");
+                None
+            }
+        };
+        // Over the mapping left in place, with no pages if they moved: cheap then. On a
+        // failure the region is still the file's, shared (what it held is in the file).
+        if let Err(e) = self.remap(libc::MAP_PRIVATE | libc::MAP_NORESERVE) {
+            if let Some(moved) = moved {
+                let _ = moved.put_back(host);
+            }
+            return Err(e);
+        }
         self.remapped.store(true, Ordering::Release);
-        Ok(())
+        Ok(moved)
     }
 
     /// Undoes [`GuestRegion::remap_private`] (a snapshot that could not take the file),
-    /// while nothing has been written since.
-    pub fn remap_shared(&self) -> std::io::Result<()> {
-        self.remap(libc::MAP_SHARED)?;
+    /// while nothing has been written since: the pages it moved away back in place, else
+    /// the file mapped shared again.
+    pub fn remap_shared(&self, moved: Option<MovedAway>) -> std::io::Result<()> {
+        let back = moved.map(|m| m.put_back(self.inner.as_ptr()));
+        if !matches!(back, Some(Ok(()))) {
+            self.remap(libc::MAP_SHARED)?;
+        }
         self.remapped.store(false, Ordering::Release);
         Ok(())
     }

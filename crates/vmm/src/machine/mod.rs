@@ -226,6 +226,15 @@ impl Machine {
         &self.control
     }
 
+    /// Lets the paused vCPUs run again (`PATCH /vm Resumed`), then unmaps off the pause
+    /// what a snapshot moved out of guest RAM (snapshot/fork.rs).
+    pub fn resume(&self) {
+        self.control.resume();
+        if let Some(file) = &self.ram_file {
+            file.release();
+        }
+    }
+
     pub fn host_profile(&self) -> &HostProfile {
         &self.host
     }
