@@ -86,8 +86,10 @@ def load(sock, work, console):
     return b"wait: ctrl-alt-del 1"
 
 
-def snapshot(binary, work):
-    """A snapshot of the booted `wait` guest by `binary`, for `load` to start from."""
+def snapshot(binary, work, wrapper=(), flags=()):
+    """A snapshot of the booted `wait` guest by `binary`, for `load` to start from (under
+    the same wrapper as the load: valgrind's CPUID is not the host's, and a snapshot
+    loads only on the CPU it was taken on)."""
     def take(sock, work, console):
         boot(sock, work, console)
         while b"wait: running" not in open(console, "rb").read():
@@ -97,7 +99,7 @@ def snapshot(binary, work):
         put(sock, "/snapshot/create", '{"snapshot_type": "Full", "snapshot_path": "%s", "mem_file_path": "%s"}'
             % (state, memory))
         return b""
-    start(binary, work, scenario=take)
+    start(binary, work, wrapper, flags, scenario=take)
 
 
 def start(binary, work, wrapper=(), flags=(), scenario=boot):
@@ -150,8 +152,8 @@ def containing(syms, starts, lo, hi):
 
 def callgrind_functions(binary, work):
     """The functions a boot runs, in the order of their addresses, then those a load adds."""
-    snapshot(binary, work)
     names = []
+    snapshot(binary, work, ["valgrind", "--tool=none"], ["--no-seccomp"])
     for scenario in (boot, load):
         out = os.path.join(work, f"callgrind-{scenario.__name__}.out")
         wrapper = ["valgrind", "--tool=callgrind", "--dump-instr=yes", f"--callgrind-out-file={out}"]
