@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Writes resources/link/exitless.order: the functions a VMM runs from its spawn to a running
-guest, in the order the linker should lay them out (crates/cli/build.rs passes the file to
+guest, booted or loaded from a snapshot (a fleet's clones), in the order the linker should lay them out (crates/cli/build.rs passes the file to
 rust-lld). The kernel maps a binary's text 64 KiB around every page a process touches, so
 start-up code spread over the 3 MiB of text costs every VMM of a fleet resident memory it
 never runs; laid out together it costs the pages it runs (docs/benchmarks.md, issue #54).
 
     sudo scripts/link-order.py            (root: a loop device; needs valgrind, python3)
 
-Two views of the same start, both driven through the API the way `bench peers` and
-Firecracker's clients do it (PUT /machine-config, /boot-source, /actions InstanceStart; the
-`wait` payload):
+Two views of the same two starts, both driven through the API the way `bench peers`,
+`bench fork` and Firecracker's clients do it (PUT /machine-config, /boot-source, /actions
+InstanceStart; then, from a snapshot of that guest, PUT /snapshot/load and the guest asked
+once by SendCtrlAltDel; the `wait` payload):
   1. valgrind's callgrind: every instruction run, so every function run, exactly; but under
      valgrind the VMM runs without seccomp and Landlock (valgrind knows neither call);
   2. the real start, from a copy of the binary on a loop device whose readahead is off, its
@@ -57,17 +58,53 @@ class UnixHTTP(http.client.HTTPConnection):
         sys.exit(f"link-order: nothing listens on {self.path}")
 
 
-def put(sock, path, body):
+def put(sock, path, body, method="PUT"):
     conn = UnixHTTP(sock)
-    conn.request("PUT", path, body, {"Content-Type": "application/json"})
+    conn.request(method, path, body, {"Content-Type": "application/json"})
     reply = conn.getresponse()
     text = reply.read()
     if reply.status >= 300:
-        sys.exit(f"link-order: PUT {path}: {reply.status} {text!r}")
+        sys.exit(f"link-order: {method} {path}: {reply.status} {text!r}")
 
 
-def start(binary, work, wrapper=(), flags=()):
-    """Starts `binary` as `bench peers` does and returns once its guest runs, then ends it."""
+BOOT = '{"kernel_image_path": "%s", "boot_args": "console=ttyS0 kbd echo"}'
+SNAPSHOT = ("snap.state", "snap.mem")
+
+
+def boot(sock, work, console):
+    put(sock, "/machine-config", '{"vcpu_count": 1, "mem_size_mib": 128}')
+    put(sock, "/boot-source", BOOT % os.path.join(work, "payloads/wait.elf"))
+    put(sock, "/actions", '{"action_type": "InstanceStart"}')
+    return b"wait: running"
+
+
+def load(sock, work, console):
+    state, memory = (os.path.join(work, f) for f in SNAPSHOT)
+    put(sock, "/snapshot/load", '{"snapshot_path": "%s", "mem_backend": {"backend_type": "File", '
+        '"backend_path": "%s"}, "resume_vm": true}' % (state, memory))
+    put(sock, "/actions", '{"action_type": "SendCtrlAltDel"}')
+    return b"wait: ctrl-alt-del 1"
+
+
+def snapshot(binary, work, wrapper=(), flags=()):
+    """A snapshot of the booted `wait` guest by `binary`, for `load` to start from (under
+    the same wrapper as the load: valgrind's CPUID is not the host's, and a snapshot
+    loads only on the CPU it was taken on)."""
+    def take(sock, work, console):
+        boot(sock, work, console)
+        while b"wait: running" not in open(console, "rb").read():
+            time.sleep(0.01)
+        put(sock, "/vm", '{"state": "Paused"}', "PATCH")
+        state, memory = (os.path.join(work, f) for f in SNAPSHOT)
+        put(sock, "/snapshot/create", '{"snapshot_type": "Full", "snapshot_path": "%s", "mem_file_path": "%s"}'
+            % (state, memory))
+        return b""
+    start(binary, work, wrapper, flags, scenario=take)
+
+
+def start(binary, work, wrapper=(), flags=(), scenario=boot):
+    """Starts `binary` as `bench peers` does, runs `scenario` through its API and returns
+    once its guest printed the line the scenario waits for, then ends it."""
     sock = os.path.join(work, "api.sock")
     console = os.path.join(work, "console.txt")
     if os.path.exists(sock):
@@ -80,10 +117,8 @@ def start(binary, work, wrapper=(), flags=()):
             if time.time() > deadline or proc.poll() is not None:
                 sys.exit(f"link-order: {binary} served no API (see {work}/stderr.txt)")
             time.sleep(0.01)
-        put(sock, "/machine-config", '{"vcpu_count": 1, "mem_size_mib": 128}')
-        put(sock, "/boot-source", '{"kernel_image_path": "%s"}' % os.path.join(work, "payloads/wait.elf"))
-        put(sock, "/actions", '{"action_type": "InstanceStart"}')
-        while b"wait: running" not in open(console, "rb").read():
+        line = scenario(sock, work, console)
+        while line not in open(console, "rb").read():
             if time.time() > deadline or proc.poll() is not None:
                 sys.exit(f"link-order: the guest did not start (see {work})")
             time.sleep(0.01)
@@ -116,9 +151,18 @@ def containing(syms, starts, lo, hi):
 
 
 def callgrind_functions(binary, work):
-    out = os.path.join(work, "callgrind.out")
-    wrapper = ["valgrind", "--tool=callgrind", "--dump-instr=yes", f"--callgrind-out-file={out}"]
-    start(binary, work, wrapper, ["--no-seccomp"])
+    """The functions a boot runs, in the order of their addresses, then those a load adds."""
+    names = []
+    snapshot(binary, work, ["valgrind", "--tool=none"], ["--no-seccomp"])
+    for scenario in (boot, load):
+        out = os.path.join(work, f"callgrind-{scenario.__name__}.out")
+        wrapper = ["valgrind", "--tool=callgrind", "--dump-instr=yes", f"--callgrind-out-file={out}"]
+        start(binary, work, wrapper, ["--no-seccomp"], scenario)
+        names += callgrind_out(binary, out)
+    return list(dict.fromkeys(names))
+
+
+def callgrind_out(binary, out):
     addrs, last = set(), 0
     for line in open(out):
         tok = line.split(" ", 1)[0].rstrip("\n")
@@ -164,7 +208,11 @@ def traced_functions(binary, work):
         subprocess.run(["umount", mnt], check=True)  # empties its page cache
         subprocess.run(["mount", loop, mnt], check=True)
         copy = os.path.join(mnt, "exitless")
+        snapshot(copy, work)  # a snapshot by the binary that loads it
+        subprocess.run(["umount", mnt], check=True)
+        subprocess.run(["mount", loop, mnt], check=True)
         start(copy, work)
+        start(copy, work, scenario=load)
         pages = resident_pages(copy)
     finally:
         subprocess.run(["umount", mnt], stderr=subprocess.DEVNULL)
@@ -203,7 +251,7 @@ def resident_pages(path):
 def write(order):
     with open(ORDER, "w") as f:
         f.write("# Made by scripts/link-order.py: the functions a VMM runs from its spawn to a running\n")
-        f.write("# guest, laid out together by rust-lld (crates/cli/build.rs). Do not edit by hand.\n")
+        f.write("# guest, booted or loaded, laid out together by rust-lld (crates/cli/build.rs). Do not edit by hand.\n")
         f.write("\n".join(order) + "\n")
 
 
