@@ -46,16 +46,7 @@ fetch_busybox
 write_console_shell_init "LINUX-FORK: ready"
 python3 "$here/scripts/make-initramfs.py" initrd.cpio pkg/bin/busybox init || fail "initramfs"
 
-api() { # socket, method, path[, body]: the status code; the body answered is in $work/answer
-  curl -s -o "$work/answer" -w "%{http_code}" --unix-socket "$1" -X "$2" "http://localhost$3" \
-    ${4:+-H 'Content-Type: application/json' -d "$4"}
-}
-wait_for() { # file, text, seconds
-  local i=0
-  until grep -aq "$2" "$1" 2>/dev/null; do
-    i=$((i + 1)); [ "$i" -gt $(($3 * 10)) ] && return 1; sleep 0.1
-  done
-}
+. "$here/scripts/linux-lib.sh"
 # What the guest echoed as "<tag> <words>", the last one (carriage returns dropped).
 said() { grep -a "^$2 " "$1.out" | tr -d '\r' | tail -n 1 | cut -d' ' -f2-; }
 tap_of() { echo "exf${1: -1}$(($$ % 10000))"; }

@@ -52,12 +52,7 @@ api() { # socket, method, path[, body]: the status code
   curl -s -o /dev/null -w "%{http_code}" --unix-socket "$1" -X "$2" "http://localhost$3" \
     ${4:+-H 'Content-Type: application/json' -d "$4"}
 }
-wait_for() { # file, text, seconds
-  local i=0
-  until grep -aq "$2" "$1" 2>/dev/null; do
-    i=$((i + 1)); [ "$i" -gt $(($3 * 10)) ] && return 1; sleep 0.1
-  done
-}
+. "$here/scripts/linux-lib.sh"
 vmm() { # name: a VMM with its console on a FIFO the script writes
   mkfifo "$1.fifo"
   ip netns exec "$ns" "$exitless" --api-sock "$1.sock" <"$1.fifo" >"$1.out" 2>"$1.err" &

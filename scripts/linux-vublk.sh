@@ -21,9 +21,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 passed=0 failed=0
-check() { # name, condition (0/1), detail
-  if [ "$2" = 0 ]; then echo "PASS $1: $3"; passed=$((passed + 1)); else echo "FAIL $1: $3"; failed=$((failed + 1)); fi
-}
+. "$here/scripts/linux-lib.sh"
 result() { grep -a "^LINUX-VUBLK-RESULT $1 " "$2" | tr -d '\r' | tail -n 1 | cut -d' ' -f3- || true; }
 
 [ -x "$exitless" ] || fail "setup: no exitless binary at $exitless (cargo build --release)"
