@@ -18,6 +18,9 @@ use std::process::Command;
 const PINNED: &str = "6fb280e993d4516ee6d5d20238572fe8752bc7ca";
 
 /// The SDK's tests run here, and subtests left out: the SSH one needs an image with sshd.
+/// Not TestSignalForwarding: it runs the SDK's sigprint.sh, never the VMM, and sends its
+/// signals before the script has set its traps (it failed so once here under load,
+/// "signal: interrupt"); scripts/gosdk-suite.sh still runs it.
 const TESTS: &[&str] = &[
     "TestStartVMMOnce",
     "TestStartVMM",
@@ -30,7 +33,6 @@ const TESTS: &[&str] = &[
     "TestWait",
     "TestWaitWithInvalidBinary",
     "TestWaitWithNoSocket",
-    "TestSignalForwarding",
     "TestPauseResume",
     "TestCreateSnapshot",
     "TestLoadSnapshot",
