@@ -320,9 +320,13 @@ fn start(shared: &Arc<Shared>, machine: exitless_vmm::Machine) -> Result<(), Str
         tracing::warn!("the vCPUs were not created within 10 s of the start");
     }
     // Devices plugged into the running guest are made on a thread the API's filter does
-    // not hold (api/devices/plug.rs).
-    let worker = plug_worker::Worker::start().map_err(|e| format!("cannot start the hotplug worker: {e}"))?;
-    exitless_vmm::sync::lock(&vm_shared.vm).plug_worker = Some(worker);
+    // not hold (api/devices/plug.rs); a machine that can plug nothing (most of a fleet's
+    // clones) runs none and keeps that thread's stack.
+    let needs_worker = exitless_vmm::sync::lock(&vm_shared.vm).needs_plug_worker();
+    if needs_worker {
+        let worker = plug_worker::Worker::start().map_err(|e| format!("cannot start the hotplug worker: {e}"))?;
+        exitless_vmm::sync::lock(&vm_shared.vm).plug_worker = Some(worker);
+    }
     // Building the machine went deeper than answering requests ever does.
     exitless_vmm::heap::give_back_main_stack();
     exitless_vmm::seccomp::confine(exitless_vmm::seccomp::ThreadKind::Api)

@@ -17,7 +17,7 @@ use super::{Answer, Device};
 use crate::api::model::{Drive, NetworkInterface};
 use crate::api::request::check_id;
 use crate::api::vm::{Fault, Vm};
-use exitless_vmm::device_manager::{DeviceKind, HotplugError};
+use exitless_vmm::device_manager::{DeviceKind, HotplugError, TransportKind};
 use exitless_vmm::Machine;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,6 +76,13 @@ fn hotplug_fault(e: HotplugError) -> Fault {
 }
 
 impl Vm {
+    /// Whether the running machine may ever give the hotplug worker a job: on PCI it plugs
+    /// and unplugs devices; a vhost-user drive's PATCH runs there on any transport.
+    pub(in crate::api) fn needs_plug_worker(&self) -> bool {
+        let pci = self.running("").is_ok_and(|m| m.devices().transport() == TransportKind::Pci);
+        pci || super::vublk::configured(self)
+    }
+
     /// The running machine a device can be plugged into or out of now: not paused, PCI.
     fn machine_for_hotplug(&self) -> Result<Arc<Machine>, Fault> {
         let machine = self.running("devices are plugged into a running one")?.clone();
@@ -83,7 +90,7 @@ impl Vm {
             return Err(Fault("The microVM is paused: resume it before plugging or unplugging a device.".into()));
         }
         // The machine's own transport: a restored one keeps its snapshot's.
-        if machine.devices().transport() != exitless_vmm::device_manager::TransportKind::Pci {
+        if machine.devices().transport() != TransportKind::Pci {
             return Err(hotplug_fault(HotplugError::NotPci));
         }
         Ok(machine)

@@ -40,7 +40,7 @@ fn backend_fault(e: &BackendError) -> Fault {
 }
 
 /// What vhost-user drives add to the API: their state, and RAM shared with their backends.
-pub const DEVICE: super::Device = super::Device { route, shares_memory, ..super::Device::NONE };
+pub const DEVICE: super::Device = super::Device { route, shares_memory: configured, ..super::Device::NONE };
 
 /// `GET /drives/{id}`: a drive's configuration, and on a running machine whether a
 /// vhost-user drive's backend failed, and why.
@@ -51,8 +51,8 @@ fn route(vm: &mut Vm, method: &str, parts: &[&str], _body: &[u8]) -> Answer {
     }
 }
 
-/// Whether any vhost-user drive is configured: its backend maps guest memory.
-fn shares_memory(vm: &Vm) -> bool {
+/// Whether any drive is a vhost-user one (its backend maps guest memory).
+pub(super) fn configured(vm: &Vm) -> bool {
     vm.config.drives.iter().any(|d| d.socket.is_some())
 }
 
