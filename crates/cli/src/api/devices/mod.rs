@@ -78,6 +78,12 @@ impl Vm {
         DEVICES.iter().try_for_each(|d| (d.configure)(self, c))
     }
 
+    /// Whether the running machine may ever give the hotplug worker a job: on PCI it plugs
+    /// and unplugs devices; a vhost-user drive's PATCH runs there on any transport.
+    pub(super) fn needs_plug_worker(&self) -> bool {
+        plug::on_pci(self) || vublk::configured(self)
+    }
+
     /// Whether guest RAM must be shared with a device's backend process (vhost-user).
     pub(super) fn shared_memory(&self) -> bool {
         DEVICES.iter().any(|d| (d.shares_memory)(self))

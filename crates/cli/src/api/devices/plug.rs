@@ -75,14 +75,12 @@ fn hotplug_fault(e: HotplugError) -> Fault {
     }
 }
 
-impl Vm {
-    /// Whether the running machine may ever give the hotplug worker a job: on PCI it plugs
-    /// and unplugs devices; a vhost-user drive's PATCH runs there on any transport.
-    pub(in crate::api) fn needs_plug_worker(&self) -> bool {
-        let pci = self.running("").is_ok_and(|m| m.devices().transport() == TransportKind::Pci);
-        pci || super::vublk::configured(self)
-    }
+/// Whether `vm` runs a machine on PCI, into which devices can be plugged.
+pub(super) fn on_pci(vm: &Vm) -> bool {
+    vm.running("").is_ok_and(|m| m.devices().transport() == TransportKind::Pci)
+}
 
+impl Vm {
     /// The running machine a device can be plugged into or out of now: not paused, PCI.
     fn machine_for_hotplug(&self) -> Result<Arc<Machine>, Fault> {
         let machine = self.running("devices are plugged into a running one")?.clone();
