@@ -78,6 +78,11 @@ impl Vm {
         DEVICES.iter().try_for_each(|d| (d.configure)(self, c))
     }
 
+    /// The hotplug worker, which plugging, unplugging and a vhost-user drive's PATCH run on.
+    fn worker(&self) -> Result<&crate::api::plug_worker::Worker, Fault> {
+        self.plug_worker.as_ref().ok_or_else(|| Fault("The hotplug worker is not running.".into()))
+    }
+
     /// Whether the running machine may ever give the hotplug worker a job: on PCI it plugs
     /// and unplugs devices; a vhost-user drive's PATCH runs there on any transport.
     pub(super) fn needs_plug_worker(&self) -> bool {

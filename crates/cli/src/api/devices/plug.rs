@@ -104,7 +104,7 @@ impl Vm {
     ) -> Result<(), Fault> {
         let machine = self.machine_for_hotplug()?;
         machine.devices().can_hotplug().map_err(hotplug_fault)?;
-        let worker = self.plug_worker.as_ref().ok_or_else(|| Fault("The hotplug worker is not running.".into()))?;
+        let worker = self.worker()?;
         let key = format!("{}/{id}", what.kind());
         let slot = worker
             .run(move || {
@@ -172,7 +172,7 @@ impl Vm {
                 wait.as_secs()
             )));
         }
-        let worker = self.plug_worker.as_ref().ok_or_else(|| Fault("The hotplug worker is not running.".into()))?;
+        let worker = self.worker()?;
         let removed =
             worker.run(move || machine.devices_for_hotplug().remove_device(&key).map_err(|e| e.to_string()))?;
         removed.map_err(|e| Fault(format!("Cannot unplug {} {id}: {e}", what.what())))?;

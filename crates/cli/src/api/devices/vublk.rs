@@ -88,7 +88,7 @@ impl Vm {
         if !vhost_user || p.path_on_host.is_some() || p.rate_limiter.is_some() {
             return Err(patch("Block: Running method expected different backend.".into()));
         }
-        let worker = self.plug_worker.as_ref().ok_or_else(|| Fault("The hotplug worker is not running.".into()))?;
+        let worker = self.worker()?;
         let drive = id.to_string();
         let updated = worker.run(move || machine.devices().update_vublk_config(&drive))?;
         updated.map_err(|e| patch(format!("{id}: {e}.")))
