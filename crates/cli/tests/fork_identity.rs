@@ -179,3 +179,39 @@ fn clock_realtime_moves_a_clones_clock_by_the_time_passed() {
         }
     }
 }
+
+/// The names of the threads of process `pid`.
+fn threads(pid: u32) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok()).map(|c| c.trim().into()).collect()
+}
+
+/// A clone is on its parent's transport even when no virtio device is on it: a clone of a
+/// virtio-mmio sandbox can plug nothing and runs no hotplug worker (a thread stack less in
+/// every clone of a fleet); one of a PCI machine runs it and can plug.
+#[test]
+fn a_clone_keeps_its_parents_transport_and_a_hotplug_worker_only_on_pci() {
+    if !kvm_or_skip("a_clone_keeps_its_parents_transport_and_a_hotplug_worker_only_on_pci") {
+        return;
+    }
+    let dir = tempdir();
+    let payloads = payloads_in(&dir);
+    for (n, pci) in [(0u32, false), (1, true)] {
+        let sock = dir.join(format!("parent{n}.sock"));
+        let flags: &[&str] = if pci { &["--enable-pci"] } else { &[] };
+        let mut parent = Vmm::start_with(&sock, flags);
+        expect_ok(&sock, "PUT", "/boot-source", Some(&json!({"kernel_image_path": payloads.join("wait.elf")}))).unwrap();
+        expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
+        assert_eq!(threads(parent.child.id()).iter().any(|t| t == "api-hotplug"), pci, "parent, PCI {pci}");
+        expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();
+        let (state, mem) = snapshot(&sock, &dir, n);
+        parent.stop_and_drain();
+        // The clone is given no flag: its transport is the snapshot's.
+        let sock = dir.join(format!("clone{n}.sock"));
+        let mut clone = Vmm::start_with(&sock, &[]);
+        load(&sock, &state, &mem);
+        let names = threads(clone.child.id());
+        assert_eq!(names.iter().any(|t| t == "api-hotplug"), pci, "clone of a PCI {pci} parent: {names:?}");
+        clone.stop_and_drain();
+    }
+}

@@ -19,7 +19,8 @@ use std::collections::BTreeMap;
 pub struct DeviceTree {
     pub devices: BTreeMap<String, DeviceRecord>,
     pub allocators: AllocatorState,
-    /// The transport the virtio devices were on (none: there were none).
+    /// The machine's transport, with or without virtio devices on it (none: a file from
+    /// before it was saved whatever the devices, which is read as PCI).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport: Option<TransportKind>,
 }
@@ -39,7 +40,7 @@ pub struct DeviceRecord {
 }
 
 impl DeviceTree {
-    /// The transport the snapshotted machine's virtio devices were on (None: it had none).
+    /// The snapshotted machine's transport (None: a file from before it was always saved).
     pub fn transport(&self) -> Option<TransportKind> {
         self.transport
     }
@@ -85,7 +86,9 @@ impl Persist<'_> for DeviceManager {
                 return Err(PersistError::Refused(format!("two devices are called {}", device.id)));
             }
         }
-        let transport = self.virtio_devices().next().map(|_| self.transport);
+        // Saved with no virtio device too: a clone of a virtio-mmio machine is one, and
+        // runs no hotplug worker (api/devices/plug.rs).
+        let transport = Some(self.transport);
         Ok(DeviceTree { devices: tree, allocators: self.allocators.save(())?, transport })
     }
 
