@@ -200,7 +200,8 @@ fn a_clone_keeps_its_parents_transport_and_a_hotplug_worker_only_on_pci() {
         let sock = dir.join(format!("parent{n}.sock"));
         let flags: &[&str] = if pci { &["--enable-pci"] } else { &[] };
         let mut parent = Vmm::start_with(&sock, flags);
-        expect_ok(&sock, "PUT", "/boot-source", Some(&json!({"kernel_image_path": payloads.join("wait.elf")}))).unwrap();
+        expect_ok(&sock, "PUT", "/boot-source", Some(&json!({"kernel_image_path": payloads.join("wait.elf")})))
+            .unwrap();
         expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"}))).unwrap();
         assert_eq!(threads(parent.child.id()).iter().any(|t| t == "api-hotplug"), pci, "parent, PCI {pci}");
         expect_ok(&sock, "PATCH", "/vm", Some(&json!({"state": "Paused"}))).unwrap();

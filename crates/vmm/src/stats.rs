@@ -2,7 +2,7 @@
 //! which device each one reached. One `ExitStats` per vCPU, filled with no allocation.
 
 use crate::bus::DeviceId;
-use histogram::Histogram;
+use histogram::{bucket, midpoint, Histogram, BUCKETS};
 
 mod histogram;
 
@@ -121,10 +121,6 @@ impl ExitKind {
     }
 }
 
-/// Histogram resolution for VMM time per exit: buckets of 8 TSC cycles up to 32K cycles.
-const BUCKET_CYCLES: u64 = 8;
-const BUCKETS: usize = 4096;
-
 /// Reads and writes that reached one device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceCounts {
@@ -138,7 +134,7 @@ pub struct ExitStats {
     pub count: [u64; ExitKind::ALL.len()],
     /// TSC cycles spent in the VMM, from `KVM_RUN` returning to the next `KVM_RUN`.
     pub vmm_cycles: [u64; ExitKind::ALL.len()],
-    /// A row of `BUCKETS + 1` counters per exit kind.
+    /// A row of `BUCKETS` counters per exit kind (VMM time per exit, histogram.rs's scale).
     histogram: Histogram,
     /// Indexed by [`DeviceId`]; sized when the vCPU is built.
     pub devices: Vec<DeviceCounts>,
@@ -153,7 +149,7 @@ impl ExitStats {
         ExitStats {
             count: [0; ExitKind::ALL.len()],
             vmm_cycles: [0; ExitKind::ALL.len()],
-            histogram: Histogram::new(ExitKind::ALL.len(), BUCKETS + 1),
+            histogram: Histogram::new(ExitKind::ALL.len(), BUCKETS),
             devices: vec![DeviceCounts::default(); devices],
             unclaimed_pio: DeviceCounts::default(),
             unclaimed_mmio: DeviceCounts::default(),
@@ -167,8 +163,7 @@ impl ExitStats {
         let k = kind as usize;
         self.count[k] += 1;
         self.vmm_cycles[k] += cycles;
-        let bucket = ((cycles / BUCKET_CYCLES) as usize).min(BUCKETS);
-        self.histogram.row_mut(k)[bucket] += 1;
+        self.histogram.row_mut(k)[bucket(cycles)] += 1;
     }
 
     #[inline]
@@ -202,10 +197,10 @@ impl ExitStats {
             return None;
         }
         let mut seen = 0u64;
-        for bucket in 0..=BUCKETS {
-            seen += kinds.iter().map(|&k| u64::from(self.histogram.row(k as usize)[bucket])).sum::<u64>();
+        for b in 0..BUCKETS {
+            seen += kinds.iter().map(|&k| u64::from(self.histogram.row(k as usize)[b])).sum::<u64>();
             if seen * 2 >= total {
-                return Some((bucket as u64 * BUCKET_CYCLES) as f64 + BUCKET_CYCLES as f64 / 2.0);
+                return Some(midpoint(b));
             }
         }
         None
