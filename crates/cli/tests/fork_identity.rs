@@ -180,10 +180,21 @@ fn clock_realtime_moves_a_clones_clock_by_the_time_passed() {
     }
 }
 
-/// The names of the threads of process `pid`.
+/// The names of the threads of process `pid`, once each has named itself (a thread just
+/// started still has the process's name).
 fn threads(pid: u32) -> Vec<String> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
-    tasks.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok()).map(|c| c.trim().into()).collect()
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+        let names: Vec<String> = tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|c| c.trim().into())
+            .collect();
+        if names.iter().filter(|n| *n == "exitless").count() == 1 || Instant::now() > deadline {
+            return names;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// A clone is on its parent's transport even when no virtio device is on it: a clone of a
