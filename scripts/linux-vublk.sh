@@ -5,8 +5,12 @@
 # the guest reads the host image's first 8 MiB with the host's md5, writes 4 MiB of a
 # pattern after them with O_DIRECT and fsync, and the host then finds them in the image
 # byte for byte.
+# With --mem, only virtio-mem beside the drive (qemu-storage-daemon, virtio-mmio): 256 MiB
+# of hotpluggable memory onlined movable, plugged by PATCH /hotplug/memory; once the guest
+# sees it, the same reads and writes, their buffers (user pages: the movable zone first)
+# in the plugged memory the backend maps through the memfd.
 # Prints one PASS/FAIL line per check and a summary; exits non-zero on a failure.
-#   scripts/linux-vublk.sh [KERNEL]
+#   scripts/linux-vublk.sh [--mem] [KERNEL]
 # Env: EXITLESS (binary), TIMEOUT (s per boot, 600), WORK (default /tmp/exitless-linux-vublk),
 # CH_BLOCK (Cloud Hypervisor's vhost_user_block binary, if built: also run on it; it serves
 # one connection and exits), BACKENDS (which of "qsd ch" to run, default both).
@@ -26,6 +30,8 @@ result() { grep -a "^LINUX-VUBLK-RESULT $1 " "$2" | tr -d '\r' | tail -n 1 | cut
 
 [ -x "$exitless" ] || fail "setup: no exitless binary at $exitless (cargo build --release)"
 qsd=$(command -v qemu-storage-daemon) || fail "setup: qemu-storage-daemon is not installed (Debian's qemu-system-common)"
+mem_only=0
+if [ "${1:-}" = --mem ]; then mem_only=1; shift; fi
 kernel=${1:-}
 [ -n "$kernel" ] || kernel=$("$here/scripts/guest-kernel.sh") || fail "kernel (scripts/guest-kernel.sh)"
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
@@ -39,11 +45,21 @@ mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev 2>/dev/null
 r() { echo "LINUX-VUBLK-RESULT $1 $2"; }
+memtotal() { grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2; }
+if grep -q exitless.mem=1 /proc/cmdline; then
+  m0=$(memtotal); r memtotal0 "$m0"; echo LINUX-VUBLK-MEM-READY
+  i=0; while [ $(($(memtotal) - m0)) -lt 204800 ] && [ $i -lt 600 ]; do sleep 0.5; i=$((i + 1)); done
+  r memtotal1 "$(memtotal)"
+fi
+movable() { awk '/zone +Movable/{m=1} m&&/pages free/{print $3; exit}' /proc/zoneinfo; }
+f0=$(movable)
 r size $(cat /sys/block/vda/size)
 r read-md5 $(dd if=/dev/vda bs=1M count=8 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)
 # A pattern made at CPL3 (/dev/urandom's crypto would run at the emulated CPL0 here).
 yes exitless-vublk-pattern | head -c 4194304 > /w.bin
 r written-md5 $(md5sum < /w.bin | cut -d' ' -f1)
+# The pattern's pages (user pages, as dd's buffers): from the plugged movable zone if any.
+[ -n "$f0" ] && r movable-used $((f0 - $(movable)))
 dd if=/w.bin of=/dev/vda bs=1M seek=8 oflag=direct conv=fsync 2>/dev/null && r write ok
 echo 3 > /proc/sys/vm/drop_caches
 r reread-md5 $(dd if=/dev/vda bs=1M skip=8 count=4 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)
@@ -52,8 +68,9 @@ EOF
 python3 "$here/scripts/make-initramfs.py" initrd.cpio pkg/bin/busybox init || fail "initramfs: writing the cpio archive"
 cmdline="console=ttyS0 reboot=k panic=-1 nokaslr"
 
-run() { # name, backend command (with SOCK and IMG for the socket and image), exitless flags
-  local name=$1 backend=$2 flags=$3 img=$work/$1.img sock=$work/$1.sock log=$work/$1.log status=0 backend_pid
+run() { # name, backend command (with SOCK and IMG for the socket and image), exitless flags[, mem]
+  local name=$1 backend=$2 flags=$3 mem=${4:-} img=$work/$1.img sock=$work/$1.sock log=$work/$1.log status=0 backend_pid
+  local hotplug="" args=$cmdline
   head -c $((8 << 20)) /dev/urandom > "$img"
   head -c $((8 << 20)) /dev/zero >> "$img"
   rm -f "$sock"
@@ -62,18 +79,39 @@ run() { # name, backend command (with SOCK and IMG for the socket and image), ex
   backend_pid=$!
   pids+=("$backend_pid")
   for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+  if [ -n "$mem" ]; then
+    hotplug=', "memory-hotplug": {"total_size_mib": 256}'
+    args="$cmdline memhp_default_state=online_movable exitless.mem=1"
+    flags="$flags --api-sock $work/$name.api"
+    rm -f "$work/$name.api"
+    # Plugged once the guest has noted its memory (its init says so).
+    (wait_for "$log" LINUX-VUBLK-MEM-READY "$timeout" && api "$work/$name.api" PATCH /hotplug/memory '{"requested_size_mib": 256}' >"$work/$name.patch") &
+    pids+=("$!")
+  else
+    flags="--no-api $flags"
+  fi
   cat > "$name.json" <<JSON
-{"boot-source": {"kernel_image_path": "$kernel", "initrd_path": "$work/initrd.cpio", "boot_args": "$cmdline"},
+{"boot-source": {"kernel_image_path": "$kernel", "initrd_path": "$work/initrd.cpio", "boot_args": "$args"},
  "machine-config": {"vcpu_count": 2, "mem_size_mib": 256},
- "drives": [{"drive_id": "vu", "is_root_device": false, "socket": "$sock", "cache_type": "Writeback"}]}
+ "drives": [{"drive_id": "vu", "is_root_device": false, "socket": "$sock", "cache_type": "Writeback"}]$hotplug}
 JSON
   # shellcheck disable=SC2086
-  timeout "$timeout" "$exitless" --no-api $flags --config-file "$name.json" </dev/null >"$log" 2>"$work/$name.err" || status=$?
+  timeout "$timeout" "$exitless" $flags --config-file "$name.json" </dev/null >"$log" 2>"$work/$name.err" || status=$?
   kill "$backend_pid" 2>/dev/null || true
   wait "$backend_pid" 2>/dev/null || true
   local host_read host_written
   host_read=$(head -c $((8 << 20)) "$img" | md5sum | cut -d' ' -f1)
   host_written=$(dd if="$img" bs=1M skip=8 count=4 2>/dev/null | md5sum | cut -d' ' -f1)
+  if [ -n "$mem" ]; then
+    local m0 m1
+    m0=$(result memtotal0 "$log") m1=$(result memtotal1 "$log")
+    check "$name: plugged" "$([ -n "$m0" ] && [ -n "$m1" ] && [ $((m1 - m0)) -ge 204800 ] && [ "$(cat "$work/$name.patch" 2>/dev/null)" = 204 ]; echo $?)" \
+      "PATCH /hotplug/memory 256 answered $(cat "$work/$name.patch" 2>/dev/null); guest MemTotal $m0 -> $m1 kB"
+    local used
+    used=$(result movable-used "$log")
+    check "$name: user pages in plugged memory" "$([ -n "$used" ] && [ "$used" -ge 512 ]; echo $?)" \
+      "the 4 MiB pattern took ${used:-no} pages of the plugged (movable) zone (of its 1024, at least half wanted: per-CPU page lists hold some)"
+  fi
   check "$name: capacity" "$([ "$(result size "$log")" = $((16 << 11)) ]; echo $?)" "guest sees $(result size "$log") sectors"
   check "$name: read" "$([ "$(result read-md5 "$log")" = "$host_read" ]; echo $?)" "guest md5 $(result read-md5 "$log"), host $host_read"
   check "$name: written" "$([ "$(result write "$log")" = ok ] && [ "$(result written-md5 "$log")" = "$host_written" ] && [ "$host_written" = "$want" ]; echo $?)" \
@@ -85,6 +123,12 @@ JSON
 want=$({ yes exitless-vublk-pattern || :; } | head -c 4194304 | md5sum | cut -d' ' -f1)
 say "kernel $kernel; exitless $exitless"
 qsd_cmd="$qsd --blockdev driver=file,node-name=f,filename=\$img --export type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path=SOCK,writable=on"
+if [ "$mem_only" = 1 ]; then
+  run qsd-mem "$qsd_cmd" "" mem
+  echo "$passed passed, $failed failed"
+  [ "$failed" = 0 ]
+  exit
+fi
 if [[ " ${BACKENDS:-qsd ch} " == *" qsd "* ]]; then
   run qsd-mmio "$qsd_cmd" ""
   run qsd-pci "$qsd_cmd" "--enable-pci"

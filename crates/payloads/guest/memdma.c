@@ -18,8 +18,11 @@
  * says so, and waits for the requested size to change (the host snapshots it meanwhile,
  * and asks again from the VMM it was restored into); then the block must hold what it
  * wrote, plugged_size must still be one block, and a second block must plug.
+ * With param 3, it first brings up a virtio-blk device (a vhost-user drive, driving no
+ * request), so that its backend is handed guest memory's table and reads the plugged
+ * block through its own mapping.
  * Params: 0 = MiB of the region to cover (default all of it), 1 = drive virtio-mem (2:
- *         the snapshot round), 2 = end with the forbidden write.
+ *         the snapshot round), 2 = end with the forbidden write, 3 = bring up virtio-blk.
  * Results: 0 = buffers posted into the region, 1 = bytes the device wrote there,
  *          2 = checks failed, 3 = CPU writes that stuck.
  */
@@ -30,7 +33,7 @@
 #define CHUNK (64u << 10)
 #define BATCH 128
 
-static struct vdev mem, rng;
+static struct vdev mem, rng, blk;
 static u8 ram[2][64] __attribute__((aligned(64)));
 
 #define MEM_PLUG 0
@@ -173,6 +176,11 @@ int main(void) {
 		print("memdma: virtio-rng init failed at step %d\n", -err);
 		return 3;
 	}
+	if (param(3, 0) && vdev_init(&blk, VIRTIO_ID_BLOCK, 0, 1, VQ_SIZE)) {
+		print("memdma: virtio-blk init failed\n");
+		return 3;
+	}
+	if (param(3, 0)) print("memdma: virtio-blk ready\n");
 	struct vq *q = &rng.q[0];
 	u64 posted = 0, bytes = 0, failed = 0, filled = 0;
 	for (u64 at = 0; at < size;) {

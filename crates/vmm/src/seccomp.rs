@@ -229,7 +229,8 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         ThreadKind::Entropy => return [COMMON, DEVICE_WAIT, &[libc::SYS_getrandom]].concat(),
         ThreadKind::Balloon => return [COMMON, DEVICE_WAIT].concat(),
         ThreadKind::Pmem => return [COMMON, DEVICE_WAIT, &[libc::SYS_msync]].concat(),
-        ThreadKind::Mem => return [COMMON, DEVICE_WAIT].concat(),
+        // fallocate punches unplugged blocks out of the memfd a vhost-user backend maps.
+        ThreadKind::Mem => return [COMMON, DEVICE_WAIT, &[libc::SYS_fallocate]].concat(),
         ThreadKind::VhostUser => {
             let socket = [libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_dup, libc::SYS_shutdown];
             return [COMMON, DEVICE_WAIT, &socket].concat();

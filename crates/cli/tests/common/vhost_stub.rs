@@ -1,10 +1,107 @@
 //! A vhost-user backend of the tests' own, speaking just enough of the protocol (the
 //! handshake, vhost-user-blk's GET_CONFIG, a reply to whatever asks for one), and
-//! misbehaving as told.
+//! misbehaving as told; it records the memory tables it is given, with their files.
 
 use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// One region of a memory table (SET_MEM_TABLE) as the backend got it: its file too.
+#[derive(Debug)]
+pub struct TableRegion {
+    pub guest_phys_addr: u64,
+    pub memory_size: u64,
+    pub mmap_offset: u64,
+    pub file: std::fs::File,
+}
+
+impl TableRegion {
+    /// `len` bytes at guest address `gpa` (inside the region), read through a mapping of
+    /// the region's file of the backend's own, as a backend reads guest buffers.
+    pub fn read(&self, gpa: u64, len: usize) -> Vec<u8> {
+        let offset = gpa - self.guest_phys_addr;
+        assert!(offset + len as u64 <= self.memory_size, "{gpa:#x}+{len} is outside the region");
+        let size = (self.mmap_offset + self.memory_size) as usize;
+        // SAFETY: a new shared read-only mapping of the region's file, unmapped below;
+        // nothing else of this process lives there.
+        let at = unsafe {
+            libc::mmap(std::ptr::null_mut(), size, libc::PROT_READ, libc::MAP_SHARED, self.file.as_raw_fd(), 0)
+        };
+        assert_ne!(at, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        let from = (self.mmap_offset + offset) as usize;
+        // SAFETY: `from + len` lies inside the mapping just made, readable.
+        let bytes = unsafe { std::slice::from_raw_parts(at.cast::<u8>().add(from), len) }.to_vec();
+        // SAFETY: the mapping made above, no longer borrowed.
+        unsafe { libc::munmap(at, size) };
+        bytes
+    }
+
+    /// The bytes of the region's file that hold pages (what the host spends on it).
+    pub fn allocated(&self) -> u64 {
+        std::os::unix::fs::MetadataExt::blocks(&self.file.metadata().unwrap()) * 512
+    }
+}
+
+/// Every memory table the stub was given, in order.
+pub type Tables = Arc<Mutex<Vec<Vec<TableRegion>>>>;
+
+/// The 12-byte header, with the descriptors that came with it (SCM_RIGHTS).
+fn read_header(s: &mut UnixStream, header: &mut [u8; 12]) -> std::io::Result<Vec<OwnedFd>> {
+    let mut iov = libc::iovec { iov_base: header.as_mut_ptr().cast(), iov_len: header.len() };
+    let mut control = [0u64; 32];
+    // SAFETY: msghdr is plain data, for which all zeros is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: the iovec and the control buffer are this frame's, of the sizes given.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n <= 0 {
+        return Err(std::io::Error::other("closed"));
+    }
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages recvmsg filled in, within msg_controllen.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !cmsg.is_null() {
+        // SAFETY: a control message header inside the buffer.
+        let c = unsafe { &*cmsg };
+        if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: a pure computation on a constant.
+            let header_len = unsafe { libc::CMSG_LEN(0) } as usize;
+            let data_len = c.cmsg_len as usize - header_len;
+            // SAFETY: SCM_RIGHTS data is `data_len / 4` descriptors, now this process's.
+            let data = unsafe { libc::CMSG_DATA(cmsg) }.cast::<i32>();
+            for i in 0..data_len / 4 {
+                // SAFETY: as above; each descriptor is owned by nothing else.
+                fds.push(unsafe { OwnedFd::from_raw_fd(data.add(i).read_unaligned()) });
+            }
+        }
+        // SAFETY: as above.
+        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
+    }
+    s.read_exact(&mut header[n as usize..])?;
+    Ok(fds)
+}
+
+/// A SET_MEM_TABLE body (count, padding, then per region: guest address, size, user
+/// address, mmap offset) with its files.
+fn table(body: &[u8], fds: Vec<OwnedFd>) -> Vec<TableRegion> {
+    let word = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap());
+    let count = u32::from_le_bytes(body[..4].try_into().unwrap()) as usize;
+    fds.into_iter()
+        .take(count)
+        .enumerate()
+        .map(|(i, fd)| TableRegion {
+            guest_phys_addr: word(8 + i * 32),
+            memory_size: word(16 + i * 32),
+            mmap_offset: word(32 + i * 32),
+            file: fd.into(),
+        })
+        .collect()
+}
 
 /// How the stub backend behaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +151,11 @@ fn send(s: &mut UnixStream, request: u32, body: &[u8]) {
 
 /// A stub backend listening on `path`, serving one connection as `mode` says.
 pub fn stub(path: &Path, mode: Stub) -> std::thread::JoinHandle<()> {
+    stub_recording(path, mode, Tables::default())
+}
+
+/// [`stub`], each memory table it is given pushed onto `tables`.
+pub fn stub_recording(path: &Path, mode: Stub, tables: Tables) -> std::thread::JoinHandle<()> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path).unwrap();
     std::thread::spawn(move || {
@@ -61,14 +163,15 @@ pub fn stub(path: &Path, mode: Stub) -> std::thread::JoinHandle<()> {
         let reply = |s: &mut UnixStream, request: u32, value: u64| send(s, request, &value.to_le_bytes());
         loop {
             let mut header = [0u8; 12];
-            if s.read_exact(&mut header).is_err() {
-                return;
-            }
+            let Ok(fds) = read_header(&mut s, &mut header) else { return };
             let word = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap());
             let (request, flags, size) = (word(0), word(4), word(8));
             let mut body = vec![0u8; size as usize];
             if s.read_exact(&mut body).is_err() {
                 return;
+            }
+            if request == SET_MEM_TABLE && mode != Stub::CloseAtMemTable {
+                tables.lock().unwrap().push(table(&body, fds));
             }
             match (mode, request) {
                 (Stub::Close, _) => return,

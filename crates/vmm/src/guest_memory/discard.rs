@@ -12,8 +12,8 @@
 //!   file's page, so the backend's mapping reads zeros too;
 //! - guest RAM kept in a file mapped shared (`--ram-dir`): MADV_REMOVE punches the
 //!   pages out of the file (MADV_DONTNEED would keep them there, resident);
-//! - unplugged hotpluggable memory: a fresh mapping too, read-only or PROT_NONE
-//!   (plugs.rs).
+//! - unplugged hotpluggable memory: a fresh mapping too, read-only or PROT_NONE, and
+//!   where a vhost-user backend maps the region, its memfd's pages punched out (plugs.rs).
 
 use super::GuestMemoryMmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};

@@ -72,7 +72,14 @@ impl GuestRegion {
         block_size: u64,
         slot_size: u64,
     ) -> Result<GuestRegion, PlugError> {
+        // A shared file mapping (a memfd a vhost-user backend maps): plugs map its pages.
+        let shared = inner.flags() & libc::MAP_SHARED != 0;
+        let file = inner.file_offset().filter(|_| shared).map(|f| (f.arc().clone(), f.start()));
         let plugs = Plugs::new(inner.start_addr().0, inner.as_ptr(), inner.len(), block_size, slot_size)?;
+        let plugs = match file {
+            Some(file) => plugs.over_file(file),
+            None => plugs,
+        };
         Ok(GuestRegion { inner, plugs: Some(plugs), remapped: Default::default() })
     }
 
@@ -266,15 +273,7 @@ pub fn anonymous(ranges: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, Me
 pub fn shared(ranges: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, MemoryError> {
     let total: usize = ranges.iter().map(|&(_, size)| size).sum();
     let failed = |e: std::io::Error| MemoryError::Map { start: 0, size: total, reason: format!("memfd: {e}") };
-    // SAFETY: a NUL-terminated name and valid flags; the descriptor returned is owned below.
-    let fd = unsafe { libc::memfd_create(c"exitless-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(failed(std::io::Error::last_os_error()));
-    }
-    // SAFETY: `fd` was just created and is owned by nothing else.
-    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    file.set_len(total as u64).map_err(failed)?;
-    let file = Arc::new(file);
+    let file = Arc::new(memfd(c"exitless-guest-ram", total as u64).map_err(failed)?);
     let flags = libc::MAP_SHARED | libc::MAP_NORESERVE;
     let mut offset = 0u64;
     let mut regions = Vec::with_capacity(ranges.len());
@@ -284,6 +283,19 @@ pub fn shared(ranges: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, Memor
         offset += size as u64;
     }
     Ok(GuestMemoryMmap::from_regions(regions)?)
+}
+
+/// A new memfd of `size` bytes (all holes).
+fn memfd(name: &std::ffi::CStr, size: u64) -> std::io::Result<std::fs::File> {
+    // SAFETY: a NUL-terminated name and valid flags; the descriptor returned is owned below.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is owned by nothing else.
+    let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    file.set_len(size)?;
+    Ok(file)
 }
 
 /// Guest memory of the given regions.
@@ -336,6 +348,26 @@ pub fn with_hotplug_from(
     let anonymous = if file.is_some() { 0 } else { libc::MAP_ANONYMOUS };
     let flags = libc::MAP_PRIVATE | anonymous | libc::MAP_NORESERVE;
     let region = GuestRegion::hotplug(map(start, size, libc::PROT_NONE, flags, file)?, block_size, slot_size)?;
+    Ok(memory.insert_region(Arc::new(region))?)
+}
+
+/// [`with_hotplug`] for a guest whose memory a vhost-user backend maps: the region is a
+/// memfd of its own, mapped shared (PROT_NONE until plugged), which the backend's memory
+/// table covers whole from the start, as Cloud Hypervisor's does. A plugged block is the
+/// memfd's pages in the VMM's mapping too; an unplugged one is a hole in the memfd
+/// (punched at unplug) under a private mapping of zeros or PROT_NONE (plugs.rs).
+pub fn with_shared_hotplug(
+    memory: &GuestMemoryMmap,
+    start: GuestAddress,
+    size: usize,
+    block_size: u64,
+    slot_size: u64,
+) -> Result<GuestMemoryMmap, MemoryError> {
+    let failed = |e: std::io::Error| MemoryError::Map { start: start.0, size, reason: format!("memfd: {e}") };
+    let file = Arc::new(memfd(c"exitless-hotplug", size as u64).map_err(failed)?);
+    let flags = libc::MAP_SHARED | libc::MAP_NORESERVE;
+    let inner = map(start, size, libc::PROT_NONE, flags, Some(FileOffset::from_arc(file, 0)))?;
+    let region = GuestRegion::hotplug(inner, block_size, slot_size)?;
     Ok(memory.insert_region(Arc::new(region))?)
 }
 

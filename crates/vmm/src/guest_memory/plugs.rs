@@ -14,11 +14,20 @@
 //! orderings one of the two always sees the other. An access that does not end in time
 //! (a thread descheduled for long) leaves its blocks readable and writable, refused by
 //! translation, not protected: counted, never a fault.
+//!
+//! Where a vhost-user backend maps guest memory the region is a memfd mapped shared
+//! (`over_file`): a plugged block maps the memfd's pages, which the backend sees; an
+//! unplugged block is punched out of the memfd (FALLOC_FL_PUNCH_HOLE: its pages freed for
+//! both mappings, where MADV_DONTNEED would leave them in the file) and, in the VMM's
+//! mapping, a private mapping of zeros or PROT_NONE as without a backend.
 
 use super::discard::{drop_pages, Fresh, Prot};
 use std::fmt;
+use std::fs::File;
 use std::ops::Range;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vm_memory::bitmap::{Bitmap, BitmapSlice, WithBitmapSlice};
 
@@ -69,6 +78,9 @@ pub struct Plugs {
     pins: Vec<PinCount>,
     /// Blocks unplugged but left accessible: an access under way did not end in time.
     pub unprotected: AtomicU64,
+    /// The memfd the region maps shared (a vhost-user backend maps it too), and the
+    /// region's offset in it.
+    file: Option<(Arc<File>, u64)>,
 }
 
 impl Plugs {
@@ -98,7 +110,14 @@ impl Plugs {
             plugged: (0..blocks.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             pins: (0..size / slot_size).map(|_| PinCount::default()).collect(),
             unprotected: AtomicU64::new(0),
+            file: None,
         })
+    }
+
+    /// The record of a region mapped shared from `file` (its memfd, at the offset given):
+    /// plugging maps the file's pages, unplugging punches them out.
+    pub(super) fn over_file(self, file: (Arc<File>, u64)) -> Plugs {
+        Plugs { file: Some(file), ..self }
     }
 
     /// The region's guest addresses.
@@ -211,12 +230,61 @@ impl Plugs {
         let blocks = self.blocks(&range)?;
         for slot in self.slots(&blocks) {
             if !self.any_plugged(&slot) {
-                self.protect(&slot, Prot::Read)?;
+                // Over a memfd, reading its holes would allocate pages: zeros of our own.
+                match self.file {
+                    Some(_) => self.fresh(&slot, Prot::Read)?,
+                    None => self.protect(&slot, Prot::Read)?,
+                }
             }
         }
-        self.protect(&blocks, Prot::ReadWrite)?;
+        self.open(&blocks)?;
         self.set(blocks, true);
         Ok(())
+    }
+
+    /// Blocks made the guest's: readable and writable; over a memfd, its pages mapped
+    /// shared, emptied first (a backend may have written there while they were unplugged:
+    /// a plugged block starts as zeros).
+    fn open(&self, blocks: &Range<usize>) -> Result<(), PlugError> {
+        if self.file.is_none() {
+            return self.protect(blocks, Prot::ReadWrite);
+        }
+        self.punch(blocks)?;
+        self.map_file(blocks)
+    }
+
+    /// Over a memfd: `blocks`' pages punched out of it (freed; zeros for every mapping).
+    fn punch(&self, blocks: &Range<usize>) -> Result<(), PlugError> {
+        let Some((file, base)) = &self.file else { return Ok(()) };
+        let (_, len) = self.host_range(blocks);
+        let offset = base + blocks.start as u64 * self.block_size;
+        let failed = |source| PlugError::Discard { range: self.guest_range(blocks), source };
+        let offset = libc::off_t::try_from(offset).map_err(|e| failed(std::io::Error::other(e)))?;
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: fallocate on the region's own memfd, within its length; no memory of this
+        // process is touched.
+        match unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, len as libc::off_t) } {
+            0 => Ok(()),
+            _ => Err(failed(std::io::Error::last_os_error())),
+        }
+    }
+
+    /// Over a memfd: `blocks` mapped shared from it, readable and writable.
+    fn map_file(&self, blocks: &Range<usize>) -> Result<(), PlugError> {
+        let Some((file, base)) = &self.file else { return self.protect(blocks, Prot::ReadWrite) };
+        let (host, len) = self.host_range(blocks);
+        let offset = base + blocks.start as u64 * self.block_size;
+        let failed = |source| PlugError::Protect { range: self.guest_range(blocks), source };
+        let offset = libc::off_t::try_from(offset).map_err(|e| failed(std::io::Error::other(e)))?;
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let flags = libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_NORESERVE;
+        // SAFETY: MAP_FIXED over whole blocks of the region's own mapping (which the region
+        // unmaps whole when dropped), the guest's from now on; nothing of the VMM's is there.
+        let at = unsafe { libc::mmap(host.cast(), len, prot, flags, file.as_raw_fd(), offset) };
+        match at == libc::MAP_FAILED {
+            true => Err(failed(std::io::Error::last_os_error())),
+            false => Ok(()),
+        }
     }
 
     /// A snapshot's plug record put back on a restored region nothing has plugged yet
@@ -224,12 +292,15 @@ impl Plugs {
     /// Plugged blocks become readable and writable (the file's bytes: the guest's memory
     /// as saved); every other block gets a fresh mapping, readable zeros in a slot with a
     /// plugged block and PROT_NONE elsewhere, so nothing the file holds outside the
-    /// plugged blocks (a rebased Diff's older bytes) is ever seen.
+    /// plugged blocks (a rebased Diff's older bytes) is ever seen. Over a memfd (which
+    /// holds the saved bytes) plugged blocks map its pages and the rest are punched out of
+    /// it, so that the backend sees nothing older either.
     pub fn restore(&self, plugged: impl Fn(usize) -> bool) -> Result<(), PlugError> {
         let per = self.blocks_per_slot();
         for slot in 0..(self.size / self.slot_size) as usize {
             let blocks = slot * per..(slot + 1) * per;
             if !blocks.clone().any(&plugged) {
+                self.punch(&blocks)?;
                 self.fresh(&blocks, Prot::None)?;
                 continue;
             }
@@ -238,8 +309,11 @@ impl Plugs {
                 let on = plugged(at);
                 let end = (at..blocks.end).find(|&b| plugged(b) != on).unwrap_or(blocks.end);
                 match on {
-                    true => self.protect(&(at..end), Prot::ReadWrite)?,
-                    false => self.fresh(&(at..end), Prot::Read)?,
+                    true => self.map_file(&(at..end))?,
+                    false => {
+                        self.punch(&(at..end))?;
+                        self.fresh(&(at..end), Prot::Read)?
+                    }
                 }
                 at = end;
             }
@@ -263,7 +337,8 @@ impl Plugs {
         if !self.wait_quiet(blocks.start / per..=(blocks.end - 1) / per) {
             self.unprotected.fetch_add(blocks.len() as u64, SeqCst);
             tracing::warn!("virtio-mem: an access to {range:#x?} outlasted its unplug: left unprotected");
-            return self.fresh(&blocks, Prot::ReadWrite);
+            self.fresh(&blocks, Prot::ReadWrite)?;
+            return self.punch(&blocks);
         }
         for slot in self.slots(&blocks) {
             match self.any_plugged(&slot) {
@@ -271,7 +346,9 @@ impl Plugs {
                 false => self.fresh(&slot, Prot::None)?,
             }
         }
-        Ok(())
+        // The memfd's pages freed, for the backend's mapping too (the VMM's no longer maps
+        // them: a copy still under way cannot fill them again). A no-op without a memfd.
+        self.punch(&blocks)
     }
 
     /// A fresh mapping of `prot` over `blocks`: their contents gone.

@@ -180,3 +180,73 @@ fn shared_ram_is_the_memfd_and_a_discard_frees_the_files_page() {
     file.file().read_exact_at(&mut word, 0x4000 + 0x1000).unwrap();
     assert_eq!(u64::from_le_bytes(word), 0, "freed in the file too");
 }
+
+/// Shared with a vhost-user backend: the hotpluggable region as a memfd and the bytes of
+/// it the file holds (allocated), read as a backend reads them: through the file.
+fn shared_hotplug() -> GuestMemoryMmap {
+    let ram = super::shared(&[(GuestAddress(0), MIB as usize)]).unwrap();
+    with_shared_hotplug(&ram, GuestAddress(HP), 2 * MIB as usize, BLOCK, MIB).unwrap()
+}
+
+fn backend_view(mem: &GuestMemoryMmap, offset: u64) -> (u64, u64) {
+    let file = mem.find_region(GuestAddress(HP)).unwrap().file_offset().unwrap().file();
+    let mut word = [0u8; 8];
+    file.read_exact_at(&mut word, offset).unwrap();
+    let allocated = std::os::unix::fs::MetadataExt::blocks(&file.metadata().unwrap()) * 512;
+    (u64::from_le_bytes(word), allocated)
+}
+
+/// A plugged block is the memfd's pages (the backend reads what the guest wrote); an
+/// unplug frees them from the file (not only from the VMM's mapping) and protects the
+/// VMM's view as without a backend; a plug again starts from zeros.
+#[test]
+fn shared_hotplug_blocks_are_the_memfds_and_an_unplug_frees_them() {
+    let mem = shared_hotplug();
+    let plugs = plugs(&mem);
+    let region = mem.find_region(GuestAddress(HP)).unwrap();
+    assert!(region.shared_file() && region.file_offset().unwrap().start() == 0, "a memfd of its own");
+    assert_eq!(protection(plugs.host_of(HP).unwrap()), "---s", "PROT_NONE before any plug");
+    plugs.plug(HP + BLOCK..HP + 2 * BLOCK).unwrap();
+    mem.write_obj(0x5eed_u64, GuestAddress(HP + BLOCK + 8)).unwrap();
+    let (seen, allocated) = backend_view(&mem, BLOCK + 8);
+    assert_eq!((seen, allocated), (0x5eed, 4096), "the backend sees the guest's write, one page used");
+    assert_eq!(protection(plugs.host_of(HP + BLOCK).unwrap()), "rw-s");
+    assert_eq!(protection(plugs.host_of(HP).unwrap()), "r--p", "the slot's unplugged block: zeros of our own");
+    assert_eq!(mem.read_obj::<u64>(GuestAddress(HP)).ok(), None, "still refused by translation");
+    assert_eq!(backend_view(&mem, 0).1, 4096, "a stray read of it allocates nothing");
+    plugs.unplug(HP + BLOCK..HP + 2 * BLOCK).unwrap();
+    assert_eq!(backend_view(&mem, BLOCK + 8), (0, 0), "freed in the file: zeros for the backend too");
+    assert_eq!(protection(plugs.host_of(HP + BLOCK).unwrap()), "---p", "the slot has no plugged block left");
+    // What a backend writes into an unplugged block (a guest's stray buffer) is gone at the plug.
+    let file = region.file_offset().unwrap().file();
+    file.write_all_at(&[9; 8], BLOCK).unwrap();
+    plugs.plug(HP + BLOCK..HP + 2 * BLOCK).unwrap();
+    assert_eq!(mem.read_obj::<u64>(GuestAddress(HP + BLOCK)).unwrap(), 0);
+}
+
+/// A balloon's discard of a plugged block over the memfd frees the file's page: the
+/// backend reads zeros, not the guest's old data.
+#[test]
+fn a_discard_of_shared_hotplug_memory_frees_the_files_page() {
+    let mem = shared_hotplug();
+    plugs(&mem).plug(HP..HP + BLOCK).unwrap();
+    mem.write_obj(0xfeed_u64, GuestAddress(HP + 4096)).unwrap();
+    assert_eq!(backend_view(&mem, 4096), (0xfeed, 4096));
+    discard(&mem, HP + 4096, 4096).unwrap();
+    assert_eq!(backend_view(&mem, 4096), (0, 0));
+    assert_eq!(mem.read_obj::<u64>(GuestAddress(HP + 4096)).unwrap(), 0);
+}
+
+/// A restore over a memfd holding a snapshot's bytes: plugged blocks map them, the rest
+/// are punched out (the backend sees no older bytes there).
+#[test]
+fn a_restore_over_the_memfd_keeps_plugged_bytes_and_frees_the_rest() {
+    let mem = shared_hotplug();
+    let file = mem.find_region(GuestAddress(HP)).unwrap().file_offset().unwrap().file();
+    file.write_all_at(&[1; 8], 0).unwrap();
+    file.write_all_at(&[2; 8], BLOCK).unwrap();
+    plugs(&mem).restore(|b| b == 0).unwrap();
+    assert_eq!(mem.read_obj::<u64>(GuestAddress(HP)).unwrap(), u64::from_le_bytes([1; 8]));
+    assert_eq!(backend_view(&mem, BLOCK), (0, 4096), "block 1 punched out, block 0's page kept");
+    assert!(mem.read_obj::<u64>(GuestAddress(HP + BLOCK)).is_err());
+}

@@ -143,7 +143,7 @@ impl Platform {
         let ram = map_guest_ram(&vm, &map, &memslots, backing, config.track_dirty_pages)?;
         let (mut memory, ram_slots, uffd, ram_file) = (ram.memory, ram.slots, ram.uffd, ram.file);
         if let Some(g) = &hotplug {
-            memory = super::ram::add_hotplug_region(memory, g, memory_from)?;
+            memory = super::ram::add_hotplug_region(memory, g, memory_from, config.shared_memory)?;
         }
         vm.set_tss_address(layout::TSS_GPA as usize).map_err(ioctl("KVM_SET_TSS_ADDR"))?;
         let control = Arc::new(RunControl::default());

@@ -166,13 +166,30 @@ fn map_hugetlbfs(regions: &[(GuestAddress, usize)]) -> Result<GuestMemoryMmap, M
 /// slot yet (virtio-mem adds one per slot holding a plugged block). Restored from a
 /// memory file (`from`), the region is the file's after RAM, mapped privately: the
 /// plugged blocks virtio-mem's restore opens again hold what the guest left there.
+/// Shared with a vhost-user backend (`shared`), the region is a memfd of its own mapped
+/// shared, into which a memory file's bytes for it are copied (guest_memory::with_shared_hotplug).
 pub(super) fn add_hotplug_region(
     memory: GuestMemoryMmap,
     g: &Geometry,
     from: Option<&MemoryBackend>,
+    shared: bool,
 ) -> Result<GuestMemoryMmap, MachineError> {
     let failed =
         |e: String| MachineError::MemoryHotplug(format!("cannot map {} MiB at {:#x}: {e}", g.size >> 20, g.start));
+    if shared {
+        let (start, size) = (GuestAddress(g.start), g.size as usize);
+        let memory = guest_memory::with_shared_hotplug(&memory, start, size, g.block_size, g.slot_size)
+            .map_err(|e| failed(e.to_string()))?;
+        match from {
+            None => {}
+            Some(MemoryBackend::File(file)) => crate::snapshot::memory::copy_hotplug_into(file, &memory)?,
+            // Refused before (snapshot::check_restore, and shared_ram for RAM).
+            Some(MemoryBackend::Uffd(_)) => {
+                return Err(failed("hotpluggable memory is not served by a page-fault handler".into()))
+            }
+        }
+        return Ok(memory);
+    }
     let file = match from {
         None => None,
         Some(MemoryBackend::File(file)) => {

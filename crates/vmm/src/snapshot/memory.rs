@@ -244,6 +244,28 @@ pub fn copy_into(file: &File, memory: &GuestMemoryMmap) -> Result<(), SnapshotEr
     Ok(())
 }
 
+/// Copies the hotpluggable region's bytes from `file` (after RAM, as [`write_full`] lays
+/// them) into the memfd the region maps shared (guest_memory::with_shared_hotplug), file
+/// to file: the mapping is PROT_NONE until virtio-mem's restore opens the plugged blocks,
+/// and punches the rest out of the memfd again.
+pub fn copy_hotplug_into(file: &File, memory: &GuestMemoryMmap) -> Result<(), SnapshotError> {
+    let fail = |e: String| SnapshotError::Refused(format!("cannot copy the memory file into hotpluggable memory: {e}"));
+    let at: u64 = ram(memory).map(|r| r.len()).sum();
+    let Some(region) = memory.iter().find(|r| !r.is_ram()) else { return Ok(()) };
+    let target = region.file_offset().ok_or_else(|| fail("the region is not a file mapping".into()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    for run in data_runs(file, at, at + region.len()).map_err(|e| fail(e.to_string()))? {
+        let mut pos = run.start;
+        while pos < run.end {
+            let n = buf.len().min((run.end - pos) as usize);
+            file.read_exact_at(&mut buf[..n], pos).map_err(|e| fail(format!("at offset {pos}: {e}")))?;
+            target.file().write_all_at(&buf[..n], target.start() + (pos - at)).map_err(|e| fail(e.to_string()))?;
+            pos += n as u64;
+        }
+    }
+    Ok(())
+}
+
 /// The runs of `start..end` of `file` that hold data (SEEK_DATA, SEEK_HOLE): all of it
 /// where the file system cannot tell.
 fn data_runs(file: &File, start: u64, end: u64) -> std::io::Result<Vec<std::ops::Range<u64>>> {

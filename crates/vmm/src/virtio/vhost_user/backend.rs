@@ -17,7 +17,7 @@ use vhost::vhost_user::message::{
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 /// The longest wait for one reply (or for the backend to take one request).
@@ -223,18 +223,22 @@ impl ConfigReader {
 }
 
 /// Guest memory as the backend maps it: each region's file, offset, guest and VMM
-/// addresses. A region that is not a file mapping (anonymous RAM, hotpluggable memory)
-/// cannot be shared: refused.
+/// addresses. A region that is not a file mapping (anonymous RAM) cannot be shared:
+/// refused. The hotpluggable region (a memfd where memory is shared) is there whole,
+/// plugged or not, as Cloud Hypervisor's table holds virtio-mem's: the guest hands the
+/// backend buffers only in blocks it plugged, and an unplug punches the memfd's pages out
+/// (guest_memory/plugs.rs), so no table change follows a plug or an unplug.
 pub fn memory_table(mem: &GuestMemoryMmap) -> Result<Vec<VhostUserMemoryRegionInfo>, BackendError> {
     mem.iter()
         .map(|region| {
             let start = region.start_addr().0;
             let file = region.file_offset().ok_or(BackendError::NotShared(start))?;
-            let host = region.get_host_address(MemoryRegionAddress(0)).map_err(|_| BackendError::NotShared(start))?;
+            // The mapping's start, whether or not its first block is plugged.
+            let host = region.host_range().start;
             Ok(VhostUserMemoryRegionInfo {
                 guest_phys_addr: start,
                 memory_size: region.len(),
-                userspace_addr: host as u64,
+                userspace_addr: host,
                 mmap_offset: file.start(),
                 mmap_handle: file.file().as_raw_fd(),
             })

@@ -21,7 +21,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vm_memory::GuestMemoryBackend;
 
 /// virtio's device type for a block device.
 const TYPE_BLOCK: u16 = 2;
@@ -137,15 +136,7 @@ impl DeviceManager {
         let label = format!("vhost-user-blk{}", self.virtio_of::<VublkHandle>().count());
         // The backend maps guest memory: it must be shared (the machine's `shared_memory`).
         crate::virtio::vhost_user::backend::memory_table(self.memory()).map_err(|e| {
-            // virtio-mem's region is anonymous (plugs.rs maps unplugged blocks afresh):
-            // not in the table a backend maps.
-            let hotplug = self.memory().iter().any(|r| !r.is_ram());
-            let why = if hotplug {
-                "memory hotplug (virtio-mem) and a vhost-user device together are not supported"
-            } else {
-                "guest memory must be shared"
-            };
-            DeviceError::backend(std::io::Error::other(format!("{label}: {e}; {why}")))
+            DeviceError::backend(std::io::Error::other(format!("{label}: {e}; guest memory must be shared")))
         })?;
         let connection = match connection.map(Ok).unwrap_or_else(|| connect(config)) {
             Err(e @ BackendError::Connect { .. }) => return Err(DeviceError::backend(e)),
