@@ -231,7 +231,15 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         ThreadKind::Pmem => return [COMMON, DEVICE_WAIT, &[libc::SYS_msync]].concat(),
         ThreadKind::Mem => return [COMMON, DEVICE_WAIT].concat(),
         ThreadKind::VhostUser => {
-            let socket = [libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_dup, libc::SYS_shutdown];
+            // socket and connect: a restarted backend is reconnected (reconnect.rs).
+            let socket = [
+                libc::SYS_sendmsg,
+                libc::SYS_recvmsg,
+                libc::SYS_dup,
+                libc::SYS_shutdown,
+                libc::SYS_socket,
+                libc::SYS_connect,
+            ];
             return [COMMON, DEVICE_WAIT, &socket].concat();
         }
         // The ring is made before any filter; the thread only enters it (or, without
