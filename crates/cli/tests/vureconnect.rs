@@ -3,7 +3,7 @@
 //! guest's requests go on, those the dead backend took taken again. A backend that comes
 //! back broken leaves the drive failed, saying why, and the VMM serving. With
 //! qemu-storage-daemon killed and restarted mid-run, a guest's writes and reads complete
-//! byte for byte.
+//! byte for byte, over MMIO and PCI.
 
 mod common;
 use common::qsd::storage_daemon;
@@ -107,12 +107,13 @@ fn a_restarted_stub_backend_is_reconnected_and_a_broken_one_is_not() {
 
 /// blkbench (`params`) on a qemu-storage-daemon drive over `image`, the daemon killed
 /// once the drive runs and started again once the drive is seen failed: the guest's output.
-fn through_a_restart(dir: &Path, image: &Path, params: &str, test: &str) -> Option<String> {
+fn through_a_restart(dir: &Path, image: &Path, params: &str, pci: bool, test: &str) -> Option<String> {
     let payloads = payloads_in(dir);
     let socket = dir.join("qsd.sock");
     let daemon = storage_daemon(image, &socket, test)?;
     let sock = dir.join("api.sock");
-    let mut child = api_process(&sock, Stdio::piped());
+    let flags: &[&str] = if pci { &["--enable-pci"] } else { &[] };
+    let mut child = api_process_with(&sock, Stdio::piped(), flags);
     start_blkbench(&sock, &payloads, &socket, params);
     // The guest's DRIVER_OK started the backend's vring; then some requests run.
     activated(&sock);
@@ -141,22 +142,26 @@ fn a_guest_goes_on_through_a_qemu_storage_daemon_restart_byte_for_byte() {
     if !kvm_or_skip(test) {
         return;
     }
-    let dir = tempdir();
-    let image = dir.join("disk.img");
-    let mut disk = vec![0u8; 4 << 20];
-    pattern::fill(&mut disk, 0, 7);
-    std::fs::write(&image, &disk).unwrap();
-    // Random 4K writes at depth 8 stamped 9 for ~4 s, then FLUSH: every sector carries
-    // its pattern (stamp 7 or 9), the guest's last writes on the host.
-    let Some(wrote) = through_a_restart(&dir, &image, "1,4096,8,100000000,4000,2000000,9,1,1", test) else { return };
-    eprintln!("{wrote}");
-    assert!(wrote.contains(" 0 failed, 0 bad sectors"), "{wrote}");
-    assert!(wrote.contains("blkbench: flushed, status 0"), "{wrote}");
-    let (bad, stamped) = pattern::scan(std::fs::File::open(&image).unwrap(), 9).unwrap();
-    assert_eq!(bad, 0, "sectors without their pattern");
-    assert!(stamped > 0, "no sector written");
-    // Random 4K reads at depth 32 for ~4 s: each sector read carries its pattern.
-    let Some(read) = through_a_restart(&dir, &image, "0,4096,32,100000000,4000,2000000", test) else { return };
-    eprintln!("{read}");
-    assert!(read.contains(" 0 failed, 0 bad sectors"), "{read}");
+    for pci in [false, true] {
+        let dir = tempdir();
+        let image = dir.join("disk.img");
+        let mut disk = vec![0u8; 4 << 20];
+        pattern::fill(&mut disk, 0, 7);
+        std::fs::write(&image, &disk).unwrap();
+        // Random 4K writes at depth 8 stamped 9 for ~4 s, then FLUSH: every sector
+        // carries its pattern (stamp 7 or 9), the guest's last writes on the host.
+        let params = "1,4096,8,100000000,4000,2000000,9,1,1";
+        let Some(wrote) = through_a_restart(&dir, &image, params, pci, test) else { return };
+        eprintln!("pci {pci}: {wrote}");
+        assert!(wrote.contains(" 0 failed, 0 bad sectors"), "pci {pci}: {wrote}");
+        assert!(wrote.contains("blkbench: flushed, status 0"), "pci {pci}: {wrote}");
+        let (bad, stamped) = pattern::scan(std::fs::File::open(&image).unwrap(), 9).unwrap();
+        assert_eq!(bad, 0, "pci {pci}: sectors without their pattern");
+        assert!(stamped > 0, "pci {pci}: no sector written");
+        // Random 4K reads at depth 32 for ~4 s: each sector read carries its pattern.
+        let params = "0,4096,32,100000000,4000,2000000";
+        let Some(read) = through_a_restart(&dir, &image, params, pci, test) else { return };
+        eprintln!("pci {pci}: {read}");
+        assert!(read.contains(" 0 failed, 0 bad sectors"), "pci {pci}: {read}");
+    }
 }
