@@ -42,6 +42,11 @@ pub enum BackendError {
     NotShared(u64),
     #[error("queue {0}'s rings are not inside guest memory")]
     Rings(usize),
+    #[error(
+        "queue {0}: the dead backend's rings do not tell which requests it had in hand (it offers \
+         no INFLIGHT_SHMFD), so none is replayed"
+    )]
+    Unreplayable(usize),
     #[error("the vhost-user backend did not answer {0} within {REPLY_TIMEOUT:?}")]
     NoReply(&'static str),
     #[error("the vhost-user backend's configuration space is {got} bytes, {want} asked for")]

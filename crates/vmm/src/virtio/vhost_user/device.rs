@@ -16,7 +16,7 @@
 
 use super::backend::{Backend, BackendError, ConfigReader};
 use super::metrics::{count, store_since, VhostUserMetrics};
-use super::reconnect::{Reconnect, Retries};
+use super::reconnect::{replay_is_exact, Reconnect, Retries};
 use crate::seccomp::ThreadKind;
 use crate::sync::lock;
 use crate::virtio::thread::{DeviceJob, DeviceThread};
@@ -386,6 +386,13 @@ impl Session {
                 }
                 Err(e) => BackendError::Lacks(format!("a watch on its socket: {e}")),
             },
+            // The guest's rings will not change their past: no attempt will do.
+            Err(e @ BackendError::Unreplayable(_)) => {
+                let why = format!("it closed its socket; not reconnected: {e}");
+                self.health.restate(why.clone());
+                tracing::error!("{}: {why}", self.spec.label);
+                return self.activation.status.needs_reset(&self.activation.interrupt);
+            }
             // Nobody listens yet: tried again, unsaid.
             Err(BackendError::Connect { .. }) => {
                 retries.refused();
@@ -410,12 +417,56 @@ impl Session {
     /// the dead backend took but never completed are taken again (a block read or write
     /// done twice is the same read or write), and each queue kicked once for them.
     fn reconnect(&mut self, at: &Reconnect) -> Result<Vec<usize>, BackendError> {
+        self.replayable()?;
         self.backend.reconnect(&at.socket, at.protocol)?;
         let driver = self.activation.features & self.spec.features;
         let lacking = driver & !self.backend.features;
         if lacking != 0 {
             return Err(BackendError::Lacks(format!("features the driver uses ({lacking:#x})")));
         }
+        self.at_used_index()?;
+        let relayed = self.start_vrings()?;
+        for q in self.queues.iter().filter(|q| q.queue.ready()) {
+            let _ = q.kick.write(1);
+        }
+        *lock(&self.reader) = Some(self.backend.config());
+        Ok(relayed)
+    }
+
+    /// Whether each queue can be taken again at its used index (reconnect::replay_is_exact),
+    /// over the entries both rings still hold before it.
+    fn replayable(&self) -> Result<(), BackendError> {
+        use vm_memory::{Bytes, GuestAddress};
+        let mem = &self.activation.mem;
+        for (i, q) in self.queues.iter().enumerate().filter(|(_, q)| q.queue.ready()) {
+            let q = &q.queue;
+            let size = q.size();
+            let rings = |_| BackendError::Rings(i);
+            if size == 0 {
+                continue;
+            }
+            let avail_idx: u16 = mem.read_obj(GuestAddress(q.avail_ring() + 2)).map_err(rings)?;
+            let used_idx: u16 = mem.read_obj(GuestAddress(q.used_ring() + 2)).map_err(rings)?;
+            // The avail ring holds its last `size` entries; the driver may publish more
+            // meanwhile, but with no indirect descriptors (none offered) a request takes
+            // two or more, so at most half the ring is in hand: the half before stays.
+            let window = size.saturating_sub(avail_idx.wrapping_sub(used_idx)).min(size / 2);
+            let (mut avail, mut used) = (Vec::new(), Vec::new());
+            for k in 1..=window {
+                let slot = u64::from(used_idx.wrapping_sub(k) % size);
+                avail.push(mem.read_obj::<u16>(GuestAddress(q.avail_ring() + 4 + 2 * slot)).map_err(rings)?);
+                used.push(mem.read_obj::<u32>(GuestAddress(q.used_ring() + 4 + 8 * slot)).map_err(rings)?);
+            }
+            if !replay_is_exact(&avail, &used) {
+                return Err(BackendError::Unreplayable(i));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each queue where its used ring stands: where a backend that comes back (now, at a
+    /// resume, or in a snapshot's load) starts, what it had not completed taken again.
+    fn at_used_index(&mut self) -> Result<(), BackendError> {
         let mem = &self.activation.mem;
         for (i, q) in self.queues.iter_mut().enumerate().filter(|(_, q)| q.queue.ready()) {
             let used =
@@ -423,12 +474,7 @@ impl Session {
             q.queue.set_next_avail(used.0);
             q.queue.set_next_used(used.0);
         }
-        let relayed = self.start_vrings()?;
-        for q in self.queues.iter().filter(|q| q.queue.ready()) {
-            let _ = q.kick.write(1);
-        }
-        *lock(&self.reader) = Some(self.backend.config());
-        Ok(relayed)
+        Ok(())
     }
 }
 
@@ -457,6 +503,11 @@ impl DeviceJob for Session {
                 Ok(bases) => self.stopped_at(&bases),
                 Err(e) => self.fail(&e.to_string()),
             }
+        }
+        if self.health.failure().is_some() && self.spec.reconnect.is_some() {
+            // No base from a dead backend: a snapshot saves, and a resume starts, at the
+            // used index.
+            let _ = self.at_used_index();
         }
         self.started = 0;
     }

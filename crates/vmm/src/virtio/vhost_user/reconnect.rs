@@ -58,9 +58,36 @@ impl Retries {
     }
 }
 
+/// Whether starting a queue again at its used index hands a new backend exactly the
+/// requests the dead one never completed. Without INFLIGHT_SHMFD the frontend knows only
+/// the rings: that is so where, over the last `avail.len()` entries before the used index
+/// (`used` the same positions of the used ring), the heads completed are the heads made
+/// available, in any order. A backend that completed a later request before an earlier
+/// one (qemu-storage-daemon at depth > 1 can) usually leaves them different: a replay
+/// would run a completed request again on a slot the driver reused, and never the one
+/// left behind. (Not always: a head whose request was made available just before the
+/// window, completed inside it and made available again and left in hand, balances; the
+/// rings cannot tell that apart.)
+pub fn replay_is_exact(avail: &[u16], used: &[u32]) -> bool {
+    let mut made: Vec<u32> = avail.iter().map(|&h| u32::from(h)).collect();
+    let mut done = used.to_vec();
+    made.sort_unstable();
+    done.sort_unstable();
+    made == done
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replay_is_exact_only_where_what_completed_was_what_came_first() {
+        // In order, or reordered within the window: exact.
+        assert!(replay_is_exact(&[3, 4, 5, 6], &[3, 4, 5, 6]));
+        assert!(replay_is_exact(&[3, 4, 5, 6], &[4, 3, 6, 5]));
+        // Head 3 (the first) still in hand, 7 (after the used index) already done.
+        assert!(!replay_is_exact(&[3, 4, 5, 6], &[4, 5, 6, 7]));
+    }
 
     #[test]
     fn the_wait_doubles_to_its_cap_and_broken_backends_are_bounded() {
