@@ -8,6 +8,7 @@
 
 mod common;
 mod snapshot_vmm;
+use common::qsd::storage_daemon;
 use common::vhost_stub::{stub, Stub};
 use common::*;
 use exitless_lab::api_client::{expect_ok, request};
@@ -15,7 +16,7 @@ use exitless_lab::blk::pattern;
 use serde_json::json;
 use snapshot_vmm::{assert_goes_on, load, snapshot, Vmm};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 fn drive(id: &str, socket: &Path) -> serde_json::Value {
     json!({"drive_id": id, "is_root_device": false, "socket": socket})
@@ -126,40 +127,6 @@ fn a_backend_failing_at_activation_fails_its_drive_and_the_vmm_serves_on() {
     let _ = child.kill();
     let _ = child.wait();
     backend.join().unwrap();
-}
-
-/// qemu-storage-daemon exporting `image` on `socket`, if installed (else None, said).
-fn storage_daemon(image: &Path, socket: &Path, test: &str) -> Option<Daemon> {
-    let binary = Path::new("/usr/bin/qemu-storage-daemon");
-    if !binary.exists() {
-        skip_or_fail(test, "qemu-storage-daemon is not installed (Debian's qemu-system-common)");
-        return None;
-    }
-    let _ = std::fs::remove_file(socket);
-    let child = Command::new(binary)
-        .arg("--blockdev")
-        .arg(format!("driver=file,node-name=f,filename={}", image.display()))
-        .arg("--export")
-        .arg(format!("type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path={},writable=on", socket.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start qemu-storage-daemon");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !socket.exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert!(socket.exists(), "qemu-storage-daemon did not listen on {}", socket.display());
-    Some(Daemon(child))
-}
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 const DISK: usize = 4 << 20;

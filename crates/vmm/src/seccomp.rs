@@ -232,7 +232,15 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         // fallocate punches unplugged blocks out of the memfd a vhost-user backend maps.
         ThreadKind::Mem => return [COMMON, DEVICE_WAIT, &[libc::SYS_fallocate]].concat(),
         ThreadKind::VhostUser => {
-            let socket = [libc::SYS_sendmsg, libc::SYS_recvmsg, libc::SYS_dup, libc::SYS_shutdown];
+            // socket and connect: a restarted backend is reconnected (reconnect.rs).
+            let socket = [
+                libc::SYS_sendmsg,
+                libc::SYS_recvmsg,
+                libc::SYS_dup,
+                libc::SYS_shutdown,
+                libc::SYS_socket,
+                libc::SYS_connect,
+            ];
             return [COMMON, DEVICE_WAIT, &socket].concat();
         }
         // The ring is made before any filter; the thread only enters it (or, without

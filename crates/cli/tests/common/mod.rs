@@ -3,6 +3,7 @@
 
 use std::process::{Command, Output};
 
+pub mod qsd;
 pub mod vhost_stub;
 
 // Each test binary uses some of them (`dead_code` does not cover imports).

@@ -120,6 +120,9 @@ pub enum Stub {
     CloseAtMemTable,
     /// Answers GET_CONFIG with a configuration space of the wrong size.
     ShortConfig,
+    /// Shakes hands and takes the vrings as Good does, then dies (closes its socket)
+    /// once the last is enabled: a backend killed mid-run.
+    Crash,
 }
 
 pub const GET_FEATURES: u32 = 1;
@@ -128,6 +131,7 @@ pub const GET_VRING_BASE: u32 = 11;
 pub const GET_PROTOCOL_FEATURES: u32 = 15;
 pub const GET_QUEUE_NUM: u32 = 17;
 pub const GET_CONFIG: u32 = 24;
+pub const SET_VRING_ENABLE: u32 = 18;
 pub const VERSION_1: u64 = 1 << 32;
 pub const PROTOCOL_FEATURES: u64 = 1 << 30;
 pub const EVENT_IDX: u64 = 1 << 29;
@@ -198,6 +202,10 @@ pub fn stub_recording(path: &Path, mode: Stub, tables: Tables) -> std::thread::J
                     let mut answer = body[..4].to_vec();
                     answer.extend_from_slice(&0u32.to_le_bytes());
                     send(&mut s, request, &answer);
+                }
+                (Stub::Crash, SET_VRING_ENABLE) => {
+                    reply(&mut s, request, 0);
+                    return;
                 }
                 _ if flags & NEED_REPLY != 0 => reply(&mut s, request, 0),
                 _ => {}

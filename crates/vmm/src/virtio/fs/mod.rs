@@ -101,6 +101,8 @@ impl DeviceManager {
             config: config.config_space(),
             queue_sizes: vec![config.queue_size; queues],
             features: VIRTIO_F_VERSION_1 | VIRTIO_F_INDIRECT_DESC | VIRTIO_F_EVENT_IDX,
+            // virtiofsd's open files and FUSE session die with it: never reconnected.
+            reconnect: None,
         };
         let setup = |source| DeviceError::Setup { name: label.clone(), source };
         let device = VhostUserDevice::new(spec, backend).map_err(setup)?;

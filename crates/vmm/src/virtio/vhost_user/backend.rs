@@ -42,6 +42,11 @@ pub enum BackendError {
     NotShared(u64),
     #[error("queue {0}'s rings are not inside guest memory")]
     Rings(usize),
+    #[error(
+        "queue {0}: the dead backend's rings do not tell which requests it had in hand (it offers \
+         no INFLIGHT_SHMFD), so none is replayed"
+    )]
+    Unreplayable(usize),
     #[error("the vhost-user backend did not answer {0} within {REPLY_TIMEOUT:?}")]
     NoReply(&'static str),
     #[error("the vhost-user backend's configuration space is {got} bytes, {want} asked for")]
@@ -96,7 +101,40 @@ impl Backend {
     ) -> Result<Backend, BackendError> {
         let watch = |source| BackendError::Connect { path: "(connected)".into(), source };
         let deadline = Deadline::new(stream.try_clone().map_err(watch)?.into(), REPLY_TIMEOUT).map_err(watch)?;
-        let deadline = Arc::new(deadline);
+        Backend::handshake_on(stream, Arc::new(deadline), queues, more)
+    }
+
+    /// Connects to `path` again (the backend was restarted) and shakes hands as at first,
+    /// under the same deadline's watch; the old connection is let go. On the device's
+    /// thread: no thread is made.
+    pub fn reconnect(&mut self, path: &Path, more: VhostUserProtocolFeatures) -> Result<(), BackendError> {
+        let connect = |source| BackendError::Connect { path: path.display().to_string(), source };
+        // The old connection ends first: a backend serving one connection at a time
+        // (qemu-storage-daemon) takes the next only once the last is gone.
+        // SAFETY: shutting down the socket this session owns; its later requests fail.
+        unsafe { libc::shutdown(self.frontend.as_raw_fd(), libc::SHUT_RDWR) };
+        let stream = UnixStream::connect(path).map_err(connect)?;
+        let watched = stream.try_clone().map_err(connect)?;
+        self.deadline.rewatch(watched.try_clone().map_err(connect)?.into());
+        match Backend::handshake_on(stream, self.deadline.clone(), self.queues, more) {
+            Ok(backend) => {
+                *self = backend;
+                Ok(())
+            }
+            Err(e) => {
+                // The deadline's copy would keep a broken backend's connection open.
+                let _ = watched.shutdown(std::net::Shutdown::Both);
+                Err(e)
+            }
+        }
+    }
+
+    fn handshake_on(
+        stream: UnixStream,
+        deadline: Arc<Deadline>,
+        queues: usize,
+        more: VhostUserProtocolFeatures,
+    ) -> Result<Backend, BackendError> {
         let mut frontend = Frontend::from_stream(stream, queues as u64);
         ask(&deadline, "SET_OWNER", || frontend.set_owner())?;
         let offered = ask(&deadline, "GET_FEATURES", || frontend.get_features())?;

@@ -1,7 +1,8 @@
 //! A deadline on a backend's replies. The `vhost` crate retries a receive that times out
 //! (SO_RCVTIMEO's EAGAIN is its "retry"), so a backend that never answers would hold the
 //! caller for good: instead a watchdog thread shuts the socket down once a request has
-//! waited [`super::REPLY_TIMEOUT`], and the receive ends as a disconnection.
+//! waited [`super::REPLY_TIMEOUT`], and the receive ends as a disconnection. A backend
+//! reconnected is watched by the same thread (the device's thread may not make threads).
 
 use crate::sync::lock;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -9,10 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-#[derive(Default)]
 struct Armed {
     until: Option<Instant>,
     quit: bool,
+    socket: OwnedFd,
 }
 
 struct Shared {
@@ -30,13 +31,22 @@ pub struct Deadline {
 impl Deadline {
     /// Watches `socket` (a duplicate of the backend's), each request given `limit`.
     pub fn new(socket: OwnedFd, limit: Duration) -> std::io::Result<Deadline> {
-        let shared = Arc::new(Shared { armed: Mutex::default(), wake: Condvar::new(), fired: AtomicBool::new(false) });
+        let armed = Mutex::new(Armed { until: None, quit: false, socket });
+        let shared = Arc::new(Shared { armed, wake: Condvar::new(), fired: AtomicBool::new(false) });
         let watched = shared.clone();
         std::thread::Builder::new().name("vhost-user-deadline".into()).spawn(move || {
             crate::seccomp::confine_or_log(crate::seccomp::ThreadKind::VhostUser);
-            watch(&watched, &socket)
+            watch(&watched)
         })?;
         Ok(Deadline { shared, limit })
+    }
+
+    /// Watches `socket` (a reconnected backend's) from now on, the old one let go.
+    pub fn rewatch(&self, socket: OwnedFd) {
+        let mut armed = lock(&self.shared.armed);
+        armed.socket = socket;
+        armed.until = None;
+        self.shared.fired.store(false, Ordering::Release);
     }
 
     /// Runs `request` with the deadline armed; Err(()) if the deadline shut the socket.
@@ -62,7 +72,7 @@ impl Drop for Deadline {
     }
 }
 
-fn watch(shared: &Shared, socket: &OwnedFd) {
+fn watch(shared: &Shared) {
     let mut armed = lock(&shared.armed);
     while !armed.quit {
         armed = match armed.until {
@@ -71,7 +81,7 @@ fn watch(shared: &Shared, socket: &OwnedFd) {
                 shared.fired.store(true, Ordering::Release);
                 // SAFETY: shutting down a socket this thread owns a duplicate of; the
                 // request waiting on it returns.
-                unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_RDWR) };
+                unsafe { libc::shutdown(armed.socket.as_raw_fd(), libc::SHUT_RDWR) };
                 armed.until = None;
                 armed
             }

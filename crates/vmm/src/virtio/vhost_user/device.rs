@@ -4,7 +4,8 @@
 //! its call, so a request costs the VMM no userspace exit and no thread wake-up. The
 //! thread then only watches the backend's socket: a backend that closes it (killed, or
 //! crashed) or fails a request marks the device failed (said once, NEEDS_RESET for the
-//! driver) and nothing else.
+//! driver) and nothing else; where the spec allows it (vhost-user-blk), a backend that
+//! hung up is reconnected instead (reconnect.rs), the driver told nothing.
 //!
 //! The call: over PCI, the queue's MSI-X vector's irqfd (a vector the guest masks still
 //! delivers: KVM's route is not torn down while masked; Linux masks vectors only while
@@ -13,8 +14,9 @@
 //! kept (as the page keeps it, see virtio::mmio); otherwise (trapped MMIO, a queue without
 //! a vector) an eventfd the thread relays to the transport's interrupt.
 
-use super::backend::{Backend, BackendError};
+use super::backend::{Backend, BackendError, ConfigReader};
 use super::metrics::{count, store_since, VhostUserMetrics};
+use super::reconnect::{replay_is_exact, Reconnect, Retries};
 use crate::seccomp::ThreadKind;
 use crate::sync::lock;
 use crate::virtio::thread::{DeviceJob, DeviceThread};
@@ -48,6 +50,18 @@ impl Health {
         *failed = Some(why.to_string());
         true
     }
+
+    /// A failed device's reason, restated (a reconnection's latest failure).
+    fn restate(&self, why: String) {
+        if let Some(failed) = lock(&self.failed).as_mut() {
+            *failed = why;
+        }
+    }
+
+    /// The backend is back.
+    fn recover(&self) {
+        *lock(&self.failed) = None;
+    }
 }
 
 /// What a vhost-user device is, beyond its backend: its virtio type, configuration space
@@ -60,6 +74,8 @@ pub struct Spec {
     pub queue_sizes: Vec<u16>,
     /// The features the device may offer (those the backend offers too are).
     pub features: u64,
+    /// Where a backend that hung up is reconnected (None: never, the device stays failed).
+    pub reconnect: Option<Reconnect>,
 }
 
 pub struct VhostUserDevice {
@@ -74,6 +90,8 @@ pub struct VhostUserDevice {
     backend: Option<Backend>,
     relays: Option<Vec<EventFd>>,
     health: Arc<Health>,
+    /// The connected backend's configuration reader (a reconnection replaces it).
+    reader: Arc<Mutex<Option<ConfigReader>>>,
     thread: DeviceThread<Session>,
 }
 
@@ -95,7 +113,14 @@ impl VhostUserDevice {
         let config = Arc::new(Mutex::new(spec.config.clone()));
         let metrics = Arc::new(VhostUserMetrics::default());
         let (relays, spec) = (Some(relays), Arc::new(spec));
-        Ok(VhostUserDevice { spec, config, metrics, features, backend, relays, health, thread })
+        let reader = Arc::new(Mutex::new(backend.as_ref().map(Backend::config)));
+        Ok(VhostUserDevice { spec, config, metrics, features, backend, relays, health, reader, thread })
+    }
+
+    /// Its backend's configuration reader (None while its handshake failed), for a
+    /// configuration change read from the backend.
+    pub fn reader_slot(&self) -> Arc<Mutex<Option<ConfigReader>>> {
+        self.reader.clone()
     }
 
     /// Its backend's health, for the API and metrics.
@@ -153,9 +178,11 @@ impl VirtioDevice for VhostUserDevice {
             backend,
             relays,
             health: self.health.clone(),
+            reader: self.reader.clone(),
             queues,
             activation,
             started: 0,
+            retries: None,
         };
         // The messages go from the device's thread: a vCPU never waits for a backend.
         self.thread.start(session)
@@ -187,10 +214,13 @@ struct Session {
     backend: Backend,
     relays: Vec<EventFd>,
     health: Arc<Health>,
+    reader: Arc<Mutex<Option<ConfigReader>>>,
     queues: Vec<ActiveQueue>,
     activation: Activation,
     /// How many vrings the backend was given (stopped on reset).
     started: usize,
+    /// The reconnection under way, after the backend hung up.
+    retries: Option<Retries>,
 }
 
 const TOKEN_STOP: u64 = u64::MAX;
@@ -285,7 +315,12 @@ impl Session {
         };
         let mut events = [EpollEvent::default(); 8];
         loop {
-            let n = match epoll.wait(-1, &mut events) {
+            let timeout = self.retries.as_ref().map_or(-1, |r| r.wait().as_millis() as i32);
+            let n = match epoll.wait(timeout, &mut events) {
+                Ok(0) if self.retries.is_some() => {
+                    self.retry(&epoll);
+                    continue;
+                }
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return self.fail(&format!("epoll failed: {e}")),
@@ -294,8 +329,8 @@ impl Session {
                 match event.data() {
                     TOKEN_STOP => return,
                     TOKEN_SOCKET => {
-                        self.fail("it closed its socket");
                         let _ = epoll.ctl(ControlOperation::Delete, self.backend.socket_fd(), EpollEvent::default());
+                        self.hung_up();
                     }
                     q => {
                         let q = q as usize;
@@ -311,13 +346,135 @@ impl Session {
     fn epoll(&self, stop: &EventFd, relayed: &[usize]) -> std::io::Result<Epoll> {
         let epoll = Epoll::new()?;
         epoll.ctl(ControlOperation::Add, stop.as_raw_fd(), EpollEvent::new(EventSet::IN, TOKEN_STOP))?;
-        // Only the socket's end: its replies are read where each request is sent.
-        let hang_up = EventSet::READ_HANG_UP | EventSet::HANG_UP;
-        epoll.ctl(ControlOperation::Add, self.backend.socket_fd(), EpollEvent::new(hang_up, TOKEN_SOCKET))?;
+        self.watch_socket(&epoll)?;
         for &q in relayed {
             epoll.ctl(ControlOperation::Add, self.relays[q].as_raw_fd(), EpollEvent::new(EventSet::IN, q as u64))?;
         }
         Ok(epoll)
+    }
+}
+
+impl Session {
+    /// Watches only the socket's end: its replies are read where each request is sent.
+    fn watch_socket(&self, epoll: &Epoll) -> std::io::Result<()> {
+        let hang_up = EventSet::READ_HANG_UP | EventSet::HANG_UP;
+        epoll.ctl(ControlOperation::Add, self.backend.socket_fd(), EpollEvent::new(hang_up, TOKEN_SOCKET))
+    }
+
+    /// The backend closed its socket: the device fails, and is reconnected where it can be.
+    fn hung_up(&mut self) {
+        let Some(at) = &self.spec.reconnect else { return self.fail("it closed its socket") };
+        let why = format!("it closed its socket; reconnecting to {}", at.socket.display());
+        // The driver is not told: its requests wait for the backend to come back.
+        self.health.fail(&self.spec.label, &why);
+        self.retries.get_or_insert_with(Retries::default);
+    }
+
+    /// One attempt to reconnect; on success the socket is watched again.
+    fn retry(&mut self, epoll: &Epoll) {
+        let (Some(at), Some(mut retries)) = (self.spec.reconnect.clone(), self.retries.take()) else { return };
+        let broken = match self.reconnect(&at) {
+            Ok(relayed) => match self.watch_socket(epoll) {
+                Ok(()) => {
+                    for q in relayed {
+                        // Already watched if the first activation started it (EEXIST).
+                        let relay = EpollEvent::new(EventSet::IN, q as u64);
+                        let _ = epoll.ctl(ControlOperation::Add, self.relays[q].as_raw_fd(), relay);
+                    }
+                    self.health.recover();
+                    return tracing::info!("{}: reconnected to {}", self.spec.label, at.socket.display());
+                }
+                Err(e) => BackendError::Lacks(format!("a watch on its socket: {e}")),
+            },
+            // The guest's rings will not change their past: no attempt will do.
+            Err(e @ BackendError::Unreplayable(_)) => {
+                let why = format!("it closed its socket; not reconnected: {e}");
+                self.health.restate(why.clone());
+                tracing::error!("{}: {why}", self.spec.label);
+                return self.activation.status.needs_reset(&self.activation.interrupt);
+            }
+            // Nobody listens yet: tried again, unsaid.
+            Err(BackendError::Connect { .. }) => {
+                retries.refused();
+                self.retries = Some(retries);
+                return;
+            }
+            Err(e) => e,
+        };
+        let more = retries.broken();
+        let tries = retries.broken_count();
+        let why = format!("it closed its socket; {tries} reconnections to {} failed: {broken}", at.socket.display());
+        self.health.restate(why.clone());
+        if more {
+            self.retries = Some(retries);
+        } else {
+            tracing::error!("{}: {why}; not reconnected again", self.spec.label);
+            self.activation.status.needs_reset(&self.activation.interrupt);
+        }
+    }
+
+    /// The handshake again, then the vrings where the guest's used rings stand: requests
+    /// the dead backend took but never completed are taken again (a block read or write
+    /// done twice is the same read or write), and each queue kicked once for them.
+    fn reconnect(&mut self, at: &Reconnect) -> Result<Vec<usize>, BackendError> {
+        self.replayable()?;
+        self.backend.reconnect(&at.socket, at.protocol)?;
+        let driver = self.activation.features & self.spec.features;
+        let lacking = driver & !self.backend.features;
+        if lacking != 0 {
+            return Err(BackendError::Lacks(format!("features the driver uses ({lacking:#x})")));
+        }
+        self.at_used_index()?;
+        let relayed = self.start_vrings()?;
+        for q in self.queues.iter().filter(|q| q.queue.ready()) {
+            let _ = q.kick.write(1);
+        }
+        *lock(&self.reader) = Some(self.backend.config());
+        Ok(relayed)
+    }
+
+    /// Whether each queue can be taken again at its used index (reconnect::replay_is_exact),
+    /// over the entries both rings still hold before it.
+    fn replayable(&self) -> Result<(), BackendError> {
+        use vm_memory::{Bytes, GuestAddress};
+        let mem = &self.activation.mem;
+        for (i, q) in self.queues.iter().enumerate().filter(|(_, q)| q.queue.ready()) {
+            let q = &q.queue;
+            let size = q.size();
+            let rings = |_| BackendError::Rings(i);
+            if size == 0 {
+                continue;
+            }
+            let avail_idx: u16 = mem.read_obj(GuestAddress(q.avail_ring() + 2)).map_err(rings)?;
+            let used_idx: u16 = mem.read_obj(GuestAddress(q.used_ring() + 2)).map_err(rings)?;
+            // The avail ring holds its last `size` entries; the driver may publish more
+            // meanwhile, but with no indirect descriptors (none offered) a request takes
+            // two or more, so at most half the ring is in hand: the half before stays.
+            let window = size.saturating_sub(avail_idx.wrapping_sub(used_idx)).min(size / 2);
+            let (mut avail, mut used) = (Vec::new(), Vec::new());
+            for k in 1..=window {
+                let slot = u64::from(used_idx.wrapping_sub(k) % size);
+                avail.push(mem.read_obj::<u16>(GuestAddress(q.avail_ring() + 4 + 2 * slot)).map_err(rings)?);
+                used.push(mem.read_obj::<u32>(GuestAddress(q.used_ring() + 4 + 8 * slot)).map_err(rings)?);
+            }
+            if !replay_is_exact(&avail, &used) {
+                return Err(BackendError::Unreplayable(i));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each queue where its used ring stands: where a backend that comes back (now, at a
+    /// resume, or in a snapshot's load) starts, what it had not completed taken again.
+    fn at_used_index(&mut self) -> Result<(), BackendError> {
+        let mem = &self.activation.mem;
+        for (i, q) in self.queues.iter_mut().enumerate().filter(|(_, q)| q.queue.ready()) {
+            let used =
+                q.queue.used_idx(mem, std::sync::atomic::Ordering::Acquire).map_err(|_| BackendError::Rings(i))?;
+            q.queue.set_next_avail(used.0);
+            q.queue.set_next_used(used.0);
+        }
+        Ok(())
     }
 }
 
@@ -327,7 +484,16 @@ impl DeviceJob for Session {
             Ok(relayed) => relayed,
             Err(e) => {
                 count(&self.metrics.activate_fails);
-                self.fail(&e.to_string());
+                match &self.spec.reconnect {
+                    // A backend gone (or broken) since its handshake: tried again, as
+                    // one that hangs up later is.
+                    Some(at) => {
+                        let why = format!("{e}; reconnecting to {}", at.socket.display());
+                        self.health.fail(&self.spec.label, &why);
+                        self.retries.get_or_insert_with(Retries::default);
+                    }
+                    None => self.fail(&e.to_string()),
+                }
                 Vec::new()
             }
         };
@@ -337,6 +503,11 @@ impl DeviceJob for Session {
                 Ok(bases) => self.stopped_at(&bases),
                 Err(e) => self.fail(&e.to_string()),
             }
+        }
+        if self.health.failure().is_some() && self.spec.reconnect.is_some() {
+            // No base from a dead backend: a snapshot saves, and a resume starts, at the
+            // used index.
+            let _ = self.at_used_index();
         }
         self.started = 0;
     }

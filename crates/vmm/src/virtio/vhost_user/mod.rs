@@ -6,7 +6,9 @@ pub mod backend;
 mod deadline;
 pub mod device;
 pub mod metrics;
+pub mod reconnect;
 
 pub use backend::{Backend, BackendError, ConfigReader, REPLY_TIMEOUT};
 pub use device::{Health, Spec, VhostUserDevice};
 pub use metrics::VhostUserMetrics;
+pub use reconnect::Reconnect;

@@ -10,12 +10,17 @@
 //! the drive out on PCI): a snapshot stops the backend's vring (GET_VRING_BASE) and saves
 //! the queue where it stopped; a load connects to the socket again, shakes hands, and
 //! hands the backend the restored memory and the vring at that base.
+//!
+//! Beyond Firecracker too: a backend that hangs up (killed, crashed) is reconnected on the
+//! same socket once it listens again (vhost_user::reconnect), the drive failed meanwhile.
 
 use crate::device_manager::{Attach, DeviceError, DeviceManager, DeviceName};
 use crate::sync::lock;
 use crate::virtio::blk::KIND;
 use crate::virtio::vhost_user::metrics::store_since;
-use crate::virtio::vhost_user::{Backend, BackendError, ConfigReader, Health, Spec, VhostUserDevice, VhostUserMetrics};
+use crate::virtio::vhost_user::{
+    Backend, BackendError, ConfigReader, Health, Reconnect, Spec, VhostUserDevice, VhostUserMetrics,
+};
 use crate::virtio::{VIRTIO_F_EVENT_IDX, VIRTIO_F_VERSION_1};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -124,7 +129,7 @@ pub struct VublkHandle {
     /// Firecracker's `vhost_user_block_<id>` counters.
     pub metrics: Arc<VhostUserMetrics>,
     config: Arc<Mutex<Vec<u8>>>,
-    reader: Option<ConfigReader>,
+    reader: Arc<Mutex<Option<ConfigReader>>>,
     config_protocol: bool,
 }
 
@@ -146,7 +151,6 @@ impl DeviceManager {
             Ok(c) => (c.config.clone(), c.init_us),
             Err(_) => (Vec::new(), 0),
         };
-        let reader = connection.as_ref().ok().map(|c| c.backend.config());
         let config_protocol =
             connection.as_ref().is_ok_and(|c| c.backend.acked_protocol.contains(VhostUserProtocolFeatures::CONFIG));
         let spec = Spec {
@@ -155,6 +159,7 @@ impl DeviceManager {
             config: space,
             queue_sizes: vec![QUEUE_SIZE],
             features: config.features(),
+            reconnect: Some(Reconnect { socket: config.socket.clone(), protocol: VhostUserProtocolFeatures::CONFIG }),
         };
         let setup = |source| DeviceError::Setup { name: label.clone(), source };
         let device = VhostUserDevice::new(spec, connection.map(|c| c.backend)).map_err(setup)?;
@@ -166,7 +171,7 @@ impl DeviceManager {
             health: device.health(),
             metrics,
             config: device.config_slot(),
-            reader,
+            reader: device.reader_slot(),
             config_protocol,
         };
         tracing::info!("{label}: drive {} on the vhost-user socket {}", config.id, config.socket.display());
@@ -199,7 +204,7 @@ impl DeviceManager {
         if let Some(why) = drive.health.failure() {
             return Err(format!("its backend failed: {why}"));
         }
-        let reader = drive.reader.as_ref().filter(|_| drive.config_protocol);
+        let reader = lock(&drive.reader).clone().filter(|_| drive.config_protocol);
         let reader = reader.ok_or("the backend does not speak vhost-user's CONFIG protocol feature")?;
         let space = reader.read(CONFIG_SPACE_SIZE).map_err(|e| e.to_string())?;
         *lock(&drive.config) = space;
