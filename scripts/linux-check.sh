@@ -13,7 +13,8 @@
 #   scripts/linux-check.sh --vublk [KERNEL]
 # --vublk runs only the vhost-user-blk checks (scripts/linux-vublk.sh: qemu-storage-daemon
 # on both transports, md5 of what the guest reads and writes against the host image);
-# --vublk --mem only virtio-mem's plugged memory used beside such a drive.
+# --vublk --mem only virtio-mem's plugged memory used beside such a drive; --vublk --reconnect
+# only a backend killed and started again under the guest's reads.
 #   scripts/linux-check.sh --hotplug [KERNEL]
 # --hotplug runs only the device hotplug checks (scripts/linux-hotplug.sh): a drive, a pmem
 # device and a NIC plugged into a running guest, found without a rescan, used, unplugged.

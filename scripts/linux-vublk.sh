@@ -9,8 +9,14 @@
 # of hotpluggable memory onlined movable, plugged by PATCH /hotplug/memory; once the guest
 # sees it, the same reads and writes, their buffers (user pages: the movable zone first)
 # in the plugged memory the backend maps through the memfd.
+# With --reconnect, only a backend restarted under the guest (qemu-storage-daemon, on
+# virtio-mmio and PCI): the guest reads the image's first 8 MiB thirty times, 4 KiB at a
+# time with O_DIRECT (one request in flight: qemu-storage-daemon completes deeper queues
+# out of order, which exitless does not replay); the host kills the backend in the middle
+# and starts it again on the same socket; every pass must read the host's bytes, and the
+# writes after it land as above.
 # Prints one PASS/FAIL line per check and a summary; exits non-zero on a failure.
-#   scripts/linux-vublk.sh [--mem] [KERNEL]
+#   scripts/linux-vublk.sh [--mem|--reconnect] [KERNEL]
 # Env: EXITLESS (binary), TIMEOUT (s per boot, 600), WORK (default /tmp/exitless-linux-vublk),
 # CH_BLOCK (Cloud Hypervisor's vhost_user_block binary, if built: also run on it; it serves
 # one connection and exits), BACKENDS (which of "qsd ch" to run, default both).
@@ -30,8 +36,8 @@ result() { grep -a "^LINUX-VUBLK-RESULT $1 " "$2" | tr -d '\r' | tail -n 1 | cut
 
 [ -x "$exitless" ] || fail "setup: no exitless binary at $exitless (cargo build --release)"
 qsd=$(command -v qemu-storage-daemon) || fail "setup: qemu-storage-daemon is not installed (Debian's qemu-system-common)"
-mem_only=0
-if [ "${1:-}" = --mem ]; then mem_only=1; shift; fi
+only=""
+case "${1:-}" in --mem | --reconnect) only=${1#--}; shift ;; esac
 kernel=${1:-}
 [ -n "$kernel" ] || kernel=$("$here/scripts/guest-kernel.sh") || fail "kernel (scripts/guest-kernel.sh)"
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
@@ -51,6 +57,17 @@ if grep -q exitless.mem=1 /proc/cmdline; then
   i=0; while [ $(($(memtotal) - m0)) -lt 204800 ] && [ $i -lt 600 ]; do sleep 0.5; i=$((i + 1)); done
   r memtotal1 "$(memtotal)"
 fi
+if grep -q exitless.reconnect=1 /proc/cmdline; then
+  pass() { dd if=/dev/vda bs=4k count=2048 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1; }
+  first=$(pass); ok=0 bad=0 i=0
+  echo LINUX-VUBLK-LOOP-START
+  while [ $i -lt 30 ]; do
+    if [ "$(pass)" = "$first" ]; then ok=$((ok + 1)); else bad=$((bad + 1)); fi
+    i=$((i + 1))
+  done
+  echo LINUX-VUBLK-LOOP-END
+  r loop "$first $ok $bad"
+fi
 movable() { awk '/zone +Movable/{m=1} m&&/pages free/{print $3; exit}' /proc/zoneinfo; }
 f0=$(movable)
 r size $(cat /sys/block/vda/size)
@@ -68,9 +85,10 @@ EOF
 python3 "$here/scripts/make-initramfs.py" initrd.cpio pkg/bin/busybox init || fail "initramfs: writing the cpio archive"
 cmdline="console=ttyS0 reboot=k panic=-1 nokaslr"
 
-run() { # name, backend command (with SOCK and IMG for the socket and image), exitless flags[, mem]
-  local name=$1 backend=$2 flags=$3 mem=${4:-} img=$work/$1.img sock=$work/$1.sock log=$work/$1.log status=0 backend_pid
-  local hotplug="" args=$cmdline
+run() { # name, backend command (with SOCK and IMG for the socket and image), exitless flags[, mem|reconnect]
+  local name=$1 backend=$2 flags=$3 mode=${4:-} img=$work/$1.img sock=$work/$1.sock log=$work/$1.log status=0 backend_pid
+  local hotplug="" args=$cmdline mem=""
+  [ "$mode" = mem ] && mem=1
   head -c $((8 << 20)) /dev/urandom > "$img"
   head -c $((8 << 20)) /dev/zero >> "$img"
   rm -f "$sock"
@@ -90,6 +108,23 @@ run() { # name, backend command (with SOCK and IMG for the socket and image), ex
   else
     flags="--no-api $flags"
   fi
+  rm -f "$work/$name.restarted"
+  if [ "$mode" = reconnect ]; then
+    args="$cmdline exitless.reconnect=1"
+    # Killed in the middle of the guest's reads, started again a second later; its pid
+    # and whether the guest was still reading when it died go to $name.restarted.
+    (
+      wait_for "$log" LINUX-VUBLK-LOOP-START "$timeout" || exit 0
+      sleep 0.5
+      kill "$backend_pid"
+      grep -aq LINUX-VUBLK-LOOP-END "$log" && echo late > "$work/$name.restarted"
+      sleep 1
+      rm -f "$sock"
+      eval "exec ${backend//SOCK/$sock}" >>"$work/$name.backend.log" 2>&1 &
+      echo "$! mid-loop" >> "$work/$name.restarted"
+    ) &
+    pids+=("$!")
+  fi
   cat > "$name.json" <<JSON
 {"boot-source": {"kernel_image_path": "$kernel", "initrd_path": "$work/initrd.cpio", "boot_args": "$args"},
  "machine-config": {"vcpu_count": 2, "mem_size_mib": 256},
@@ -99,6 +134,16 @@ JSON
   timeout "$timeout" "$exitless" $flags --config-file "$name.json" </dev/null >"$log" 2>"$work/$name.err" || status=$?
   kill "$backend_pid" 2>/dev/null || true
   wait "$backend_pid" 2>/dev/null || true
+  if [ "$mode" = reconnect ]; then
+    local restarted loop
+    restarted=$(cat "$work/$name.restarted" 2>/dev/null || true)
+    kill "${restarted%% *}" 2>/dev/null || true
+    loop=$(result loop "$log")
+    check "$name: backend restarted mid-read" "$([ "${restarted#* }" = mid-loop ] && grep -aq "reconnected to" "$work/$name.err"; echo $?)" \
+      "killed and started again while the guest read (${restarted:-never}); exitless: $(grep -ao 'reconnected to.*' "$work/$name.err" | head -n 1)"
+    check "$name: every pass read the host's bytes" "$(set -- $loop; [ "${2:-}" = 30 ] && [ "${3:-}" = 0 ] && [ "$1" = "$(head -c $((8 << 20)) "$img" | md5sum | cut -d' ' -f1)" ]; echo $?)" \
+      "md5, good passes, bad passes: ${loop:-none}"
+  fi
   local host_read host_written
   host_read=$(head -c $((8 << 20)) "$img" | md5sum | cut -d' ' -f1)
   host_written=$(dd if="$img" bs=1M skip=8 count=4 2>/dev/null | md5sum | cut -d' ' -f1)
@@ -123,8 +168,9 @@ JSON
 want=$({ yes exitless-vublk-pattern || :; } | head -c 4194304 | md5sum | cut -d' ' -f1)
 say "kernel $kernel; exitless $exitless"
 qsd_cmd="$qsd --blockdev driver=file,node-name=f,filename=\$img --export type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path=SOCK,writable=on"
-if [ "$mem_only" = 1 ]; then
-  run qsd-mem "$qsd_cmd" "" mem
+if [ -n "$only" ]; then
+  run "qsd-$only" "$qsd_cmd" "" "$only"
+  [ "$only" = reconnect ] && run qsd-reconnect-pci "$qsd_cmd" "--enable-pci" reconnect
   echo "$passed passed, $failed failed"
   [ "$failed" = 0 ]
   exit
