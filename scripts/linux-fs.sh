@@ -21,14 +21,8 @@ steps=" ${STEPS:-pci mmio root kill} "
 step() { [[ $steps == *" $1 "* ]]; }
 work=${WORK:-/tmp/exitless-linux-fs}
 marker="LINUX-FS: /init reached"
-say() { echo "linux-fs: $*" >&2; }
-fail() { say "FAILED at step $1"; exit 1; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-passed=0 failed=0
 . "$here/scripts/linux-lib.sh"
-result() { grep -a "^LINUX-FS-RESULT $1 " "$2" | tr -d '\r' | tail -n 1 | cut -d' ' -f3- || true; }
+harness linux-fs LINUX-FS-RESULT
 
 [ -x "$exitless" ] || fail "setup: no exitless binary at $exitless (cargo build --release)"
 virtiofsd=$("$here/scripts/virtiofsd.sh") || fail "setup: scripts/virtiofsd.sh"

@@ -1,5 +1,16 @@
 # Shell functions the Linux check scripts share: sourced after each sets `work` (and,
-# for check, `passed=0 failed=0`).
+# for check, `passed=0 failed=0`, which `harness` sets).
+harness() { # script name[, result marker]: say, fail, pids killed at exit, the counts, result
+  harness_name=$1 result_marker=${2:-}
+  say() { echo "$harness_name: $*" >&2; }
+  fail() { say "FAILED at step $1"; exit 1; }
+  pids=()
+  cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+  trap cleanup EXIT
+  passed=0 failed=0
+  # name, log: the value on the log's last "MARKER name value" line.
+  result() { grep -a "^$result_marker $1 " "$2" | tr -d '\r' | tail -n 1 | cut -d' ' -f3- || true; }
+}
 api() { # socket, method, path[, body]: the status code; the body answered is in $work/answer
   curl -s -o "$work/answer" -w "%{http_code}" --unix-socket "$1" -X "$2" "http://localhost$3" \
     ${4:+-H 'Content-Type: application/json' -d "$4"}

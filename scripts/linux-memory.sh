@@ -33,11 +33,8 @@ exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
 timeout=${TIMEOUT:-600}
 fill_timeout=${FILL_TIMEOUT:-900}
 work=${WORK:-/tmp/exitless-linux-memory}
-say() { echo "linux-memory: $*" >&2; }
-fail() { say "FAILED at step $1"; exit 1; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
+. "$here/scripts/linux-lib.sh"
+harness linux-memory
 [ -x "$exitless" ] || fail "setup: no exitless binary at $exitless (cargo build --release)"
 mkdir -p "$work" && cd "$work"
 rm -f ./*.sock ./*.fifo ./*.out ./*.err
@@ -51,8 +48,6 @@ write_console_shell_init "LINUX-MEMORY: ready"
 cc -static -O2 -o fill "$here/scripts/memory-fill.c" || fail "initramfs: building memory-fill"
 python3 "$here/scripts/make-initramfs.py" initrd.cpio pkg/bin/busybox init bin/fill=fill || fail "initramfs"
 
-passed=0; failed=0
-. "$here/scripts/linux-lib.sh"
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 # A value the guest echoes as "<tag>-<number>", the last one.
 said() { grep -ao "$2-[0-9]*" "$1.out" | tail -n 1 | cut -d- -f2; }

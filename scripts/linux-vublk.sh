@@ -25,14 +25,8 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 exitless=${EXITLESS:-$here/target/x86_64-unknown-linux-gnu/release/exitless}
 timeout=${TIMEOUT:-600}
 work=${WORK:-/tmp/exitless-linux-vublk}
-say() { echo "linux-vublk: $*" >&2; }
-fail() { say "FAILED at step $1"; exit 1; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-passed=0 failed=0
 . "$here/scripts/linux-lib.sh"
-result() { grep -a "^LINUX-VUBLK-RESULT $1 " "$2" | tr -d '\r' | tail -n 1 | cut -d' ' -f3- || true; }
+harness linux-vublk LINUX-VUBLK-RESULT
 
 [ -x "$exitless" ] || fail "setup: no exitless binary at $exitless (cargo build --release)"
 qsd=$(command -v qemu-storage-daemon) || fail "setup: qemu-storage-daemon is not installed (Debian's qemu-system-common)"
