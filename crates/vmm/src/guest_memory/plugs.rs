@@ -246,9 +246,7 @@ impl Plugs {
     /// shared, emptied first (a backend may have written there while they were unplugged:
     /// a plugged block starts as zeros).
     fn open(&self, blocks: &Range<usize>) -> Result<(), PlugError> {
-        if self.file.is_none() {
-            return self.protect(blocks, Prot::ReadWrite);
-        }
+        // Without a memfd: no punch, and the blocks made writable in place.
         self.punch(blocks)?;
         self.map_file(blocks)
     }
@@ -269,7 +267,8 @@ impl Plugs {
         }
     }
 
-    /// Over a memfd: `blocks` mapped shared from it, readable and writable.
+    /// Over a memfd: `blocks` mapped shared from it, readable and writable; without one,
+    /// made so in place.
     fn map_file(&self, blocks: &Range<usize>) -> Result<(), PlugError> {
         let Some((file, base)) = &self.file else { return self.protect(blocks, Prot::ReadWrite) };
         let (host, len) = self.host_range(blocks);

@@ -330,7 +330,7 @@ impl Session {
                     TOKEN_STOP => return,
                     TOKEN_SOCKET => {
                         let _ = epoll.ctl(ControlOperation::Delete, self.backend.socket_fd(), EpollEvent::default());
-                        self.hung_up();
+                        self.lost("it closed its socket");
                     }
                     q => {
                         let q = q as usize;
@@ -361,10 +361,11 @@ impl Session {
         epoll.ctl(ControlOperation::Add, self.backend.socket_fd(), EpollEvent::new(hang_up, TOKEN_SOCKET))
     }
 
-    /// The backend closed its socket: the device fails, and is reconnected where it can be.
-    fn hung_up(&mut self) {
-        let Some(at) = &self.spec.reconnect else { return self.fail("it closed its socket") };
-        let why = format!("it closed its socket; reconnecting to {}", at.socket.display());
+    /// The backend is gone (it closed its socket, or was gone or broken by the time its
+    /// vrings were to start): the device fails, and is reconnected where it can be.
+    fn lost(&mut self, why: &str) {
+        let Some(at) = &self.spec.reconnect else { return self.fail(why) };
+        let why = format!("{why}; reconnecting to {}", at.socket.display());
         // The driver is not told: its requests wait for the backend to come back.
         self.health.fail(&self.spec.label, &why);
         self.retries.get_or_insert_with(Retries::default);
@@ -484,16 +485,7 @@ impl DeviceJob for Session {
             Ok(relayed) => relayed,
             Err(e) => {
                 count(&self.metrics.activate_fails);
-                match &self.spec.reconnect {
-                    // A backend gone (or broken) since its handshake: tried again, as
-                    // one that hangs up later is.
-                    Some(at) => {
-                        let why = format!("{e}; reconnecting to {}", at.socket.display());
-                        self.health.fail(&self.spec.label, &why);
-                        self.retries.get_or_insert_with(Retries::default);
-                    }
-                    None => self.fail(&e.to_string()),
-                }
+                self.lost(&e.to_string());
                 Vec::new()
             }
         };
