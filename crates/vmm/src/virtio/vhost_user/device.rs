@@ -383,7 +383,9 @@ impl Session {
                         let _ = epoll.ctl(ControlOperation::Add, self.relays[q].as_raw_fd(), relay);
                     }
                     self.health.recover();
-                    return tracing::info!("{}: reconnected to {}", self.spec.label, at.socket.display());
+                    // At the failure's own level's neighbour: an operator who saw the
+                    // device fail (the default level shows warnings) sees it come back.
+                    return tracing::warn!("{}: reconnected to {}", self.spec.label, at.socket.display());
                 }
                 Err(e) => BackendError::Lacks(format!("a watch on its socket: {e}")),
             },
