@@ -59,6 +59,7 @@ pub struct Setup<'a> {
     pub dir: &'a Path,
     pub image: &'a Path,
     pub qsd: &'a Path,
+    pub backend_cpu: Option<usize>,
     pub io_seconds: f64,
     pub mem_mib: u32,
     pub tsc_khz: u64,
@@ -73,10 +74,26 @@ struct Qsd {
 }
 
 impl Qsd {
-    fn start(exe: &Path, image: &Path, socket: &Path) -> Result<Qsd, String> {
+    fn start(exe: &Path, image: &Path, socket: &Path, cpu: Option<usize>) -> Result<Qsd, String> {
         let _ = std::fs::remove_file(socket);
         let (image, sock) = (image.display(), socket.display());
-        let child = Command::new(exe)
+        let mut command = Command::new(exe);
+        if let Some(cpu) = cpu {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: between fork and exec only sched_setaffinity (async-signal-safe) on
+            // a mask on this stack.
+            unsafe {
+                command.pre_exec(move || {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                })
+            };
+        }
+        let child = command
             .arg("--blockdev")
             .arg(format!("driver=file,node-name=file0,filename={image},cache.direct=on,aio=io_uring,read-only=on"))
             .arg("--blockdev")
@@ -87,7 +104,7 @@ impl Qsd {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+            .map_err(|e| format!("cannot start {} (pinned to CPU {cpu:?}): {e}", exe.display()))?;
         let mut qsd = Qsd { child, socket: socket.to_path_buf() };
         let deadline = Instant::now() + Duration::from_secs(10);
         while !socket.exists() {
@@ -127,7 +144,7 @@ pub fn run(vmm: Vmm, exe: &Path, device: Device, transport: Transport, s: &Setup
     let name = format!("{}-{}-{}", vmm.name(), device.name(), transport.name());
     let socket = s.dir.join(format!("{name}.vhost.sock"));
     let _backend = match device {
-        Device::VhostUser => Some(Qsd::start(s.qsd, s.image, &socket)?),
+        Device::VhostUser => Some(Qsd::start(s.qsd, s.image, &socket, s.backend_cpu)?),
         Device::VirtioBlk => None,
     };
     let ms = (s.io_seconds * 1e3) as u64;

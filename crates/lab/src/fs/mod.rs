@@ -34,6 +34,8 @@ pub struct Options {
     /// Firecracker's binary: its vhost-user-blk rows are skipped without.
     pub firecracker: Option<PathBuf>,
     pub qemu_storage_daemon: PathBuf,
+    /// The CPU the backend is pinned to (None: the scheduler's choice).
+    pub backend_cpu: Option<usize>,
     /// Where the share and the image go (a real filesystem: the host's floor is its).
     pub dir: PathBuf,
     pub params: Params,
@@ -79,6 +81,7 @@ pub struct Report {
     pub blk: Vec<BlkRow>,
     pub io_seconds: f64,
     pub image_mib: u64,
+    pub backend_cpu: Option<usize>,
 }
 
 pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, LabError> {
@@ -96,7 +99,13 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Lab
 fn run_in(opts: &Options, dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<Report, LabError> {
     let fs = if opts.fs { Some(fs_part(opts, dir, progress)?) } else { None };
     let blk = if opts.blk { blk_part(opts, dir, progress)? } else { Vec::new() };
-    Ok(Report { fs, blk, io_seconds: opts.io_seconds, image_mib: crate::peers::io::BLK_BYTES >> 20 })
+    Ok(Report {
+        fs,
+        blk,
+        io_seconds: opts.io_seconds,
+        image_mib: crate::peers::io::BLK_BYTES >> 20,
+        backend_cpu: opts.backend_cpu,
+    })
 }
 
 fn fs_part(opts: &Options, dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<FsPart, LabError> {
@@ -148,6 +157,7 @@ fn blk_part(opts: &Options, dir: &Path, progress: &mut dyn FnMut(&str)) -> Resul
         dir,
         image: &image,
         qsd: &opts.qemu_storage_daemon,
+        backend_cpu: opts.backend_cpu,
         io_seconds: opts.io_seconds,
         mem_mib: 128,
         tsc_khz: u64::from(tsc_khz),

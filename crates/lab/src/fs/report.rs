@@ -78,10 +78,11 @@ impl Report {
         if !self.blk.is_empty() {
             s += &format!(
                 "blkbench 4K random reads at QD{}, {} MiB image, {} s runs; vhost-user on qemu-storage-daemon \
-                 (cache.direct=on, aio=io_uring)\n",
+                 (cache.direct=on, aio=io_uring{})\n",
                 crate::peers::io::QD,
                 self.image_mib,
-                self.io_seconds
+                self.io_seconds,
+                self.backend_cpu.map_or(String::new(), |cpu| format!(", pinned to CPU {cpu}"))
             );
             s += &format!(
                 "  {:<12} {:<15} {:<5} {:>10} {:>26}\n",
@@ -207,7 +208,7 @@ impl Report {
             "lab": "fs",
             "fs": fs,
             "blk": {"qd": crate::peers::io::QD, "block_bytes": 4096, "image_mib": self.image_mib,
-                    "io_seconds": self.io_seconds, "rows": blk},
+                    "io_seconds": self.io_seconds, "backend_cpu": self.backend_cpu, "rows": blk},
             "targets": targets_json(&self.targets()),
         })
     }
