@@ -31,7 +31,7 @@ pub struct FsArgs {
     #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     pub dir: PathBuf,
     /// The large file's size: 256M (the issue's) by default, 8M on a nested host, whose
-    /// guest kernel is emulated (about 1 us an instruction: the sizes take hours).
+    /// guest kernel is emulated (about 1 us an instruction: the sizes take half an hour a run).
     #[arg(long, value_parser = parse_mib)]
     pub file_size: Option<u64>,
     /// Small files created, stat-ed and removed per run: 10000 by default, 200 on a nested host.
