@@ -182,6 +182,9 @@ impl FsArgs {
             firecracker,
             qemu_storage_daemon: self.qemu_storage_daemon.clone(),
             backend_cpu: match self.backend_cpu {
+                Some(CpuChoice::Cpu(cpu)) if !exitless_lab::fs::may_run_on(cpu) => {
+                    return Err(format!("--backend-cpu {cpu}: not a CPU this process may run on").into())
+                }
                 Some(CpuChoice::Cpu(cpu)) => Some(cpu),
                 Some(CpuChoice::None) => None,
                 None => std::thread::available_parallelism().ok().map(|n| n.get()).filter(|&n| n >= 2).map(|n| n - 1),

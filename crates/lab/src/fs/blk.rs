@@ -104,7 +104,7 @@ impl Qsd {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start {} (pinned to CPU {cpu:?}): {e}", exe.display()))?;
+            .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
         let mut qsd = Qsd { child, socket: socket.to_path_buf() };
         let deadline = Instant::now() + Duration::from_secs(10);
         while !socket.exists() {
@@ -117,6 +117,17 @@ impl Qsd {
             std::thread::sleep(Duration::from_millis(5));
         }
         Ok(qsd)
+    }
+}
+
+/// Whether this process may run on `cpu` (so may a backend it pins there).
+pub fn may_run_on(cpu: usize) -> bool {
+    // SAFETY: a zeroed cpu_set_t filled by the kernel for this process.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        cpu < libc::CPU_SETSIZE as usize
+            && libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
+            && libc::CPU_ISSET(cpu, &set)
     }
 }
 
@@ -196,6 +207,15 @@ pub fn run(vmm: Vmm, exe: &Path, device: Device, transport: Transport, s: &Setup
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_may_be_pinned_only_where_this_process_runs() {
+        // SAFETY: no arguments; the CPU this thread runs on now.
+        let here = unsafe { libc::sched_getcpu() };
+        assert!(may_run_on(usize::try_from(here).unwrap()), "CPU {here}");
+        assert!(!may_run_on(libc::CPU_SETSIZE as usize));
+        assert!(!may_run_on(usize::MAX));
+    }
 
     #[test]
     fn the_steady_window_lies_inside_the_run() {

@@ -13,6 +13,7 @@
 //! vhost-user-block: blk.rs.
 
 mod blk;
+pub use blk::may_run_on;
 mod guest;
 mod initramfs;
 mod report;
