@@ -23,7 +23,7 @@ pub struct FsArgs {
     #[arg(long, value_name = "PATH", default_value = "qemu-storage-daemon")]
     pub qemu_storage_daemon: PathBuf,
     /// The CPU the backend is pinned to, for both VMMs' rows (`none`: not pinned). By
-    /// default the last CPU where there are two or more: left to the scheduler, on two
+    /// default the last CPU this may run on, where it may run on two or more: left to the scheduler, on two
     /// CPUs the backend shares the vCPU's about half the runs, which halves their IOPS.
     #[arg(long, value_name = "CPU|none", value_parser = parse_cpu)]
     pub backend_cpu: Option<CpuChoice>,
@@ -187,7 +187,7 @@ impl FsArgs {
                 }
                 Some(CpuChoice::Cpu(cpu)) => Some(cpu),
                 Some(CpuChoice::None) => None,
-                None => std::thread::available_parallelism().ok().map(|n| n.get()).filter(|&n| n >= 2).map(|n| n - 1),
+                None => exitless_lab::fs::last_cpu(),
             },
             dir: self.dir.clone(),
             params,

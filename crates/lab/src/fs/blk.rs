@@ -120,15 +120,30 @@ impl Qsd {
     }
 }
 
-/// Whether this process may run on `cpu` (so may a backend it pins there).
-pub fn may_run_on(cpu: usize) -> bool {
-    // SAFETY: a zeroed cpu_set_t filled by the kernel for this process.
-    unsafe {
+/// The CPUs this process may run on (so may a backend it pins there).
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t, filled by the kernel for this process.
+    let set = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        cpu < libc::CPU_SETSIZE as usize
-            && libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
-            && libc::CPU_ISSET(cpu, &set)
-    }
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        set
+    };
+    // SAFETY: each index below CPU_SETSIZE, in the set read above.
+    (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).collect()
+}
+
+/// Whether this process may run on `cpu`.
+pub fn may_run_on(cpu: usize) -> bool {
+    allowed_cpus().contains(&cpu)
+}
+
+/// Where a backend goes by default: the last CPU this process may run on, where it may
+/// run on two or more (on one, pinning would change nothing).
+pub fn last_cpu() -> Option<usize> {
+    let cpus = allowed_cpus();
+    cpus.last().copied().filter(|_| cpus.len() >= 2)
 }
 
 impl Drop for Qsd {
@@ -215,6 +230,7 @@ mod tests {
         assert!(may_run_on(usize::try_from(here).unwrap()), "CPU {here}");
         assert!(!may_run_on(libc::CPU_SETSIZE as usize));
         assert!(!may_run_on(usize::MAX));
+        assert!(last_cpu().is_none_or(may_run_on));
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! vhost-user-block: blk.rs.
 
 mod blk;
-pub use blk::may_run_on;
+pub use blk::{last_cpu, may_run_on};
 mod guest;
 mod initramfs;
 mod report;
