@@ -11,9 +11,10 @@
 # in the plugged memory the backend maps through the memfd.
 # With --reconnect, only a backend restarted under the guest (qemu-storage-daemon, on
 # virtio-mmio and PCI): the guest reads the image's first 1 MiB thirty times, 4 KiB at a
-# time with O_DIRECT (on this nested host a 4 KiB request takes several ms of emulated
-# guest kernel: 8 MiB a pass took longer than the boot's timeout) (one request in flight: qemu-storage-daemon completes deeper queues
-# out of order, which exitless does not replay); the host kills the backend in the middle
+# time with O_DIRECT (one request in flight: qemu-storage-daemon completes deeper queues
+# out of order, which exitless does not replay; 1 MiB because a 4 KiB request takes
+# several ms of emulated guest kernel on a nested host, and 8 MiB a pass outlasted the
+# boot's timeout); the host kills the backend in the middle
 # and starts it again on the same socket; every pass must read the host's bytes, and the
 # writes after it land as above.
 # Prints one PASS/FAIL line per check and a summary; exits non-zero on a failure.

@@ -352,9 +352,7 @@ impl Session {
         }
         Ok(epoll)
     }
-}
 
-impl Session {
     /// Watches only the socket's end: its replies are read where each request is sent.
     fn watch_socket(&self, epoll: &Epoll) -> std::io::Result<()> {
         let hang_up = EventSet::READ_HANG_UP | EventSet::HANG_UP;
@@ -383,8 +381,7 @@ impl Session {
                         let _ = epoll.ctl(ControlOperation::Add, self.relays[q].as_raw_fd(), relay);
                     }
                     self.health.recover();
-                    // At the failure's own level's neighbour: an operator who saw the
-                    // device fail (the default level shows warnings) sees it come back.
+                    // A warning, not info: the default level shows it, as it showed the failure.
                     return tracing::warn!("{}: reconnected to {}", self.spec.label, at.socket.display());
                 }
                 Err(e) => BackendError::Lacks(format!("a watch on its socket: {e}")),
