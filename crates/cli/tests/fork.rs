@@ -61,6 +61,24 @@ fn a_forked_parent_its_clones_and_the_file_keep_apart() {
     checks_more(&a, sa, 2, "clone a after the second create");
     checks_more(&b, sb, 2, "clone b after the second create");
 
+    // A clone given --ram-dir keeps its snapshot's file, mapped privately (shared with its
+    // siblings): the flag is set aside with a warning, and the clone's own snapshot is
+    // written whole to a file of its own.
+    let second_file = hash(&mem);
+    let (d_sock, d_log) = (work.join("d.sock"), work.join("d.log"));
+    std::fs::write(&d_log, "").unwrap();
+    let d = snapshot_vmm::Vmm::start_with(&d_sock, &["--ram-dir", ram_dir, "--log-path", d_log.to_str().unwrap()]);
+    snapshot_vmm::load(&d_sock, state.to_str().unwrap(), mem.to_str().unwrap());
+    checks_more(&d, 0, 2, "a clone given --ram-dir");
+    let warning = std::fs::read_to_string(&d_log).unwrap();
+    assert!(warning.contains("a restored guest's RAM is its snapshot's memory file"), "{warning}");
+    let (d_state, d_mem) = (shm.0.join("d-state"), shm.0.join("d-mem"));
+    let third = fork(&d, &d_sock, &d_state, &d_mem);
+    assert!(third >= 16 << 20, "the restored clone's create wrote {third} bytes: not its memory");
+    assert_eq!(hash(&mem), second_file, "the restored clone's create changed the file it maps");
+    goes_on(&d, 2, "the restored clone after its snapshot");
+    drop(d);
+
     // The files go; the clones and the parent run on, whole.
     std::fs::remove_file(&mem).unwrap();
     std::fs::remove_file(&state).unwrap();

@@ -58,6 +58,12 @@ pub(super) fn map_guest_ram(
             None
         }
         (Some(dir), None, HugePages::None) => Some(dir),
+        // Copying the snapshot's memory into a file of its own would make the load as slow
+        // as the create it spares, and end the sharing between clones.
+        (Some(_), Some(_), _) => {
+            tracing::warn!("--ram-dir: a restored guest's RAM is its snapshot's memory file, mapped privately; its snapshots write their memory file");
+            None
+        }
         (Some(_), None, HugePages::Hugetlbfs2M) => {
             tracing::warn!("--ram-dir: a guest on huge pages keeps them; its snapshots write their memory file");
             None
