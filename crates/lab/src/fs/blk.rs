@@ -200,7 +200,7 @@ pub fn run(vmm: Vmm, exe: &Path, device: Device, transport: Transport, s: &Setup
     let (before, from) = (vm.userspace_exits(&metrics)?, Instant::now());
     std::thread::sleep((booted + to).saturating_duration_since(Instant::now()));
     let (after, to) = (vm.userspace_exits(&metrics)?, Instant::now());
-    let line = vm.wait_for("blkbench: randread")?;
+    let line = vm.wait_for("blkbench: randread", s.timeout + Duration::from_secs_f64(s.io_seconds))?;
     let cpu = vm.cpu_outside_vcpus();
     let (requests, cycles) = counts(&line, "requests").ok_or_else(|| format!("unexpected line {line:?}"))?;
     if !line.contains(" 0 failed, 0 bad sectors") {

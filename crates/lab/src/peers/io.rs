@@ -107,7 +107,7 @@ pub fn blk(
         metrics: metrics_path(vmm, dir, "blk", transport),
     };
     let mut vm = launch(vmm, exe, &dir.join(format!("{}-blk.sock", vmm.name())), &guest, opts.timeout)?;
-    let line = vm.wait_for("blkbench: randread")?;
+    let line = vm.wait_for("blkbench: randread", opts.timeout + Duration::from_secs_f64(opts.io_seconds))?;
     let cpu = vm.cpu_outside_vcpus();
     let (requests, cycles) = counts(&line, "requests").ok_or_else(|| format!("unexpected line {line:?}"))?;
     if !line.contains(" 0 failed, 0 bad sectors") {
@@ -142,7 +142,7 @@ pub fn net(
         metrics: metrics_path(vmm, dir, "net", transport),
     };
     let mut vm = launch(vmm, exe, &dir.join(format!("{}-net.sock", vmm.name())), &guest, opts.timeout)?;
-    let line = vm.wait_for("nettx: ")?;
+    let line = vm.wait_for("nettx: ", opts.timeout + Duration::from_secs_f64(opts.io_seconds))?;
     let cpu = vm.cpu_outside_vcpus();
     let (frames, cycles) =
         word_before(&line, "frames").zip(word_after(&line, "in")).ok_or_else(|| format!("unexpected line {line:?}"))?;

@@ -7,6 +7,7 @@ use serde_json::json;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 /// What the guest gets besides RAM and one vCPU.
@@ -152,9 +153,30 @@ fn boot(vmm: Vmm, sock: &Path, guest: &Guest) -> Result<(), String> {
 }
 
 impl Running {
-    /// Reads the guest's console up to a line containing `needle`; returns that line.
-    pub fn wait_for(&mut self, needle: &str) -> Result<String, String> {
-        crate::api_client::wait_for_line(&mut self.console, needle)
+    /// Reads the guest's console up to a line containing `needle`, within `within`;
+    /// returns that line. A guest that never prints it (a peer's, stuck in its boot) is
+    /// killed when the time is up, which ends the read: the lab reports it, not hangs.
+    pub fn wait_for(&mut self, needle: &str, within: Duration) -> Result<String, String> {
+        let pid = self.child.id() as libc::pid_t;
+        let (found, timer) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            let watchdog = scope.spawn(move || {
+                // Woken early when the read ends (the sender dropped).
+                let expired = matches!(timer.recv_timeout(within), Err(RecvTimeoutError::Timeout));
+                if expired {
+                    // SAFETY: our own child, not yet waited for (Drop waits): the pid is
+                    // still its, at worst a zombie's.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                expired
+            });
+            let line = crate::api_client::wait_for_line(&mut self.console, needle);
+            drop(found);
+            match watchdog.join() {
+                Ok(false) => line,
+                _ => Err(format!("no line with {needle:?} within {within:?} (killed)")),
+            }
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -234,4 +256,34 @@ pub fn memory_beyond_guest(pid: u32, guest_bytes: u64) -> Option<(u64, u64, u64)
         }
     }
     Some((rss, pss, anon))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(script: &str) -> Running {
+        let mut child = Command::new("sh").args(["-c", script]).stdout(Stdio::piped()).spawn().unwrap();
+        let console = BufReader::new(child.stdout.take().unwrap());
+        let sock = std::env::temp_dir().join(format!("exitless-launch-test-{}.sock", std::process::id()));
+        Running { child, console, sock, spawned: Instant::now(), api_ready: Duration::ZERO }
+    }
+
+    #[test]
+    fn a_guest_that_never_prints_is_killed_when_the_wait_is_up() {
+        let mut vm = running("exec sleep 60");
+        let began = Instant::now();
+        let err = vm.wait_for("wait: running", Duration::from_millis(300)).unwrap_err();
+        assert!(err.contains("within") && err.contains("killed"), "{err}");
+        assert!(began.elapsed() < Duration::from_secs(10), "the wait outlived its time");
+        assert!(vm.child.try_wait().unwrap().is_some(), "the VMM was left running");
+    }
+
+    #[test]
+    fn a_line_in_time_is_returned_and_the_vmm_left_running() {
+        let mut vm = running("echo booting; echo 'wait: running'; exec sleep 60");
+        let line = vm.wait_for("wait: running", Duration::from_secs(30)).unwrap();
+        assert_eq!(line.trim(), "wait: running");
+        assert!(vm.child.try_wait().unwrap().is_none(), "the watchdog killed a VMM that answered");
+    }
 }

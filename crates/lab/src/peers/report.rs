@@ -199,6 +199,9 @@ impl Report {
             for why in &c.io_skipped {
                 let _ = writeln!(s, "    I/O row skipped: {why}");
             }
+            for why in &c.fleet_failed {
+                let _ = writeln!(s, "    fleet round left out: {why}");
+            }
         }
         let _ = writeln!(s, "targets:");
         for (target, measured, met) in self.targets() {
@@ -265,6 +268,9 @@ impl Report {
                 }
                 if !c.io_skipped.is_empty() {
                     fields.insert("io_skipped".into(), json!(c.io_skipped));
+                }
+                if !c.fleet_failed.is_empty() {
+                    fields.insert("fleet_failed".into(), json!(c.fleet_failed));
                 }
                 (c.vmm.name().to_string(), Value::Object(fields))
             })
