@@ -14,3 +14,34 @@ pub fn wait_for_line(console: &mut impl std::io::BufRead, needle: &str) -> Resul
         }
     }
 }
+
+/// [`wait_for_line`] for at most `within`: the console's writer, process `pid` (a child
+/// not yet waited for), is killed when the time is up, which ends the read. A guest that
+/// never prints (a peer's, stuck in its boot) makes the lab report it, not hang.
+pub fn wait_for_line_within(
+    console: &mut impl std::io::BufRead,
+    needle: &str,
+    pid: u32,
+    within: std::time::Duration,
+) -> Result<String, String> {
+    use std::sync::mpsc::RecvTimeoutError;
+    let (found, timer) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        let watchdog = scope.spawn(move || {
+            // Woken early when the read ends (the sender dropped).
+            let expired = matches!(timer.recv_timeout(within), Err(RecvTimeoutError::Timeout));
+            if expired {
+                // SAFETY: the caller's child, not yet waited for: the pid is still its, at
+                // worst a zombie's.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            }
+            expired
+        });
+        let line = wait_for_line(console, needle);
+        drop(found);
+        match watchdog.join() {
+            Ok(false) => line,
+            _ => Err(format!("no line with {needle:?} within {within:?} (killed)")),
+        }
+    })
+}

@@ -76,7 +76,7 @@ fn start_one(exe: &Path, dir: &Path, kernel: &Path, i: u32, opts: &Options, flee
         expect_ok(&sock, "PUT", "/boot-source", Some(&json!({"kernel_image_path": kernel})))?;
         expect_ok(&sock, "PUT", "/actions", Some(&json!({"action_type": "InstanceStart"})))?;
         let mut console = BufReader::new(stdout);
-        crate::api_client::wait_for_line(&mut console, RUNNING_LINE)?;
+        crate::api_client::wait_for_line_within(&mut console, RUNNING_LINE, child.id(), opts.timeout)?;
         Ok(console)
     })();
     match result {

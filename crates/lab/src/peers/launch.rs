@@ -7,7 +7,6 @@ use serde_json::json;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 /// What the guest gets besides RAM and one vCPU.
@@ -153,30 +152,10 @@ fn boot(vmm: Vmm, sock: &Path, guest: &Guest) -> Result<(), String> {
 }
 
 impl Running {
-    /// Reads the guest's console up to a line containing `needle`, within `within`;
-    /// returns that line. A guest that never prints it (a peer's, stuck in its boot) is
-    /// killed when the time is up, which ends the read: the lab reports it, not hangs.
+    /// Reads the guest's console up to a line containing `needle`, within `within` (the
+    /// VMM is killed when the time is up); returns that line.
     pub fn wait_for(&mut self, needle: &str, within: Duration) -> Result<String, String> {
-        let pid = self.child.id() as libc::pid_t;
-        let (found, timer) = std::sync::mpsc::channel::<()>();
-        std::thread::scope(|scope| {
-            let watchdog = scope.spawn(move || {
-                // Woken early when the read ends (the sender dropped).
-                let expired = matches!(timer.recv_timeout(within), Err(RecvTimeoutError::Timeout));
-                if expired {
-                    // SAFETY: our own child, not yet waited for (Drop waits): the pid is
-                    // still its, at worst a zombie's.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-                expired
-            });
-            let line = crate::api_client::wait_for_line(&mut self.console, needle);
-            drop(found);
-            match watchdog.join() {
-                Ok(false) => line,
-                _ => Err(format!("no line with {needle:?} within {within:?} (killed)")),
-            }
-        })
+        crate::api_client::wait_for_line_within(&mut self.console, needle, self.child.id(), within)
     }
 
     pub fn pid(&self) -> u32 {
