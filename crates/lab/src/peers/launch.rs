@@ -264,6 +264,15 @@ mod tests {
     }
 
     #[test]
+    fn a_line_in_pieces_is_read_whole_and_half_a_line_does_not_hold_the_wait() {
+        let mut vm = running("printf 'wait: '; sleep 0.2; echo running; exec sleep 60");
+        assert_eq!(vm.wait_for("wait: running", Duration::from_secs(30)).unwrap().trim(), "wait: running");
+        let mut vm = running("printf 'wait: '; exec sleep 60");
+        let err = vm.wait_for("wait: running", Duration::from_millis(300)).unwrap_err();
+        assert!(err.contains("killed"), "{err}");
+    }
+
+    #[test]
     fn a_line_in_time_is_returned_and_the_vmm_left_running() {
         let mut vm = running("echo booting; echo 'wait: running'; exec sleep 60");
         let line = vm.wait_for("wait: running", Duration::from_secs(30)).unwrap();
